@@ -1,0 +1,1007 @@
+"""The `fusion` dialect: tensor programs whose tensors say how they are sharded.
+
+A fusion is a `func.func` whose values are `!fusion.tensor`s. A tensor type carries
+its logical shape, its element type, the device mesh it lives on and one parallel
+type per axis:
+
+    !fusion.tensor<[?, 8, 64], bf16, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _]>
+
+`_` is `serial`; `didx` shards an axis over the mesh (its logical extent is the
+mesh size and every device holds extent 1 of it, as nvFuser's DIDx); `stream`
+asks the host program to walk the axis in a loop whose iterations run on
+different CUDA streams. The mesh defaults to the single device `[0]` and the axes
+to all `serial`; both are printed only when they differ from the default.
+
+Ops have value semantics and torch semantics for shapes and broadcasting. The
+shape rules live here (`infer_shape`) because both the verifiers and the Python
+builder need them: the builder derives result types from them, the verifiers
+check declared result types against them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BFloat16Type,
+    I64,
+    DenseArrayBase,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntAttr,
+    IntegerAttr,
+    IntegerType,
+    UnitAttr,
+    i64,
+)
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import (
+    Attribute,
+    Dialect,
+    ParametrizedAttribute,
+    SpacedOpaqueSyntaxAttribute,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
+
+DYNAMIC = -1
+"""The extent of an axis whose size is only known at run time (`?` in text)."""
+
+Shape = tuple[int, ...]
+
+SUPPORTED_ELEMENT_TYPES = (
+    "f64",
+    "f32",
+    "f16",
+    "bf16",
+    "i64",
+    "i32",
+    "i8",
+    "i1",
+)
+
+
+def element_type_name(element_type: Attribute) -> str:
+    """The short name (`f32`, `bf16`, `i1`, ...) of a supported element type."""
+    match element_type:
+        case Float64Type():
+            return "f64"
+        case Float32Type():
+            return "f32"
+        case Float16Type():
+            return "f16"
+        case BFloat16Type():
+            return "bf16"
+        case IntegerType() if element_type.width.data in (1, 8, 32, 64):
+            return f"i{element_type.width.data}"
+        case _:
+            raise VerifyException(
+                f"element type {element_type} is not supported; expected one of "
+                + ", ".join(SUPPORTED_ELEMENT_TYPES)
+            )
+
+
+# --------------------------------------------------------------------------- #
+# Attributes and the tensor type                                               #
+# --------------------------------------------------------------------------- #
+
+
+class ParallelType(StrEnum):
+    """How one axis of a tensor is laid out over devices and streams."""
+
+    SERIAL = "serial"
+    DIDX = "didx"
+    STREAM = "stream"
+
+
+@irdl_attr_definition
+class ParallelTypeAttr(EnumAttribute[ParallelType], SpacedOpaqueSyntaxAttribute):
+    """`#fusion<parallel_type didx>`; inside a tensor type just `_`, `didx` or `stream`."""
+
+    name = "fusion.parallel_type"
+
+
+SERIAL = ParallelTypeAttr(ParallelType.SERIAL)
+DIDX = ParallelTypeAttr(ParallelType.DIDX)
+STREAM = ParallelTypeAttr(ParallelType.STREAM)
+
+
+def parse_device_list(parser: AttrParser) -> list[int]:
+    return parser.parse_comma_separated_list(
+        parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_negative=False)
+    )
+
+
+def parse_device_list_checked(parser: AttrParser) -> list[int]:
+    """A device list, with a located error when it is not a valid mesh."""
+    start = parser.pos
+    devices = parse_device_list(parser)
+    _located(parser, start, lambda: DeviceMeshAttr(devices))
+    return devices
+
+
+def _located(parser: AttrParser, start: int, build) -> None:
+    """Runs `build`; a VerifyException becomes a parse error on the text since `start`.
+
+    Attribute verifiers run when the parser builds the attribute, outside any span,
+    so without this a bad type would be reported with no location.
+    """
+    try:
+        build()
+    except VerifyException as e:
+        parser.raise_error(str(e), start, parser.pos)
+
+
+def print_device_list(printer: Printer, devices: Sequence[int]) -> None:
+    with printer.in_square_brackets():
+        printer.print_list(devices, printer.print_int)
+
+
+@irdl_attr_definition
+class DeviceMeshAttr(ParametrizedAttribute):
+    """An ordered set of devices (ranks): `#fusion.mesh<[0, 1, 2, 3]>`.
+
+    Also used for the team of a communication, which is a set of devices too.
+    """
+
+    name = "fusion.mesh"
+
+    devices: ArrayAttr[IntAttr]
+
+    def __init__(self, devices: Sequence[int] | ArrayAttr[IntAttr]):
+        if not isinstance(devices, ArrayAttr):
+            devices = ArrayAttr(IntAttr(d) for d in devices)
+        super().__init__(devices)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.devices.data)
+
+    @property
+    def size(self) -> int:
+        return len(self.devices.data)
+
+    def verify(self) -> None:
+        ids = self.ids
+        if not ids:
+            raise VerifyException("a device mesh needs at least one device")
+        if any(d < 0 for d in ids):
+            raise VerifyException(f"device ids must be non-negative, got {list(ids)}")
+        if len(set(ids)) != len(ids):
+            duplicates = sorted({d for d in ids if ids.count(d) > 1})
+            raise VerifyException(
+                f"device mesh {list(ids)} lists device(s) {duplicates} more than once"
+            )
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            devices = parse_device_list_checked(parser)
+        return (ArrayAttr(IntAttr(d) for d in devices),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            print_device_list(printer, self.ids)
+
+
+SINGLE_DEVICE = DeviceMeshAttr([0])
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """A tensor with a logical shape, an element type, a mesh and a parallel type per axis."""
+
+    name = "fusion.tensor"
+
+    shape: ArrayAttr[IntAttr]
+    element_type: Attribute
+    mesh: DeviceMeshAttr
+    axes: ArrayAttr[ParallelTypeAttr]
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        element_type: Attribute,
+        mesh: DeviceMeshAttr | Sequence[int] = SINGLE_DEVICE,
+        axes: Sequence[ParallelTypeAttr | ParallelType | str] | None = None,
+    ):
+        if not isinstance(mesh, DeviceMeshAttr):
+            mesh = DeviceMeshAttr(mesh)
+        if axes is None:
+            axes = [SERIAL] * len(shape)
+        super().__init__(
+            ArrayAttr(IntAttr(d) for d in shape),
+            element_type,
+            mesh,
+            ArrayAttr(
+                a if isinstance(a, ParallelTypeAttr) else ParallelTypeAttr(ParallelType(a))
+                for a in axes
+            ),
+        )
+
+    # -- queries ------------------------------------------------------------ #
+
+    def get_shape(self) -> Shape:
+        return tuple(d.data for d in self.shape.data)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape.data)
+
+    def parallel_types(self) -> tuple[ParallelType, ...]:
+        return tuple(a.data for a in self.axes.data)
+
+    def axes_of(self, parallel_type: ParallelType) -> tuple[int, ...]:
+        return tuple(i for i, p in enumerate(self.parallel_types()) if p == parallel_type)
+
+    @property
+    def didx_axis(self) -> int | None:
+        axes = self.axes_of(ParallelType.DIDX)
+        return axes[0] if axes else None
+
+    @property
+    def stream_axis(self) -> int | None:
+        axes = self.axes_of(ParallelType.STREAM)
+        return axes[0] if axes else None
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.didx_axis is not None
+
+    def local_shape(self) -> Shape:
+        """The shape one device holds: every `didx` axis has extent 1."""
+        return tuple(
+            1 if p == ParallelType.DIDX else d
+            for d, p in zip(self.get_shape(), self.parallel_types())
+        )
+
+    def with_(
+        self,
+        *,
+        shape: Sequence[int] | None = None,
+        element_type: Attribute | None = None,
+        mesh: DeviceMeshAttr | Sequence[int] | None = None,
+        axes: Sequence[ParallelTypeAttr | ParallelType | str] | None = None,
+    ) -> TensorType:
+        """A copy of this type with some parameters replaced."""
+        shape = self.get_shape() if shape is None else shape
+        if axes is None:
+            axes = self.axes.data if len(shape) == self.rank else None
+        return TensorType(
+            shape,
+            self.element_type if element_type is None else element_type,
+            self.mesh if mesh is None else mesh,
+            axes,
+        )
+
+    def without_axis(self, axis: int) -> TensorType:
+        """The type of one slice of this tensor along `axis`."""
+        shape = list(self.get_shape())
+        axes = list(self.axes.data)
+        del shape[axis], axes[axis]
+        return TensorType(shape, self.element_type, self.mesh, axes)
+
+    def sharding_str(self) -> str:
+        """`mesh = [..], axes = [..]`, the part of the type that says where data lives."""
+        axes = ", ".join("_" if p == ParallelType.SERIAL else p.value for p in self.parallel_types())
+        return f"mesh = {list(self.mesh.ids)}, axes = [{axes}]"
+
+    # -- verification --------------------------------------------------------- #
+
+    def verify(self) -> None:
+        if len(self.axes.data) != len(self.shape.data):
+            raise VerifyException(
+                f"tensor of rank {len(self.shape.data)} has {len(self.axes.data)} parallel "
+                "types; give one per axis"
+            )
+        for i, d in enumerate(self.get_shape()):
+            if d < 0 and d != DYNAMIC:
+                raise VerifyException(f"axis {i} has negative extent {d}")
+        element_type_name(self.element_type)
+        didx = self.axes_of(ParallelType.DIDX)
+        if len(didx) > 1:
+            raise VerifyException(
+                f"axes {list(didx)} are both didx; a one-dimensional mesh shards at most one axis"
+            )
+        streams = self.axes_of(ParallelType.STREAM)
+        if len(streams) > 1:
+            raise VerifyException(
+                f"axes {list(streams)} are both stream; at most one axis may be stream-parallel"
+            )
+        if didx:
+            extent = self.get_shape()[didx[0]]
+            if extent not in (DYNAMIC, self.mesh.size):
+                raise VerifyException(
+                    f"didx axis {didx[0]} has extent {extent} but the mesh has "
+                    f"{self.mesh.size} device(s); a didx axis spans the mesh"
+                )
+
+    # -- text ------------------------------------------------------------------ #
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        start = parser.pos
+        with parser.in_angle_brackets():
+            shape = parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE, lambda: _parse_extent(parser)
+            )
+            parser.parse_punctuation(",", " between the shape and the element type")
+            element_type = parser.parse_type()
+            mesh = SINGLE_DEVICE
+            axes = [SERIAL] * len(shape)
+            if parser.parse_optional_punctuation(","):
+                keyword = parser.parse_keyword_in(("mesh", "axes"), " in a fusion.tensor type")
+                if keyword == "mesh":
+                    parser.parse_punctuation("=")
+                    mesh = DeviceMeshAttr(parse_device_list_checked(parser))
+                    if parser.parse_optional_punctuation(","):
+                        parser.parse_keyword("axes")
+                        keyword = "axes"
+                if keyword == "axes":
+                    parser.parse_punctuation("=")
+                    axes = parser.parse_comma_separated_list(
+                        parser.Delimiter.SQUARE, lambda: _parse_parallel_type(parser)
+                    )
+        _located(parser, start, lambda: TensorType(shape, element_type, mesh, axes))
+        return (
+            ArrayAttr(IntAttr(d) for d in shape),
+            element_type,
+            mesh,
+            ArrayAttr(axes),
+        )
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            with printer.in_square_brackets():
+                printer.print_list(
+                    self.get_shape(),
+                    lambda d: printer.print_string("?" if d == DYNAMIC else str(d)),
+                )
+            printer.print_string(", ")
+            printer.print_attribute(self.element_type)
+            if self.mesh != SINGLE_DEVICE:
+                printer.print_string(", mesh = ")
+                print_device_list(printer, self.mesh.ids)
+            if any(p != ParallelType.SERIAL for p in self.parallel_types()):
+                printer.print_string(", axes = ")
+                with printer.in_square_brackets():
+                    printer.print_list(
+                        self.parallel_types(),
+                        lambda p: printer.print_string(
+                            "_" if p == ParallelType.SERIAL else p.value
+                        ),
+                    )
+
+
+def _parse_extent(parser: AttrParser) -> int:
+    if parser.parse_optional_punctuation("?"):
+        return DYNAMIC
+    return parser.parse_integer(allow_negative=False, context_msg=" or '?' as an extent")
+
+
+def _parse_parallel_type(parser: AttrParser) -> ParallelTypeAttr:
+    name = parser.parse_identifier(" as a parallel type (_, didx or stream)")
+    if name == "_":
+        return SERIAL
+    if name not in (ParallelType.DIDX, ParallelType.STREAM):
+        parser.raise_error(
+            f"unknown parallel type '{name}'; expected _ (serial), didx or stream",
+            parser.pos - len(name),
+            parser.pos,
+        )
+    return ParallelTypeAttr(ParallelType(name))
+
+
+def tensor_type(value: SSAValue) -> TensorType:
+    assert isinstance(value.type, TensorType), value.type
+    return value.type
+
+
+# --------------------------------------------------------------------------- #
+# Shape rules (torch semantics)                                                #
+# --------------------------------------------------------------------------- #
+
+
+def shape_str(shape: Shape) -> str:
+    return "[" + ", ".join("?" if d == DYNAMIC else str(d) for d in shape) + "]"
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """torch broadcasting of static-or-dynamic shapes; raises on a sure mismatch."""
+    rank = max(len(s) for s in shapes)
+    result: list[int] = []
+    for i in range(rank):
+        extents = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        static = {e for e in extents if e not in (1, DYNAMIC)}
+        if len(static) > 1:
+            raise VerifyException(
+                "shapes " + ", ".join(shape_str(s) for s in shapes) + " do not broadcast: "
+                f"axis {i} of the result would need extents {sorted(static)}"
+            )
+        if static:
+            result.append(static.pop())
+        elif DYNAMIC in extents:
+            result.append(DYNAMIC)
+        else:
+            result.append(1)
+    return tuple(result)
+
+
+def _same_extent(a: int, b: int) -> bool:
+    return a == b or DYNAMIC in (a, b)
+
+
+def shapes_compatible(a: Shape, b: Shape) -> bool:
+    """Equal ranks and equal extents wherever both are static."""
+    return len(a) == len(b) and all(_same_extent(x, y) for x, y in zip(a, b))
+
+
+def matmul_shape(a: Shape, b: Shape) -> Shape:
+    """torch.matmul's result shape."""
+    if not a or not b:
+        raise VerifyException("matmul operands must have rank at least 1")
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    if not _same_extent(a2[-1], b2[-2]):
+        raise VerifyException(
+            f"matmul contracts axis of extent {a2[-1]} of {shape_str(a)} with extent "
+            f"{b2[-2]} of {shape_str(b)}; they must be equal"
+        )
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
+    result = (*batch, a2[-2], b2[-1])
+    if len(a) == 1:
+        result = result[:-2] + result[-1:]
+    if len(b) == 1:
+        result = result[:-1]
+    return result
+
+
+def linear_shape(x: Shape, w: Shape, bias: Shape | None) -> Shape:
+    """torch.nn.functional.linear's result shape: x @ w^T + bias."""
+    if not x:
+        raise VerifyException("linear input must have rank at least 1")
+    if len(w) not in (1, 2):
+        raise VerifyException(f"linear weight must have rank 1 or 2, got {shape_str(w)}")
+    if not _same_extent(x[-1], w[-1]):
+        raise VerifyException(
+            f"linear contracts the last axis of the input {shape_str(x)} with the last "
+            f"axis of the weight {shape_str(w)}; their extents must be equal"
+        )
+    result = x[:-1] + (w[:1] if len(w) == 2 else ())
+    if bias is not None:
+        if len(bias) > 1:
+            raise VerifyException(f"linear bias must have rank 0 or 1, got {shape_str(bias)}")
+        broadcast_shapes(result, bias)
+    return result
+
+
+def normalize_axes(axes: Sequence[int], rank: int, what: str) -> tuple[int, ...]:
+    normalized = []
+    for axis in axes:
+        if not -rank <= axis < rank:
+            raise VerifyException(
+                f"{what} axis {axis} is out of range for a tensor of rank {rank}"
+            )
+        normalized.append(axis % rank)
+    if len(set(normalized)) != len(normalized):
+        raise VerifyException(f"{what} axes {list(axes)} name an axis twice")
+    return tuple(normalized)
+
+
+def reduction_shape(shape: Shape, axes: Sequence[int], keepdim: bool) -> Shape:
+    axes = normalize_axes(axes, len(shape), "reduction")
+    if keepdim:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def broadcast_in_shape(shape: Shape, new_axes: Sequence[int]) -> Shape:
+    """The shape after inserting an extent-1 axis at each of `new_axes` of the result."""
+    rank = len(shape) + len(new_axes)
+    positions = normalize_axes(new_axes, rank, "broadcast")
+    it = iter(shape)
+    return tuple(1 if i in positions else next(it) for i in range(rank))
+
+
+# --------------------------------------------------------------------------- #
+# Operations                                                                   #
+# --------------------------------------------------------------------------- #
+
+
+class FusionOp(IRDLOperation, ABC):
+    """Base of fusion ops: they compute one tensor; `infer_shape` gives its shape."""
+
+    traits = traits_def(Pure())
+
+    def infer_shape(self) -> Shape:
+        raise NotImplementedError
+
+    def expected_element_type(self) -> Attribute:
+        return tensor_type(self.operands[0]).element_type
+
+    def verify_(self) -> None:
+        for i, operand in enumerate(self.operands):
+            if not isinstance(operand.type, TensorType):
+                raise VerifyException(f"operand {i} must be a !fusion.tensor, got {operand.type}")
+        result = tensor_type(self.results[0])
+        if self.operands and result.element_type != self.expected_element_type():
+            raise VerifyException(
+                f"result element type {result.element_type} differs from the expected "
+                f"{self.expected_element_type()}"
+            )
+        inferred = self.infer_shape()
+        declared = result.get_shape()
+        if not shapes_compatible(inferred, declared):
+            raise VerifyException(
+                f"result shape {shape_str(declared)} does not match the shape "
+                f"{shape_str(inferred)} that the operands give"
+            )
+
+
+@irdl_op_definition
+class SetOp(FusionOp):
+    """A copy. The op through which a tensor changes its mesh or its sharding."""
+
+    name = "fusion.set"
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, result_type: TensorType):
+        super().__init__(operands=[input], result_types=[result_type])
+
+    def infer_shape(self) -> Shape:
+        return tensor_type(self.input).get_shape()
+
+
+class UnaryOp(FusionOp, ABC):
+    """A pointwise op of one operand."""
+
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, result_type: TensorType | None = None):
+        super().__init__(operands=[input], result_types=[result_type or tensor_type(input)])
+
+    def infer_shape(self) -> Shape:
+        return tensor_type(self.input).get_shape()
+
+
+@irdl_op_definition
+class NegOp(UnaryOp):
+    name = "fusion.neg"
+
+
+@irdl_op_definition
+class AbsOp(UnaryOp):
+    name = "fusion.abs"
+
+
+@irdl_op_definition
+class ExpOp(UnaryOp):
+    name = "fusion.exp"
+
+
+@irdl_op_definition
+class LogOp(UnaryOp):
+    name = "fusion.log"
+
+
+@irdl_op_definition
+class SqrtOp(UnaryOp):
+    name = "fusion.sqrt"
+
+
+@irdl_op_definition
+class ReluOp(UnaryOp):
+    name = "fusion.relu"
+
+
+@irdl_op_definition
+class TanhOp(UnaryOp):
+    name = "fusion.tanh"
+
+
+@irdl_op_definition
+class SigmoidOp(UnaryOp):
+    name = "fusion.sigmoid"
+
+
+class BinaryOp(FusionOp, ABC):
+    """A pointwise op of two operands with torch broadcasting."""
+
+
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+    )
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: TensorType):
+        super().__init__(operands=[lhs, rhs], result_types=[result_type])
+
+    def infer_shape(self) -> Shape:
+        return broadcast_shapes(tensor_type(self.lhs).get_shape(), tensor_type(self.rhs).get_shape())
+
+    def verify_(self) -> None:
+        lhs, rhs = tensor_type(self.lhs), tensor_type(self.rhs)
+        if lhs.element_type != rhs.element_type:
+            raise VerifyException(
+                f"operands have element types {lhs.element_type} and {rhs.element_type}; "
+                "insert a fusion.cast to make them equal"
+            )
+        super().verify_()
+
+
+@irdl_op_definition
+class AddOp(BinaryOp):
+    name = "fusion.add"
+
+
+@irdl_op_definition
+class SubOp(BinaryOp):
+    name = "fusion.sub"
+
+
+@irdl_op_definition
+class MulOp(BinaryOp):
+    name = "fusion.mul"
+
+
+@irdl_op_definition
+class DivOp(BinaryOp):
+    name = "fusion.div"
+
+
+@irdl_op_definition
+class MaximumOp(BinaryOp):
+    """Pointwise maximum (torch.maximum); the reduction is `fusion.max`."""
+
+    name = "fusion.maximum"
+
+
+@irdl_op_definition
+class MinimumOp(BinaryOp):
+    """Pointwise minimum (torch.minimum)."""
+
+    name = "fusion.minimum"
+
+
+@irdl_op_definition
+class PowOp(BinaryOp):
+    name = "fusion.pow"
+
+
+@irdl_op_definition
+class ConstantOp(FusionOp):
+    """A scalar (rank-0 tensor), for pointwise ops with a constant operand."""
+
+    name = "fusion.constant"
+
+    value = prop_def(FloatAttr | IntegerAttr)
+    result = result_def(TensorType)
+
+    assembly_format = "$value attr-dict `:` type($result)"
+
+    def __init__(self, value: FloatAttr | IntegerAttr, result_type: TensorType):
+        super().__init__(properties={"value": value}, result_types=[result_type])
+
+    def expected_element_type(self) -> Attribute:
+        return self.value.type
+
+    def infer_shape(self) -> Shape:
+        return ()
+
+    def verify_(self) -> None:
+        result = tensor_type(self.result)
+        if result.element_type != self.value.type:
+            raise VerifyException(
+                f"constant of type {self.value.type} cannot produce a tensor of "
+                f"{result.element_type}"
+            )
+        super().verify_()
+
+
+@irdl_op_definition
+class CastOp(FusionOp):
+    """Converts the element type; the shape is unchanged."""
+
+    name = "fusion.cast"
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, result_type: TensorType):
+        super().__init__(operands=[input], result_types=[result_type])
+
+    def expected_element_type(self) -> Attribute:
+        return tensor_type(self.result).element_type
+
+    def infer_shape(self) -> Shape:
+        return tensor_type(self.input).get_shape()
+
+
+class ReductionOp(FusionOp, ABC):
+    """A reduction over `axes`, keeping them as extent-1 axes when `keepdim` is set.
+
+    Text: `fusion.sum %x [1, 2] keepdim : T -> T2`.
+    """
+
+
+    input = operand_def(TensorType)
+    axes = prop_def(DenseArrayBase[I64])
+    keepdim = opt_prop_def(UnitAttr)
+    result = result_def(TensorType)
+
+    def __init__(
+        self,
+        input: SSAValue,
+        axes: Sequence[int],
+        keepdim: bool,
+        result_type: TensorType,
+    ):
+        properties: dict[str, Attribute] = {"axes": DenseArrayBase.from_list(i64, axes)}
+        if keepdim:
+            properties["keepdim"] = UnitAttr()
+        super().__init__(operands=[input], properties=properties, result_types=[result_type])
+
+    @property
+    def reduced_axes(self) -> tuple[int, ...]:
+        rank = tensor_type(self.input).rank
+        return normalize_axes(self.axes.get_values(), rank, "reduction")
+
+    @property
+    def keeps_dims(self) -> bool:
+        return self.keepdim is not None
+
+    def infer_shape(self) -> Shape:
+        return reduction_shape(
+            tensor_type(self.input).get_shape(),
+            self.axes.get_values(),
+            self.keeps_dims,
+        )
+
+    def verify_(self) -> None:
+        if not self.axes.data:
+            raise VerifyException("a reduction needs at least one axis")
+        super().verify_()
+
+    def print(self, printer: Printer) -> None:
+        _print_axes_op(printer, self, self.axes, "keepdim" if self.keeps_dims else "")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ReductionOp:
+        operand, axes, keepdim, attributes, input_type, result_type = _parse_axes_op(
+            parser, "keepdim"
+        )
+        op = cls(parser.resolve_operand(operand, input_type), axes, keepdim, result_type)
+        op.attributes |= attributes
+        return op
+
+
+def _print_axes_op(
+    printer: Printer, op: IRDLOperation, axes: DenseArrayBase, flag: str
+) -> None:
+    """`%x [0, 2] flag {attrs} : T -> T2`, the syntax of ops with a list of axes."""
+    printer.print_string(" ")
+    printer.print_operand(op.operands[0])
+    printer.print_string(" ")
+    with printer.in_square_brackets():
+        printer.print_list(axes.get_values(), printer.print_int)
+    if flag:
+        printer.print_string(f" {flag}")
+    printer.print_op_attributes(op.attributes)
+    printer.print_string(" : ")
+    printer.print_attribute(op.operands[0].type)
+    printer.print_string(" -> ")
+    printer.print_attribute(op.results[0].type)
+
+
+def _parse_axes_op(parser: Parser, flag: str | None):
+    operand = parser.parse_unresolved_operand()
+    axes = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+    has_flag = flag is not None and parser.parse_optional_keyword(flag) is not None
+    attributes = parser.parse_optional_attr_dict()
+    parser.parse_punctuation(":")
+    input_type = parser.parse_type()
+    parser.parse_punctuation("->")
+    result_type = parser.parse_type()
+    return operand, axes, has_flag, attributes, input_type, result_type
+
+
+@irdl_op_definition
+class SumOp(ReductionOp):
+    name = "fusion.sum"
+
+
+@irdl_op_definition
+class MaxOp(ReductionOp):
+    """Maximum over axes (torch.amax); the pointwise maximum is `fusion.maximum`."""
+
+    name = "fusion.max"
+
+
+@irdl_op_definition
+class BroadcastOp(FusionOp):
+    """Inserts an extent-1 axis at each position `new_axes` of the result (nvFuser's broadcast).
+
+    Text: `fusion.broadcast %x [0, 2] : T -> T2`.
+    """
+
+    name = "fusion.broadcast"
+
+    input = operand_def(TensorType)
+    new_axes = prop_def(DenseArrayBase[I64])
+    result = result_def(TensorType)
+
+
+    def __init__(self, input: SSAValue, new_axes: Sequence[int], result_type: TensorType):
+        super().__init__(
+            operands=[input],
+            properties={"new_axes": DenseArrayBase.from_list(i64, new_axes)},
+            result_types=[result_type],
+        )
+
+    def infer_shape(self) -> Shape:
+        return broadcast_in_shape(
+            tensor_type(self.input).get_shape(), self.new_axes.get_values()
+        )
+
+    def verify_(self) -> None:
+        if not self.new_axes.data:
+            raise VerifyException("a broadcast needs at least one new axis")
+        super().verify_()
+
+    def print(self, printer: Printer) -> None:
+        _print_axes_op(printer, self, self.new_axes, "")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> BroadcastOp:
+        operand, axes, _, attributes, input_type, result_type = _parse_axes_op(parser, None)
+        op = cls(parser.resolve_operand(operand, input_type), axes, result_type)
+        op.attributes |= attributes
+        return op
+
+
+@irdl_op_definition
+class MatmulOp(FusionOp):
+    """torch.matmul: batched, with broadcasting batch axes."""
+
+    name = "fusion.matmul"
+
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+    )
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: TensorType):
+        super().__init__(operands=[lhs, rhs], result_types=[result_type])
+
+    def infer_shape(self) -> Shape:
+        return matmul_shape(tensor_type(self.lhs).get_shape(), tensor_type(self.rhs).get_shape())
+
+    def verify_(self) -> None:
+        _check_same_element_types(self)
+        super().verify_()
+
+
+@irdl_op_definition
+class LinearOp(FusionOp):
+    """torch.nn.functional.linear: `input @ weight^T + bias`, the bias optional."""
+
+    name = "fusion.linear"
+
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$input `,` $weight (`,` $bias^)? attr-dict `:` "
+        "`(` type($input) `,` type($weight) (`,` type($bias)^)? `)` `->` type($result)"
+    )
+
+    def __init__(
+        self,
+        input: SSAValue,
+        weight: SSAValue,
+        bias: SSAValue | None,
+        result_type: TensorType,
+    ):
+        super().__init__(
+            operands=[input, weight, [bias] if bias is not None else []],
+            result_types=[result_type],
+        )
+
+    def infer_shape(self) -> Shape:
+        return linear_shape(
+            tensor_type(self.input).get_shape(),
+            tensor_type(self.weight).get_shape(),
+            tensor_type(self.bias).get_shape() if self.bias is not None else None,
+        )
+
+    def verify_(self) -> None:
+        _check_same_element_types(self)
+        super().verify_()
+
+
+def _check_same_element_types(op: IRDLOperation) -> None:
+    types = [tensor_type(o).element_type for o in op.operands]
+    if any(t != types[0] for t in types):
+        raise VerifyException(
+            "operands have element types " + ", ".join(str(t) for t in types)
+            + "; they must be equal"
+        )
+
+
+UNARY_OPS: tuple[type[UnaryOp], ...] = (
+    NegOp,
+    AbsOp,
+    ExpOp,
+    LogOp,
+    SqrtOp,
+    ReluOp,
+    TanhOp,
+    SigmoidOp,
+)
+BINARY_OPS: tuple[type[BinaryOp], ...] = (
+    AddOp,
+    SubOp,
+    MulOp,
+    DivOp,
+    MaximumOp,
+    MinimumOp,
+    PowOp,
+)
+REDUCTION_OPS: tuple[type[ReductionOp], ...] = (SumOp, MaxOp)
+POINTWISE_OPS = (*UNARY_OPS, *BINARY_OPS, CastOp, ConstantOp, BroadcastOp)
+"""Ops that a fused pointwise segment may hold (broadcast only inserts extent-1 axes)."""
+
+Fusion = Dialect(
+    "fusion",
+    [
+        SetOp,
+        *UNARY_OPS,
+        *BINARY_OPS,
+        ConstantOp,
+        CastOp,
+        *REDUCTION_OPS,
+        BroadcastOp,
+        MatmulOp,
+        LinearOp,
+    ],
+    [ParallelTypeAttr, DeviceMeshAttr, TensorType],
+)
+

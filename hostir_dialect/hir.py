@@ -1,0 +1,905 @@
+"""The `hir` dialect: host programs that allocate, slice, compute, communicate and pipeline.
+
+A host program is a `func.func` whose tensor values are *buffers*: `!fusion.tensor`
+values with reference semantics. The type keeps the logical shape and the sharding,
+so the runtime knows the local shape of every buffer and the team of every
+collective; what one device holds is `TensorType.local_shape()`. Compute is
+destination-passing (`ins(...) outs(...)`, as linalg), so an op writes into a
+buffer, or into a view of one made by `hir.alias_select`. Control flow is
+`scf.for`/`scf.if` and index arithmetic is `arith`.
+
+The ops take nvFuser's Host IR names (kir::Allocate, HirAliasSelect, Communication,
+P2PCommunication, Wait, LaunchKernel, PostOnStream, ...), lower-cased.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    I64,
+    DenseArrayBase,
+    IndexType,
+    IntAttr,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    i64,
+)
+from xdsl.dialects.shard import ReductionKind, ReductionKindAttr
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import (
+    Attribute,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    SpacedOpaqueSyntaxAttribute,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.dialects import func
+from xdsl.traits import SymbolTable, SymbolUserOpInterface
+from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
+
+from hostir_dialect.fusion import (
+    DYNAMIC,
+    BinaryOp,
+    CastOp,
+    DeviceMeshAttr,
+    TensorType,
+    UnaryOp,
+    normalize_axes,
+    parse_device_list_checked,
+    print_device_list,
+    reduction_shape,
+    shape_str,
+    shapes_compatible,
+    tensor_type,
+)
+
+# --------------------------------------------------------------------------- #
+# Types and attributes                                                         #
+# --------------------------------------------------------------------------- #
+
+
+@irdl_attr_definition
+class StreamType(ParametrizedAttribute, TypeAttribute):
+    """A CUDA stream (a no-op ordering token on CPU)."""
+
+    name = "hir.stream"
+
+
+@irdl_attr_definition
+class WorkType(ParametrizedAttribute, TypeAttribute):
+    """The handle of an asynchronous communication, for `hir.wait`."""
+
+    name = "hir.work"
+
+
+class CommunicatorBackend(StrEnum):
+    """Who moves the bytes: NCCL kernels, or the GPU copy engines (cudaMemcpyAsync)."""
+
+    NCCL = "nccl"
+    CUDA = "cuda"
+
+
+@irdl_attr_definition
+class CommunicatorBackendAttr(EnumAttribute[CommunicatorBackend], SpacedOpaqueSyntaxAttribute):
+    name = "hir.backend"
+
+
+NCCL = CommunicatorBackendAttr(CommunicatorBackend.NCCL)
+
+
+# --------------------------------------------------------------------------- #
+# Buffers and views                                                            #
+# --------------------------------------------------------------------------- #
+
+
+def _buffer(value: SSAValue, what: str) -> TensorType:
+    if not isinstance(value.type, TensorType):
+        raise VerifyException(f"{what} must be a !fusion.tensor buffer, got {value.type}")
+    return value.type
+
+
+@irdl_op_definition
+class AllocateOp(IRDLOperation):
+    """A new buffer; one index operand per dynamic extent of the type, in order.
+
+    `%b = hir.allocate(%m, %n) : !fusion.tensor<[?, 8, ?], f32>`
+    """
+
+    name = "hir.allocate"
+
+    dynamic_sizes = var_operand_def(IndexType)
+    result = result_def(TensorType)
+
+    assembly_format = "`(` $dynamic_sizes `)` attr-dict `:` type($result)"
+
+    def __init__(self, result_type: TensorType, dynamic_sizes: Sequence[SSAValue] = ()):
+        super().__init__(operands=[dynamic_sizes], result_types=[result_type])
+
+    def verify_(self) -> None:
+        shape = tensor_type(self.result).get_shape()
+        dynamic = shape.count(DYNAMIC)
+        if dynamic != len(self.dynamic_sizes):
+            raise VerifyException(
+                f"type {shape_str(shape)} has {dynamic} dynamic extent(s) but "
+                f"{len(self.dynamic_sizes)} size operand(s) were given"
+            )
+
+
+@irdl_op_definition
+class DeallocateOp(IRDLOperation):
+    """Frees a buffer after its last use."""
+
+    name = "hir.deallocate"
+
+    buffer = operand_def(TensorType)
+
+    assembly_format = "$buffer attr-dict `:` type($buffer)"
+
+    def __init__(self, buffer: SSAValue):
+        super().__init__(operands=[buffer])
+
+
+@irdl_op_definition
+class DimOp(IRDLOperation):
+    """The logical extent of one axis of a buffer (a `didx` axis spans the mesh).
+
+    `%n = hir.dim %b, 0 : !fusion.tensor<[?, 4], f32>`
+    """
+
+    name = "hir.dim"
+
+    buffer = operand_def(TensorType)
+    axis = prop_def(IntAttr)
+    result = result_def(IndexType)
+
+    def __init__(self, buffer: SSAValue, axis: int):
+        super().__init__(
+            operands=[buffer], properties={"axis": IntAttr(axis)}, result_types=[IndexType()]
+        )
+
+    def verify_(self) -> None:
+        rank = _buffer(self.buffer, "operand").rank
+        if not 0 <= self.axis.data < rank:
+            raise VerifyException(f"axis {self.axis.data} is out of range for a buffer of rank {rank}")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.buffer)
+        printer.print_string(f", {self.axis.data}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.buffer.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> DimOp:
+        buffer = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        axis = parser.parse_integer(allow_negative=False)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        op = cls(parser.resolve_operand(buffer, parser.parse_type()), axis)
+        op.attributes |= attributes
+        return op
+
+
+@irdl_op_definition
+class AliasSelectOp(IRDLOperation):
+    """A view of slice `index` of a buffer along `axis` (the axis is dropped); never a copy.
+
+    `%v = hir.alias_select %b[0 = %i] : !fusion.tensor<[?, 4], f32> -> !fusion.tensor<[4], f32>`
+    """
+
+    name = "hir.alias_select"
+
+    input = operand_def(TensorType)
+    index = operand_def(IndexType)
+    axis = prop_def(IntAttr)
+    result = result_def(TensorType)
+
+    def __init__(self, input: SSAValue, axis: int, index: SSAValue):
+        super().__init__(
+            operands=[input, index],
+            properties={"axis": IntAttr(axis)},
+            result_types=[tensor_type(input).without_axis(axis)],
+        )
+
+    def verify_(self) -> None:
+        source = _buffer(self.input, "input")
+        if not 0 <= self.axis.data < source.rank:
+            raise VerifyException(
+                f"axis {self.axis.data} is out of range for a buffer of rank {source.rank}"
+            )
+        expected = source.without_axis(self.axis.data)
+        if self.result.type != expected:
+            raise VerifyException(
+                f"selecting along axis {self.axis.data} of {source} gives {expected}, "
+                f"not {self.result.type}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        printer.print_string(f"[{self.axis.data} = ")
+        printer.print_operand(self.index)
+        printer.print_string("]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AliasSelectOp:
+        input = parser.parse_unresolved_operand()
+        parser.parse_punctuation("[")
+        axis = parser.parse_integer(allow_negative=False)
+        parser.parse_punctuation("=")
+        index = parser.parse_operand()
+        parser.parse_punctuation("]")
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        input_type = parser.parse_type()
+        parser.parse_punctuation("->")
+        result_type = parser.parse_type()
+        op = cls.create(
+            operands=[parser.resolve_operand(input, input_type), index],
+            properties={"axis": IntAttr(axis)},
+            result_types=[result_type],
+            attributes=attributes,
+        )
+        return op
+
+
+# --------------------------------------------------------------------------- #
+# Runtime scalars and streams                                                  #
+# --------------------------------------------------------------------------- #
+
+
+@irdl_op_definition
+class DeviceIndexOp(IRDLOperation):
+    """The rank of the device running the program (nvFuser's NamedScalar rank)."""
+
+    name = "hir.device_index"
+
+    result = result_def(IndexType)
+
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__(result_types=[IndexType()])
+
+
+@irdl_op_definition
+class NumberOfStreamsOp(IRDLOperation):
+    """The size of the runtime's stream pool (nvFuser's numberOfStreams)."""
+
+    name = "hir.number_of_streams"
+
+    result = result_def(IndexType)
+
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__(result_types=[IndexType()])
+
+
+@irdl_op_definition
+class GetCurrentStreamOp(IRDLOperation):
+    name = "hir.get_current_stream"
+
+    result = result_def(StreamType)
+
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__(result_types=[StreamType()])
+
+
+@irdl_op_definition
+class StreamOp(IRDLOperation):
+    """Stream number `index` of the pool; the index must be below `hir.number_of_streams`."""
+
+    name = "hir.stream"
+
+    index = operand_def(IndexType)
+    result = result_def(StreamType)
+
+    assembly_format = "$index attr-dict"
+
+    def __init__(self, index: SSAValue):
+        super().__init__(operands=[index], result_types=[StreamType()])
+
+
+@irdl_op_definition
+class SetCurrentStreamOp(IRDLOperation):
+    """Makes `stream` the one that later ops are issued on."""
+
+    name = "hir.set_current_stream"
+
+    stream = operand_def(StreamType)
+
+    assembly_format = "$stream attr-dict"
+
+    def __init__(self, stream: SSAValue):
+        super().__init__(operands=[stream])
+
+
+@irdl_op_definition
+class SynchronizeStreamOp(IRDLOperation):
+    """The current stream waits until the work issued so far on `stream` is done."""
+
+    name = "hir.synchronize_stream"
+
+    stream = operand_def(StreamType)
+
+    assembly_format = "$stream attr-dict"
+
+    def __init__(self, stream: SSAValue):
+        super().__init__(operands=[stream])
+
+
+# --------------------------------------------------------------------------- #
+# Communication                                                                #
+# --------------------------------------------------------------------------- #
+
+
+class CommunicationOp(IRDLOperation, ABC):
+    """A collective among `team` from `input` into `output`; returns a work handle.
+
+    `%w = hir.allreduce %in into %out team [0, 1] op sum backend nccl : T, T2`
+
+    Subclasses say whether they need a `root` and a reduction `op`. A device outside
+    the team does nothing.
+    """
+
+    HAS_ROOT: ClassVar[bool] = False
+    HAS_REDUCE_OP: ClassVar[bool] = False
+
+    input = operand_def(TensorType)
+    output = operand_def(TensorType)
+    team = prop_def(DeviceMeshAttr)
+    root = opt_prop_def(IntAttr)
+    reduce_op = opt_prop_def(ReductionKindAttr)
+    backend = prop_def(CommunicatorBackendAttr)
+    work = result_def(WorkType)
+
+    def __init__(
+        self,
+        input: SSAValue,
+        output: SSAValue,
+        team: DeviceMeshAttr | Sequence[int],
+        *,
+        root: int | None = None,
+        reduce_op: ReductionKind | None = None,
+        backend: CommunicatorBackend = CommunicatorBackend.NCCL,
+    ):
+        properties: dict[str, Attribute] = {
+            "team": team if isinstance(team, DeviceMeshAttr) else DeviceMeshAttr(team),
+            "backend": CommunicatorBackendAttr(backend),
+        }
+        if root is not None:
+            properties["root"] = IntAttr(root)
+        if reduce_op is not None:
+            properties["reduce_op"] = ReductionKindAttr(reduce_op)
+        super().__init__(
+            operands=[input, output], properties=properties, result_types=[WorkType()]
+        )
+
+    @property
+    def team_ids(self) -> tuple[int, ...]:
+        return self.team.ids
+
+    def verify_(self) -> None:
+        _buffer(self.input, "input")
+        _buffer(self.output, "output")
+        if self.HAS_ROOT:
+            if self.root is None:
+                raise VerifyException(f"{self.name} needs a root device")
+            if self.root.data not in self.team_ids:
+                raise VerifyException(
+                    f"root {self.root.data} is not in the team {list(self.team_ids)}"
+                )
+        elif self.root is not None:
+            raise VerifyException(f"{self.name} takes no root")
+        if self.HAS_REDUCE_OP:
+            if self.reduce_op is None:
+                raise VerifyException(f"{self.name} needs a reduction op")
+            if self.reduce_op.data not in SUPPORTED_REDUCTIONS:
+                raise VerifyException(
+                    f"reduction op {self.reduce_op.data.value} is not supported; expected one of "
+                    + ", ".join(r.value for r in SUPPORTED_REDUCTIONS)
+                )
+        elif self.reduce_op is not None:
+            raise VerifyException(f"{self.name} takes no reduction op")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        printer.print_string(" into ")
+        printer.print_operand(self.output)
+        printer.print_string(" team ")
+        print_device_list(printer, self.team_ids)
+        if self.root is not None:
+            printer.print_string(f" root {self.root.data}")
+        if self.reduce_op is not None:
+            printer.print_string(f" op {self.reduce_op.data.value}")
+        printer.print_string(f" backend {self.backend.data.value}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+        printer.print_string(", ")
+        printer.print_attribute(self.output.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> CommunicationOp:
+        input = parser.parse_unresolved_operand()
+        parser.parse_keyword("into")
+        output = parser.parse_unresolved_operand()
+        parser.parse_keyword("team")
+        properties: dict[str, Attribute] = {"team": DeviceMeshAttr(parse_device_list_checked(parser))}
+        if parser.parse_optional_keyword("root"):
+            properties["root"] = IntAttr(parser.parse_integer(allow_negative=False))
+        if parser.parse_optional_keyword("op"):
+            properties["reduce_op"] = ReductionKindAttr(parser.parse_str_enum(ReductionKind))
+        parser.parse_keyword("backend")
+        properties["backend"] = CommunicatorBackendAttr(parser.parse_str_enum(CommunicatorBackend))
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        input_type = parser.parse_type()
+        parser.parse_punctuation(",")
+        output_type = parser.parse_type()
+        return cls.create(
+            operands=[
+                parser.resolve_operand(input, input_type),
+                parser.resolve_operand(output, output_type),
+            ],
+            properties=properties,
+            attributes=attributes,
+            result_types=[WorkType()],
+        )
+
+
+SUPPORTED_REDUCTIONS = (
+    ReductionKind.SUM,
+    ReductionKind.PRODUCT,
+    ReductionKind.MAX,
+    ReductionKind.MIN,
+)
+
+
+@irdl_op_definition
+class AllgatherOp(CommunicationOp):
+    name = "hir.allgather"
+
+
+@irdl_op_definition
+class AllreduceOp(CommunicationOp):
+    name = "hir.allreduce"
+    HAS_REDUCE_OP: ClassVar[bool] = True
+
+
+@irdl_op_definition
+class ReduceScatterOp(CommunicationOp):
+    name = "hir.reduce_scatter"
+    HAS_REDUCE_OP: ClassVar[bool] = True
+
+
+@irdl_op_definition
+class BroadcastOp(CommunicationOp):
+    name = "hir.broadcast"
+    HAS_ROOT: ClassVar[bool] = True
+
+
+@irdl_op_definition
+class ReduceOp(CommunicationOp):
+    name = "hir.reduce"
+    HAS_ROOT: ClassVar[bool] = True
+    HAS_REDUCE_OP: ClassVar[bool] = True
+
+
+@irdl_op_definition
+class GatherOp(CommunicationOp):
+    name = "hir.gather"
+    HAS_ROOT: ClassVar[bool] = True
+
+
+@irdl_op_definition
+class ScatterOp(CommunicationOp):
+    name = "hir.scatter"
+    HAS_ROOT: ClassVar[bool] = True
+
+
+@irdl_op_definition
+class SendRecvOp(CommunicationOp):
+    """The root sends its `input` to the other member of a team of two, into its `output`."""
+
+    name = "hir.send_recv"
+    HAS_ROOT: ClassVar[bool] = True
+
+    def verify_(self) -> None:
+        super().verify_()
+        if len(self.team_ids) != 2:
+            raise VerifyException(
+                f"send_recv needs a team of a sender and a receiver, got {list(self.team_ids)}"
+            )
+
+
+COLLECTIVE_OPS: tuple[type[CommunicationOp], ...] = (
+    AllgatherOp,
+    AllreduceOp,
+    ReduceScatterOp,
+    BroadcastOp,
+    ReduceOp,
+    GatherOp,
+    ScatterOp,
+    SendRecvOp,
+)
+
+
+class P2POp(IRDLOperation, ABC):
+    """A point-to-point transfer of a whole buffer with the device `peer`."""
+
+    KEYWORD: ClassVar[str]
+
+    buffer = operand_def(TensorType)
+    peer = operand_def(IndexType)
+    backend = prop_def(CommunicatorBackendAttr)
+    work = result_def(WorkType)
+
+    def __init__(
+        self,
+        buffer: SSAValue,
+        peer: SSAValue,
+        backend: CommunicatorBackend = CommunicatorBackend.NCCL,
+    ):
+        super().__init__(
+            operands=[buffer, peer],
+            properties={"backend": CommunicatorBackendAttr(backend)},
+            result_types=[WorkType()],
+        )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.buffer)
+        printer.print_string(f" {self.KEYWORD} ")
+        printer.print_operand(self.peer)
+        printer.print_string(f" backend {self.backend.data.value}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.buffer.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> P2POp:
+        buffer = parser.parse_unresolved_operand()
+        parser.parse_keyword(cls.KEYWORD)
+        peer = parser.parse_operand()
+        parser.parse_keyword("backend")
+        backend = parser.parse_str_enum(CommunicatorBackend)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        op = cls(parser.resolve_operand(buffer, parser.parse_type()), peer, backend)
+        op.attributes |= attributes
+        return op
+
+
+@irdl_op_definition
+class SendOp(P2POp):
+    """`%w = hir.send %b to %peer backend nccl : T`"""
+
+    name = "hir.send"
+    KEYWORD: ClassVar[str] = "to"
+
+
+@irdl_op_definition
+class RecvOp(P2POp):
+    """`%w = hir.recv %b from %peer backend nccl : T`"""
+
+    name = "hir.recv"
+    KEYWORD: ClassVar[str] = "from"
+
+
+@irdl_op_definition
+class StartCoalescingOp(IRDLOperation):
+    """Sends and receives until `hir.end_coalescing` are issued together as one batch."""
+
+    name = "hir.start_coalescing"
+
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__()
+
+
+@irdl_op_definition
+class EndCoalescingOp(IRDLOperation):
+    """Issues the batch opened by `hir.start_coalescing`; its work covers the batch."""
+
+    name = "hir.end_coalescing"
+
+    work = result_def(WorkType)
+
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__(result_types=[WorkType()])
+
+
+@irdl_op_definition
+class WaitOp(IRDLOperation):
+    """The current stream waits for a communication to complete."""
+
+    name = "hir.wait"
+
+    work = operand_def(WorkType)
+
+    assembly_format = "$work attr-dict"
+
+    def __init__(self, work: SSAValue):
+        super().__init__(operands=[work])
+
+
+# --------------------------------------------------------------------------- #
+# Compute (destination-passing)                                                #
+# --------------------------------------------------------------------------- #
+
+
+class ComputeOp(IRDLOperation, ABC):
+    """Reads `ins`, writes `outs`: `hir.matmul ins(%a, %b : T, T) outs(%c : T)`."""
+
+    NUM_INS: ClassVar[tuple[int, ...]] = ()
+    NUM_OUTS: ClassVar[tuple[int, ...]] = (1,)
+
+    ins = var_operand_def(TensorType)
+    outs = var_operand_def(TensorType)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = (
+        "`ins` `(` $ins `:` type($ins) `)` `outs` `(` $outs `:` type($outs) `)` attr-dict"
+    )
+
+    def __init__(
+        self,
+        ins: Sequence[SSAValue],
+        outs: Sequence[SSAValue],
+        properties: dict[str, Attribute] | None = None,
+    ):
+        super().__init__(operands=[ins, outs], properties=properties or {})
+
+    def verify_(self) -> None:
+        for what, values, allowed in (
+            ("inputs", self.ins, self.NUM_INS),
+            ("outputs", self.outs, self.NUM_OUTS),
+        ):
+            if allowed and len(values) not in allowed:
+                raise VerifyException(
+                    f"{self.name} takes " + " or ".join(map(str, allowed))
+                    + f" {what}, got {len(values)}"
+                )
+
+
+@irdl_op_definition
+class MatmulOp(ComputeOp):
+    name = "hir.matmul"
+    NUM_INS: ClassVar[tuple[int, ...]] = (2,)
+
+
+@irdl_op_definition
+class LinearOp(ComputeOp):
+    """`out = in @ weight^T (+ bias)`."""
+
+    name = "hir.linear"
+    NUM_INS: ClassVar[tuple[int, ...]] = (2, 3)
+
+
+@irdl_op_definition
+class CopyOp(ComputeOp):
+    """Copies `ins[0]` into `outs[0]` (nvFuser's Set on buffers)."""
+
+    name = "hir.copy"
+    NUM_INS: ClassVar[tuple[int, ...]] = (1,)
+
+    def verify_(self) -> None:
+        super().verify_()
+        src, dst = tensor_type(self.ins[0]), tensor_type(self.outs[0])
+        if src.local_shape() != dst.local_shape() and DYNAMIC not in (
+            *src.local_shape(),
+            *dst.local_shape(),
+        ):
+            raise VerifyException(
+                f"copy from a buffer of local shape {shape_str(src.local_shape())} into one of "
+                f"{shape_str(dst.local_shape())}"
+            )
+
+
+POINTWISE_KINDS: tuple[str, ...] = (
+    *(op.name.removeprefix("fusion.") for op in UnaryOp.__subclasses__()),
+    *(op.name.removeprefix("fusion.") for op in BinaryOp.__subclasses__()),
+    CastOp.name.removeprefix("fusion."),
+)
+
+
+@irdl_op_definition
+class PointwiseOp(ComputeOp):
+    """One pointwise fusion op, by name, computed eagerly into `outs[0]`.
+
+    `hir.pointwise "add" ins(%a, %b : T, T) outs(%c : T)`
+    """
+
+    name = "hir.pointwise"
+    NUM_INS: ClassVar[tuple[int, ...]] = (1, 2)
+
+    kind = prop_def(StringAttr)
+
+    assembly_format = (
+        "$kind `ins` `(` $ins `:` type($ins) `)` `outs` `(` $outs `:` type($outs) `)` attr-dict"
+    )
+
+    def __init__(self, kind: str, ins: Sequence[SSAValue], outs: Sequence[SSAValue]):
+        super().__init__(ins, outs, {"kind": StringAttr(kind)})
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.kind.data not in POINTWISE_KINDS:
+            raise VerifyException(
+                f"unknown pointwise kind '{self.kind.data}'; expected one of "
+                + ", ".join(POINTWISE_KINDS)
+            )
+
+
+@irdl_op_definition
+class ReductionOp(ComputeOp):
+    """`hir.reduction sum [1] keepdim ins(%a : T) outs(%b : T2)`: `fusion.sum`/`fusion.max` on buffers."""
+
+    name = "hir.reduction"
+    NUM_INS: ClassVar[tuple[int, ...]] = (1,)
+
+    kind = prop_def(StringAttr)
+    axes = prop_def(DenseArrayBase[I64])
+    keepdim = opt_prop_def(UnitAttr)
+
+    assembly_format = (
+        "$kind $axes (`keepdim` $keepdim^)? `ins` `(` $ins `:` type($ins) `)` "
+        "`outs` `(` $outs `:` type($outs) `)` attr-dict"
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        axes: Sequence[int],
+        keepdim: bool,
+        ins: Sequence[SSAValue],
+        outs: Sequence[SSAValue],
+    ):
+        properties: dict[str, Attribute] = {
+            "kind": StringAttr(kind),
+            "axes": DenseArrayBase.from_list(i64, axes),
+        }
+        if keepdim:
+            properties["keepdim"] = UnitAttr()
+        super().__init__(ins, outs, properties)
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.kind.data not in ("sum", "max"):
+            raise VerifyException(f"unknown reduction '{self.kind.data}'; expected sum or max")
+        source = tensor_type(self.ins[0])
+        axes = normalize_axes(self.axes.get_values(), source.rank, "reduction")
+        expected = reduction_shape(source.get_shape(), axes, self.keepdim is not None)
+        declared = tensor_type(self.outs[0]).get_shape()
+        if not shapes_compatible(expected, declared):
+            raise VerifyException(
+                f"reducing {shape_str(source.get_shape())} over {list(axes)} gives "
+                f"{shape_str(expected)}, but the output is {shape_str(declared)}"
+            )
+
+
+class SegmentCallee(SymbolUserOpInterface):
+    """The callee of a segment call is a `func.func` taking `ins` and returning `outs`' types."""
+
+    def verify(self, op: Operation) -> None:
+        assert isinstance(op, SegmentCallOp)
+        callee = SymbolTable.lookup_symbol(op, op.callee)
+        if not isinstance(callee, func.FuncOp):
+            raise VerifyException(f"'{op.callee.string_value()}' is not a function in this module")
+        inputs = list(callee.function_type.inputs.data)
+        outputs = list(callee.function_type.outputs.data)
+        if inputs != [v.type for v in op.ins] or len(outputs) != len(op.outs):
+            raise VerifyException(
+                f"'{op.callee.string_value()}' takes {len(inputs)} input(s) and returns "
+                f"{len(outputs)} output(s) of other types than the {len(op.ins)} input(s) and "
+                f"{len(op.outs)} output(s) given"
+            )
+
+
+class SegmentCallOp(ComputeOp, ABC):
+    """Runs the fused segment `@callee` (a `func.func` of fusion ops) on buffers.
+
+    `hir.launch_kernel @seg ins(%a, %b : T, T) outs(%c : T)`
+    """
+
+    NUM_OUTS: ClassVar[tuple[int, ...]] = ()
+
+    callee = prop_def(SymbolRefAttr)
+
+    traits = traits_def(SegmentCallee())
+
+    assembly_format = (
+        "$callee `ins` `(` ($ins^ `:` type($ins))? `)` `outs` `(` $outs `:` type($outs) `)` attr-dict"
+    )
+
+    def __init__(
+        self,
+        callee: str | SymbolRefAttr,
+        ins: Sequence[SSAValue],
+        outs: Sequence[SSAValue],
+    ):
+        if isinstance(callee, str):
+            callee = SymbolRefAttr(callee)
+        super().__init__(ins, outs, {"callee": callee})
+
+
+@irdl_op_definition
+class LaunchKernelOp(SegmentCallOp):
+    """Launches the segment compiled into one kernel (nvFuser's LaunchKernel)."""
+
+    name = "hir.launch_kernel"
+
+
+@irdl_op_definition
+class PostOnStreamOp(SegmentCallOp):
+    """Runs the segment op by op on the current stream (nvFuser's PostOnStream of a HostUnit)."""
+
+    name = "hir.post_on_stream"
+
+
+Hir = Dialect(
+    "hir",
+    [
+        AllocateOp,
+        DeallocateOp,
+        DimOp,
+        AliasSelectOp,
+        DeviceIndexOp,
+        NumberOfStreamsOp,
+        GetCurrentStreamOp,
+        StreamOp,
+        SetCurrentStreamOp,
+        SynchronizeStreamOp,
+        *COLLECTIVE_OPS,
+        SendOp,
+        RecvOp,
+        StartCoalescingOp,
+        EndCoalescingOp,
+        WaitOp,
+        MatmulOp,
+        LinearOp,
+        CopyOp,
+        PointwiseOp,
+        ReductionOp,
+        LaunchKernelOp,
+        PostOnStreamOp,
+    ],
+    [StreamType, WorkType, CommunicatorBackendAttr],
+)
