@@ -126,7 +126,9 @@ def matmul_rs_through_bcast(num_devices: int = 8, dtype: DType = "f32") -> Modul
     -> sum(1) -> [Stream(S), DIDx(D), M, N].
     """
     fb = FusionBuilder("matmul_rs_through_bcast")
-    a = _mesh_input(fb, num_devices, [None, num_devices, num_devices, None, None], dtype, didx_axis=1)
+    a = _mesh_input(
+        fb, num_devices, [None, num_devices, num_devices, None, None], dtype, didx_axis=1
+    )
     b = _mesh_input(fb, num_devices, [num_devices, None, None], dtype, didx_axis=0)
     b_broadcast = fb.broadcast(b, [0, 2])
     fb.parallelize(b_broadcast, 1, "didx")
@@ -156,7 +158,10 @@ def allgather_p2p(num_devices: int = 8, dtype: DType = "f32") -> ModuleOp:
 
 
 def ag_matmul_p2p(num_devices: int = 8, dtype: DType = "f32") -> ModuleOp:
-    """MultiDeviceStreamParallelTypeTest.AG_matmul_P2p: A [DIDx(D), M, K] @ B [K, N] -> [Stream(D), M, N]."""
+    """MultiDeviceStreamParallelTypeTest.AG_matmul_P2p.
+
+    A [DIDx(D), M, K] @ B [K, N] -> [Stream(D), M, N].
+    """
     fb = FusionBuilder("ag_matmul_p2p")
     a = _mesh_input(fb, num_devices, [num_devices, None, None], dtype, didx_axis=0)
     b = _mesh_input(fb, num_devices, [None, None], dtype)
@@ -235,7 +240,9 @@ def matmul(stream_axis: int = 0, dtype: DType = "f32") -> ModuleOp:
 def linear(dtype: DType = "f32") -> ModuleOp:
     """A single-device linear: in [S, M, K], weight [N, K], bias [N] -> [Stream(S), M, N]."""
     fb = FusionBuilder("linear")
-    out = fb.linear(fb.input([None, None, None], dtype), fb.input([None, None], dtype), fb.input([None], dtype))
+    out = fb.linear(
+        fb.input([None, None, None], dtype), fb.input([None, None], dtype), fb.input([None], dtype)
+    )
     fb.parallelize(out, 0, "stream")
     fb.output(out)
     return fb.build()

@@ -12,7 +12,8 @@ The builder records a graph of `Tensor`s and creates the ops only in `build()`,
 because the schedule helpers may change a tensor's mesh and parallel types after ops
 have used it, as a schedule changes an nvFuser TensorView after its definition.
 Result shapes come from the fusion dialect's shape rules; a result lives on the mesh
-of its first tensor operand with every axis serial until the schedule says otherwise.
+its first tensor operand has when the op is defined, with every axis serial, until
+the schedule says otherwise.
 Mistakes raise `HostirError` when the call that makes them is made.
 """
 
@@ -109,12 +110,12 @@ DType = str | torch.dtype | Attribute
 MeshLike = DeviceMeshAttr | Iterable[int]
 ParallelTypeLike = ParallelTypeAttr | ParallelType | str
 Definition = tuple[type[FusionOp], tuple[object, ...]]
-"""The op class that computes a tensor and its constructor's arguments but the result type."""
+"""The op class that computes a tensor, and its constructor's arguments but the result type."""
 
 
 @contextmanager
-def _reported_as(op_name: str) -> Iterator[None]:
-    """Turns the dialect's VerifyExceptions into HostirErrors about `op_name`."""
+def _reported_as(op_name: str = "") -> Iterator[None]:
+    """Turns the dialect's VerifyExceptions into HostirErrors (about `op_name` if given)."""
     try:
         yield
     except VerifyException as e:
@@ -131,7 +132,7 @@ def element_type(dtype: DType) -> Attribute:
             )
         return ELEMENT_TYPES[TORCH_DTYPES[dtype]]
     if isinstance(dtype, Attribute):
-        with _reported_as("fusion.tensor"):
+        with _reported_as():
             element_type_name(dtype)
         return dtype
     if dtype not in ELEMENT_TYPES:
@@ -144,7 +145,7 @@ def element_type(dtype: DType) -> Attribute:
 def device_mesh(mesh: MeshLike) -> DeviceMeshAttr:
     if isinstance(mesh, DeviceMeshAttr):
         return mesh
-    with _reported_as("fusion.mesh"):
+    with _reported_as():
         return DeviceMeshAttr(list(mesh))
 
 
@@ -159,17 +160,17 @@ def parallel_type(name: ParallelTypeLike) -> ParallelTypeAttr:
     return ParallelTypeAttr(ParallelType(name))
 
 
-def scalar_attr(value: Scalar, element_type: Attribute) -> FloatAttr | IntegerAttr:
-    """`value` as a constant of `element_type`; a fraction cannot become an integer."""
-    if isinstance(element_type, AnyFloat):
-        return FloatAttr(float(value), element_type)
+def scalar_attr(value: Scalar, type: Attribute) -> FloatAttr | IntegerAttr:
+    """`value` as a constant of element type `type`; a fraction cannot become an integer."""
+    if isinstance(type, AnyFloat):
+        return FloatAttr(float(value), type)
     if value != int(value):
         raise HostirError(
-            f"constant {value} is not an integer, so it cannot have element type {element_type}",
+            f"constant {value} is not an integer, so it cannot have element type {type}",
             op_name=ConstantOp.name,
         )
     with _reported_as(ConstantOp.name):
-        return IntegerAttr(int(value), element_type)
+        return IntegerAttr(int(value), type)
 
 
 class Tensor:
@@ -180,7 +181,9 @@ class Tensor:
     (tensors stand where the op takes operands); an input has none.
     """
 
-    def __init__(self, builder: FusionBuilder, type: TensorType, definition: Definition | None = None):
+    def __init__(
+        self, builder: FusionBuilder, type: TensorType, definition: Definition | None = None
+    ):
         self.builder = builder
         self.type = type
         self.definition = definition
@@ -260,7 +263,9 @@ def _reduction(op_class: type[FusionOp]):
     ) -> Tensor:
         self._check_owned(x)
         with _reported_as(op_class.name):
-            axes = normalize_axes([axes] if isinstance(axes, int) else axes, x.type.rank, "reduction")
+            axes = normalize_axes(
+                [axes] if isinstance(axes, int) else axes, x.type.rank, "reduction"
+            )
             shape = reduction_shape(x.shape, axes, keepdim)
         return self._define(op_class, (x, axes, keepdim), shape)
 
@@ -291,9 +296,10 @@ class FusionBuilder:
         extents = [DYNAMIC if d is None else d for d in shape]
         if axes is not None and len(axes) != len(extents):
             raise HostirError(
-                f"an input of rank {len(extents)} needs {len(extents)} parallel types, got {len(axes)}"
+                f"an input of rank {len(extents)} needs {len(extents)} parallel types, "
+                f"got {len(axes)}"
             )
-        with _reported_as("fusion.tensor"):
+        with _reported_as():
             type = TensorType(
                 extents,
                 element_type(dtype),
@@ -440,10 +446,13 @@ class FusionBuilder:
         for operand in operands:
             if not isinstance(operand, (Tensor, int, float)):
                 raise HostirError(
-                    f"operands must be Tensors or Python numbers, got {operand!r}", op_name=op_class.name
+                    f"operands must be Tensors or Python numbers, got {operand!r}",
+                    op_name=op_class.name,
                 )
         if not tensors:
-            raise HostirError(f"at least one operand must be a Tensor, got {operands}", op_name=op_class.name)
+            raise HostirError(
+                f"at least one operand must be a Tensor, got {operands}", op_name=op_class.name
+            )
         for tensor in tensors:
             self._check_owned(tensor)
         like = tensors[0]
@@ -458,7 +467,8 @@ class FusionBuilder:
         types = [o.type.element_type for o in operands]
         if any(t != types[0] for t in types):
             raise HostirError(
-                "operands have element types " + ", ".join(map(str, types))
+                "operands have element types "
+                + ", ".join(map(str, types))
                 + "; cast() them to one type",
                 op_name=op_class.name,
             )

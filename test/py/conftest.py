@@ -9,7 +9,7 @@ from hostir_dialect.text import parse_module, print_module
 
 
 def _check_round_trip(module: Operation | str) -> str:
-    """Checks that printing is a fixed point of parse-then-print, in both forms; returns the custom text.
+    """Checks that print is a fixed point of parse-then-print; returns the custom text.
 
     Custom: print(parse(print(m))) == print(m). Generic: the same with the generic
     printer. And the generic text parses back to the custom text.

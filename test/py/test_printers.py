@@ -1,6 +1,6 @@
 """Every op of the fusion and hir dialects prints and parses back, in its custom and generic form.
 
-`SNIPPETS` holds, for each op, IR that uses it; `ATTRS` marks where a discardable
+`SNIPPETS` holds, for each op, lines of IR that use it; `ATTRS` marks where a discardable
 attribute goes, so that each snippet is checked with and without one. The test
 enumerates the dialects' ops, so an op added without a snippet fails.
 """
@@ -26,7 +26,8 @@ func.func private @seg(%x: {A}, %y: {V}) -> {A} {{
   %z = fusion.add %x, %y : ({A}, {V}) -> {A}
   func.return %z : {A}
 }}
-func.func @f(%a: {A}, %v: {V}, %m: {M}, %r: {R}, %k: {K}, %s: {S}, %x: {SLICE}, %y: {GATHERED}, %i: index) {{
+func.func @f(%a: {A}, %v: {V}, %m: {M}, %r: {R}, %k: {K},
+             %s: {S}, %x: {SLICE}, %y: {GATHERED}, %i: index) {{
 BODY
   func.return
 }}
@@ -39,54 +40,79 @@ def _name(op) -> str:
     return op.name.split(".", 1)[1]
 
 
-def _collective(op) -> str:
+def _collective(op) -> list[str]:
     root = " root 1" if op.HAS_ROOT else ""
     reduce_op = " op sum" if op.HAS_REDUCE_OP else ""
-    return f"%w = {op.name} %x into %y team [0, 1]{root}{reduce_op} backend nccl ATTRS : {SLICE}, {GATHERED}"
+    return [
+        f"%w = {op.name} %x into %y team [0, 1]{root}{reduce_op} backend nccl ATTRS"
+        f" : {SLICE}, {GATHERED}"
+    ]
 
 
-SNIPPETS: dict[str, str] = {
-    "fusion.set": f"%o = fusion.set %s ATTRS : {S} -> !fusion.tensor<[?, 2], f32, mesh = [0, 1]>",
-    **{op.name: f"%o = {op.name} %a ATTRS : {A} -> {A}" for op in UNARY_OPS},
-    **{op.name: f"%o = {op.name} %a, %v ATTRS : ({A}, {V}) -> {A}" for op in BINARY_OPS},
-    "fusion.constant": "\n".join(
-        [
-            "%o = fusion.constant 2.5 : f32 ATTRS : !fusion.tensor<[], f32>",
-            "%p = fusion.constant -3 : i64 : !fusion.tensor<[], i64, mesh = [0, 1]>",
-            "%q = fusion.constant true : !fusion.tensor<[], i1>",
-        ]
-    ),
-    "fusion.cast": f"%o = fusion.cast %a ATTRS : {A} -> !fusion.tensor<[?, 4], bf16>",
+SNIPPETS: dict[str, list[str]] = {
+    "fusion.set": [f"%o = fusion.set %s ATTRS : {S} -> !fusion.tensor<[?, 2], f32, mesh = [0, 1]>"],
+    **{op.name: [f"%o = {op.name} %a ATTRS : {A} -> {A}"] for op in UNARY_OPS},
+    **{op.name: [f"%o = {op.name} %a, %v ATTRS : ({A}, {V}) -> {A}"] for op in BINARY_OPS},
+    "fusion.constant": [
+        "%o = fusion.constant 2.5 : f32 ATTRS : !fusion.tensor<[], f32>",
+        "%p = fusion.constant -3 : i64 : !fusion.tensor<[], i64, mesh = [0, 1]>",
+        "%q = fusion.constant true : !fusion.tensor<[], i1>",
+    ],
+    "fusion.cast": [f"%o = fusion.cast %a ATTRS : {A} -> !fusion.tensor<[?, 4], bf16>"],
     **{
-        op.name: f"%o = {op.name} %a [1] ATTRS : {A} -> {R}\n%p = {op.name} %a [0, 1] keepdim : {A} -> !fusion.tensor<[1, 1], f32>"
+        op.name: [
+            f"%o = {op.name} %a [1] ATTRS : {A} -> {R}",
+            f"%p = {op.name} %a [0, 1] keepdim : {A} -> !fusion.tensor<[1, 1], f32>",
+        ]
         for op in REDUCTION_OPS
     },
-    "fusion.broadcast": f"%o = fusion.broadcast %v [0, 2] ATTRS : {V} -> !fusion.tensor<[1, 4, 1], f32>",
-    "fusion.matmul": f"%o = fusion.matmul %a, %m ATTRS : ({A}, {M}) -> {A}\n%p = fusion.matmul %a, %v : ({A}, {V}) -> {R}",
-    "fusion.linear": f"%o = fusion.linear %a, %m ATTRS : ({A}, {M}) -> {A}\n%p = fusion.linear %a, %m, %v : ({A}, {M}, {V}) -> {A}",
-    "hir.allocate": f"%n = hir.dim %a, 0 : {A}\n%o = hir.allocate(%n) ATTRS : {A}\n%p = hir.allocate() : {M}",
-    "hir.deallocate": f"%o = hir.allocate() : {M}\nhir.deallocate %o ATTRS : {M}",
-    "hir.dim": f"%o = hir.dim %s, 1 ATTRS : {S}",
-    "hir.alias_select": f"%o = hir.alias_select %s[0 = %i] ATTRS : {S} -> {SLICE}",
-    "hir.device_index": "%o = hir.device_index ATTRS",
-    "hir.number_of_streams": "%o = hir.number_of_streams ATTRS",
-    "hir.get_current_stream": "%o = hir.get_current_stream ATTRS",
-    "hir.stream": "%o = hir.stream %i ATTRS",
-    "hir.set_current_stream": "%o = hir.stream %i\nhir.set_current_stream %o ATTRS",
-    "hir.synchronize_stream": "%o = hir.get_current_stream\nhir.synchronize_stream %o ATTRS",
+    "fusion.broadcast": [
+        f"%o = fusion.broadcast %v [0, 2] ATTRS : {V} -> !fusion.tensor<[1, 4, 1], f32>"
+    ],
+    "fusion.matmul": [
+        f"%o = fusion.matmul %a, %m ATTRS : ({A}, {M}) -> {A}",
+        f"%p = fusion.matmul %a, %v : ({A}, {V}) -> {R}",
+    ],
+    "fusion.linear": [
+        f"%o = fusion.linear %a, %m ATTRS : ({A}, {M}) -> {A}",
+        f"%p = fusion.linear %a, %m, %v : ({A}, {M}, {V}) -> {A}",
+    ],
+    "hir.allocate": [
+        f"%n = hir.dim %a, 0 : {A}",
+        f"%o = hir.allocate(%n) ATTRS : {A}",
+        f"%p = hir.allocate() : {M}",
+    ],
+    "hir.deallocate": [f"%o = hir.allocate() : {M}", f"hir.deallocate %o ATTRS : {M}"],
+    "hir.dim": [f"%o = hir.dim %s, 1 ATTRS : {S}"],
+    "hir.alias_select": [f"%o = hir.alias_select %s[0 = %i] ATTRS : {S} -> {SLICE}"],
+    "hir.device_index": ["%o = hir.device_index ATTRS"],
+    "hir.number_of_streams": ["%o = hir.number_of_streams ATTRS"],
+    "hir.get_current_stream": ["%o = hir.get_current_stream ATTRS"],
+    "hir.stream": ["%o = hir.stream %i ATTRS"],
+    "hir.set_current_stream": ["%o = hir.stream %i", "hir.set_current_stream %o ATTRS"],
+    "hir.synchronize_stream": ["%o = hir.get_current_stream", "hir.synchronize_stream %o ATTRS"],
     **{op.name: _collective(op) for op in COLLECTIVE_OPS},
-    "hir.send": f"%o = hir.send %a to %i backend nccl ATTRS : {A}",
-    "hir.recv": f"%o = hir.recv %a from %i backend cuda ATTRS : {A}",
-    "hir.start_coalescing": "hir.start_coalescing ATTRS",
-    "hir.end_coalescing": "hir.start_coalescing\n%o = hir.end_coalescing ATTRS",
-    "hir.wait": "hir.start_coalescing\n%o = hir.end_coalescing\nhir.wait %o ATTRS",
-    "hir.matmul": f"hir.matmul ins(%a, %m : {A}, {M}) outs(%a : {A}) ATTRS",
-    "hir.linear": f"hir.linear ins(%a, %m : {A}, {M}) outs(%a : {A}) ATTRS\nhir.linear ins(%a, %m, %v : {A}, {M}, {V}) outs(%a : {A})",
-    "hir.copy": f"hir.copy ins(%s : {S}) outs(%s : {S}) ATTRS",
-    "hir.pointwise": f'hir.pointwise "add" ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS\nhir.pointwise "neg" ins(%a : {A}) outs(%a : {A})',
-    "hir.reduction": f'hir.reduction "sum" [1] ins(%a : {A}) outs(%r : {R}) ATTRS\nhir.reduction "max" [1] keepdim ins(%a : {A}) outs(%k : {K})',
-    "hir.launch_kernel": f"hir.launch_kernel @seg ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS",
-    "hir.post_on_stream": f"hir.post_on_stream @seg ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS",
+    "hir.send": [f"%o = hir.send %a to %i backend nccl ATTRS : {A}"],
+    "hir.recv": [f"%o = hir.recv %a from %i backend cuda ATTRS : {A}"],
+    "hir.start_coalescing": ["hir.start_coalescing ATTRS"],
+    "hir.end_coalescing": ["hir.start_coalescing", "%o = hir.end_coalescing ATTRS"],
+    "hir.wait": ["hir.start_coalescing", "%o = hir.end_coalescing", "hir.wait %o ATTRS"],
+    "hir.matmul": [f"hir.matmul ins(%a, %m : {A}, {M}) outs(%a : {A}) ATTRS"],
+    "hir.linear": [
+        f"hir.linear ins(%a, %m : {A}, {M}) outs(%a : {A}) ATTRS",
+        f"hir.linear ins(%a, %m, %v : {A}, {M}, {V}) outs(%a : {A})",
+    ],
+    "hir.copy": [f"hir.copy ins(%s : {S}) outs(%s : {S}) ATTRS"],
+    "hir.pointwise": [
+        f'hir.pointwise "add" ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS',
+        f'hir.pointwise "neg" ins(%a : {A}) outs(%a : {A})',
+    ],
+    "hir.reduction": [
+        f'hir.reduction "sum" [1] ins(%a : {A}) outs(%r : {R}) ATTRS',
+        f'hir.reduction "max" [1] keepdim ins(%a : {A}) outs(%k : {K})',
+    ],
+    "hir.launch_kernel": [f"hir.launch_kernel @seg ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS"],
+    "hir.post_on_stream": [f"hir.post_on_stream @seg ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS"],
 }
 
 ALL_OPS = [*Fusion.operations, *Hir.operations]
@@ -97,7 +123,7 @@ ALL_OPS = [*Fusion.operations, *Hir.operations]
 def test_custom_and_generic_text_are_fixed_points(op, with_attribute, assert_round_trips):
     if op.name not in SNIPPETS:
         pytest.fail(f"{op.name} has no printer test: add IR that uses it to SNIPPETS")
-    body = SNIPPETS[op.name].replace("ATTRS", ATTRIBUTE if with_attribute else "")
+    body = "\n".join(SNIPPETS[op.name]).replace("ATTRS", ATTRIBUTE if with_attribute else "")
     module = parse_module(MODULE.replace("BODY", body))
     instances = [o for o in module.walk() if isinstance(o, op)]
     assert instances, f"the snippet of {op.name} does not use it"

@@ -76,7 +76,8 @@ def test_mesh_parse_error_points_at_the_list():
 
 
 @pytest.mark.parametrize(
-    "constant, kind", [(SERIAL, ParallelType.SERIAL), (DIDX, ParallelType.DIDX), (STREAM, ParallelType.STREAM)]
+    "constant, kind",
+    [(SERIAL, ParallelType.SERIAL), (DIDX, ParallelType.DIDX), (STREAM, ParallelType.STREAM)],
 )
 def test_parallel_type_text(constant, kind):
     text = f"#fusion<parallel_type {kind.value}>"
@@ -104,8 +105,15 @@ def test_tensor_defaults_are_one_device_and_serial_axes():
 
 def test_tensor_axes_by_attribute_enum_or_name():
     by_attr = TensorType([8, 2, 3], f32, [0, 1], [STREAM, DIDX, SERIAL])
-    assert TensorType([8, 2, 3], f32, [0, 1], [ParallelType.STREAM, ParallelType.DIDX, ParallelType.SERIAL]) == by_attr
-    assert TensorType([8, 2, 3], f32, DeviceMeshAttr([0, 1]), ["stream", "didx", "serial"]) == by_attr
+    assert (
+        TensorType(
+            [8, 2, 3], f32, [0, 1], [ParallelType.STREAM, ParallelType.DIDX, ParallelType.SERIAL]
+        )
+        == by_attr
+    )
+    assert (
+        TensorType([8, 2, 3], f32, DeviceMeshAttr([0, 1]), ["stream", "didx", "serial"]) == by_attr
+    )
 
 
 def test_tensor_queries():
@@ -114,7 +122,12 @@ def test_tensor_queries():
     assert t.rank == 4
     assert t.element_type == bf16
     assert t.mesh.ids == (0, 1, 2, 3)
-    assert t.parallel_types() == (ParallelType.STREAM, ParallelType.DIDX, ParallelType.SERIAL, ParallelType.SERIAL)
+    assert t.parallel_types() == (
+        ParallelType.STREAM,
+        ParallelType.DIDX,
+        ParallelType.SERIAL,
+        ParallelType.SERIAL,
+    )
     assert t.axes_of(ParallelType.SERIAL) == (2, 3)
     assert t.didx_axis == 1
     assert t.stream_axis == 0
@@ -129,10 +142,14 @@ def test_local_shape_of_a_dynamic_didx_axis_is_one():
 
 def test_with_replaces_only_what_it_is_given():
     t = TensorType([DYNAMIC, 4], f32, range(4), ["stream", "didx"])
-    assert t.with_(element_type=bf16) == TensorType([DYNAMIC, 4], bf16, range(4), ["stream", "didx"])
+    assert t.with_(element_type=bf16) == TensorType(
+        [DYNAMIC, 4], bf16, range(4), ["stream", "didx"]
+    )
     assert t.with_(shape=[3, 4]) == TensorType([3, 4], f32, range(4), ["stream", "didx"])
     assert t.with_(axes=["serial", "serial"]) == TensorType([DYNAMIC, 4], f32, range(4))
-    assert t.with_(mesh=[4, 5, 6, 7]) == TensorType([DYNAMIC, 4], f32, [4, 5, 6, 7], ["stream", "didx"])
+    assert t.with_(mesh=[4, 5, 6, 7]) == TensorType(
+        [DYNAMIC, 4], f32, [4, 5, 6, 7], ["stream", "didx"]
+    )
 
 
 def test_with_a_new_rank_resets_the_axes_to_serial():
@@ -140,7 +157,9 @@ def test_with_a_new_rank_resets_the_axes_to_serial():
     assert t.with_(shape=[2, 3, 5]) == TensorType([2, 3, 5], f32, range(4))
 
 
-@pytest.mark.parametrize("axis, expected", [(0, ([4, 5], ["didx", "serial"])), (1, ([DYNAMIC, 5], ["stream", "serial"]))])
+@pytest.mark.parametrize(
+    "axis, expected", [(0, ([4, 5], ["didx", "serial"])), (1, ([DYNAMIC, 5], ["stream", "serial"]))]
+)
 def test_without_axis_drops_the_axis_and_its_parallel_type(axis, expected):
     t = TensorType([DYNAMIC, 4, 5], f64, range(4), ["stream", "didx", "serial"])
     shape, axes = expected
@@ -160,8 +179,14 @@ def test_without_axis_drops_the_axis_and_its_parallel_type(axis, expected):
         (lambda: TensorType([4], IntegerType(16)), "element type i16 is not supported"),
         (lambda: TensorType([4], IndexType()), "element type index is not supported"),
         (lambda: TensorType([2, 2], f32, [0, 1], ["didx", "didx"]), r"axes \[0, 1\] are both didx"),
-        (lambda: TensorType([2, 2, 2], f32, [0, 1], ["stream", "serial", "stream"]), r"axes \[0, 2\] are both stream"),
-        (lambda: TensorType([3, 4], f32, range(4), ["didx", "serial"]), "didx axis 0 has extent 3 but the mesh has 4"),
+        (
+            lambda: TensorType([2, 2, 2], f32, [0, 1], ["stream", "serial", "stream"]),
+            r"axes \[0, 2\] are both stream",
+        ),
+        (
+            lambda: TensorType([3, 4], f32, range(4), ["didx", "serial"]),
+            "didx axis 0 has extent 3 but the mesh has 4",
+        ),
     ],
 )
 def test_tensor_verifier(build, message):
@@ -181,10 +206,18 @@ def test_every_supported_element_type_is_accepted():
 
 
 def test_a_bad_type_in_a_module_is_a_located_error():
-    text = "func.func @f(%a: !fusion.tensor<[3], f32, mesh = [0, 1], axes = [didx]>) {\n  func.return\n}\n"
+    text = (
+        "func.func @f(%a: !fusion.tensor<[3], f32, mesh = [0, 1], axes = [didx]>) {\n"
+        "  func.return\n"
+        "}\n"
+    )
     with pytest.raises(HostirError, match="didx axis 0 has extent 3 but the mesh has 2") as error:
         parse_module(text, "bad.mlir")
-    assert (error.value.location.file, error.value.location.line, error.value.location.column) == ("bad.mlir", 1, 32)
+    assert (error.value.location.file, error.value.location.line, error.value.location.column) == (
+        "bad.mlir",
+        1,
+        32,
+    )
     assert str(error.value).startswith("bad.mlir:1:32: error:")
 
 
@@ -228,7 +261,11 @@ def expected_text(t: TensorType) -> str:
     if t.mesh.ids != (0,):
         text += f", mesh = {list(t.mesh.ids)}"
     if set(t.parallel_types()) - {ParallelType.SERIAL}:
-        text += ", axes = [" + ", ".join("_" if p == ParallelType.SERIAL else p.value for p in t.parallel_types()) + "]"
+        text += (
+            ", axes = ["
+            + ", ".join("_" if p == ParallelType.SERIAL else p.value for p in t.parallel_types())
+            + "]"
+        )
     return text + ">"
 
 
@@ -242,6 +279,12 @@ def test_tensor_text_of_every_parameter_combination():
 
 
 def test_default_mesh_and_axes_written_out_parse_to_the_defaults():
-    assert parse_attribute("!fusion.tensor<[?, 4], i1, mesh = [0], axes = [_, _]>") == TensorType([DYNAMIC, 4], i1)
-    assert parse_attribute("!fusion.tensor<[4], f32, axes = [stream]>") == TensorType([4], f32, [0], ["stream"])
-    assert parse_attribute("!fusion.tensor<[4], f32, mesh = [2, 3]>") == TensorType([4], f32, [2, 3])
+    assert parse_attribute("!fusion.tensor<[?, 4], i1, mesh = [0], axes = [_, _]>") == TensorType(
+        [DYNAMIC, 4], i1
+    )
+    assert parse_attribute("!fusion.tensor<[4], f32, axes = [stream]>") == TensorType(
+        [4], f32, [0], ["stream"]
+    )
+    assert parse_attribute("!fusion.tensor<[4], f32, mesh = [2, 3]>") == TensorType(
+        [4], f32, [2, 3]
+    )
