@@ -245,7 +245,7 @@ def _unary(op_class: type[FusionOp]):
 def _binary(op_class: type[FusionOp]):
     def define(self: FusionBuilder, lhs: Tensor | Scalar, rhs: Tensor | Scalar) -> Tensor:
         lhs, rhs = self._tensor_operands(op_class, lhs, rhs)
-        self._check_same_element_type(op_class, lhs, rhs)
+        self._check_operands(op_class, lhs, rhs)
         with _reported_as(op_class.name):
             shape = broadcast_shapes(lhs.shape, rhs.shape)
         return self._define(op_class, (lhs, rhs), shape)
@@ -399,14 +399,15 @@ class FusionBuilder:
     def broadcast(self, x: Tensor, new_axes: int | Sequence[int]) -> Tensor:
         """`x` with an extent-1 axis inserted at each position `new_axes` of the result."""
         self._check_owned(x)
-        new_axes = [new_axes] if isinstance(new_axes, int) else list(new_axes)
+        new_axes = [new_axes] if isinstance(new_axes, int) else new_axes
         with _reported_as(BroadcastOp.name):
+            new_axes = normalize_axes(new_axes, x.type.rank + len(new_axes), "broadcast")
             shape = broadcast_in_shape(x.shape, new_axes)
         return self._define(BroadcastOp, (x, new_axes), shape)
 
     def matmul(self, lhs: Tensor, rhs: Tensor) -> Tensor:
         """torch.matmul of `lhs` and `rhs`."""
-        self._check_same_element_type(MatmulOp, lhs, rhs)
+        self._check_operands(MatmulOp, lhs, rhs)
         with _reported_as(MatmulOp.name):
             shape = matmul_shape(lhs.shape, rhs.shape)
         return self._define(MatmulOp, (lhs, rhs), shape)
@@ -414,7 +415,7 @@ class FusionBuilder:
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """torch.nn.functional.linear: `x @ weight^T + bias`."""
         operands = (x, weight) if bias is None else (x, weight, bias)
-        self._check_same_element_type(LinearOp, *operands)
+        self._check_operands(LinearOp, *operands)
         with _reported_as(LinearOp.name):
             shape = linear_shape(x.shape, weight.shape, None if bias is None else bias.shape)
         return self._define(LinearOp, (x, weight, bias), shape)
@@ -461,7 +462,8 @@ class FusionBuilder:
             for o in operands
         ]
 
-    def _check_same_element_type(self, op_class: type[FusionOp], *operands: Tensor) -> None:
+    def _check_operands(self, op_class: type[FusionOp], *operands: Tensor) -> None:
+        """The operands belong to this builder and have one element type."""
         for operand in operands:
             self._check_owned(operand)
         types = [o.type.element_type for o in operands]

@@ -238,6 +238,7 @@ def test_broadcast_inserts_unit_axes(new_axes, build):
     rank = 2 + len(positions)
     for position in sorted(p % rank for p in positions):
         expected = expected.unsqueeze(position)
+    assert computed.new_axes.get_values() == tuple(p % rank for p in positions)
     assert computed.results[0].type == tensor(
         [None if d == 7 else d for d in expected.shape], f32, [0, 1]
     )
