@@ -1,0 +1,162 @@
+"""The meaning of fusion ops in plain torch, for segments and for unsharded references.
+
+`evaluate` runs a `func.func` of fusion ops (value semantics) on whatever tensors it
+is given: the local slices a host program passes to a segment, or the whole unsharded
+tensors a reference check passes to the fusion itself. Both uses must agree bit for
+bit on what a segment computes, so both go through the same `compile_function`.
+
+Precision follows nvFuser's kernels, which the CUDA path of `hir.launch_kernel`
+reproduces: a pointwise op on bf16/f16 values computes in f32, and the f32 value flows
+on to the next pointwise op without rounding; a value is rounded to its declared type
+once, where it is stored: at the function's outputs, and where a non-pointwise op
+(set, reduction, matmul, linear) reads it, since those ops read buffers. A
+`fusion.cast` to bf16/f16 rounds, as a cast in a kernel does; a cast to f32 of a bf16
+intermediate keeps the unrounded f32 value.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+from xdsl.dialects import func
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from hostir_dialect import fusion
+from hostir_dialect.builder import TORCH_DTYPES
+from hostir_dialect.text import HostirError
+
+DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in TORCH_DTYPES.items()}
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+"""Element types that pointwise math computes in f32."""
+
+
+def torch_dtype(element_type: Attribute) -> torch.dtype:
+    """The torch dtype of a fusion element type (`bf16` -> torch.bfloat16)."""
+    return DTYPES_BY_NAME[fusion.element_type_name(element_type)]
+
+
+def _ignoring_op(torch_function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A TORCH_OPS entry for an op whose semantics need no attribute of the op."""
+    return lambda op, *inputs: torch_function(*inputs)
+
+
+def _cast(op: fusion.CastOp, input: torch.Tensor) -> torch.Tensor:
+    return input.to(torch_dtype(fusion.tensor_type(op.result).element_type))
+
+
+def _constant(op: fusion.ConstantOp) -> torch.Tensor:
+    # A 0-d CPU tensor: torch lets it take part in ops on any device, as a scalar does.
+    return torch.tensor(
+        op.value.value.data, dtype=torch_dtype(fusion.tensor_type(op.result).element_type)
+    )
+
+
+def _broadcast(op: fusion.BroadcastOp, input: torch.Tensor) -> torch.Tensor:
+    rank = input.dim() + len(op.new_axes.get_values())
+    for axis in sorted(fusion.normalize_axes(op.new_axes.get_values(), rank, "broadcast")):
+        input = input.unsqueeze(axis)
+    return input
+
+
+def _reduction(torch_function: Callable[..., torch.Tensor]):
+    def reduce(op: fusion.ReductionOp, input: torch.Tensor) -> torch.Tensor:
+        return torch_function(input, dim=op.reduced_axes, keepdim=op.keeps_dims)
+
+    return reduce
+
+
+POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {
+    fusion.NegOp: torch.neg,
+    fusion.AbsOp: torch.abs,
+    fusion.ExpOp: torch.exp,
+    fusion.LogOp: torch.log,
+    fusion.SqrtOp: torch.sqrt,
+    fusion.ReluOp: torch.relu,
+    fusion.TanhOp: torch.tanh,
+    fusion.SigmoidOp: torch.sigmoid,
+    fusion.AddOp: torch.add,
+    fusion.SubOp: torch.sub,
+    fusion.MulOp: torch.mul,
+    fusion.DivOp: torch.div,
+    fusion.MaximumOp: torch.maximum,
+    fusion.MinimumOp: torch.minimum,
+    fusion.PowOp: torch.pow,
+}
+"""The unary and binary pointwise ops: plain torch functions of their operands."""
+
+TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
+    **{op: _ignoring_op(function) for op, function in POINTWISE_FUNCTIONS.items()},
+    fusion.SetOp: lambda op, input: input,
+    fusion.CastOp: _cast,
+    fusion.ConstantOp: _constant,
+    fusion.BroadcastOp: _broadcast,
+    fusion.SumOp: _reduction(torch.sum),
+    fusion.MaxOp: _reduction(torch.amax),
+    fusion.MatmulOp: _ignoring_op(torch.matmul),
+    fusion.LinearOp: _ignoring_op(torch.nn.functional.linear),
+}
+"""Fusion op class -> `function(op, *input tensors)` giving the op's result."""
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def _stored(value: SSAValue) -> torch.dtype:
+    return torch_dtype(fusion.tensor_type(value).element_type)
+
+
+CompiledFunction = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+
+
+def compile_function(function: func.FuncOp) -> CompiledFunction:
+    """Resolves every op of `function` once; the result maps input tensors to outputs.
+
+    Raises `HostirError` for an op that has no torch semantics.
+    """
+    slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(function.args)}
+    steps: list[tuple[Callable[..., torch.Tensor], list[tuple[int, torch.dtype | None]], torch.dtype]] = []
+    outputs: list[tuple[int, torch.dtype]] = []
+    for op in function.body.block.ops:
+        if isinstance(op, func.ReturnOp):
+            outputs = [(slots[v], _stored(v)) for v in op.arguments]
+            continue
+        semantics = TORCH_OPS.get(type(op))
+        if semantics is None:
+            raise HostirError.at(op, f"'{op.name}' has no torch semantics in a fusion")
+        result = op.results[0]
+        declared = _stored(result)
+        if isinstance(op, fusion.POINTWISE_OPS):
+            # None: an operand is taken as it flows, upcast if it is still low precision.
+            operands = [(slots[v], None) for v in op.operands]
+            result_dtype = declared if isinstance(op, fusion.CastOp) else _compute_dtype(declared)
+        else:
+            operands = [(slots[v], _stored(v)) for v in op.operands]
+            result_dtype = declared
+        slots[result] = len(slots)
+        steps.append((functools.partial(semantics, op), operands, result_dtype))
+
+    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        values = list(inputs)
+        for semantics, operands, result_dtype in steps:
+            arguments = [
+                values[slot].to(dtype) if dtype is not None else upcast(values[slot])
+                for slot, dtype in operands
+            ]
+            values.append(semantics(*arguments).to(result_dtype))
+        return [values[slot].to(dtype) for slot, dtype in outputs]
+
+    return run
+
+
+def upcast(value: torch.Tensor) -> torch.Tensor:
+    """The value a pointwise op computes on: f32 for a bf16/f16 tensor."""
+    return value.float() if value.dtype in LOW_PRECISION else value
+
+
+def evaluate(function: func.FuncOp, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Evaluates a function of fusion ops with plain torch on `inputs` (value semantics)."""
+    return compile_function(function)(inputs)

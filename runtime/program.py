@@ -1,0 +1,190 @@
+"""The program API: compile a fusion (or take a lowered host program) once, run it many times.
+
+    program = Program.compile(text_or_module)             # lowers with DEFAULT_PIPELINE
+    outputs = program.run(local_inputs, communicator)     # on every rank
+
+`run` checks everything it can about its inputs and the world before any rank
+communicates, with checks that every rank makes alike, so that a mistake fails on
+every rank at once instead of leaving the other ranks waiting for a peer that
+raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import PassPipeline
+from xdsl.utils.exceptions import ArgSpecParseError
+
+from hostir_dialect import hir, hostir_context
+from hostir_dialect.fusion import DYNAMIC, TensorType
+from hostir_dialect.text import HostirError, parse_module, verify_module
+from passes import DEFAULT_PIPELINE, HOSTIR_PASSES
+from runtime.communicator import Communicator
+from runtime.fusion_eval import torch_dtype
+from runtime.interpreter import Interpreter, RunContext
+from runtime.streams import configured_num_streams, stream_pool
+
+
+def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:
+    """The function named `name`, or the module's only public function."""
+    functions = [op for op in module.ops if isinstance(op, func.FuncOp)]
+    if name is not None:
+        matches = [f for f in functions if f.sym_name.data == name]
+        if not matches:
+            raise HostirError(
+                f"the module has no function @{name}; it has "
+                + ", ".join(f"@{f.sym_name.data}" for f in functions)
+            )
+        return matches[0]
+    public = [f for f in functions if f.sym_visibility is None or f.sym_visibility.data == "public"]
+    if len(public) != 1:
+        raise HostirError(
+            f"the module has {len(public)} public functions "
+            f"({', '.join('@' + f.sym_name.data for f in public)}); name the entry to run"
+        )
+    return public[0]
+
+
+def _lower(module: ModuleOp, pipeline: str) -> None:
+    try:
+        passes = PassPipeline.parse_spec(HOSTIR_PASSES, pipeline)
+    except (ValueError, ArgSpecParseError) as error:
+        raise HostirError(f"bad pass pipeline '{pipeline}': {error}") from None
+    passes.apply(hostir_context(), module)
+    verify_module(module)
+
+
+def _tensor_types(function: func.FuncOp, types: Sequence, what: str) -> list[TensorType]:
+    for i, type in enumerate(types):
+        if not isinstance(type, TensorType):
+            raise HostirError.at(function, f"{what} #{i} is a {type}, not a !fusion.tensor")
+    return list(types)
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "[" + ", ".join("?" if d == DYNAMIC else str(d) for d in shape) + "]"
+
+
+class Program:
+    """A lowered host program, prepared once, run many times."""
+
+    def __init__(self, module: ModuleOp, host: func.FuncOp, fusion: func.FuncOp | None):
+        self.module = module
+        self.host = host
+        self.fusion = fusion
+        """The unlowered fusion, or None when given an already lowered module."""
+        self.input_types = _tensor_types(host, host.function_type.inputs.data, "input")
+        self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
+        self.interpreter = Interpreter(host)
+        self.teams = self._teams()
+        self.largest_device = max(
+            (d for devices in (*self._meshes(), *self.teams) for d in devices), default=0
+        )
+
+    @classmethod
+    def compile(
+        cls,
+        source: ModuleOp | str,
+        pipeline: str | None = DEFAULT_PIPELINE,
+        entry: str | None = None,
+        filename: str = "<string>",
+    ) -> Program:
+        """Parses `source` if it is text, lowers it with `pipeline` (None: already lowered), prepares it.
+
+        A module given as an object is not changed: the pipeline lowers a copy.
+        """
+        module = parse_module(source, filename) if isinstance(source, str) else source.clone()
+        function = _entry(module, entry)
+        fusion = None
+        if pipeline is not None:
+            fusion = function.clone()
+            _lower(module, pipeline)
+            function = _entry(module, function.sym_name.data)
+        return cls(module, function, fusion)
+
+    def run(
+        self,
+        inputs: Sequence[torch.Tensor],
+        communicator: Communicator | None = None,
+        num_streams: int | None = None,
+    ) -> list[torch.Tensor]:
+        """Runs the program on this rank's local inputs; returns this rank's local outputs.
+
+        `communicator` defaults to the process group torchrun describes when
+        torch.distributed is initialised, else a world of one. Raises `HostirError`
+        before any communication when the inputs or the world do not fit the program.
+        """
+        if communicator is None:
+            communicator = (
+                Communicator.from_env() if torch.distributed.is_initialized() else Communicator.single()
+            )
+        self.check(inputs, communicator)
+        streams = stream_pool(
+            communicator.device, configured_num_streams() if num_streams is None else num_streams
+        )
+        communicator.create_groups(self.teams)
+        context = RunContext(communicator.rank, communicator.device, communicator, streams)
+        return self.interpreter.run(inputs, context)
+
+    def check(self, inputs: Sequence[torch.Tensor], communicator: Communicator) -> None:
+        """Raises `HostirError` if the world or the inputs contradict the program."""
+        if communicator.world_size <= self.largest_device:
+            raise HostirError(
+                f"the program uses device {self.largest_device} but the world has only "
+                f"{communicator.world_size} rank(s); run it on at least {self.largest_device + 1}"
+            )
+        if len(inputs) != len(self.input_types):
+            raise HostirError(
+                f"@{self.host.sym_name.data} takes {len(self.input_types)} input(s), got {len(inputs)}"
+            )
+        for i, (value, type) in enumerate(zip(inputs, self.input_types)):
+            problem = _input_problem(value, type, communicator)
+            if problem:
+                raise HostirError(f"input #{i} of @{self.host.sym_name.data} on rank {communicator.rank}: {problem}")
+
+    def _meshes(self) -> list[tuple[int, ...]]:
+        """The mesh of every buffer of the host program."""
+        return [
+            value.type.mesh.ids
+            for op in self.host.walk()
+            for value in (*op.results, *(a for r in op.regions for b in r.blocks for a in b.args))
+            if isinstance(value.type, TensorType)
+        ]
+
+    def _teams(self) -> list[tuple[int, ...]]:
+        """The teams of the program's collectives, each once, in program order."""
+        teams = dict.fromkeys(
+            op.team_ids for op in self.host.walk() if isinstance(op, hir.CommunicationOp)
+        )
+        return list(teams)
+
+
+def _input_problem(value: object, declared: TensorType, communicator: Communicator) -> str | None:
+    """What is wrong with `value` as this rank's piece of a tensor of `type`, if anything."""
+    if not isinstance(value, torch.Tensor):
+        return f"expected a torch.Tensor, got {type(value).__name__}"
+    if communicator.rank not in declared.mesh.ids:
+        if value.numel() != 0:
+            return (
+                f"rank {communicator.rank} is outside the mesh {list(declared.mesh.ids)}, so it takes "
+                f"an empty placeholder (torch.empty(0)), got a tensor of shape {list(value.shape)}"
+            )
+        return None
+    expected = declared.local_shape()
+    if len(value.shape) != len(expected) or any(
+        e != DYNAMIC and e != d for e, d in zip(expected, value.shape)
+    ):
+        return (
+            f"expected local shape {_shape_str(expected)} ({declared.sharding_str()}), "
+            f"got {list(value.shape)}"
+        )
+    dtype = torch_dtype(declared.element_type)
+    if value.dtype != dtype:
+        return f"expected dtype {dtype}, got {value.dtype}"
+    if value.device != communicator.device:
+        return f"expected a tensor on {communicator.device}, got one on {value.device}"
+    return None

@@ -1,0 +1,109 @@
+"""The stream pool that `hir.stream`, `hir.set_current_stream` and `hir.synchronize_stream` use.
+
+On a GPU the pool holds `size` CUDA streams of the rank's device; the current stream
+is torch's (`torch.cuda.set_stream`), so every torch op and NCCL call the interpreter
+issues lands on it, and synchronising makes the current stream wait for an event
+recorded on another (`Stream.wait_stream`). On the CPU torch runs every op in program
+order, which is a valid schedule of any stream program: the pool's streams are labels
+and its operations do nothing.
+
+Pools are cached per device and size, so a program run every training step reuses
+the same streams.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from hostir_dialect.text import HostirError
+
+DEFAULT_NUM_STREAMS = 4
+
+
+def configured_num_streams() -> int:
+    """The pool size when `Program.run` is not given one: HOSTIR_NUM_STREAMS, else 4."""
+    text = os.environ.get("HOSTIR_NUM_STREAMS", str(DEFAULT_NUM_STREAMS))
+    try:
+        return int(text)
+    except ValueError:
+        raise HostirError(f"HOSTIR_NUM_STREAMS must be a whole number, got '{text}'") from None
+
+
+class StreamPool:
+    """`size` streams, addressed by index, and the current stream of the running program."""
+
+    def __init__(self, streams: list):
+        self.streams = streams
+        self.size = len(streams)
+
+    def get(self, index: int):
+        if not 0 <= index < self.size:
+            raise IndexError(f"stream index {index} is out of range for a pool of {self.size} streams")
+        return self.streams[index]
+
+    def current(self):
+        raise NotImplementedError
+
+    def set_current(self, stream) -> None:
+        raise NotImplementedError
+
+    def synchronize(self, stream) -> None:
+        """The current stream waits for the work issued so far on `stream`."""
+        raise NotImplementedError
+
+    @contextmanager
+    def restoring(self) -> Iterator[None]:
+        """Restores the caller's current stream when the block ends, however it ends."""
+        caller = self.current()
+        try:
+            yield
+        finally:
+            self.set_current(caller)
+
+
+class CudaStreamPool(StreamPool):
+    def __init__(self, device: torch.device, size: int):
+        super().__init__([torch.cuda.Stream(device) for _ in range(size)])
+        self.device = device
+
+    def current(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def set_current(self, stream: torch.cuda.Stream) -> None:
+        torch.cuda.set_stream(stream)
+
+    def synchronize(self, stream: torch.cuda.Stream) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
+
+class SequentialStreamPool(StreamPool):
+    """The CPU: ops run in program order, so streams are labels and stream ops do nothing."""
+
+    CALLER = "caller"
+
+    def __init__(self, size: int):
+        super().__init__(list(range(size)))
+
+    def current(self) -> object:
+        return self.CALLER
+
+    def set_current(self, stream: object) -> None:
+        pass
+
+    def synchronize(self, stream: object) -> None:
+        pass
+
+
+@functools.cache
+def stream_pool(device: torch.device, size: int) -> StreamPool:
+    """The pool of `size` streams of `device`, created on first use."""
+    if size < 1:
+        raise HostirError(f"the number of streams must be at least 1, got {size}")
+    if device.type == "cuda":
+        return CudaStreamPool(device, size)
+    return SequentialStreamPool(size)

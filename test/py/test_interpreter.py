@@ -1,0 +1,505 @@
+"""The interpreter's handlers, one hand-written host program at a time, on one rank.
+
+Collectives and send/recv need several ranks: test_communicator.py and
+test_program.py run them. Here every other handler runs in this process, with a
+`RunContext` whose rank may lie outside a buffer's mesh. Buffers the program
+allocates are poisoned (NaN, or -7 for integers) so a value that is never written
+shows up in the comparison; expected values come from plain torch on the inputs.
+"""
+
+from __future__ import annotations
+
+import random
+import weakref
+from contextlib import contextmanager
+from unittest import mock
+
+import pytest
+import torch
+from xdsl.dialects import func
+
+from hostir_dialect import hir
+from hostir_dialect.text import HostirError, parse_module
+from runtime import interpreter
+from runtime.communicator import Communicator
+from runtime.interpreter import HANDLERS, Interpreter, RunContext
+from runtime.streams import stream_pool
+
+# --------------------------------------------------------------------------- #
+# Helpers shared with the other runtime tests                                  #
+# --------------------------------------------------------------------------- #
+
+
+def tensor(shape, dtype="f32", mesh=None, axes=None) -> str:
+    """The text of a `!fusion.tensor` type: `tensor([2, "?"], mesh=[0, 1], axes="didx _")`."""
+    text = "[" + ", ".join(map(str, shape)) + f"], {dtype}"
+    if mesh is not None:
+        text += f", mesh = {list(mesh)}"
+    if axes is not None:
+        text += ", axes = [" + ", ".join(axes.split()) + "]"
+    return f"!fusion.tensor<{text}>"
+
+
+@contextmanager
+def poisoned_allocations():
+    """Fills every tensor torch.empty makes with NaN (floats) or -7, so unwritten values show."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        result = empty(*args, **kwargs)
+        return result.fill_(float("nan") if result.is_floating_point() else -7)
+
+    with mock.patch.object(torch, "empty", poisoned):
+        yield
+
+
+def host_function(text: str, entry: str = "main") -> func.FuncOp:
+    module = parse_module(text)
+    return next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == entry)
+
+
+def run_host(text: str, inputs, rank: int = 0, num_streams: int = 4, entry: str = "main") -> list:
+    """Prepares `@entry` of `text` and runs it on `rank` of a world of one, allocations poisoned."""
+    prepared = Interpreter(host_function(text, entry))
+    communicator = Communicator.single()
+    context = RunContext(rank, communicator.device, communicator, stream_pool(communicator.device, num_streams))
+    with poisoned_allocations():
+        return prepared.run(inputs, context)
+
+
+@pytest.fixture
+def rng() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+# --------------------------------------------------------------------------- #
+# func, scf, arith                                                             #
+# --------------------------------------------------------------------------- #
+
+INDEX_ARITHMETIC = """
+func.func @main(%a: index, %b: index) -> (index, index, index, index, index, index, index, index, i1, i1, i1, i1, i1, i1, i1, i1, i1, i1) {
+  %add = arith.addi %a, %b : index
+  %sub = arith.subi %a, %b : index
+  %mul = arith.muli %a, %b : index
+  %rem = arith.remui %a, %b : index
+  %div = arith.divui %a, %b : index
+  %max = arith.maxui %a, %b : index
+  %lt = arith.cmpi ult, %a, %b : index
+  %sel = arith.select %lt, %a, %b : index
+  %c7 = arith.constant 7 : index
+  %eq = arith.cmpi eq, %a, %b : index
+  %ne = arith.cmpi ne, %a, %b : index
+  %slt = arith.cmpi slt, %a, %b : index
+  %sle = arith.cmpi sle, %a, %b : index
+  %sgt = arith.cmpi sgt, %a, %b : index
+  %sge = arith.cmpi sge, %a, %b : index
+  %ule = arith.cmpi ule, %a, %b : index
+  %ugt = arith.cmpi ugt, %a, %b : index
+  %uge = arith.cmpi uge, %a, %b : index
+  func.return %add, %sub, %mul, %rem, %div, %max, %sel, %c7, %eq, %ne, %slt, %sle, %sgt, %sge, %lt, %ule, %ugt, %uge : index, index, index, index, index, index, index, index, i1, i1, i1, i1, i1, i1, i1, i1, i1, i1
+}
+"""
+
+
+def test_index_arithmetic_matches_python():
+    randomly = random.Random(7)
+    for a, b in [(5, 5), (3, 9), *((randomly.randrange(1000), randomly.randrange(1, 50)) for _ in range(20))]:
+        results = run_host(INDEX_ARITHMETIC, [a, b])
+        assert results == [
+            a + b, a - b, a * b, a % b, a // b, max(a, b), a if a < b else b, 7,
+            a == b, a != b, a < b, a <= b, a > b, a >= b, a < b, a <= b, a > b, a >= b,
+        ]
+
+
+LOOPS = """
+func.func @main(%lb: index, %ub: index, %step: index) -> (index, index, index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %sum, %count = scf.for %i = %lb to %ub step %step iter_args(%acc = %c0, %n = %c0) -> (index, index) {
+    %acc2 = arith.addi %acc, %i : index
+    %n2 = arith.addi %n, %c1 : index
+    scf.yield %acc2, %n2 : index, index
+  }
+  %odd = scf.for %i = %lb to %ub step %step iter_args(%acc = %c0) -> (index) {
+    %r = arith.remui %i, %c2 : index
+    %is_odd = arith.cmpi eq, %r, %c1 : index
+    %next = scf.if %is_odd -> (index) {
+      %inner = scf.for %j = %c0 to %i step %c1 iter_args(%k = %acc) -> (index) {
+        %k2 = arith.addi %k, %c1 : index
+        scf.yield %k2 : index
+      }
+      scf.yield %inner : index
+    } else {
+      scf.yield %acc : index
+    }
+    scf.yield %next : index
+  }
+  func.return %sum, %count, %odd : index, index, index
+}
+"""
+
+
+@pytest.mark.parametrize("bounds", [(0, 10, 1), (3, 17, 4), (5, 5, 1), (9, 2, 1), (1, 30, 7)])
+def test_scf_for_carries_values_and_scf_if_yields(bounds):
+    steps = range(*bounds)
+    assert run_host(LOOPS, list(bounds)) == [sum(steps), len(steps), sum(i for i in steps if i % 2)]
+
+
+SWAP = """
+func.func @main(%a: index, %b: index, %n: index) -> (index, index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %x, %y = scf.for %i = %c0 to %n step %c1 iter_args(%p = %a, %q = %b) -> (index, index) {
+    scf.yield %q, %p : index, index
+  }
+  func.return %x, %y : index, index
+}
+"""
+
+
+def test_scf_yield_may_permute_loop_carried_values():
+    assert run_host(SWAP, [1, 2, 3]) == [2, 1]
+    assert run_host(SWAP, [1, 2, 4]) == [1, 2]
+
+
+# --------------------------------------------------------------------------- #
+# Buffers                                                                      #
+# --------------------------------------------------------------------------- #
+
+ALLOCATIONS = f"""
+func.func @main(%x: {tensor(["?", 4, "?"], "bf16")}, %s: {tensor(["?", 3], "i32", mesh=[0, 1], axes="didx _")}) -> ({tensor(["?", 2, "?"], "bf16")}, {tensor(["?", 3], "i64", mesh=[0, 1], axes="didx _")}, {tensor([5], "f16", mesh=[1])}, {tensor([2, 2], "i1")}, index, index, index, index) {{
+  %m = hir.dim %x, 0 : {tensor(["?", 4, "?"], "bf16")}
+  %k = hir.dim %x, 2 : {tensor(["?", 4, "?"], "bf16")}
+  %four = hir.dim %x, 1 : {tensor(["?", 4, "?"], "bf16")}
+  %d = hir.dim %s, 0 : {tensor(["?", 3], "i32", mesh=[0, 1], axes="didx _")}
+  %a = hir.allocate(%m, %k) : {tensor(["?", 2, "?"], "bf16")}
+  %b = hir.allocate(%d) : {tensor(["?", 3], "i64", mesh=[0, 1], axes="didx _")}
+  %c = hir.allocate() : {tensor([5], "f16", mesh=[1])}
+  %e = hir.allocate() : {tensor([2, 2], "i1")}
+  func.return %a, %b, %c, %e, %m, %k, %four, %d : {tensor(["?", 2, "?"], "bf16")}, {tensor(["?", 3], "i64", mesh=[0, 1], axes="didx _")}, {tensor([5], "f16", mesh=[1])}, {tensor([2, 2], "i1")}, index, index, index, index
+}}
+"""
+
+
+def test_allocate_and_dim_honour_types_and_meshes():
+    x = torch.zeros(6, 4, 9, dtype=torch.bfloat16)
+    s = torch.zeros(1, 3, dtype=torch.int32)
+    a, b, c, e, m, k, four, d = run_host(ALLOCATIONS, [x, s])
+    assert (m, k, four, d) == (6, 9, 4, 2)  # logical extents; the didx axis spans the mesh
+    assert (a.shape, a.dtype) == ((6, 2, 9), torch.bfloat16)
+    assert (b.shape, b.dtype) == ((1, 3), torch.int64)  # local: extent 1 on the didx axis
+    assert (c.shape, c.dtype) == ((0,), torch.float16)  # rank 0 is outside mesh [1]: a placeholder
+    assert (e.shape, e.dtype) == ((2, 2), torch.bool)
+    assert all(t.device == Communicator.single().device for t in (a, b, c, e))
+
+
+def test_rank_outside_a_mesh_gets_placeholders_and_skips_compute(rng):
+    program = f"""
+    func.func @main(%x: {tensor([4, 3], mesh=[1])}) -> {tensor([4, 3], mesh=[1])} {{
+      %y = hir.allocate() : {tensor([4, 3], mesh=[1])}
+      %c0 = arith.constant 0 : index
+      %xv = hir.alias_select %x[0 = %c0] : {tensor([4, 3], mesh=[1])} -> {tensor([3], mesh=[1])}
+      %yv = hir.alias_select %y[0 = %c0] : {tensor([4, 3], mesh=[1])} -> {tensor([3], mesh=[1])}
+      hir.pointwise "neg" ins(%xv : {tensor([3], mesh=[1])}) outs(%yv : {tensor([3], mesh=[1])})
+      hir.copy ins(%x : {tensor([4, 3], mesh=[1])}) outs(%y : {tensor([4, 3], mesh=[1])})
+      func.return %y : {tensor([4, 3], mesh=[1])}
+    }}
+    """
+    x = torch.randn(4, 3, generator=rng)
+    (outside,) = run_host(program, [torch.empty(0)], rank=0)
+    assert outside.shape == (0,)
+    (inside,) = run_host(program, [x], rank=1)
+    torch.testing.assert_close(inside, x)
+
+
+VIEWS = f"""
+func.func @main(%x: {tensor([3, 5])}) -> ({tensor([3, 4, 5])}, {tensor([3, 5])}) {{
+  %c2 = arith.constant 2 : index
+  %buffer = hir.allocate() : {tensor([3, 4, 5])}
+  %view = hir.alias_select %buffer[1 = %c2] : {tensor([3, 4, 5])} -> {tensor([3, 5])}
+  hir.copy ins(%x : {tensor([3, 5])}) outs(%view : {tensor([3, 5])})
+  func.return %buffer, %view : {tensor([3, 4, 5])}, {tensor([3, 5])}
+}}
+"""
+
+
+def test_alias_select_is_a_view_that_writes_through(rng):
+    x = torch.randn(3, 5, generator=rng)
+    buffer, view = run_host(VIEWS, [x])
+    assert view._base is buffer or view._base is buffer._base
+    assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    torch.testing.assert_close(buffer[:, 2], x)
+    assert buffer[:, [0, 1, 3]].isnan().all()  # nothing else was written
+    view.fill_(4.0)
+    assert (buffer[:, 2] == 4.0).all()
+
+
+DEALLOCATION = f"""
+func.func @main(%x: {tensor([64])}) -> {tensor([64])} {{
+  %c0 = arith.constant 0 : index
+  %t = hir.allocate() : {tensor([2, 64])}
+  %out = hir.allocate() : {tensor([64])}
+  %v = hir.alias_select %t[0 = %c0] : {tensor([2, 64])} -> {tensor([64])}
+  hir.copy ins(%x : {tensor([64])}) outs(%v : {tensor([64])})
+  hir.pointwise "neg" ins(%v : {tensor([64])}) outs(%out : {tensor([64])})
+  %before = hir.device_index
+  hir.deallocate %t : {tensor([2, 64])}
+  %after = hir.device_index
+  func.return %out : {tensor([64])}
+}}
+"""
+
+
+def test_deallocate_frees_the_buffer_and_its_views(monkeypatch, rng):
+    """`hir.device_index` is made a probe that records which allocations are still alive."""
+    allocated: list[weakref.ref] = []
+    alive_at_probes: list[list[bool]] = []
+    empty = torch.empty
+
+    def recording_empty(*args, **kwargs):
+        result = empty(*args, **kwargs)
+        allocated.append(weakref.ref(result))
+        return result
+
+    def probe(op, prep):
+        def step(env, context):
+            alive_at_probes.append([ref() is not None for ref in allocated])
+
+        return step
+
+    monkeypatch.setitem(HANDLERS, hir.DeviceIndexOp, probe)
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    x = torch.randn(64, generator=rng)
+    (out,) = run_host(DEALLOCATION, [x])
+    assert alive_at_probes == [[True, True], [False, True]]
+    torch.testing.assert_close(out, -x)
+
+
+# --------------------------------------------------------------------------- #
+# Streams on the CPU                                                           #
+# --------------------------------------------------------------------------- #
+
+STREAMS = f"""
+func.func @main(%x: {tensor([6, 4])}) -> ({tensor([6, 4])}, index) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c6 = arith.constant 6 : index
+  %out = hir.allocate() : {tensor([6, 4])}
+  %main = hir.get_current_stream
+  %ns = hir.number_of_streams
+  scf.for %i = %c0 to %c6 step %c1 {{
+    %j = arith.remui %i, %ns : index
+    %s = hir.stream %j
+    hir.set_current_stream %s
+    hir.synchronize_stream %main
+  }}
+  scf.for %i = %c0 to %c6 step %c1 {{
+    %j = arith.remui %i, %ns : index
+    %s = hir.stream %j
+    hir.set_current_stream %s
+    %xi = hir.alias_select %x[0 = %i] : {tensor([6, 4])} -> {tensor([4])}
+    %yi = hir.alias_select %out[0 = %i] : {tensor([6, 4])} -> {tensor([4])}
+    hir.pointwise "exp" ins(%xi : {tensor([4])}) outs(%yi : {tensor([4])})
+    hir.set_current_stream %main
+    hir.synchronize_stream %s
+  }}
+  func.return %out, %ns : {tensor([6, 4])}, index
+}}
+"""
+
+
+@pytest.mark.parametrize("num_streams", [1, 3, 4, 8])
+def test_stream_ops_run_in_program_order_on_cpu(num_streams, rng):
+    x = torch.randn(6, 4, generator=rng)
+    out, reported = run_host(STREAMS, [x], num_streams=num_streams)
+    assert reported == num_streams
+    torch.testing.assert_close(out, torch.exp(x))
+
+
+def test_stream_index_past_the_pool_is_an_error_at_hir_stream():
+    program = """
+    func.func @main(%i: index) -> () {
+      %s = hir.stream %i
+      hir.set_current_stream %s
+      func.return
+    }
+    """
+    run_host(program, [3], num_streams=4)
+    with pytest.raises(HostirError, match=r"(?s):3:7: .*stream index 4 is out of range for a pool of 4.*hir.stream"):
+        run_host(program, [4], num_streams=4)
+
+
+# --------------------------------------------------------------------------- #
+# Compute                                                                      #
+# --------------------------------------------------------------------------- #
+
+UNARY = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+         "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+          "maximum": torch.maximum, "minimum": torch.minimum, "pow": torch.pow}
+
+
+def _rounded(function, dtype, *inputs):
+    """Plain torch at f32 for bf16/f16 inputs, rounded once: what a pointwise op must give."""
+    return function(*(x.float() for x in inputs)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_pointwise_kinds_into_strided_views(dtype, rng):
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    t, v = tensor([4, 2, 3], dtype), tensor([4, 3], dtype)
+    kinds = [*UNARY, *BINARY]
+    body = []
+    for n, kind in enumerate(kinds):
+        ins = "%xv : " + v if kind in UNARY else f"%xv, %zv : {v}, {v}"
+        body.append(f"""
+      %out{n} = hir.allocate() : {t}
+      %o{n} = hir.alias_select %out{n}[1 = %c1] : {t} -> {v}
+      hir.pointwise "{kind}" ins({ins}) outs(%o{n} : {v})""")
+    program = f"""
+    func.func @main(%x: {t}, %z: {t}) -> ({", ".join([t] * len(kinds))}) {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %xv = hir.alias_select %x[1 = %c0] : {t} -> {v}
+      %zv = hir.alias_select %z[1 = %c1] : {t} -> {v}
+      {"".join(body)}
+      func.return {", ".join(f"%out{n}" for n in range(len(kinds)))} : {", ".join([t] * len(kinds))}
+    }}
+    """
+    x = torch.rand(4, 2, 3, generator=rng).add(0.5).to(torch_dtype)
+    z = torch.randn(4, 2, 3, generator=rng).to(torch_dtype)
+    outs = run_host(program, [x, z])
+    for kind, out in zip(kinds, outs):
+        function = UNARY.get(kind) or BINARY[kind]
+        operands = (x[:, 0],) if kind in UNARY else (x[:, 0], z[:, 1])
+        torch.testing.assert_close(out[:, 1], _rounded(function, torch_dtype, *operands), msg=kind)
+        assert out[:, 0].isnan().all(), kind
+
+
+def test_cast_pointwise_rounds_into_the_output_type(rng):
+    program = f"""
+    func.func @main(%x: {tensor([8])}) -> {tensor([8], "bf16")} {{
+      %y = hir.allocate() : {tensor([8], "bf16")}
+      hir.pointwise "cast" ins(%x : {tensor([8])}) outs(%y : {tensor([8], "bf16")})
+      func.return %y : {tensor([8], "bf16")}
+    }}
+    """
+    x = torch.randn(8, generator=rng)
+    (y,) = run_host(program, [x])
+    assert torch.equal(y, x.bfloat16())
+
+
+MATMUL_LINEAR = f"""
+func.func @main(%a: {tensor([3, 5, 4])}, %b: {tensor([4, 6])}, %w: {tensor([6, 4])}, %bias: {tensor([6])}) -> ({tensor([3, 5, 6])}, {tensor([5, 2, 6])}, {tensor([3, 5, 6])}, {tensor([3, 5, 4])}) {{
+  %c1 = arith.constant 1 : index
+  %c0 = arith.constant 0 : index
+  %mm = hir.allocate() : {tensor([3, 5, 6])}
+  hir.matmul ins(%a, %b : {tensor([3, 5, 4])}, {tensor([4, 6])}) outs(%mm : {tensor([3, 5, 6])})
+  %strided = hir.allocate() : {tensor([5, 2, 6])}
+  %a0 = hir.alias_select %a[0 = %c0] : {tensor([3, 5, 4])} -> {tensor([5, 4])}
+  %s1 = hir.alias_select %strided[1 = %c1] : {tensor([5, 2, 6])} -> {tensor([5, 6])}
+  hir.linear ins(%a0, %w : {tensor([5, 4])}, {tensor([6, 4])}) outs(%s1 : {tensor([5, 6])})
+  %lin = hir.allocate() : {tensor([3, 5, 6])}
+  hir.linear ins(%a, %w, %bias : {tensor([3, 5, 4])}, {tensor([6, 4])}, {tensor([6])}) outs(%lin : {tensor([3, 5, 6])})
+  %copy = hir.allocate() : {tensor([3, 5, 4])}
+  hir.copy ins(%a : {tensor([3, 5, 4])}) outs(%copy : {tensor([3, 5, 4])})
+  func.return %mm, %strided, %lin, %copy : {tensor([3, 5, 6])}, {tensor([5, 2, 6])}, {tensor([3, 5, 6])}, {tensor([3, 5, 4])}
+}}
+"""
+
+
+def test_matmul_linear_and_copy(rng):
+    a, b = torch.randn(3, 5, 4, generator=rng), torch.randn(4, 6, generator=rng)
+    w, bias = torch.randn(6, 4, generator=rng), torch.randn(6, generator=rng)
+    mm, strided, lin, copy = run_host(MATMUL_LINEAR, [a, b, w, bias])
+    torch.testing.assert_close(mm, a @ b)
+    torch.testing.assert_close(strided[:, 1], a[0] @ w.T)
+    assert strided[:, 0].isnan().all()
+    torch.testing.assert_close(lin, a @ w.T + bias)
+    assert torch.equal(copy, a) and copy.data_ptr() != a.data_ptr()
+
+
+REDUCTIONS = f"""
+func.func @main(%x: {tensor([4, 5, 6])}) -> ({tensor([4, 6])}, {tensor([1, 5, 1])}, {tensor([5])}) {{
+  %s = hir.allocate() : {tensor([4, 6])}
+  hir.reduction "sum" [1] ins(%x : {tensor([4, 5, 6])}) outs(%s : {tensor([4, 6])})
+  %m = hir.allocate() : {tensor([1, 5, 1])}
+  hir.reduction "max" [0, -1] keepdim ins(%x : {tensor([4, 5, 6])}) outs(%m : {tensor([1, 5, 1])})
+  %n = hir.allocate() : {tensor([5])}
+  hir.reduction "sum" [2, 0] ins(%x : {tensor([4, 5, 6])}) outs(%n : {tensor([5])})
+  func.return %s, %m, %n : {tensor([4, 6])}, {tensor([1, 5, 1])}, {tensor([5])}
+}}
+"""
+
+
+def test_reductions(rng):
+    x = torch.randn(4, 5, 6, generator=rng)
+    s, m, n = run_host(REDUCTIONS, [x])
+    torch.testing.assert_close(s, x.sum(1))
+    torch.testing.assert_close(m, x.amax((0, 2), keepdim=True))
+    torch.testing.assert_close(n, x.sum((0, 2)))
+
+
+SEGMENTS = f"""
+func.func private @gelu_ish(%x: {tensor(["?", 4], "bf16")}, %b: {tensor([4], "bf16")}) -> ({tensor(["?", 4], "bf16")}, {tensor(["?", 4], "f32")}) {{
+  %c = fusion.constant 0.5 : bf16 : {tensor([], "bf16")}
+  %y = fusion.add %x, %b : ({tensor(["?", 4], "bf16")}, {tensor([4], "bf16")}) -> {tensor(["?", 4], "bf16")}
+  %t = fusion.tanh %y : {tensor(["?", 4], "bf16")} -> {tensor(["?", 4], "bf16")}
+  %h = fusion.mul %t, %c : ({tensor(["?", 4], "bf16")}, {tensor([], "bf16")}) -> {tensor(["?", 4], "bf16")}
+  %f = fusion.cast %h : {tensor(["?", 4], "bf16")} -> {tensor(["?", 4], "f32")}
+  func.return %h, %f : {tensor(["?", 4], "bf16")}, {tensor(["?", 4], "f32")}
+}}
+func.func private @spread(%b: {tensor([4], "bf16")}) -> {tensor([1, 4, 1], "bf16")} {{
+  %s = fusion.broadcast %b [0, 2] : {tensor([4], "bf16")} -> {tensor([1, 4, 1], "bf16")}
+  func.return %s : {tensor([1, 4, 1], "bf16")}
+}}
+func.func @main(%x: {tensor(["?", 4], "bf16")}, %b: {tensor([4], "bf16")}) -> ({tensor(["?", 4], "bf16")}, {tensor(["?", 4], "f32")}, {tensor([1, 4, 1], "bf16")}) {{
+  %m = hir.dim %x, 0 : {tensor(["?", 4], "bf16")}
+  %h = hir.allocate(%m) : {tensor(["?", 4], "bf16")}
+  %f = hir.allocate(%m) : {tensor(["?", 4], "f32")}
+  hir.launch_kernel @gelu_ish ins(%x, %b : {tensor(["?", 4], "bf16")}, {tensor([4], "bf16")}) outs(%h, %f : {tensor(["?", 4], "bf16")}, {tensor(["?", 4], "f32")})
+  %s = hir.allocate() : {tensor([1, 4, 1], "bf16")}
+  hir.post_on_stream @spread ins(%b : {tensor([4], "bf16")}) outs(%s : {tensor([1, 4, 1], "bf16")})
+  func.return %h, %f, %s : {tensor(["?", 4], "bf16")}, {tensor(["?", 4], "f32")}, {tensor([1, 4, 1], "bf16")}
+}}
+"""
+
+
+def test_segments_compute_in_f32_and_round_once_on_store(rng):
+    x = torch.randn(7, 4, generator=rng).bfloat16()
+    b = torch.randn(4, generator=rng).bfloat16()
+    h, f, s = run_host(SEGMENTS, [x, b])
+    in_f32 = torch.tanh(x.float() + b.float()) * 0.5
+    assert torch.equal(h, in_f32.bfloat16())
+    assert torch.equal(f, in_f32)  # the intermediate was never rounded to bf16
+    assert not torch.equal(f, in_f32.bfloat16().float())
+    assert torch.equal(s, b.reshape(1, 4, 1))
+
+
+def test_a_torch_error_mid_run_names_the_op_and_its_line(rng):
+    program = f"""
+    func.func @main(%a: {tensor(["?", 4])}, %b: {tensor([5, 3])}) -> {tensor(["?", 3])} {{
+      %m = hir.dim %a, 0 : {tensor(["?", 4])}
+      %y = hir.allocate(%m) : {tensor(["?", 3])}
+      hir.matmul ins(%a, %b : {tensor(["?", 4])}, {tensor([5, 3])}) outs(%y : {tensor(["?", 3])})
+      func.return %y : {tensor(["?", 3])}
+    }}"""
+    with pytest.raises(HostirError, match=r"<stdin>:5:7: error: failed on rank 0: RuntimeError"):
+        run_host(program, [torch.randn(2, 4, generator=rng), torch.randn(5, 3, generator=rng)])
+
+
+def test_segment_runner_is_the_one_seam_for_segments(monkeypatch, rng):
+    """Both segment ops go through `segment_runner`, bound once when the program is prepared."""
+    prepared: list[str] = []
+    original = interpreter.segment_runner
+
+    def recording(callee):
+        prepared.append(callee.sym_name.data)
+        return original(callee)
+
+    monkeypatch.setattr(interpreter, "segment_runner", recording)
+    x = torch.randn(3, 4, generator=rng).bfloat16()
+    b = torch.randn(4, generator=rng).bfloat16()
+    run_host(SEGMENTS, [x, b])
+    assert prepared == ["gelu_ish", "spread"]
