@@ -62,7 +62,7 @@ class SplitShardedReduction(RewritePattern):
         total = type(op)(
             partial.result, [kept.index(source.didx_axis)], op.keeps_dims, op.result.type
         )
-        rewriter.replace_op(op, [partial, total])
+        rewriter.replace(op, [partial, total])
 
 
 class InsertReshardingSets(RewritePattern):
