@@ -54,8 +54,9 @@ class Work:
     """A communication in flight: the torch works, and the copies that complete it.
 
     `wait` makes the current CUDA stream wait for the communication (on CPU it
-    blocks), then copies results out of temporaries on that stream. Waiting twice is
-    harmless.
+    blocks), then copies results out of temporaries on that stream. Waiting again
+    does nothing (a torch work must not be waited twice: gloo's send and recv would
+    wait for a second transfer).
     """
 
     __slots__ = ("works", "finishes")
@@ -65,7 +66,8 @@ class Work:
         self.finishes = list(finishes)
 
     def wait(self) -> None:
-        for work in self.works:
+        works, self.works = self.works, []
+        for work in works:
             work.wait()
         finishes, self.finishes = self.finishes, []
         for finish in finishes:

@@ -162,8 +162,14 @@ class Interpreter:
             env[slot] = value
         with context.streams.restoring():
             run_steps(self.steps, env, context)
-            for work in context.issued:
-                work.wait()
+            try:
+                for work in context.issued:
+                    work.wait()
+            except Exception as error:
+                raise HostirError(
+                    f"on rank {context.rank}, a communication the program did not wait for "
+                    f"failed: {type(error).__name__}: {error}"
+                ) from error
         return [env[slot] for slot in self.result_slots]
 
 

@@ -1,0 +1,239 @@
+"""Every collective of the hir dialect, on its own, at world sizes 1, 2 and 4 (gloo on CPU).
+
+Each case is a host program of one collective (or two in flight) with the layouts of
+docs/design.md: the gathered, reduced and scattered axes come from the types, on the
+outermost axis and on inner ones, into contiguous buffers and strided views, with a
+reversed team and a sub-team. Every rank runs every case in one spawn; the parent
+compares each rank's output with its piece of plain torch on the unsharded data.
+Inputs are random, allocations are poisoned with NaN, inputs are checked unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from hostir_dialect.fusion import TensorType
+from runtime.communicator import Communicator
+from runtime.launch import run_on_local_ranks
+from runtime.program import Program
+from test_interpreter import poisoned_allocations, tensor
+
+
+def needs_ranks(n: int):
+    """With CUDA the ranks use NCCL, one GPU each."""
+    return pytest.mark.skipif(
+        torch.cuda.is_available() and torch.cuda.device_count() < n,
+        reason=f"needs {n} GPUs when CUDA is present (one per NCCL rank)",
+    )
+
+
+def local_piece(full: torch.Tensor, type: TensorType, rank: int) -> torch.Tensor:
+    """What `rank` holds of the unsharded `full` of `type`: its slice of the didx axis, or a placeholder."""
+    if rank not in type.mesh.ids:
+        return torch.empty(0, dtype=full.dtype)
+    axis = type.didx_axis
+    return full if axis is None else full.narrow(axis, type.mesh.ids.index(rank), 1)
+
+
+@dataclass
+class Case:
+    name: str
+    program: str
+    """A host program `@main`."""
+    inputs: list[torch.Tensor]
+    """Unsharded inputs."""
+    expected: list[torch.Tensor]
+    """Unsharded outputs."""
+
+
+def one_collective(kind: str, input: str, output: str, team, attributes: str = "") -> str:
+    return f"""
+    func.func @main(%x: {input}) -> {output} {{
+      %y = hir.allocate() : {output}
+      %w = hir.{kind} %x into %y team {list(team)}{attributes} backend nccl : {input}, {output}
+      hir.wait %w
+      func.return %y : {output}
+    }}"""
+
+
+def collective_cases(n: int) -> list[Case]:
+    """The cases at world size `n`; every rank and the parent build the same ones."""
+    generator = torch.Generator().manual_seed(100 + n)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    everyone, last = list(range(n)), n - 1
+    reversed_team = everyone[::-1]
+    cases = []
+
+    def case(name, program, inputs, expected):
+        cases.append(Case(name, program, inputs, expected))
+
+    x = randn(n, 3)
+    case("allgather outermost", one_collective(
+        "allgather", tensor([n, 3], mesh=everyone, axes="didx _"), tensor([n, 3], mesh=everyone), everyone
+    ), [x], [x])
+    x = randn(2, n, 3).bfloat16()
+    case("allgather inner axis, bf16", one_collective(
+        "allgather", tensor([2, n, 3], "bf16", everyone, "_ didx _"), tensor([2, n, 3], "bf16", everyone), everyone
+    ), [x], [x])
+    x = randn(n, 3)
+    buffer = torch.full((n, 2, 3), float("nan"))
+    buffer[:, 1] = x
+    sharded, view, whole = (
+        tensor([n, 3], mesh=everyone, axes="didx _"), tensor([n, 3], mesh=everyone), tensor([n, 2, 3], mesh=everyone)
+    )
+    case("allgather into a strided view", f"""
+    func.func @main(%x: {sharded}) -> {whole} {{
+      %c1 = arith.constant 1 : index
+      %b = hir.allocate() : {whole}
+      %y = hir.alias_select %b[1 = %c1] : {whole} -> {view}
+      %w = hir.allgather %x into %y team {everyone} backend nccl : {sharded}, {view}
+      hir.wait %w
+      func.return %b : {whole}
+    }}""", [x], [buffer])
+    x = randn(n, 3)
+    case("allgather with a reversed team", one_collective(
+        "allgather", tensor([n, 3], mesh=reversed_team, axes="didx _"), tensor([n, 3], mesh=reversed_team),
+        reversed_team,
+    ), [x], [x])
+    x = randn(n, n, 2)
+    case("reduce_scatter with a reversed team", one_collective(
+        "reduce_scatter", tensor([n, n, 2], mesh=reversed_team, axes="didx _ _"),
+        tensor([n, 2], mesh=reversed_team, axes="didx _"), reversed_team, " op sum",
+    ), [x], [x.sum(0)])
+    x = randn(3, n)
+    case("scatter with a reversed team", one_collective(
+        "scatter", tensor([3, n], mesh=[0]), tensor([3, n], mesh=reversed_team, axes="_ didx"), reversed_team,
+        " root 0",
+    ), [x], [x])
+    x = randn(3, n)
+    case("gather with a reversed team", one_collective(
+        "gather", tensor([3, n], mesh=reversed_team, axes="_ didx"), tensor([3, n], mesh=[0]), reversed_team,
+        " root 0",
+    ), [x], [x])
+    x = randn(3, n)
+    case("gather on an inner axis to the last rank", one_collective(
+        "gather", tensor([3, n], mesh=everyone, axes="_ didx"), tensor([3, n], mesh=[last]), everyone,
+        f" root {last}",
+    ), [x], [x])
+    x = randn(3, n)
+    case("scatter on an inner axis from rank 0", one_collective(
+        "scatter", tensor([3, n], mesh=[0]), tensor([3, n], mesh=everyone, axes="_ didx"), everyone, " root 0"
+    ), [x], [x])
+    x = randn(n, 4)
+    case("allreduce sum", one_collective(
+        "allreduce", tensor([n, 4], mesh=everyone, axes="didx _"), tensor([4], mesh=everyone), everyone, " op sum"
+    ), [x], [x.sum(0)])
+    x = randn(4, n)
+    case("allreduce max keeping the reduced axis", one_collective(
+        "allreduce", tensor([4, n], mesh=everyone, axes="_ didx"), tensor([4, 1], mesh=everyone), everyone, " op max"
+    ), [x], [x.amax(1, keepdim=True)])
+    x = torch.randint(-100, 100, (n, 5), generator=generator)
+    case("allreduce min, i64", one_collective(
+        "allreduce", tensor([n, 5], "i64", everyone, "didx _"), tensor([5], "i64", everyone), everyone, " op min"
+    ), [x], [x.amin(0)])
+    x = torch.rand(n, 3, generator=generator) + 0.5
+    case("allreduce product", one_collective(
+        "allreduce", tensor([n, 3], mesh=everyone, axes="didx _"), tensor([3], mesh=everyone), everyone,
+        " op product",
+    ), [x], [x.prod(0)])
+    x = randn(n, 4)
+    case("reduce sum to the last rank", one_collective(
+        "reduce", tensor([n, 4], mesh=everyone, axes="didx _"), tensor([4], mesh=[last]), everyone,
+        f" root {last} op sum",
+    ), [x], [x.sum(0)])
+    x = randn(n, n, 2)
+    case("reduce_scatter sum", one_collective(
+        "reduce_scatter", tensor([n, n, 2], mesh=everyone, axes="didx _ _"), tensor([n, 2], mesh=everyone, axes="didx _"),
+        everyone, " op sum",
+    ), [x], [x.sum(0)])
+    x = randn(n, n, 3)
+    case("reduce_scatter max, reduced axis inner", one_collective(
+        "reduce_scatter", tensor([n, n, 3], mesh=everyone, axes="_ didx _"), tensor([n, 3], mesh=everyone, axes="didx _"),
+        everyone, " op max",
+    ), [x], [x.amax(1)])
+    x = randn(4, 2)
+    case("broadcast from the last rank", one_collective(
+        "broadcast", tensor([4, 2], mesh=[last]), tensor([4, 2], mesh=everyone), everyone, f" root {last}"
+    ), [x], [x])
+    x = randn(n, 4)
+    sharded, summed, gathered = (
+        tensor([n, 4], mesh=everyone, axes="didx _"), tensor([4], mesh=everyone), tensor([n, 4], mesh=everyone)
+    )
+    case("two collectives in flight, waited in reverse order", f"""
+    func.func @main(%x: {sharded}) -> ({summed}, {gathered}) {{
+      %s = hir.allocate() : {summed}
+      %g = hir.allocate() : {gathered}
+      %w1 = hir.allreduce %x into %s team {everyone} op sum backend nccl : {sharded}, {summed}
+      %w2 = hir.allgather %x into %g team {everyone} backend nccl : {sharded}, {gathered}
+      hir.wait %w2
+      hir.wait %w1
+      func.return %s, %g : {summed}, {gathered}
+    }}""", [x], [x.sum(0), x])
+    if n >= 2:
+        x = randn(5)
+        case("send_recv from rank 0 to the last", one_collective(
+            "send_recv", tensor([5], mesh=[0]), tensor([5], mesh=[last]), [0, last], " root 0"
+        ), [x], [x])
+        x = randn(2, 3)
+        case("send_recv from the last rank to rank 0", one_collective(
+            "send_recv", tensor([2, 3], mesh=[last]), tensor([2, 3], mesh=[0]), [last, 0], f" root {last}"
+        ), [x], [x])
+    if n >= 4:
+        x = randn(2, 3)
+        case("allgather in a sub-team", one_collective(
+            "allgather", tensor([2, 3], mesh=[1, 3], axes="didx _"), tensor([2, 3], mesh=[1, 3]), [1, 3]
+        ), [x], [x])
+        x = randn(2, 5)
+        case("allreduce in another sub-team", one_collective(
+            "allreduce", tensor([2, 5], mesh=[2, 0], axes="didx _"), tensor([5], mesh=[2, 0]), [2, 0], " op sum"
+        ), [x], [x.sum(0)])
+    return cases
+
+
+def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
+    """One rank: runs every case on its pieces of the inputs; returns its outputs per case."""
+    communicator = Communicator.from_env()
+    results = []
+    for case in collective_cases(n):
+        program = Program.compile(case.program, pipeline=None)
+        inputs = [
+            local_piece(full, type, communicator.rank).to(communicator.device)
+            for full, type in zip(case.inputs, program.input_types)
+        ]
+        originals = [x.clone() for x in inputs]
+        with poisoned_allocations():
+            outputs = program.run(inputs, communicator)
+        for x, original in zip(inputs, originals):
+            assert torch.equal(x, original), f"{case.name}: an input changed"
+        results.append([out.cpu() for out in outputs])
+    for team in program.teams:
+        assert communicator.group(team) is communicator.group(list(team))
+    return results
+
+
+@pytest.mark.parametrize("n", [1, 2, pytest.param(4, marks=needs_ranks(4))])
+def test_every_collective_matches_plain_torch(n):
+    results = run_on_local_ranks(run_collective_cases, n, n, timeout_s=120)
+    for i, case in enumerate(collective_cases(n)):
+        output_types = Program.compile(case.program, pipeline=None).output_types
+        for rank in range(n):
+            for output, full, type in zip(results[rank][i], case.expected, output_types):
+                torch.testing.assert_close(
+                    output, local_piece(full, type, rank), equal_nan=True, msg=lambda m: f"{case.name}, rank {rank}: {m}"
+                )
+
+
+def test_single_communicator_copies_locally():
+    communicator = Communicator.single()
+    assert (communicator.rank, communicator.world_size) == (0, 1)
+    x = torch.randn(1, 3)
+    y = torch.empty(3)
+    communicator.allreduce(x, y, [0], None).wait()
+    assert torch.equal(y, x[0])
+    assert communicator.allgather(x, torch.empty(1, 3), [1], 0).works == []  # not a member
