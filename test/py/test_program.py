@@ -1,0 +1,267 @@
+"""The Program API, and whole host programs of nvFuser's reference pipelines written by hand.
+
+The multi-rank programs are pr4515's point-to-point allgather (send/recv coalesced,
+an scf.if on the device index, stream ops) alone and feeding a matmul, and pr4401's
+collective AG+matmul pipeline. They run at world sizes 2 and 4 with 1 and 3
+streams, checked against plain torch on the unsharded data; inputs must come back
+unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from xdsl.dialects import func
+
+from hostir_dialect.fusion import TensorType
+from hostir_dialect.text import parse_module, print_module
+from runtime import interpreter
+from runtime.communicator import Communicator
+from runtime.launch import run_on_local_ranks
+from runtime.program import Program
+from test_communicator import local_piece, needs_ranks
+from test_interpreter import poisoned_allocations, tensor
+
+
+def stream_loops(extent: str, body: str) -> str:
+    """nvFuser's stream pipeline: a loop that makes every stream wait for the caller's, then the work loop."""
+    return f"""
+  %main = hir.get_current_stream
+  %ns = hir.number_of_streams
+  scf.for %i = %c0 to {extent} step %c1 {{
+    %j = arith.remui %i, %ns : index
+    %s = hir.stream %j
+    hir.set_current_stream %s
+    hir.synchronize_stream %main
+  }}
+  scf.for %i = %c0 to {extent} step %c1 {{
+    %j = arith.remui %i, %ns : index
+    %s = hir.stream %j
+    hir.set_current_stream %s
+    {body}
+    hir.set_current_stream %main
+    hir.synchronize_stream %s
+  }}"""
+
+
+def p2p_allgather_into(sharded: str, gathered: str, row: str, buffer: str = "%gathered") -> str:
+    """pr4515's loop body: copy the own row, else receive row i from device i and send it ours."""
+    return f"""
+    %dst = hir.alias_select {buffer}[0 = %i] : {gathered} -> {row}
+    %rank = hir.device_index
+    %here = arith.cmpi eq, %i, %rank : index
+    scf.if %here {{
+      %src = hir.alias_select %in[0 = %c0] : {sharded} -> {row}
+      hir.copy ins(%src : {row}) outs(%dst : {row})
+    }} else {{
+      hir.start_coalescing
+      %r = hir.recv %dst from %i backend nccl : {row}
+      %t = hir.send %in to %i backend nccl : {sharded}
+      %e = hir.end_coalescing
+      hir.wait %e
+    }}"""
+
+
+def allgather_p2p(n: int) -> str:
+    """pr4515 AllgatherP2p: [DIDx(n), ?] -> [Stream(n), ?]."""
+    devices = list(range(n))
+    sharded = tensor([n, "?"], mesh=devices, axes="didx _")
+    gathered = tensor([n, "?"], mesh=devices, axes="stream _")
+    row = tensor(["?"], mesh=devices)
+    return f"""
+func.func @allgather_p2p(%in: {sharded}) -> {gathered} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = hir.dim %in, 0 : {sharded}
+  %k = hir.dim %in, 1 : {sharded}
+  %gathered = hir.allocate(%k) : {gathered}
+  {stream_loops("%n", p2p_allgather_into(sharded, gathered, row))}
+  func.return %gathered : {gathered}
+}}"""
+
+
+def allgather_matmul_p2p(n: int, m: int = 3, k: int = 5, p: int = 4) -> str:
+    """pr4515 AG_matmul_P2p: [DIDx(n), m, k] x [k, p] -> [Stream(n), m, p]."""
+    devices = list(range(n))
+    sharded = tensor([n, m, k], mesh=devices, axes="didx _ _")
+    gathered = tensor([n, m, k], mesh=devices, axes="stream _ _")
+    weight = tensor([k, p], mesh=devices)
+    out = tensor([n, m, p], mesh=devices, axes="stream _ _")
+    chunk, out_chunk = tensor([m, k], mesh=devices), tensor([m, p], mesh=devices)
+    body = p2p_allgather_into(sharded, gathered, chunk) + f"""
+    %o = hir.alias_select %out[0 = %i] : {out} -> {out_chunk}
+    hir.matmul ins(%dst, %w : {chunk}, {weight}) outs(%o : {out_chunk})"""
+    return f"""
+func.func @ag_matmul_p2p(%in: {sharded}, %w: {weight}) -> {out} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c{n} = arith.constant {n} : index
+  %gathered = hir.allocate() : {gathered}
+  %out = hir.allocate() : {out}
+  {stream_loops(f"%c{n}", body)}
+  hir.deallocate %gathered : {gathered}
+  func.return %out : {out}
+}}"""
+
+
+def allgather_matmul(n: int, s: int = 3, m: int = 2, k: int = 4, p: int = 5) -> str:
+    """pr4401 AG_matmul: [s, DIDx(n), m, k] x [k, p] -> [Stream(s), n, m, p], one allgather per chunk."""
+    devices = list(range(n))
+    sharded = tensor([s, n, m, k], mesh=devices, axes="_ didx _ _")
+    gathered = tensor([s, n, m, k], mesh=devices, axes="stream _ _ _")
+    weight = tensor([k, p], mesh=devices)
+    out = tensor([s, n, m, p], mesh=devices, axes="stream _ _ _")
+    in_chunk = tensor([n, m, k], mesh=devices, axes="didx _ _")
+    chunk, out_chunk = tensor([n, m, k], mesh=devices), tensor([n, m, p], mesh=devices)
+    body = f"""
+    %a = hir.alias_select %in[0 = %i] : {sharded} -> {in_chunk}
+    %g = hir.alias_select %gathered[0 = %i] : {gathered} -> {chunk}
+    %w = hir.allgather %a into %g team {devices} backend nccl : {in_chunk}, {chunk}
+    hir.wait %w
+    %o = hir.alias_select %out[0 = %i] : {out} -> {out_chunk}
+    hir.matmul ins(%g, %b : {chunk}, {weight}) outs(%o : {out_chunk})"""
+    return f"""
+func.func @ag_matmul(%in: {sharded}, %b: {weight}) -> {out} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c{s} = arith.constant {s} : index
+  %gathered = hir.allocate() : {gathered}
+  %out = hir.allocate() : {out}
+  {stream_loops(f"%c{s}", body)}
+  func.return %out : {out}
+}}"""
+
+
+def pipeline_cases(n: int) -> list[tuple[str, list[torch.Tensor], torch.Tensor]]:
+    """(program, unsharded inputs, unsharded output) of each pipeline at world size `n`."""
+    generator = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 7, generator=generator)
+    a, w = torch.randn(n, 3, 5, generator=generator), torch.randn(5, 4, generator=generator)
+    b, v = torch.randn(3, n, 2, 4, generator=generator), torch.randn(4, 5, generator=generator)
+    return [
+        (allgather_p2p(n), [x], x),
+        (allgather_matmul_p2p(n), [a, w], a @ w),
+        (allgather_matmul(n), [b, v], b @ v),
+    ]
+
+
+def run_pipelines(n: int) -> list[torch.Tensor]:
+    """One rank: every pipeline with 1 and 3 streams; returns this rank's outputs."""
+    communicator = Communicator.from_env()
+    outputs = []
+    for text, inputs, _ in pipeline_cases(n):
+        program = Program.compile(text, pipeline=None)
+        local = [local_piece(x, t, communicator.rank).to(communicator.device) for x, t in zip(inputs, program.input_types)]
+        originals = [x.clone() for x in local]
+        for num_streams in (1, 3):
+            with poisoned_allocations():
+                (out,) = program.run(local, communicator, num_streams=num_streams)
+            outputs.append(out.cpu())
+        assert all(torch.equal(x, original) for x, original in zip(local, originals)), "an input changed"
+    return outputs
+
+
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=needs_ranks(4))])
+def test_reference_pipelines_written_by_hand(n):
+    results = run_on_local_ranks(run_pipelines, n, n, timeout_s=120)
+    for rank, outputs in enumerate(results):
+        expected = [full for _, _, full in pipeline_cases(n) for _ in (1, 3)]
+        for output, full in zip(outputs, expected, strict=True):
+            # Every rank holds the whole gathered result (the stream axis is not sharded).
+            torch.testing.assert_close(output, full)
+
+
+# --------------------------------------------------------------------------- #
+# One rank                                                                     #
+# --------------------------------------------------------------------------- #
+
+
+def stream_axis_inner(n: int = 6) -> str:
+    """pr4147's single-device pipeline with the stream axis not outermost: y = exp(x), Stream on axis 1."""
+    whole, slice_ = tensor([4, n, 3]), tensor([4, 3])
+    streamed = tensor([4, n, 3], axes="_ stream _")
+    body = f"""
+    %xi = hir.alias_select %x[1 = %i] : {whole} -> {slice_}
+    %yi = hir.alias_select %y[1 = %i] : {streamed} -> {slice_}
+    hir.launch_kernel @exp ins(%xi : {slice_}) outs(%yi : {slice_})"""
+    return f"""
+func.func private @exp(%x: {slice_}) -> {slice_} {{
+  %y = fusion.exp %x : {slice_} -> {slice_}
+  func.return %y : {slice_}
+}}
+func.func @main(%x: {whole}) -> {streamed} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = hir.dim %x, 1 : {whole}
+  %y = hir.allocate() : {streamed}
+  {stream_loops("%n", body)}
+  func.return %y : {streamed}
+}}"""
+
+
+def test_program_runs_a_lowered_module_on_one_rank():
+    program = Program.compile(stream_axis_inner(), pipeline=None)
+    assert program.fusion is None
+    assert program.host.sym_name.data == "main"
+    assert program.input_types == [TensorType([4, 6, 3], program.input_types[0].element_type)]
+    assert program.output_types[0].stream_axis == 1
+    x = torch.randn(4, 6, 3)
+    with poisoned_allocations():
+        (y,) = program.run([x])
+    torch.testing.assert_close(y, torch.exp(x))
+
+
+def test_compile_takes_text_or_a_module_and_leaves_the_module_alone():
+    text = stream_axis_inner()
+    module = parse_module(text)
+    before = print_module(module)
+    from_module = Program.compile(module, pipeline=None, entry="main")
+    assert print_module(module) == before and from_module.module is not module
+    assert print_module(from_module.module) == print_module(Program.compile(text, pipeline=None).module)
+
+
+FUSION = f"""
+func.func @f(%x: {tensor(["?", 4])}, %y: {tensor(["?", 4])}) -> {tensor(["?"])} {{
+  %a = fusion.add %x, %y : ({tensor(["?", 4])}, {tensor(["?", 4])}) -> {tensor(["?", 4])}
+  %b = fusion.exp %a : {tensor(["?", 4])} -> {tensor(["?", 4])}
+  %s = fusion.sum %b [1] : {tensor(["?", 4])} -> {tensor(["?"])}
+  func.return %s : {tensor(["?"])}
+}}"""
+
+
+def test_compile_lowers_a_fusion_and_keeps_it():
+    program = Program.compile(FUSION)
+    assert isinstance(program.fusion, func.FuncOp)
+    assert [op.name for op in program.fusion.body.block.ops] == ["fusion.add", "fusion.exp", "fusion.sum", "func.return"]
+    assert not any(op.name.startswith("fusion.") for op in program.host.body.block.ops)
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    with poisoned_allocations():
+        (s,) = program.run([x, y])
+    torch.testing.assert_close(s, torch.exp(x + y).sum(1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(monkeypatch):
+    streams_used = []
+    original = interpreter.segment_runner
+
+    def recording(callee):
+        run = original(callee)
+
+        def recorded(ins, outs):
+            streams_used.append(torch.cuda.current_stream().cuda_stream)
+            run(ins, outs)
+
+        return recorded
+
+    monkeypatch.setattr(interpreter, "segment_runner", recording)
+    program = Program.compile(stream_axis_inner(8), pipeline=None)
+    caller = torch.cuda.Stream()
+    x = torch.randn(4, 8, 3, device="cuda")
+    with torch.cuda.stream(caller):
+        (y,) = program.run([x], num_streams=4)
+        assert torch.cuda.current_stream() == caller
+        caller.synchronize()
+    torch.testing.assert_close(y, torch.exp(x))
+    assert len(streams_used) == 8 and len(set(streams_used)) == 4
+    assert caller.cuda_stream not in streams_used
