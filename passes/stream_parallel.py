@@ -1,0 +1,605 @@
+"""`stream-parallel`: pipelines every op whose output has a `stream` axis over CUDA streams.
+
+nvFuser's StreamParallelType host-IR pass. An op is stream-parallel when its output
+(a collective's `output`, a compute op's first out) has a `stream` axis. It moves
+into a loop over that axis; iteration `i` runs on pool stream `i mod
+number_of_streams`, on slices (`hir.alias_select`) of the operands:
+
+    %main = hir.get_current_stream                   once, at the top of the function
+    scf.for %i = %c0 to %n step %c1 {                the synchronisation loop
+      %s = hir.stream (%i mod number_of_streams); hir.set_current_stream %s
+      hir.synchronize_stream %main                   stream %s starts after the caller's work
+    }
+    scf.for %i = %c0 to %n step %c1 {                the work loop
+      %s = ...; hir.set_current_stream %s
+      slices, the op (and the hir.wait of a communication)
+      hir.set_current_stream %main
+      hir.synchronize_stream %s                      the caller waits for the iteration
+    }
+
+The synchronisation has its own loop (reference pr4401): at the top of the work loop,
+stream `i` would also wait for the back-synchronisation of every earlier iteration,
+which serialises the pipeline. `separate_sync_loop=false` puts it there anyway, as
+pr4147 did. Consecutive loops over the same extent merge; ops that only define
+values (`hir.dim`, `hir.allocate`, constants) move before the loop instead of
+ending it; any other op ends it (pr4147's ThreeSetOps). An allgather or copy that
+turns the input's `didx` axis into the output's `stream` axis becomes the
+point-to-point allgather of pr4515.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, builtin, func, scf
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    FunctionType,
+    IndexType,
+    IntegerAttr,
+    StringAttr,
+    SymbolRefAttr,
+    i64,
+)
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.traits import SymbolTable, is_side_effect_free
+
+from hostir_dialect import fusion, hir
+from hostir_dialect.fusion import DYNAMIC, ParallelType, tensor_type
+from hostir_dialect.text import HostirError
+from passes.axis_mapping import (
+    AxisClasses,
+    func_results,
+    operand_axis,
+    operand_axis_maps,
+    output_of,
+    segment_function,
+)
+
+PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
+"""The ops that can be stream-parallel: they write an output buffer."""
+
+
+def _without_axis(axes: Sequence[int], removed: int) -> list[int]:
+    """Axis numbers once `removed` is gone (and `removed` itself dropped)."""
+    return [axis - (axis > removed) for axis in axes if axis != removed]
+
+
+def _stream_axis(op: Operation) -> int | None:
+    """The stream axis of a top-level op's output: the axis its loop walks."""
+    if not isinstance(op, PIPELINED_OPS) or not isinstance(op.parent_op(), func.FuncOp):
+        return None
+    if isinstance(op, hir.ComputeOp) and not op.outs:
+        return None
+    return tensor_type(output_of(op)).stream_axis
+
+
+def _p2p_gathered_axis(op: Operation) -> int | None:
+    """The output stream axis of an allgather or copy whose input is `didx` on that axis.
+
+    Such an op gathers the shards one device per iteration: the point-to-point allgather.
+    """
+    if not isinstance(op, hir.AllgatherOp | hir.CopyOp):
+        return None
+    source, output = tensor_type(op.operands[0]), tensor_type(output_of(op))
+    axis = output.stream_axis
+    if axis is None or source.rank != output.rank:
+        return None
+    return axis if source.parallel_types()[axis] == ParallelType.DIDX else None
+
+
+# --------------------------------------------------------------------------- #
+# Diagnostics                                                                  #
+# --------------------------------------------------------------------------- #
+
+
+def check_stream_axes(op: hir.ComputeOp | hir.CommunicationOp) -> None:
+    """Raises a HostirError where no pipeline covers the stream axes of `op`'s buffers."""
+    maps = operand_axis_maps(op)
+    output = tensor_type(output_of(op))
+    targets: dict[int, str] = {}
+    for index, (operand, axis_map) in enumerate(maps):
+        operand_type = tensor_type(operand)
+        stream = operand_type.stream_axis
+        if stream is None:
+            continue
+        if axis_map[stream] is None:
+            verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
+            raise HostirError.at(
+                op,
+                f"{op.name} {verb} axis {stream} of operand {index} {operand_type}, which is "
+                "its stream axis; a reduced axis cannot be stream-parallel",
+            )
+        targets.setdefault(axis_map[stream], f"operand {index} {operand_type}")
+    if len(targets) > 1:
+        raise HostirError.at(
+            op,
+            f"the stream axes of the operands of {op.name} map to different axes "
+            f"{sorted(targets)} of its output {output}: "
+            + "; ".join(f"axis {axis} from {what}" for axis, what in sorted(targets.items())),
+        )
+    stream = output.stream_axis
+    if stream is None:
+        return
+    if _p2p_gathered_axis(op) is not None:
+        mesh = tensor_type(op.operands[0]).mesh.ids
+        if mesh != tuple(range(mesh[0], mesh[0] + len(mesh))):
+            raise HostirError.at(
+                op,
+                f"the point-to-point allgather of {op.name} from {tensor_type(op.operands[0])} "
+                "needs a mesh of consecutive devices",
+            )
+        return
+    for index, (operand, axis_map) in enumerate(maps):
+        source_axis = operand_axis(axis_map, stream)
+        operand_type = tensor_type(operand)
+        if source_axis is not None and operand_type.parallel_types()[source_axis] == ParallelType.DIDX:
+            raise HostirError.at(
+                op,
+                f"the stream axis {stream} of the output {output} of {op.name} is the didx "
+                f"axis {source_axis} of operand {index} {operand_type}; only an allgather or "
+                "a copy can turn a didx axis into a stream axis (the point-to-point allgather)",
+            )
+
+
+# --------------------------------------------------------------------------- #
+# Loops                                                                        #
+# --------------------------------------------------------------------------- #
+
+
+def _is_function_value(op: Operation) -> bool:
+    """Ops that the loops of a function share, kept at its top."""
+    return isinstance(
+        op,
+        arith.ConstantOp | hir.GetCurrentStreamOp | hir.NumberOfStreamsOp | hir.DeviceIndexOp,
+    )
+
+
+def _function_value(
+    rewriter: PatternRewriter,
+    anchor: Operation,
+    matches: Callable[[Operation], bool],
+    build: Callable[[], Operation],
+    name: str,
+) -> SSAValue:
+    """The result of an op of `anchor`'s block, before it, that `matches`; else of a new one at the top."""
+    block = anchor.parent_block()
+    assert block is not None
+    top = block.first_op
+    for op in block.ops:
+        if op is anchor:
+            break
+        if matches(op):
+            return op.results[0]
+    while top is not None and _is_function_value(top):
+        top = top.next_op
+    new_op = build()
+    new_op.results[0].name_hint = name
+    rewriter.insert(new_op, InsertPoint.before(top) if top else InsertPoint.at_end(block))
+    return new_op.results[0]
+
+
+def _index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> SSAValue:
+    attr = IntegerAttr(value, IndexType())
+    return _function_value(
+        rewriter,
+        anchor,
+        lambda op: isinstance(op, arith.ConstantOp) and op.value == attr,
+        lambda: arith.ConstantOp(attr),
+        f"c{value}",
+    )
+
+
+def _runtime_value(
+    rewriter: PatternRewriter, anchor: Operation, op_type: type[Operation], name: str
+) -> SSAValue:
+    return _function_value(rewriter, anchor, lambda op: isinstance(op, op_type), op_type, name)
+
+
+def _iteration_stream(index: SSAValue, num_streams: SSAValue) -> list[Operation]:
+    """Makes pool stream `index mod num_streams` current."""
+    stream_index = arith.RemUIOp(index, num_streams)
+    stream_index.result.name_hint = "stream_index"
+    stream = hir.StreamOp(stream_index.result)
+    stream.result.name_hint = "stream"
+    return [stream_index, stream, hir.SetCurrentStreamOp(stream.result)]
+
+
+def _insert_stream_loops(
+    rewriter: PatternRewriter, op: Operation, axis: int, separate_sync_loop: bool
+) -> tuple[SSAValue, InsertPoint]:
+    """Inserts before `op` the loops over `axis` of its output; returns the index and where the work goes."""
+    extent = hir.DimOp(output_of(op), axis)
+    extent.result.name_hint = "extent"
+    rewriter.insert(extent, InsertPoint.before(op))
+    lower = _index_constant(rewriter, op, 0)
+    step = _index_constant(rewriter, op, 1)
+    main = _runtime_value(rewriter, op, hir.GetCurrentStreamOp, "main_stream")
+    num_streams = _runtime_value(rewriter, op, hir.NumberOfStreamsOp, "num_streams")
+
+    def insert_loop(body: Callable[[SSAValue], list[Operation]]) -> scf.ForOp:
+        block = Block(arg_types=[IndexType()])
+        block.args[0].name_hint = "i"
+        prologue = _iteration_stream(block.args[0], num_streams)
+        block.add_ops([*prologue, *body(prologue[1].results[0]), scf.YieldOp()])
+        loop = scf.ForOp(lower, extent.result, step, [], block)
+        rewriter.insert(loop, InsertPoint.before(op))
+        return loop
+
+    if separate_sync_loop:
+        insert_loop(lambda stream: [hir.SynchronizeStreamOp(main)])
+    back_to_main = hir.SetCurrentStreamOp(main)
+    sync_in_loop = [] if separate_sync_loop else [hir.SynchronizeStreamOp(main)]
+    work = insert_loop(
+        lambda stream: [*sync_in_loop, back_to_main, hir.SynchronizeStreamOp(stream)]
+    )
+    return work.body.block.args[0], InsertPoint.before(back_to_main)
+
+
+@dataclass
+class StreamLoop:
+    """A loop this pass built, as its prologue (select the iteration's stream, and in a
+    synchronisation loop or without `separate_sync_loop` wait for the caller's stream),
+    its work, and its epilogue (back to the caller's stream, which waits for the iteration).
+    """
+
+    loop: scf.ForOp
+    prologue: Sequence[Operation]
+    epilogue: Sequence[Operation]
+
+    @property
+    def is_sync_loop(self) -> bool:
+        return not self.epilogue
+
+    @staticmethod
+    def match(op: Operation | None) -> StreamLoop | None:
+        if not isinstance(op, scf.ForOp) or op.iter_args:
+            return None
+        body = list(op.body.block.ops)[:-1]
+        if len(body) < 4:
+            return None
+        stream_index, stream, set_stream = body[:3]
+        if not (
+            isinstance(stream_index, arith.RemUIOp)
+            and stream_index.lhs is op.body.block.args[0]
+            and isinstance(stream, hir.StreamOp)
+            and stream.index is stream_index.result
+            and isinstance(set_stream, hir.SetCurrentStreamOp)
+            and set_stream.stream is stream.result
+        ):
+            return None
+        waits_for_caller = (
+            isinstance(body[3], hir.SynchronizeStreamOp) and body[3].stream is not stream.result
+        )
+        prologue = body[: 3 + waits_for_caller]
+        if len(body) == 4 and waits_for_caller:
+            return StreamLoop(op, prologue, ())
+        back_to_main, back_sync = body[-2:]
+        if (
+            len(body) > len(prologue) + 2
+            and isinstance(back_to_main, hir.SetCurrentStreamOp)
+            and isinstance(back_sync, hir.SynchronizeStreamOp)
+            and back_sync.stream is stream.result
+        ):
+            return StreamLoop(op, prologue, (back_to_main, back_sync))
+        return None
+
+    def sync_loop(self) -> StreamLoop | None:
+        """The synchronisation loop right before this work loop, if it has one."""
+        before = StreamLoop.match(self.loop.prev_op)
+        if before is not None and before.is_sync_loop and before.loop.ub is self.loop.ub:
+            return before
+        return None
+
+    @property
+    def start(self) -> Operation:
+        """The first op of this loop's code: its synchronisation loop if any."""
+        sync = self.sync_loop()
+        return sync.loop if sync else self.loop
+
+
+def _extent(value: SSAValue) -> object:
+    """What a loop extent is known to equal: a number, or the axis of an argument it was read from."""
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
+        return owner.value.value.data
+    if isinstance(owner, hir.DimOp):
+        buffer, axis = owner.buffer, owner.axis.data
+        shape = tensor_type(buffer).get_shape()
+        if shape[axis] != DYNAMIC:
+            return shape[axis]
+        if isinstance(buffer.owner, hir.AllocateOp):
+            return _extent(buffer.owner.dynamic_sizes[shape[:axis].count(DYNAMIC)])
+        return (buffer, axis)
+    return value
+
+
+def _only_defines_values(op: Operation) -> bool:
+    """Ops that may move before a loop without changing what the program does."""
+    return isinstance(op, hir.DimOp | hir.AllocateOp) or (
+        not op.regions and is_side_effect_free(op)
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Segments                                                                     #
+# --------------------------------------------------------------------------- #
+
+
+def _slice_function(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> None:
+    """Removes from every value of `function` the axis that corresponds to `axis` of its first result."""
+    classes = AxisClasses.of_function(function)
+    root = classes.find(func_results(function)[0], axis)
+    block = function.body.block
+    removed: dict[SSAValue, int] = {}
+    for value in [*block.args, *(result for op in block.ops for result in op.results)]:
+        axes = classes.axes_in_class(value, root)
+        if len(axes) > 1:
+            raise HostirError.at(
+                call,
+                f"segment @{function.sym_name.data} relates axes {axes} of one of its values to "
+                f"the stream axis {axis} of its output; they cannot all be sliced",
+            )
+        if axes:
+            removed[value] = axes[0]
+    emptied_broadcasts: list[fusion.BroadcastOp] = []
+    for op in block.ops:
+        if isinstance(op, fusion.ReductionOp) and op.input in removed:
+            if removed[op.input] in op.reduced_axes:
+                raise HostirError.at(
+                    call,
+                    f"segment @{function.sym_name.data} reduces axis {removed[op.input]} of "
+                    f"{tensor_type(op.input)} in {op.name}, which is its stream axis",
+                )
+            op.axes = DenseArrayBase.from_list(i64, _without_axis(op.reduced_axes, removed[op.input]))
+        elif isinstance(op, fusion.BroadcastOp) and op.result in removed:
+            rank = tensor_type(op.result).rank
+            new_axes = fusion.normalize_axes(op.new_axes.get_values(), rank, "broadcast")
+            op.new_axes = DenseArrayBase.from_list(i64, _without_axis(new_axes, removed[op.result]))
+            if not op.new_axes.get_values():
+                emptied_broadcasts.append(op)
+    for value, removed_axis in removed.items():
+        Rewriter.replace_value_with_new_type(value, tensor_type(value).without_axis(removed_axis))
+    for op in emptied_broadcasts:
+        Rewriter.replace_op(op, fusion.SetOp(op.input, tensor_type(op.result)))
+    function.function_type = FunctionType.from_lists(
+        [arg.type for arg in block.args], [result.type for result in func_results(function)]
+    )
+
+
+def _insert_segment(
+    rewriter: PatternRewriter, sliced: func.FuncOp, original: func.FuncOp
+) -> str:
+    """Inserts `sliced` after `original` as `@<original>_slice`; reuses an equal one if there is one."""
+    base = f"{original.sym_name.data}_slice"
+    for name in itertools.chain([base], (f"{base}_{n}" for n in itertools.count(1))):
+        sliced.sym_name = StringAttr(name)
+        existing = SymbolTable.lookup_symbol(original, name)
+        if existing is None:
+            rewriter.insert(sliced, InsertPoint.after(original))
+            return name
+        if existing.is_structurally_equivalent(sliced):
+            return name
+    raise AssertionError("unreachable")
+
+
+def _erase_if_unused(rewriter: PatternRewriter, segment: func.FuncOp) -> None:
+    module = segment.parent_op()
+    assert module is not None
+    name = segment.sym_name.data
+    used = any(
+        isinstance(op, hir.SegmentCallOp) and op.callee.string_value() == name
+        for op in module.walk()
+    )
+    if not used and segment.sym_visibility == StringAttr("private"):
+        rewriter.erase(segment)
+
+
+def _slice_segment_call(
+    rewriter: PatternRewriter, call: hir.SegmentCallOp, axis: int
+) -> None:
+    """Makes `call` run a copy of its segment on slices: `@<segment>_slice`."""
+    original = segment_function(call)
+    sliced = original.clone()
+    _slice_function(sliced, axis, call)
+    call.callee = SymbolRefAttr(_insert_segment(rewriter, sliced, original))
+    _erase_if_unused(rewriter, original)
+
+
+# --------------------------------------------------------------------------- #
+# Patterns                                                                     #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class PipelineStreamParallelOp(RewritePattern):
+    """Moves a stream-parallel op into its own stream loops, on slices of its buffers.
+
+    Each buffer is sliced along the axis that corresponds to the output's stream axis;
+    a buffer without one is used whole, and an extent-1 (broadcast) axis is sliced at
+    index 0 so that the slices keep the ranks that the op's semantics align.
+    """
+
+    separate_sync_loop: bool
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        axis = _stream_axis(op)
+        if axis is None or _p2p_gathered_axis(op) is not None:
+            return
+        maps = operand_axis_maps(op)
+        index, work = _insert_stream_loops(rewriter, op, axis, self.separate_sync_loop)
+        first_index = _index_constant(rewriter, op, 0)
+        operands: list[SSAValue] = []
+        for operand, axis_map in maps:
+            source_axis = operand_axis(axis_map, axis)
+            if source_axis is None:
+                operands.append(operand)
+                continue
+            broadcast = tensor_type(operand).get_shape()[source_axis] == 1
+            view = hir.AliasSelectOp(operand, source_axis, first_index if broadcast else index)
+            view.result.name_hint = f"{operand.name_hint}_slice" if operand.name_hint else None
+            rewriter.insert(view, work)
+            operands.append(view.result)
+        if isinstance(op, hir.ReductionOp) and (source_axis := operand_axis(maps[0][1], axis)) is not None:
+            reduced = fusion.normalize_axes(op.axes.get_values(), tensor_type(op.ins[0]).rank, "reduction")
+            op.axes = DenseArrayBase.from_list(i64, _without_axis(reduced, source_axis))
+        if isinstance(op, hir.SegmentCallOp):
+            _slice_segment_call(rewriter, op, axis)
+        waits = [use.operation for result in op.results for use in result.uses]
+        op.operands = operands
+        for moved in (op, *waits):
+            moved.detach()
+            rewriter.insert(moved, work)
+
+
+@dataclass
+class PipelineP2PAllgather(RewritePattern):
+    """The point-to-point allgather of pr4515, for an allgather (or copy) from `didx` to `stream`.
+
+    Iteration `i` fills slice `i` of the output with the shard of mesh device `i`:
+    that device copies its own shard; every other device receives it from device `i`
+    and, in the same batch, sends its shard there.
+    """
+
+    backend: hir.CommunicatorBackend
+    separate_sync_loop: bool
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        if _stream_axis(op) is None or (axis := _p2p_gathered_axis(op)) is None:
+            return
+        source, output = op.operands[0], output_of(op)
+        first_device = tensor_type(source).mesh.ids[0]
+        index, work = _insert_stream_loops(rewriter, op, axis, self.separate_sync_loop)
+        rank = _runtime_value(rewriter, op, hir.DeviceIndexOp, "rank")
+        own_shard = hir.AliasSelectOp(source, axis, _index_constant(rewriter, op, 0))
+        own_shard.result.name_hint = "own_shard"
+        received = hir.AliasSelectOp(output, axis, index)
+        received.result.name_hint = f"{output.name_hint}_slice" if output.name_hint else None
+        peer_ops: list[Operation] = []
+        peer = index
+        if first_device:
+            peer_ops.append(arith.AddiOp(index, _index_constant(rewriter, op, first_device)))
+            peer = peer_ops[0].results[0]
+            peer.name_hint = "peer"
+        is_own = arith.CmpiOp(peer, rank, "eq")
+        is_own.result.name_hint = "is_own"
+        batch = hir.EndCoalescingOp()
+        exchange = scf.IfOp(
+            is_own,
+            [],
+            [own_shard, hir.CopyOp([own_shard.result], [received.result]), scf.YieldOp()],
+            [
+                hir.StartCoalescingOp(),
+                hir.RecvOp(received.result, peer, self.backend),
+                hir.SendOp(source, peer, self.backend),
+                batch,
+                hir.WaitOp(batch.work),
+                scf.YieldOp(),
+            ],
+        )
+        rewriter.insert([received, *peer_ops, is_own, exchange], work)
+        for wait in [use.operation for result in op.results for use in result.uses]:
+            rewriter.erase(wait)
+        rewriter.erase(op)
+
+
+class MergeStreamLoops(RewritePattern):
+    """Moves the work of a stream loop into the previous work loop over the same extent.
+
+    Ops in between that only define values move before the first loop; the second
+    loop's synchronisation loop goes, and its slices that the first loop already
+    made are reused.
+    """
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: scf.ForOp, rewriter: PatternRewriter, /) -> None:
+        second = StreamLoop.match(op)
+        if second is None or second.is_sync_loop:
+            return
+        between: list[Operation] = []
+        previous = second.start.prev_op
+        while previous is not None and _only_defines_values(previous):
+            between.append(previous)
+            previous = previous.prev_op
+        first = StreamLoop.match(previous)
+        if first is None or first.is_sync_loop or _extent(first.loop.ub) != _extent(op.ub):
+            return
+        for value_op in reversed(between):
+            value_op.detach()
+            rewriter.insert(value_op, InsertPoint.before(first.start))
+        if (second_sync := second.sync_loop()) is not None:
+            rewriter.erase(second_sync.loop)
+        block = op.body.block
+        rewriter.erase(block.last_op)
+        for stream_op in reversed((*second.prologue, *second.epilogue)):
+            rewriter.erase(stream_op)
+        rewriter.inline_block(
+            block, InsertPoint.before(first.epilogue[0]), [first.loop.body.block.args[0]]
+        )
+        extent = op.ub
+        rewriter.erase(op)
+        if isinstance(extent.owner, hir.DimOp) and not extent.uses:
+            rewriter.erase(extent.owner)
+        _reuse_slices(rewriter, first.loop.body.block)
+
+
+def _reuse_slices(rewriter: PatternRewriter, block: Block) -> None:
+    """Replaces each slice that an earlier op of `block` already made by that one."""
+    made: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
+    for op in list(block.ops):
+        if not isinstance(op, hir.AliasSelectOp):
+            continue
+        key = (op.input, op.axis.data, op.index)
+        if key in made:
+            rewriter.replace_all_uses_with(op.result, made[key])
+            rewriter.erase(op)
+        else:
+            made[key] = op.result
+
+
+@dataclass(frozen=True)
+class StreamParallelLowering(ModulePass):
+    """Pipelines stream-parallel ops over CUDA streams (see the module docstring).
+
+    `p2p_backend` moves the bytes of the point-to-point allgather (nccl, or cuda for
+    the copy engines); `separate_sync_loop` puts the synchronisation of the streams
+    with the caller's stream in its own loop before each work loop.
+    """
+
+    name = "stream-parallel"
+
+    p2p_backend: str = "nccl"
+    separate_sync_loop: bool = True
+
+    def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
+        if self.p2p_backend not in set(hir.CommunicatorBackend):
+            raise HostirError(
+                f"stream-parallel: unknown p2p_backend '{self.p2p_backend}'; expected one of "
+                + ", ".join(backend.value for backend in hir.CommunicatorBackend)
+            )
+        for hir_op in op.walk():
+            if isinstance(hir_op, PIPELINED_OPS):
+                check_stream_axes(hir_op)
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier(
+                [
+                    PipelineP2PAllgather(
+                        hir.CommunicatorBackend(self.p2p_backend), self.separate_sync_loop
+                    ),
+                    PipelineStreamParallelOp(self.separate_sync_loop),
+                    MergeStreamLoops(),
+                ]
+            )
+        ).rewrite_module(op)

@@ -1,0 +1,95 @@
+// RUN: hir-opt %s -p insert-deallocations | filecheck %s
+// RUN: hir-opt %s -p insert-deallocations > %t && hir-opt %s -p insert-deallocations,insert-deallocations | diff %t -
+
+!t = !fusion.tensor<[?, ?], f32>
+!v = !fusion.tensor<[?], f32>
+
+// An intermediate buffer is freed right after its last use; the returned one is not.
+
+func.func @chain(%a: !t) -> !t {
+  %d0 = hir.dim %a, 0 : !t
+  %d1 = hir.dim %a, 1 : !t
+  %x = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "neg" ins(%a : !t) outs(%x : !t)
+  %y = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "exp" ins(%x : !t) outs(%y : !t)
+  %z = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "add" ins(%x, %y : !t, !t) outs(%z : !t)
+  %w = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "relu" ins(%z : !t) outs(%w : !t)
+  func.return %w : !t
+}
+
+// CHECK-LABEL: func.func @chain(
+// CHECK:         %[[X:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.pointwise "neg"
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.pointwise "exp"
+// CHECK-NEXT:    %[[Z:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.pointwise "add" ins(%[[X]], %[[Y]] : {{.*}}) outs(%[[Z]] :
+// CHECK-DAG:     hir.deallocate %[[X]]
+// CHECK-DAG:     hir.deallocate %[[Y]]
+// CHECK-NEXT:    %[[W:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.pointwise "relu" ins(%[[Z]] : {{.*}}) outs(%[[W]] :
+// CHECK-NEXT:    hir.deallocate %[[Z]]
+// CHECK-NEXT:    func.return %[[W]]
+// CHECK-NOT:     hir.deallocate %[[W]]
+
+// Uses inside a loop or a branch, direct or through views, count as uses by the
+// loop or the branch: the buffer is freed after it, in the allocation's block.
+// A buffer returned through a view is not freed.
+
+func.func @nested(%a: !t, %flag: i1) -> !v {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %d0 = hir.dim %a, 0 : !t
+  %d1 = hir.dim %a, 1 : !t
+  %x = hir.allocate(%d0, %d1) : !t
+  %y = hir.allocate(%d0, %d1) : !t
+  %r = hir.allocate(%d0, %d1) : !t
+  scf.for %i = %c0 to %d0 step %c1 {
+    %xi = hir.alias_select %x[0 = %i] : !t -> !v
+    %ai = hir.alias_select %a[0 = %i] : !t -> !v
+    hir.pointwise "neg" ins(%ai : !v) outs(%xi : !v)
+    scf.if %flag {
+      %yi = hir.alias_select %y[0 = %i] : !t -> !v
+      hir.copy ins(%xi : !v) outs(%yi : !v)
+    }
+  }
+  hir.copy ins(%y : !t) outs(%r : !t)
+  %r0 = hir.alias_select %r[0 = %c0] : !t -> !v
+  func.return %r0 : !v
+}
+
+// CHECK-LABEL: func.func @nested(
+// CHECK:         %[[X:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    %[[R:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    scf.for
+// CHECK-NOT:       hir.deallocate
+// CHECK:             hir.copy
+// CHECK-NEXT:      }
+// CHECK-NEXT:    }
+// CHECK-NEXT:    hir.deallocate %[[X]]
+// CHECK-NEXT:    hir.copy ins(%[[Y]] : {{.*}}) outs(%[[R]] :
+// CHECK-NEXT:    hir.deallocate %[[Y]]
+// CHECK-NEXT:    hir.alias_select %[[R]]
+// CHECK-NEXT:    func.return
+// CHECK-NOT:     hir.deallocate
+
+// A buffer nothing uses is freed right away; one already freed is left alone.
+
+func.func @unused_and_freed(%a: !t) {
+  %d0 = hir.dim %a, 0 : !t
+  %x = hir.allocate(%d0) : !fusion.tensor<[?, 4], f32>
+  %y = hir.allocate(%d0) : !fusion.tensor<[?, 4], f32>
+  hir.deallocate %y : !fusion.tensor<[?, 4], f32>
+  func.return
+}
+
+// CHECK-LABEL: func.func @unused_and_freed(
+// CHECK:         %[[X:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.deallocate %[[X]]
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.deallocate %[[Y]]
+// CHECK-NEXT:    func.return
