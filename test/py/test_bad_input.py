@@ -1,0 +1,261 @@
+"""Bad input is a HostirError that says what is wrong, raised before any rank communicates.
+
+And when a rank raises, exits or hangs in the middle of a program, the other ranks
+fail with a clear error within the (short, in these tests) process-group timeout,
+and `run_on_local_ranks` reports every failing rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+import torch
+
+from hostir_dialect.text import HostirError
+from runtime import interpreter
+from runtime.communicator import Communicator
+from runtime.launch import RankFailed, run_on_local_ranks
+from runtime.program import Program
+from test_communicator import needs_ranks
+from test_interpreter import tensor
+
+SHARDED = tensor([2, 3], mesh=[0, 1], axes="didx _")
+REPLICATED = tensor([3], mesh=[0, 1])
+
+ALLREDUCE = f"""
+func.func @main(%x: {SHARDED}) -> {REPLICATED} {{
+  %y = hir.allocate() : {REPLICATED}
+  %w = hir.allreduce %x into %y team [0, 1] op sum backend nccl : {SHARDED}, {REPLICATED}
+  hir.wait %w
+  func.return %y : {REPLICATED}
+}}"""
+
+COPY = f"""
+func.func @main(%x: {tensor([4, 3])}) -> {tensor([4, 3])} {{
+  %y = hir.allocate() : {tensor([4, 3])}
+  hir.copy ins(%x : {tensor([4, 3])}) outs(%y : {tensor([4, 3])})
+  func.return %y : {tensor([4, 3])}
+}}"""
+
+
+def rank(rank: int, world_size: int) -> Communicator:
+    """A rank's communicator before anything communicates: enough for what `run` checks first."""
+    return Communicator(rank, world_size, torch.device("cpu"), "gloo", 5.0)
+
+
+# --------------------------------------------------------------------------- #
+# Inputs and the world, checked before running                                 #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ([], r"@main takes 1 input\(s\), got 0"),
+        ([torch.zeros(4, 3), torch.zeros(4, 3)], r"@main takes 1 input\(s\), got 2"),
+        ([torch.zeros(4, 4)], r"input #0 of @main on rank 0: expected local shape \[4, 3\] \(mesh = \[0\], axes = \[_, _\]\), got \[4, 4\]"),
+        ([torch.zeros(12)], r"expected local shape \[4, 3\].*got \[12\]"),
+        ([torch.zeros(4, 3, dtype=torch.float64)], r"expected dtype torch.float32, got torch.float64"),
+        ([torch.zeros(4, 3, device="meta")], r"expected a tensor on cpu, got one on meta"),
+        ([[[0.0] * 3] * 4], r"expected a torch.Tensor, got list"),
+    ],
+)
+def test_inputs_that_contradict_their_types(inputs, message):
+    with pytest.raises(HostirError, match=message):
+        Program.compile(COPY, pipeline=None).run(inputs)
+
+
+def test_a_sharded_input_is_checked_against_its_local_shape():
+    program = Program.compile(ALLREDUCE, pipeline=None)
+    with pytest.raises(HostirError, match=r"rank 1: expected local shape \[1, 3\] \(mesh = \[0, 1\], axes = \[didx, _\]\), got \[2, 3\]"):
+        program.run([torch.zeros(2, 3)], rank(1, 2))
+
+
+def test_a_rank_outside_the_mesh_takes_a_placeholder():
+    program = Program.compile(
+        COPY.replace("[4, 3], f32>", "[4, 3], f32, mesh = [1]>"), pipeline=None
+    )
+    with pytest.raises(HostirError, match=r"rank 0 is outside the mesh \[1\], so it takes an empty placeholder \(torch.empty\(0\)\), got a tensor of shape \[4, 3\]"):
+        program.run([torch.zeros(4, 3)], rank(0, 2))
+
+
+def test_a_world_smaller_than_the_program_needs():
+    with pytest.raises(HostirError, match=r"uses device 1 but the world has only 1 rank\(s\); run it on at least 2"):
+        Program.compile(ALLREDUCE, pipeline=None).run([torch.zeros(1, 3)])
+    team_only = ALLREDUCE.replace("team [0, 1]", "team [0, 3]")
+    with pytest.raises(HostirError, match=r"uses device 3 but the world has only 2"):
+        Program.compile(team_only, pipeline=None).run([torch.zeros(1, 3)], rank(0, 2))
+
+
+def test_bad_stream_counts():
+    program = Program.compile(COPY, pipeline=None)
+    with pytest.raises(HostirError, match=r"the number of streams must be at least 1, got 0"):
+        program.run([torch.zeros(4, 3)], num_streams=0)
+    os.environ["HOSTIR_NUM_STREAMS"] = "many"
+    try:
+        with pytest.raises(HostirError, match=r"HOSTIR_NUM_STREAMS must be a whole number, got 'many'"):
+            program.run([torch.zeros(4, 3)])
+    finally:
+        del os.environ["HOSTIR_NUM_STREAMS"]
+
+
+# --------------------------------------------------------------------------- #
+# Programs refused while preparing                                             #
+# --------------------------------------------------------------------------- #
+
+
+def test_an_op_without_a_handler_is_found_when_preparing():
+    unlowered = f"""
+    func.func @main(%x: {tensor([4])}) -> {tensor([4])} {{
+      %y = fusion.neg %x : {tensor([4])} -> {tensor([4])}
+      func.return %y : {tensor([4])}
+    }}"""
+    with pytest.raises(HostirError, match=r"<string>:3:7: error: the runtime has no handler for 'fusion.neg'"):
+        Program.compile(unlowered, pipeline=None)
+    in_a_loop = f"""
+    func.func @main(%x: {tensor([4])}) -> {tensor([4])} {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      scf.for %i = %c0 to %c1 step %c1 {{
+        %m = arith.minui %i, %c1 : index
+      }}
+      func.return %x : {tensor([4])}
+    }}"""
+    with pytest.raises(HostirError, match=r"<string>:6:9: error: the runtime has no handler for 'arith.minui'"):
+        Program.compile(in_a_loop, pipeline=None)
+    floats = f"""
+    func.func @main(%x: {tensor([4])}) -> {tensor([4])} {{
+      %a = arith.constant 1.0 : f32
+      func.return %x : {tensor([4])}
+    }}"""
+    with pytest.raises(HostirError, match=r"host programs compute on integers and indices, not 1.0"):
+        Program.compile(floats, pipeline=None)
+
+
+@pytest.mark.parametrize(
+    "body, op",
+    [
+        (f"hir.copy ins(%y : {tensor([4, 3])}) outs(%x : {tensor([4, 3])})", "hir.copy"),
+        (
+            f"""%c0 = arith.constant 0 : index
+      %row = hir.alias_select %x[0 = %c0] : {tensor([4, 3])} -> {tensor([3])}
+      %col = hir.alias_select %row[0 = %c0] : {tensor([3])} -> {tensor([])}
+      hir.pointwise "neg" ins(%col : {tensor([])}) outs(%col : {tensor([])})""",
+            "hir.pointwise",
+        ),
+        (
+            f"""%w = hir.broadcast %y into %x team [0] root 0 backend nccl : {tensor([4, 3])}, {tensor([4, 3])}
+      hir.wait %w""",
+            "hir.broadcast",
+        ),
+        (
+            f"""%c0 = arith.constant 0 : index
+      %w = hir.recv %x from %c0 backend nccl : {tensor([4, 3])}""",
+            "hir.recv",
+        ),
+    ],
+)
+def test_a_program_that_writes_into_its_input_is_refused(body, op):
+    program = f"""
+    func.func @main(%x: {tensor([4, 3])}) -> {tensor([4, 3])} {{
+      %y = hir.allocate() : {tensor([4, 3])}
+      {body}
+      func.return %y : {tensor([4, 3])}
+    }}"""
+    with pytest.raises(HostirError, match=r"writes into input #0 of the host program; inputs are read-only") as error:
+        Program.compile(program, pipeline=None)
+    assert op in str(error.value)
+
+
+def test_a_collective_without_the_sharding_its_layout_needs():
+    program = f"""
+    func.func @main(%x: {REPLICATED}) -> {REPLICATED} {{
+      %y = hir.allocate() : {REPLICATED}
+      %w = hir.allgather %x into %y team [0, 1] backend nccl : {REPLICATED}, {REPLICATED}
+      func.return %y : {REPLICATED}
+    }}"""
+    with pytest.raises(HostirError, match=r"hir.allgather needs a didx axis on its input, but the input has mesh = \[0, 1\], axes = \[_\]"):
+        Program.compile(program, pipeline=None)
+
+
+def test_bad_compile_arguments():
+    with pytest.raises(HostirError, match=r"bad pass pipeline 'no-such-pass'"):
+        Program.compile(COPY, pipeline="no-such-pass")
+    with pytest.raises(HostirError, match=r"the module has no function @other; it has @main"):
+        Program.compile(COPY, pipeline=None, entry="other")
+    two = COPY + COPY.replace("@main", "@second")
+    with pytest.raises(HostirError, match=r"2 public functions \(@main, @second\); name the entry"):
+        Program.compile(two, pipeline=None)
+    assert Program.compile(two, pipeline=None, entry="second").host.sym_name.data == "second"
+
+
+# --------------------------------------------------------------------------- #
+# Ranks that fail                                                              #
+# --------------------------------------------------------------------------- #
+
+DIES_MIDWAY = f"""
+func.func private @identity(%x: {REPLICATED}) -> {REPLICATED} {{
+  func.return %x : {REPLICATED}
+}}
+func.func @main(%x: {SHARDED}, %z: {tensor(["?"], mesh=[0])}) -> {REPLICATED} {{
+  %y = hir.allocate() : {REPLICATED}
+  %y2 = hir.allocate() : {REPLICATED}
+  %w = hir.allreduce %x into %y team [0, 1] op sum backend nccl : {SHARDED}, {REPLICATED}
+  hir.wait %w
+  hir.launch_kernel @identity ins(%y : {REPLICATED}) outs(%y2 : {REPLICATED})
+  %n = hir.dim %z, 0 : {tensor(["?"], mesh=[0])}
+  %w2 = hir.allreduce %x into %y team [0, 1] op max backend nccl : {SHARDED}, {REPLICATED}
+  hir.wait %w2
+  func.return %y : {REPLICATED}
+}}"""
+
+
+def fail_on_rank_1(how: str) -> None:
+    """Rank 1 fails in the middle of DIES_MIDWAY, after the first allreduce; rank 0 carries on."""
+    communicator = Communicator.from_env()
+    if communicator.rank == 1 and how in ("exit", "hang"):
+        def failing(callee):
+            def run(ins, outs):
+                if how == "exit":
+                    os._exit(5)
+                time.sleep(60)
+
+            return run
+
+        interpreter.segment_runner = failing
+    program = Program.compile(DIES_MIDWAY, pipeline=None)
+    z = torch.zeros(4) if communicator.rank == 0 else torch.empty(0)
+    # Every rank checks its inputs alike: all fail together, before communicating.
+    with pytest.raises(HostirError, match=r"expected local shape \[1, 3\]"):
+        program.run([torch.zeros(2, 3), z], communicator)
+    program.run([torch.ones(1, 3), z], communicator)
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize(
+    "how, rank_1_failure, rank_0_failure",
+    [
+        (
+            "raise",
+            r"rank 1 is outside the mesh \[0\] of the buffer, so it does not know the dynamic extent of axis 0",
+            r"Connection (closed|reset) by peer",
+        ),
+        ("exit", r"exited with code 5 before returning a result", r"Connection (closed|reset) by peer"),
+        ("hang", r"still running after 10 s; killed", r"Timed out waiting 2000ms"),
+    ],
+)
+def test_the_other_ranks_fail_clearly_within_the_timeout(how, rank_1_failure, rank_0_failure, monkeypatch):
+    """Rank 0 reports its own error, the lost peer or the 2 s timeout, instead of being killed."""
+    monkeypatch.setenv("HOSTIR_TIMEOUT_S", "2")
+    with pytest.raises(RankFailed) as failed:
+        run_on_local_ranks(fail_on_rank_1, 2, how, timeout_s=10)
+    failures = failed.value.failures
+    assert set(failures) == {0, 1}
+    assert re.search(rank_1_failure, failures[1]), failures[1]
+    # Rank 0 got through the first allreduce and fails at the second, naming it.
+    assert re.match(r"<string>:1[23]:\d+: error: failed on rank 0: RuntimeError: ", failures[0]), failures[0]
+    assert re.search(r"hir\.(allreduce|wait) %w2", failures[0]), failures[0]
+    assert re.search(rank_0_failure, failures[0]), failures[0]
