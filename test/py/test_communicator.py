@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hostir_dialect.fusion import TensorType
 from runtime.communicator import Communicator
 from runtime.launch import run_on_local_ranks
 from runtime.program import Program
+from runtime.reference import shard
 from test_interpreter import poisoned_allocations, tensor
 
 
@@ -28,14 +28,6 @@ def needs_ranks(n: int):
         torch.cuda.is_available() and torch.cuda.device_count() < n,
         reason=f"needs {n} GPUs when CUDA is present (one per NCCL rank)",
     )
-
-
-def local_piece(full: torch.Tensor, type: TensorType, rank: int) -> torch.Tensor:
-    """What `rank` holds of the unsharded `full` of `type`: its slice of the didx axis, or a placeholder."""
-    if rank not in type.mesh.ids:
-        return torch.empty(0, dtype=full.dtype)
-    axis = type.didx_axis
-    return full if axis is None else full.narrow(axis, type.mesh.ids.index(rank), 1)
 
 
 @dataclass
@@ -203,7 +195,7 @@ def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
     for case in collective_cases(n):
         program = Program.compile(case.program, pipeline=None)
         inputs = [
-            local_piece(full, type, communicator.rank).to(communicator.device)
+            shard(full, type, communicator.rank).to(communicator.device)
             for full, type in zip(case.inputs, program.input_types)
         ]
         originals = [x.clone() for x in inputs]
@@ -225,7 +217,7 @@ def test_every_collective_matches_plain_torch(n):
         for rank in range(n):
             for output, full, type in zip(results[rank][i], case.expected, output_types):
                 torch.testing.assert_close(
-                    output, local_piece(full, type, rank), equal_nan=True, msg=lambda m: f"{case.name}, rank {rank}: {m}"
+                    output, shard(full, type, rank), equal_nan=True, msg=lambda m: f"{case.name}, rank {rank}: {m}"
                 )
 
 

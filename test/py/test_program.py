@@ -19,7 +19,8 @@ from runtime import interpreter
 from runtime.communicator import Communicator
 from runtime.launch import run_on_local_ranks
 from runtime.program import Program
-from test_communicator import local_piece, needs_ranks
+from runtime.reference import shard
+from test_communicator import needs_ranks
 from test_interpreter import poisoned_allocations, tensor
 
 
@@ -151,7 +152,7 @@ def run_pipelines(n: int) -> list[torch.Tensor]:
     outputs = []
     for text, inputs, _ in pipeline_cases(n):
         program = Program.compile(text, pipeline=None)
-        local = [local_piece(x, t, communicator.rank).to(communicator.device) for x, t in zip(inputs, program.input_types)]
+        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(inputs, program.input_types)]
         originals = [x.clone() for x in local]
         for num_streams in (1, 3):
             with poisoned_allocations():
