@@ -157,11 +157,12 @@ class Communicator:
         return cls._from_env
 
     @classmethod
-    def single(cls) -> Communicator:
-        """A world of one device, with no process group."""
-        cuda = torch.cuda.is_available()
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        return cls(0, 1, device, "nccl" if cuda else "gloo", DEFAULT_TIMEOUT_S)
+    def single(cls, device: torch.device | None = None) -> Communicator:
+        """A world of one device, with no process group: the current CUDA device, else the CPU."""
+        if device is None:
+            cuda = torch.cuda.is_available()
+            device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        return cls(0, 1, device, "nccl" if device.type == "cuda" else "gloo", DEFAULT_TIMEOUT_S)
 
     # -- process groups --------------------------------------------------------- #
 

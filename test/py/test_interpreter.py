@@ -58,10 +58,13 @@ def host_function(text: str, entry: str = "main") -> func.FuncOp:
     return next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == entry)
 
 
+CPU = torch.device("cpu")
+
+
 def run_host(text: str, inputs, rank: int = 0, num_streams: int = 4, entry: str = "main") -> list:
-    """Prepares `@entry` of `text` and runs it on `rank` of a world of one, allocations poisoned."""
+    """Prepares `@entry` of `text` and runs it on `rank` of a world of one CPU, allocations poisoned."""
     prepared = Interpreter(host_function(text, entry))
-    communicator = Communicator.single()
+    communicator = Communicator.single(CPU)
     context = RunContext(rank, communicator.device, communicator, stream_pool(communicator.device, num_streams))
     with poisoned_allocations():
         return prepared.run(inputs, context)
@@ -191,7 +194,7 @@ def test_allocate_and_dim_honour_types_and_meshes():
     assert (b.shape, b.dtype) == ((1, 3), torch.int64)  # local: extent 1 on the didx axis
     assert (c.shape, c.dtype) == ((0,), torch.float16)  # rank 0 is outside mesh [1]: a placeholder
     assert (e.shape, e.dtype) == ((2, 2), torch.bool)
-    assert all(t.device == Communicator.single().device for t in (a, b, c, e))
+    assert all(t.device == CPU for t in (a, b, c, e))
 
 
 def test_rank_outside_a_mesh_gets_placeholders_and_skips_compute(rng):

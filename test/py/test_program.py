@@ -200,13 +200,17 @@ func.func @main(%x: {whole}) -> {streamed} {{
 }}"""
 
 
+DEVICE = Communicator.single().device
+"""Where `Program.run` runs without a communicator: the current GPU, else the CPU."""
+
+
 def test_program_runs_a_lowered_module_on_one_rank():
     program = Program.compile(stream_axis_inner(), pipeline=None)
     assert program.fusion is None
     assert program.host.sym_name.data == "main"
     assert program.input_types == [TensorType([4, 6, 3], program.input_types[0].element_type)]
     assert program.output_types[0].stream_axis == 1
-    x = torch.randn(4, 6, 3)
+    x = torch.randn(4, 6, 3, device=DEVICE)
     with poisoned_allocations():
         (y,) = program.run([x])
     torch.testing.assert_close(y, torch.exp(x))
@@ -235,7 +239,7 @@ def test_compile_lowers_a_fusion_and_keeps_it():
     assert isinstance(program.fusion, func.FuncOp)
     assert [op.name for op in program.fusion.body.block.ops] == ["fusion.add", "fusion.exp", "fusion.sum", "func.return"]
     assert not any(op.name.startswith("fusion.") for op in program.host.body.block.ops)
-    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    x, y = torch.randn(5, 4, device=DEVICE), torch.randn(5, 4, device=DEVICE)
     with poisoned_allocations():
         (s,) = program.run([x, y])
     torch.testing.assert_close(s, torch.exp(x + y).sum(1))
