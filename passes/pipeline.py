@@ -1,0 +1,47 @@
+"""`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
+
+insert-reshardings, fusion-to-hir, stream-parallel, insert-deallocations, then
+xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
+loops compute twice. Those two only touch ops whose effects are known: arith, scf,
+and the hir ops marked `Pure` (`hir.dim`, `hir.device_index`,
+`hir.number_of_streams`, `hir.stream`); every other hir op has effects they leave alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import builtin
+from xdsl.passes import ModulePass, PassPipeline
+from xdsl.transforms.canonicalize import CanonicalizePass
+from xdsl.transforms.common_subexpression_elimination import (
+    CommonSubexpressionElimination,
+)
+
+from passes.fusion_to_hir import FusionToHir
+from passes.insert_deallocations import InsertDeallocations
+from passes.insert_reshardings import InsertReshardings
+from passes.stream_parallel import StreamParallelLowering
+
+
+@dataclass(frozen=True)
+class HirLowering(ModulePass):
+    """Lowers a fusion to a host program; the options go to `stream-parallel`."""
+
+    name = "hir-lowering"
+
+    p2p_backend: str = "nccl"
+    separate_sync_loop: bool = True
+
+    def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
+        PassPipeline(
+            (
+                InsertReshardings(),
+                FusionToHir(),
+                StreamParallelLowering(self.p2p_backend, self.separate_sync_loop),
+                InsertDeallocations(),
+                CanonicalizePass(),
+                CommonSubexpressionElimination(),
+            )
+        ).apply(ctx, op)
