@@ -54,7 +54,7 @@ from xdsl.irdl import (
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.dialects import func
-from xdsl.traits import SymbolTable, SymbolUserOpInterface
+from xdsl.traits import Pure, SymbolTable, SymbolUserOpInterface
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
@@ -168,6 +168,7 @@ class DimOp(IRDLOperation):
     """
 
     name = "hir.dim"
+    traits = traits_def(Pure())
 
     buffer = operand_def(TensorType)
     axis = prop_def(IntAttr)
@@ -281,6 +282,7 @@ class DeviceIndexOp(IRDLOperation):
     """The rank of the device running the program (nvFuser's NamedScalar rank)."""
 
     name = "hir.device_index"
+    traits = traits_def(Pure())
 
     result = result_def(IndexType)
 
@@ -295,6 +297,7 @@ class NumberOfStreamsOp(IRDLOperation):
     """The size of the runtime's stream pool (nvFuser's numberOfStreams)."""
 
     name = "hir.number_of_streams"
+    traits = traits_def(Pure())
 
     result = result_def(IndexType)
 
@@ -321,6 +324,7 @@ class StreamOp(IRDLOperation):
     """Stream number `index` of the pool; the index must be below `hir.number_of_streams`."""
 
     name = "hir.stream"
+    traits = traits_def(Pure())
 
     index = operand_def(IndexType)
     result = result_def(StreamType)
