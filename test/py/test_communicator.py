@@ -209,7 +209,7 @@ def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
     return results
 
 
-@pytest.mark.parametrize("n", [1, 2, pytest.param(4, marks=needs_ranks(4))])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
 def test_every_collective_matches_plain_torch(n):
     results = run_on_local_ranks(run_collective_cases, n, n, timeout_s=120)
     for i, case in enumerate(collective_cases(n)):

@@ -162,7 +162,7 @@ def run_pipelines(n: int) -> list[torch.Tensor]:
     return outputs
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(4, marks=needs_ranks(4))])
+@pytest.mark.parametrize("n", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
 def test_reference_pipelines_written_by_hand(n):
     results = run_on_local_ranks(run_pipelines, n, n, timeout_s=120)
     for rank, outputs in enumerate(results):
