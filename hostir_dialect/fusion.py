@@ -491,7 +491,12 @@ def linear_shape(x: Shape, w: Shape, bias: Shape | None) -> Shape:
     if bias is not None:
         if len(bias) > 1:
             raise VerifyException(f"linear bias must have rank 0 or 1, got {shape_str(bias)}")
-        broadcast_shapes(result, bias)
+        try:
+            broadcast_shapes(result, bias)
+        except VerifyException:
+            raise VerifyException(
+                f"linear bias {shape_str(bias)} does not broadcast to the result {shape_str(result)}"
+            ) from None
     return result
 
 
@@ -791,7 +796,7 @@ class ReductionOp(FusionOp, ABC):
         )
 
     def verify_(self) -> None:
-        if not self.axes.data:
+        if not self.axes.get_values():
             raise VerifyException("a reduction needs at least one axis")
         super().verify_()
 
@@ -877,7 +882,7 @@ class BroadcastOp(FusionOp):
         )
 
     def verify_(self) -> None:
-        if not self.new_axes.data:
+        if not self.new_axes.get_values():
             raise VerifyException("a broadcast needs at least one new axis")
         super().verify_()
 
