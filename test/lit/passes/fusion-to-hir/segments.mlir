@@ -1,0 +1,111 @@
+// RUN: hir-opt %s -p fusion-to-hir | filecheck %s
+// RUN: hir-opt %s -p fusion-to-hir > %t && hir-opt %t -p fusion-to-hir | diff %t -
+
+// Maximal runs of pointwise ops become segments: a private function of fusion ops,
+// called by one hir.launch_kernel that writes the values used after the run. A run
+// of broadcasts only moves data, and is posted on the stream instead. Segments come
+// before their host program, numbered in program order.
+
+!m = !fusion.tensor<[?, 8], f32>
+!s = !fusion.tensor<[], f32>
+
+// One run, with its constant inside.
+
+func.func @one_run(%x: !m) -> !m {
+  %t = fusion.tanh %x : !m -> !m
+  %c = fusion.constant 5.000000e-01 : f32 : !s
+  %h = fusion.mul %t, %c : (!m, !s) -> !m
+  %y = fusion.add %h, %x : (!m, !m) -> !m
+  func.return %y : !m
+}
+
+// CHECK-LABEL: func.func private @one_run_segment_0(
+// CHECK-SAME:      %x: !fusion.tensor<[?, 8], f32>) -> !fusion.tensor<[?, 8], f32> {
+// CHECK-NEXT:    %t = fusion.tanh %x
+// CHECK-NEXT:    %c = fusion.constant 5.000000e-01 : f32
+// CHECK-NEXT:    %h = fusion.mul %t, %c
+// CHECK-NEXT:    %y = fusion.add %h, %x
+// CHECK-NEXT:    func.return %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func @one_run(
+// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %x, 0
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate(%[[N]]) : !fusion.tensor<[?, 8], f32>
+// CHECK-NEXT:    hir.launch_kernel @one_run_segment_0 ins(%x : !fusion.tensor<[?, 8], f32>) outs(%[[Y]] : !fusion.tensor<[?, 8], f32>)
+// CHECK-NEXT:    func.return %[[Y]]
+
+// Two runs split by a matmul; the constant that both read is computed in each, and
+// the first run's exp is returned as well as used by the matmul.
+
+!w = !fusion.tensor<[8, 8], f32>
+
+func.func @two_runs(%x: !m, %w: !w) -> (!m, !m) {
+  %c = fusion.constant 2.000000e+00 : f32 : !s
+  %a = fusion.mul %x, %c : (!m, !s) -> !m
+  %e = fusion.exp %a : !m -> !m
+  %p = fusion.matmul %e, %w : (!m, !w) -> !m
+  %y = fusion.sub %p, %c : (!m, !s) -> !m
+  func.return %y, %e : !m, !m
+}
+
+// CHECK-LABEL: func.func private @two_runs_segment_0(
+// CHECK-SAME:      %x: !fusion.tensor<[?, 8], f32>) -> !fusion.tensor<[?, 8], f32> {
+// CHECK-NEXT:    %c = fusion.constant 2.000000e+00 : f32
+// CHECK-NEXT:    %a = fusion.mul %x, %c
+// CHECK-NEXT:    %e = fusion.exp %a
+// CHECK-NEXT:    func.return %e
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func private @two_runs_segment_1(
+// CHECK-SAME:      %p: !fusion.tensor<[?, 8], f32>) -> !fusion.tensor<[?, 8], f32> {
+// CHECK-NEXT:    %c = fusion.constant 2.000000e+00 : f32
+// CHECK-NEXT:    %y = fusion.sub %p, %c
+// CHECK-NEXT:    func.return %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func @two_runs(
+// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %x, 0
+// CHECK-NEXT:    %[[E:[^ ]+]] = hir.allocate(%[[N]])
+// CHECK-NEXT:    hir.launch_kernel @two_runs_segment_0 ins(%x : {{.*}}) outs(%[[E]] : {{.*}})
+// CHECK-NEXT:    %[[P:[^ ]+]] = hir.allocate(%[[N]])
+// CHECK-NEXT:    hir.matmul ins(%[[E]], %w : {{.*}}) outs(%[[P]] : {{.*}})
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate(%[[N]])
+// CHECK-NEXT:    hir.launch_kernel @two_runs_segment_1 ins(%[[P]] : {{.*}}) outs(%[[Y]] : {{.*}})
+// CHECK-NEXT:    func.return %[[Y]], %[[E]]
+
+// A segment returns each of its values used after it, in order; an unused op goes.
+
+func.func @two_outputs(%x: !m) -> (!fusion.tensor<[?], f32>, !m) {
+  %a = fusion.exp %x : !m -> !m
+  %unused = fusion.log %a : !m -> !m
+  %b = fusion.neg %a : !m -> !m
+  %r = fusion.sum %a [1] : !m -> !fusion.tensor<[?], f32>
+  func.return %r, %b : !fusion.tensor<[?], f32>, !m
+}
+
+// CHECK-LABEL: func.func private @two_outputs_segment_0(
+// CHECK-SAME:      -> (!fusion.tensor<[?, 8], f32>, !fusion.tensor<[?, 8], f32>) {
+// CHECK-NEXT:    %a = fusion.exp %x
+// CHECK-NEXT:    %b = fusion.neg %a
+// CHECK-NEXT:    func.return %a, %b
+// CHECK-LABEL: func.func @two_outputs(
+// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %x, 0
+// CHECK-NEXT:    %[[A:[^ ]+]] = hir.allocate(%[[N]])
+// CHECK-NEXT:    %[[B:[^ ]+]] = hir.allocate(%[[N]])
+// CHECK-NEXT:    hir.launch_kernel @two_outputs_segment_0 ins(%x : {{.*}}) outs(%[[A]], %[[B]] : {{.*}})
+// CHECK-NEXT:    %[[R:[^ ]+]] = hir.allocate(%[[N]])
+// CHECK-NEXT:    hir.reduction "sum" [1] ins(%[[A]] : {{.*}}) outs(%[[R]] : {{.*}})
+// CHECK-NEXT:    func.return %[[R]], %[[B]]
+
+// A run of broadcasts only is posted on the stream.
+
+func.func @broadcasts(%v: !fusion.tensor<[?], f32>, %w: !w) -> !fusion.tensor<[1, ?, 1], f32> {
+  %b = fusion.broadcast %v [0, 2] : !fusion.tensor<[?], f32> -> !fusion.tensor<[1, ?, 1], f32>
+  func.return %b : !fusion.tensor<[1, ?, 1], f32>
+}
+
+// CHECK-LABEL: func.func private @broadcasts_segment_0(
+// CHECK-NEXT:    %b = fusion.broadcast %v [0, 2]
+// CHECK-NEXT:    func.return %b
+// CHECK-LABEL: func.func @broadcasts(
+// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %v, 0
+// CHECK-NEXT:    %[[B:[^ ]+]] = hir.allocate(%[[N]]) : !fusion.tensor<[1, ?, 1], f32>
+// CHECK-NEXT:    hir.post_on_stream @broadcasts_segment_0 ins(%v : {{.*}}) outs(%[[B]] : {{.*}})
+// CHECK-NEXT:    func.return %[[B]]
