@@ -806,6 +806,8 @@ class ReductionOp(ComputeOp):
 
     def verify_(self) -> None:
         super().verify_()
+        if not self.axes.get_values():
+            raise VerifyException("a reduction needs at least one axis")
         if self.kind.data not in ("sum", "max"):
             raise VerifyException(f"unknown reduction '{self.kind.data}'; expected sum or max")
         source = tensor_type(self.ins[0])
@@ -824,16 +826,21 @@ class SegmentCallee(SymbolUserOpInterface):
 
     def verify(self, op: Operation) -> None:
         assert isinstance(op, SegmentCallOp)
+        name = f"'@{op.callee.string_value()}'"
         callee = SymbolTable.lookup_symbol(op, op.callee)
         if not isinstance(callee, func.FuncOp):
-            raise VerifyException(f"'{op.callee.string_value()}' is not a function in this module")
+            raise VerifyException(f"{name} is not a function in this module")
         inputs = list(callee.function_type.inputs.data)
-        outputs = list(callee.function_type.outputs.data)
-        if inputs != [v.type for v in op.ins] or len(outputs) != len(op.outs):
+        ins = [v.type for v in op.ins]
+        if inputs != ins:
             raise VerifyException(
-                f"'{op.callee.string_value()}' takes {len(inputs)} input(s) and returns "
-                f"{len(outputs)} output(s) of other types than the {len(op.ins)} input(s) and "
-                f"{len(op.outs)} output(s) given"
+                f"{name} takes inputs ({', '.join(map(str, inputs))}) but the ins are "
+                f"({', '.join(map(str, ins))})"
+            )
+        outputs = callee.function_type.outputs.data
+        if len(outputs) != len(op.outs):
+            raise VerifyException(
+                f"{name} returns {len(outputs)} result(s) but {len(op.outs)} outs are given"
             )
 
 
