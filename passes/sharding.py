@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects.shard import ReductionKind
+from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import fusion, hir
-from hostir_dialect.fusion import SERIAL, FusionOp, TensorType, tensor_type
+from hostir_dialect.fusion import SERIAL, FusionOp, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError
 from passes.axis_mapping import operand_axis_maps
 
@@ -47,7 +48,14 @@ def local_operand_type(op: FusionOp, index: int) -> TensorType:
         )
         for extent, target in zip(operand_type.get_shape(), axis_map)
     ]
-    return operand_type.with_(mesh=result.mesh, axes=axes)
+    try:
+        return operand_type.with_(mesh=result.mesh, axes=axes)
+    except VerifyException as error:
+        raise HostirError.at(
+            op,
+            f"{op.name}: operand {index} of shape {shape_str(operand_type.get_shape())} cannot "
+            f"be laid out as the result, {result.sharding_str()}: {error}",
+        ) from None
 
 
 def same_placement(a: TensorType, b: TensorType) -> bool:
