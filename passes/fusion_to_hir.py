@@ -234,9 +234,10 @@ class OutlinePointwiseRun(RewritePattern):
         values: dict[SSAValue, SSAValue] = dict(zip(inputs, body.args))
         for argument, value in zip(body.args, inputs):
             argument.name_hint = value.name_hint
-        in_run = [o for o in run if o in in_segment or o in constants]
-        earlier = [c for c in constants if c not in in_run]
-        body.add_ops([o.clone(values) for o in (*earlier, *in_run)])
+        # Constants from before the run first, then the run's own ops in program order.
+        from_before = [c for c in constants if c not in run]
+        from_run = [o for o in run if o in in_segment or o in constants]
+        body.add_ops([o.clone(values) for o in (*from_before, *from_run)])
         body.add_op(func.ReturnOp(*(values[value] for value in outputs)))
         name = segment_name(function)
         segment = func.FuncOp(
