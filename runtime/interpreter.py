@@ -33,7 +33,7 @@ from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
 from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
-from hostir_dialect.fusion import DYNAMIC, ParallelType, TensorType
+from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
 from runtime import fusion_eval
 from runtime.communicator import REDUCE_OPS, Communicator, Work
@@ -325,15 +325,18 @@ def _select(op: arith.SelectOp, prep: Preparation) -> Step:
 
 @handles(hir.AllocateOp)
 def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
-    type = fusion.tensor_type(op.result)
-    dtype = fusion_eval.torch_dtype(type.element_type)
+    buffer_type = fusion.tensor_type(op.result)
+    dtype = fusion_eval.torch_dtype(buffer_type.element_type)
     mesh = _mesh(op.result)
     result = prep.slot(op.result)
-    # The local shape with 0 where a dynamic extent goes; a didx axis is 1 whatever its size.
-    shape = list(type.local_shape())
+    # The local shape, its dynamic extents filled in each run from the size operands;
+    # a didx axis is 1 whatever its logical size.
+    shape = list(buffer_type.local_shape())
     dynamic: list[tuple[int, int]] = []
     sizes = iter(prep.slots_of(op.dynamic_sizes))
-    for axis, (extent, parallel_type) in enumerate(zip(type.get_shape(), type.parallel_types())):
+    for axis, (extent, parallel_type) in enumerate(
+        zip(buffer_type.get_shape(), buffer_type.parallel_types())
+    ):
         if extent == DYNAMIC:
             slot = next(sizes)
             if parallel_type != ParallelType.DIDX:
@@ -365,14 +368,14 @@ def _deallocate(op: hir.DeallocateOp, prep: Preparation) -> Step:
 
 @handles(hir.DimOp)
 def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
-    type = fusion.tensor_type(op.buffer)
+    buffer_type = fusion.tensor_type(op.buffer)
     axis = op.axis.data
-    extent = type.get_shape()[axis]
+    extent = buffer_type.get_shape()[axis]
     if extent != DYNAMIC:
         prep.constant(op.result, extent)
         return None
-    if type.parallel_types()[axis] == ParallelType.DIDX:
-        prep.constant(op.result, type.mesh.size)
+    if buffer_type.parallel_types()[axis] == ParallelType.DIDX:
+        prep.constant(op.result, buffer_type.mesh.size)
         return None
     buffer, result = prep.slot(op.buffer), prep.slot(op.result)
     mesh = _mesh(op.buffer)
@@ -410,7 +413,9 @@ def _alias_select(op: hir.AliasSelectOp, prep: Preparation) -> Step:
 # --------------------------------------------------------------------------- #
 
 
-def _context_value(read: Callable[[RunContext], object]) -> Handler:
+def _storing(read: Callable[[RunContext], object]) -> Handler:
+    """The handler of an op whose step stores `read(context)` in the op's result."""
+
     def handler(op: Operation, prep: Preparation) -> Step:
         result = prep.slot(op.results[0])
 
@@ -422,9 +427,9 @@ def _context_value(read: Callable[[RunContext], object]) -> Handler:
     return handler
 
 
-HANDLERS[hir.DeviceIndexOp] = _context_value(lambda context: context.rank)
-HANDLERS[hir.NumberOfStreamsOp] = _context_value(lambda context: context.streams.size)
-HANDLERS[hir.GetCurrentStreamOp] = _context_value(lambda context: context.streams.current())
+HANDLERS[hir.DeviceIndexOp] = _storing(lambda context: context.rank)
+HANDLERS[hir.NumberOfStreamsOp] = _storing(lambda context: context.streams.size)
+HANDLERS[hir.GetCurrentStreamOp] = _storing(lambda context: context.streams.current())
 
 
 @handles(hir.StreamOp)
@@ -583,9 +588,7 @@ def _start_coalescing(op: hir.StartCoalescingOp, prep: Preparation) -> Step:
     return step
 
 
-@handles(hir.EndCoalescingOp)
-def _end_coalescing(op: hir.EndCoalescingOp, prep: Preparation) -> Step:
-    return _context_value(lambda context: context.communicator.end_coalescing())(op, prep)
+HANDLERS[hir.EndCoalescingOp] = _storing(lambda context: context.communicator.end_coalescing())
 
 
 @handles(hir.WaitOp)
@@ -608,6 +611,8 @@ Compute = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
 
 def _compute_step(op: hir.ComputeOp, prep: Preparation, compute: Compute) -> Step:
     """The step of a compute op: `compute(ins, outs)` on ranks in the mesh of its first output."""
+    if not op.outs:
+        raise HostirError.at(op, f"{op.name} has no output to write")
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)

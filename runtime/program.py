@@ -20,7 +20,7 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import ArgSpecParseError
 
 from hostir_dialect import hir, hostir_context
-from hostir_dialect.fusion import DYNAMIC, TensorType
+from hostir_dialect.fusion import DYNAMIC, TensorType, shape_str
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from passes import DEFAULT_PIPELINE, HOSTIR_PASSES
 from runtime.communicator import Communicator
@@ -65,10 +65,6 @@ def _tensor_types(function: func.FuncOp, types: Sequence, what: str) -> list[Ten
     return list(types)
 
 
-def _shape_str(shape: Sequence[int]) -> str:
-    return "[" + ", ".join("?" if d == DYNAMIC else str(d) for d in shape) + "]"
-
-
 class Program:
     """A lowered host program, prepared once, run many times."""
 
@@ -80,9 +76,14 @@ class Program:
         self.input_types = _tensor_types(host, host.function_type.inputs.data, "input")
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         self.interpreter = Interpreter(host)
-        self.teams = self._teams()
+        communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
+        self.teams = list(
+            dict.fromkeys(op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp))
+        )
+        """The teams that need a process group, each once, in program order (send_recv is point to point)."""
         self.largest_device = max(
-            (d for devices in (*self._meshes(), *self.teams) for d in devices), default=0
+            (d for devices in (*self._meshes(), *(op.team_ids for op in communications)) for d in devices),
+            default=0,
         )
 
     @classmethod
@@ -141,8 +142,8 @@ class Program:
             raise HostirError(
                 f"@{self.host.sym_name.data} takes {len(self.input_types)} input(s), got {len(inputs)}"
             )
-        for i, (value, type) in enumerate(zip(inputs, self.input_types)):
-            problem = _input_problem(value, type, communicator)
+        for i, (value, declared) in enumerate(zip(inputs, self.input_types)):
+            problem = _input_problem(value, declared, communicator)
             if problem:
                 raise HostirError(f"input #{i} of @{self.host.sym_name.data} on rank {communicator.rank}: {problem}")
 
@@ -155,16 +156,9 @@ class Program:
             if isinstance(value.type, TensorType)
         ]
 
-    def _teams(self) -> list[tuple[int, ...]]:
-        """The teams of the program's collectives, each once, in program order."""
-        teams = dict.fromkeys(
-            op.team_ids for op in self.host.walk() if isinstance(op, hir.CommunicationOp)
-        )
-        return list(teams)
-
 
 def _input_problem(value: object, declared: TensorType, communicator: Communicator) -> str | None:
-    """What is wrong with `value` as this rank's piece of a tensor of `type`, if anything."""
+    """What is wrong with `value` as this rank's piece of a tensor of type `declared`, if anything."""
     if not isinstance(value, torch.Tensor):
         return f"expected a torch.Tensor, got {type(value).__name__}"
     if communicator.rank not in declared.mesh.ids:
@@ -179,7 +173,7 @@ def _input_problem(value: object, declared: TensorType, communicator: Communicat
         e != DYNAMIC and e != d for e, d in zip(expected, value.shape)
     ):
         return (
-            f"expected local shape {_shape_str(expected)} ({declared.sharding_str()}), "
+            f"expected local shape {shape_str(expected)} ({declared.sharding_str()}), "
             f"got {list(value.shape)}"
         )
     dtype = torch_dtype(declared.element_type)
