@@ -140,6 +140,10 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
         steps.append((functools.partial(semantics, op), operands, result_dtype))
 
     def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if len(inputs) != len(function.args):
+            raise HostirError.at(
+                function, f"@{function.sym_name.data} takes {len(function.args)} input(s), got {len(inputs)}"
+            )
         values = list(inputs)
         for semantics, operands, result_dtype in steps:
             arguments = [

@@ -74,7 +74,8 @@ def _rank_main(rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable
             dist.barrier()
         except RuntimeError:
             pass
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_on_local_ranks(
