@@ -20,7 +20,7 @@ from xdsl.dialects import func
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
-from runtime import interpreter
+from runtime import fusion_eval, interpreter
 from runtime.communicator import Communicator
 from runtime.interpreter import HANDLERS, Interpreter, RunContext
 from runtime.streams import stream_pool
@@ -506,3 +506,44 @@ def test_segment_runner_is_the_one_seam_for_segments(monkeypatch, rng):
     b = torch.randn(4, generator=rng).bfloat16()
     run_host(SEGMENTS, [x, b])
     assert prepared == ["gelu_ish", "spread"]
+
+
+def test_fusion_eval_gives_every_fusion_op_torch_semantics(rng):
+    """The segment semantics op by op (f32), against plain torch."""
+    m, v, s, w = tensor([3, 4]), tensor([4]), tensor([]), tensor([5, 4])
+    unary = [f"%{k} = fusion.{k} %x : {m} -> {m}" for k in UNARY]
+    binary = [f"%{k} = fusion.{k} %x, %y : ({m}, {m}) -> {m}" for k in BINARY]
+    others = [
+        f"%two = fusion.constant 2.0 : f32 : {s}",
+        f"%scaled = fusion.mul %x, %two : ({m}, {s}) -> {m}",
+        f"%cast = fusion.cast %y : {m} -> {tensor([3, 4], 'i32')}",
+        f"%bcast = fusion.broadcast %b [0, 2] : {v} -> {tensor([1, 4, 1])}",
+        f"%sum = fusion.sum %y [1] keepdim : {m} -> {tensor([3, 1])}",
+        f"%max = fusion.max %y [0] : {m} -> {v}",
+        f"%matmul = fusion.matmul %y, %wt : ({m}, {tensor([4, 5])}) -> {tensor([3, 5])}",
+        f"%linear = fusion.linear %y, %w, %c : ({m}, {w}, {tensor([5])}) -> {tensor([3, 5])}",
+        f"%set = fusion.set %y : {m} -> {m}",
+    ]
+    names = [*UNARY, *BINARY, "scaled", "cast", "bcast", "sum", "max", "matmul", "linear", "set"]
+    types = [m] * (len(UNARY) + len(BINARY) + 1) + [
+        tensor([3, 4], "i32"), tensor([1, 4, 1]), tensor([3, 1]), v, tensor([3, 5]), tensor([3, 5]), m
+    ]
+    body = "\n  ".join([*unary, *binary, *others])
+    text = f"""
+func.func @all(%x: {m}, %y: {m}, %b: {v}, %wt: {tensor([4, 5])}, %w: {w}, %c: {tensor([5])}) -> ({", ".join(types)}) {{
+  {body}
+  func.return {", ".join("%" + n for n in names)} : {", ".join(types)}
+}}"""
+    x = torch.rand(3, 4, generator=rng) + 0.5
+    y, b = torch.randn(3, 4, generator=rng) * 3, torch.randn(4, generator=rng)
+    wt, w_, c = torch.randn(4, 5, generator=rng), torch.randn(5, 4, generator=rng), torch.randn(5, generator=rng)
+    results = dict(zip(names, fusion_eval.evaluate(host_function(text, "all"), [x, y, b, wt, w_, c])))
+    expected = {
+        **{k: f(x) for k, f in UNARY.items()},
+        **{k: f(x, y) for k, f in BINARY.items()},
+        "scaled": x * 2, "cast": y.to(torch.int32), "bcast": b.reshape(1, 4, 1),
+        "sum": y.sum(1, keepdim=True), "max": y.amax(0), "matmul": y @ wt,
+        "linear": y @ w_.T + c, "set": y,
+    }
+    for name in names:
+        torch.testing.assert_close(results[name], expected[name], msg=name, equal_nan=True)
