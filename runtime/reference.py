@@ -101,7 +101,9 @@ def full_shape(type: TensorType, index: int, sizes: Sizes, default_extent: int) 
     return tuple(extent_of(axis, declared) for axis, declared in enumerate(type.get_shape()))
 
 
-def random_tensor(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+def random_tensor(
+    shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator
+) -> torch.Tensor:
     """Random values that every op of the fusion dialect computes on without overflow.
 
     Floats are normal with standard deviation 1/sqrt(last extent), so that a matmul or
@@ -136,13 +138,17 @@ def random_inputs(
             )
     return [
         random_tensor(
-            full_shape(type, index, sizes, default_extent), torch_dtype(type.element_type), generator
+            full_shape(type, index, sizes, default_extent),
+            torch_dtype(type.element_type),
+            generator,
         )
         for index, type in enumerate(types)
     ]
 
 
-def check_full_inputs(types: Sequence[TensorType], inputs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+def check_full_inputs(
+    types: Sequence[TensorType], inputs: Sequence[torch.Tensor], names: Sequence[str]
+) -> None:
     """Raises `HostirError` unless `inputs` are whole tensors of `types` (`names` say where each is from)."""
     if len(inputs) != len(types):
         raise HostirError(f"the function takes {len(types)} input(s), got {len(inputs)}")
@@ -161,7 +167,9 @@ def check_full_inputs(types: Sequence[TensorType], inputs: Sequence[torch.Tensor
 # --------------------------------------------------------------------------- #
 
 
-def reference_outputs(fusion: func.FuncOp, full_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def reference_outputs(
+    fusion: func.FuncOp, full_inputs: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
     """The fusion's outputs on whole tensors, computed by plain torch in this process."""
     return evaluate(fusion, full_inputs)
 
@@ -212,7 +220,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor) -> Comparison:
     expected = expected.detach().cpu().double()
     # Equal infinities and NaN against NaN match; any other NaN or infinity is a mismatch.
     same = (actual == expected) | (actual.isnan() & expected.isnan())
-    difference = (actual - expected).abs().masked_fill(same, 0).nan_to_num(nan=math.inf, posinf=math.inf)
+    difference = (
+        (actual - expected).abs().masked_fill(same, 0).nan_to_num(nan=math.inf, posinf=math.inf)
+    )
     scale = expected.abs().masked_fill(~expected.isfinite(), 0).max().item()
     largest = difference.max().item()
     return Comparison(largest / scale if scale > 0 else largest, tolerance)

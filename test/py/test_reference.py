@@ -130,7 +130,9 @@ def test_random_inputs_per_dtype(element_type):
 
 
 def test_random_inputs_dynamic_didx_axis_gets_the_mesh_size():
-    (tensor,) = random_inputs([typed([DYNAMIC, DYNAMIC], f32, [4, 5, 6], ["didx", "_"])], {}, seed=0)
+    (tensor,) = random_inputs(
+        [typed([DYNAMIC, DYNAMIC], f32, [4, 5, 6], ["didx", "_"])], {}, seed=0
+    )
     assert tensor.shape == (3, 8)
 
 
@@ -151,7 +153,9 @@ def test_random_inputs_refuse_sizes_of_missing_axes():
 def test_check_full_inputs_names_the_input():
     types = [typed([DYNAMIC, 2], f32, [0, 1], ["_", "didx"])]
     check_full_inputs(types, [torch.zeros(3, 2)], ["x.pt"])
-    with pytest.raises(HostirError, match=r"input #0 \(x.pt\).*expected dtype torch.float32, got torch.float16"):
+    with pytest.raises(
+        HostirError, match=r"input #0 \(x.pt\).*expected dtype torch.float32, got torch.float16"
+    ):
         check_full_inputs(types, [torch.zeros(3, 2, dtype=torch.float16)], ["x.pt"])
     with pytest.raises(HostirError, match=r"input #0 \(x.pt\).*axis 1 is didx"):
         check_full_inputs(types, [torch.zeros(3, 3)], ["x.pt"])
@@ -199,9 +203,7 @@ BINARY = {
 def test_reference_of_unary_ops(name):
     # log and sqrt read |x|, so the fusion takes the abs first as the torch lambda does.
     takes_abs = name in ("log", "sqrt")
-    function = fusion_of(
-        lambda fb, x: [getattr(fb, name)(fb.abs(x) if takes_abs else x)], [4, 7]
-    )
+    function = fusion_of(lambda fb, x: [getattr(fb, name)(fb.abs(x) if takes_abs else x)], [4, 7])
     x = torch.randn(4, 7)
     (out,) = reference_outputs(function, [x])
     torch.testing.assert_close(out, UNARY[name](x))
@@ -250,8 +252,12 @@ def test_reference_of_matmul_and_linear():
     )
     by_hand = torch.einsum("bmk,kn->bmn", a.double(), b.double()).float()
     torch.testing.assert_close(mm, by_hand)
-    torch.testing.assert_close(lin, torch.einsum("bmk,nk->bmn", a.double(), w.double()).float() + bias)
-    torch.testing.assert_close(lin_no_bias, torch.einsum("bmk,nk->bmn", a.double(), w.double()).float())
+    torch.testing.assert_close(
+        lin, torch.einsum("bmk,nk->bmn", a.double(), w.double()).float() + bias
+    )
+    torch.testing.assert_close(
+        lin_no_bias, torch.einsum("bmk,nk->bmn", a.double(), w.double()).float()
+    )
 
 
 def test_reference_of_a_sharded_fusion_is_the_unsharded_computation():

@@ -1,0 +1,427 @@
+"""`hir-run`: runs a fusion (or a lowered host program) on N ranks and checks it against plain torch.
+
+    hir-run examples/ag_linear.mlir --nproc 4 --check
+    hir-run lowered.mlir -p none --entry ag_linear --inputs x.pt w.pt b.pt --repeat 20
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 tools/hir-run.py f.mlir --check
+
+Without torchrun's environment it starts `--nproc` local ranks itself
+(`runtime.launch.run_on_local_ranks`; one rank runs in this process); under torchrun
+every process is one rank of torchrun's world, so the same command runs on several
+machines. NCCL on GPUs, gloo on CPUs.
+
+Every rank holds the same whole inputs (random from `--seed`, or loaded from `.pt`
+files) and runs on its piece of them (`runtime.reference.shard`). The local outputs
+go to one reporter (this process, or rank 0 under torchrun) that reassembles them
+(`unshard`) and, with `--check`, compares each with the fusion evaluated by plain
+torch on the whole inputs (`reference_outputs`), within the tolerance of its dtype
+(`runtime.reference.compare`). docs/hir-run.md is the user's reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hostir_dialect.fusion import TensorType, element_type_name, shape_str
+from hostir_dialect.text import HostirError
+from passes import DEFAULT_PIPELINE
+from runtime.communicator import Communicator
+from runtime.launch import LAUNCH_TIMEOUT_S, RankFailed, run_on_local_ranks
+from runtime.program import Program
+from runtime.streams import configured_num_streams
+from runtime.reference import (
+    DEFAULT_EXTENT,
+    check_full_inputs,
+    compare,
+    random_inputs,
+    reference_outputs,
+    shard,
+    unshard,
+)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every rank needs to compile and run the program (sent to spawned ranks)."""
+
+    source: str
+    filename: str
+    pipeline: str | None
+    entry: str | None
+    repeat: int
+    num_streams: int | None
+    keep_outputs: bool
+    """Whether a rank sends its local outputs to the reporter (for --check, --save-outputs)."""
+
+
+@dataclass
+class RankResult:
+    """What one rank reports: where it ran, the wall time of each run, its local outputs."""
+
+    rank: int
+    where: str
+    seconds: list[float]
+    outputs: list[torch.Tensor]
+
+
+# --------------------------------------------------------------------------- #
+# Command line                                                                 #
+# --------------------------------------------------------------------------- #
+
+
+def _dim(text: str) -> tuple[tuple[int, int], int]:
+    match = re.fullmatch(r"(\d+):(\d+)=(\d+)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not ARG:AXIS=EXTENT (e.g. 0:2=64: argument 0, axis 2, extent 64)"
+        )
+    argument, axis, extent = map(int, match.groups())
+    return (argument, axis), extent
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got '{text}'")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    if not re.fullmatch(r"\d+(\.\d*)?", text) or float(text) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
+    return float(text)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hir-run",
+        description="Lowers a fusion and runs it on N ranks (local, or torchrun's); "
+        "optionally checks every output against plain torch on the unsharded tensors.",
+    )
+    parser.add_argument("file", nargs="?", default="-", help="a .mlir file; '-' or nothing: stdin")
+    parser.add_argument(
+        "-p",
+        "--pipeline",
+        default=DEFAULT_PIPELINE,
+        help=f"the pass pipeline that lowers it (default: {DEFAULT_PIPELINE}); 'none' if already lowered",
+    )
+    parser.add_argument("--entry", help="the function to run when the module has several")
+    parser.add_argument(
+        "--nproc",
+        type=_positive,
+        help="local ranks to start (default: as many as the program's devices); "
+        "under torchrun, the world is torchrun's",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument(
+        "--dim",
+        type=_dim,
+        action="append",
+        default=[],
+        metavar="ARG:AXIS=EXTENT",
+        help="extent of a dynamic axis of an input, e.g. --dim 0:0=64 (repeatable)",
+    )
+    parser.add_argument(
+        "--default-extent",
+        type=_positive,
+        default=DEFAULT_EXTENT,
+        help=f"extent of every other dynamic axis (default {DEFAULT_EXTENT}); a didx axis has the mesh size",
+    )
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        metavar="FILE.pt",
+        help="whole (unsharded) input tensors saved with torch.save, one per argument, instead of random ones",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare every output with plain torch on the whole inputs; exit 1 beyond tolerance",
+    )
+    parser.add_argument(
+        "--repeat", type=_positive, default=1, help="runs per rank, timed (default 1)"
+    )
+    parser.add_argument(
+        "--num-streams",
+        type=_positive,
+        help="size of the stream pool (default: HOSTIR_NUM_STREAMS or 4)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        help=f"seconds a communication may wait, and after which local ranks are killed (default {LAUNCH_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--save-outputs",
+        metavar="DIR",
+        type=Path,
+        help="save the whole outputs as DIR/output<i>.pt",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = argument_parser().parse_args(argv)
+    try:
+        if under_torchrun():
+            return run_under_torchrun(arguments)
+        return run_locally(arguments)
+    except HostirError as error:
+        print(_prefixed(str(error)), file=sys.stderr)
+    except RankFailed as failure:
+        print(_failure_report(failure), file=sys.stderr)
+    return 1
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _prefixed(message: str) -> str:
+    """The message, with the rank in front under torchrun (where every rank prints its own)."""
+    return f"rank {os.environ['RANK']}: {message}" if under_torchrun() else message
+
+
+def _failure_report(failure: RankFailed) -> str:
+    """Each failing rank's message, ranks with the same message reported together."""
+    ranks_by_message: dict[str, list[int]] = {}
+    for rank, message in failure.failures.items():
+        ranks_by_message.setdefault(message, []).append(rank)
+    return "\n".join(
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
+        for message, ranks in ranks_by_message.items()
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Preparing and running                                                        #
+# --------------------------------------------------------------------------- #
+
+
+def run_options(arguments: argparse.Namespace) -> RunOptions:
+    if arguments.file == "-":
+        source, filename = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            source, filename = Path(arguments.file).read_text(), arguments.file
+        except (OSError, UnicodeDecodeError) as error:
+            raise HostirError(
+                f"cannot read '{arguments.file}': {error.strerror or error}"
+            ) from None
+    return RunOptions(
+        source=source,
+        filename=filename,
+        pipeline=None if arguments.pipeline == "none" else arguments.pipeline,
+        entry=arguments.entry,
+        repeat=arguments.repeat,
+        num_streams=arguments.num_streams,
+        keep_outputs=arguments.check or arguments.save_outputs is not None,
+    )
+
+
+def compile_program(options: RunOptions) -> Program:
+    return Program.compile(options.source, options.pipeline, options.entry, options.filename)
+
+
+def whole_inputs(program: Program, arguments: argparse.Namespace) -> list[torch.Tensor]:
+    """The unsharded inputs: loaded from --inputs, or random."""
+    if arguments.inputs is None:
+        return random_inputs(
+            program.input_types, dict(arguments.dim), arguments.seed, arguments.default_extent
+        )
+    inputs = [_load(path, index) for index, path in enumerate(arguments.inputs)]
+    check_full_inputs(program.input_types, inputs, arguments.inputs)
+    return inputs
+
+
+def _load(path: str, index: int) -> torch.Tensor:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch.load raises whatever its unpickler or the file system does
+        raise HostirError(f"cannot load input #{index} from '{path}': {error}") from None
+
+
+def run_rank(
+    program: Program,
+    inputs: Sequence[torch.Tensor],
+    communicator: Communicator,
+    options: RunOptions,
+) -> RankResult:
+    """Runs the program `options.repeat` times on this rank's pieces of `inputs`, timing each run."""
+    device = communicator.device
+    local = [
+        shard(value, type, communicator.rank).to(device)
+        for value, type in zip(inputs, program.input_types)
+    ]
+    seconds = []
+    for _ in range(options.repeat):
+        if dist.is_initialized():
+            dist.barrier()
+        _synchronize(device)
+        start = time.perf_counter()
+        outputs = program.run(local, communicator, options.num_streams)
+        _synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return RankResult(
+        communicator.rank,
+        f"{communicator.backend} on {device}",
+        seconds,
+        [output.cpu() for output in outputs] if options.keep_outputs else [],
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def spawned_rank(options: RunOptions, inputs: list[torch.Tensor]) -> RankResult:
+    """A local rank started by `run_on_local_ranks`: compiles the program and runs it."""
+    with plain_errors():
+        return run_rank(compile_program(options), inputs, Communicator.from_env(), options)
+
+
+@contextmanager
+def plain_errors() -> Iterator[None]:
+    """Turns an unexpected exception into a `HostirError` that says what it was, without a traceback."""
+    try:
+        yield
+    except HostirError:
+        raise
+    except Exception as error:
+        raise HostirError(f"{type(error).__name__}: {error}") from None
+
+
+def run_locally(arguments: argparse.Namespace) -> int:
+    options = run_options(arguments)
+    program = compile_program(options)
+    inputs = whole_inputs(program, arguments)
+    nproc = arguments.nproc or program.largest_device + 1
+    if nproc <= program.largest_device:
+        raise HostirError(
+            f"the program uses devices up to {program.largest_device}; "
+            f"run it with --nproc {program.largest_device + 1} or more"
+        )
+    with plain_errors():
+        # Before any rank starts, so that inputs the fusion cannot take fail once, here.
+        expected = reference_outputs(_fusion(program), inputs) if arguments.check else None
+    if arguments.timeout is not None:
+        os.environ["HOSTIR_TIMEOUT_S"] = str(arguments.timeout)
+    if nproc == 1:
+        with plain_errors():
+            results = [run_rank(program, inputs, Communicator.single(), options)]
+    else:
+        results = run_on_local_ranks(
+            spawned_rank, nproc, options, inputs, timeout_s=arguments.timeout or LAUNCH_TIMEOUT_S
+        )
+    return report(program, results, expected, arguments)
+
+
+def run_under_torchrun(arguments: argparse.Namespace) -> int:
+    """This process is one rank of torchrun's world; rank 0 reports."""
+    options = run_options(arguments)
+    with plain_errors():
+        communicator = Communicator.from_env(arguments.timeout or LAUNCH_TIMEOUT_S)
+        if arguments.nproc is not None and arguments.nproc != communicator.world_size:
+            raise HostirError(
+                f"--nproc {arguments.nproc} contradicts torchrun's world of {communicator.world_size} rank(s)"
+            )
+        program = compile_program(options)
+        inputs = whole_inputs(program, arguments)
+        result = run_rank(program, inputs, communicator, options)
+        results = [None] * communicator.world_size if communicator.rank == 0 else None
+        dist.gather_object(result, results, dst=0)
+        if communicator.rank != 0:
+            return 0
+        expected = reference_outputs(_fusion(program), inputs) if arguments.check else None
+        return report(program, results, expected, arguments)
+
+
+def _fusion(program: Program):
+    if program.fusion is None:
+        raise HostirError(
+            "--check compares with the fusion, and a module given with -p none has none; "
+            "give the fusion and let hir-run lower it"
+        )
+    return program.fusion
+
+
+# --------------------------------------------------------------------------- #
+# Reporting                                                                    #
+# --------------------------------------------------------------------------- #
+
+
+def report(
+    program: Program,
+    results: Sequence[RankResult],
+    expected: Sequence[torch.Tensor] | None,
+    arguments: argparse.Namespace,
+) -> int:
+    """Prints the timings and the check, saves the outputs; the exit status (1: a check failed)."""
+    streams = arguments.num_streams or configured_num_streams()
+    print(
+        f"@{program.host.sym_name.data}: {len(results)} rank(s), {results[0].where}, {streams} stream(s)"
+    )
+    failed = False
+    if expected is not None or arguments.save_outputs is not None:
+        outputs = [
+            unshard([results[device].outputs[index] for device in type.mesh.ids], type)
+            for index, type in enumerate(program.output_types)
+        ]
+        if expected is not None:
+            failed = not print_check(outputs, expected, program.output_types)
+        if arguments.save_outputs is not None:
+            save_outputs(outputs, arguments.save_outputs)
+    for result in results:
+        times_ms = [s * 1e3 for s in result.seconds]
+        print(
+            f"rank {result.rank}: {min(times_ms):.3f} ms min, "
+            f"{statistics.median(times_ms):.3f} ms median of {len(times_ms)} run(s)"
+        )
+    return 1 if failed else 0
+
+
+def print_check(
+    outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], types: Sequence[TensorType]
+) -> bool:
+    """Prints each output's error against its reference; whether all are within tolerance."""
+    all_ok = True
+    for index, (actual, reference, type) in enumerate(zip(outputs, expected, types)):
+        comparison = compare(actual, reference)
+        all_ok &= comparison.ok
+        what = f"output #{index} {element_type_name(type.element_type)} {shape_str(tuple(reference.shape))}"
+        if comparison.problem:
+            print(f"{what}: FAILED: {comparison.problem}")
+        else:
+            verdict = "ok" if comparison.ok else "FAILED"
+            print(
+                f"{what}: max relative error {comparison.error:.3g} "
+                f"(tolerance {comparison.tolerance:.3g}): {verdict}"
+            )
+    return all_ok
+
+
+def save_outputs(outputs: Sequence[torch.Tensor], directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for index, output in enumerate(outputs):
+            torch.save(output, directory / f"output{index}.pt")
+    except OSError as error:
+        raise HostirError(
+            f"cannot save the outputs in '{directory}': {error.strerror or error}"
+        ) from None
+    print(f"saved {len(outputs)} output(s) in {directory}/output<i>.pt")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
