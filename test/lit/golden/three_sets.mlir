@@ -1,0 +1,37 @@
+// RUN: hir-opt %S/../../../examples/three_sets.mlir -p hir-lowering | filecheck %s
+
+// pr4147's ThreeSetOpsWithDisjointsForLoops: the middle copy is not stream-parallel,
+// so it runs between two pairs of loops; each intermediate is freed after its last
+// reader.
+
+// CHECK-LABEL: func.func @three_sets(
+// CHECK-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, ?], f32>)
+// CHECK:         %[[T1:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    %[[N1:[^ ]+]] = hir.dim %[[T1]], 0
+// CHECK-NEXT:    scf.for {{.*}} to %[[N1]]
+// CHECK:           hir.synchronize_stream
+// CHECK-NEXT:    }
+// CHECK-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[N1]]
+// CHECK:           %[[IN_I:[^ ]+]] = hir.alias_select %[[IN]][0 = %[[I]]]
+// CHECK-NEXT:      %[[T1_I:[^ ]+]] = hir.alias_select %[[T1]][0 = %[[I]]]
+// CHECK-NEXT:      hir.copy ins(%[[IN_I]] : {{.*}}) outs(%[[T1_I]] :
+// CHECK-NEXT:      hir.set_current_stream
+// CHECK-NEXT:      hir.synchronize_stream
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[T2:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.copy ins(%[[T1]] : !fusion.tensor<[?, ?], f32, axes = [stream, _]>) outs(%[[T2]] : !fusion.tensor<[?, ?], f32>)
+// CHECK-NEXT:    hir.deallocate %[[T1]]
+// CHECK-NEXT:    %[[T3:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    %[[N3:[^ ]+]] = hir.dim %[[T3]], 0
+// CHECK-NEXT:    scf.for {{.*}} to %[[N3]]
+// CHECK:           hir.synchronize_stream
+// CHECK-NEXT:    }
+// CHECK-NEXT:    scf.for %[[K:[^ ]+]] = {{.*}} to %[[N3]]
+// CHECK:           %[[T2_K:[^ ]+]] = hir.alias_select %[[T2]][0 = %[[K]]]
+// CHECK-NEXT:      %[[T3_K:[^ ]+]] = hir.alias_select %[[T3]][0 = %[[K]]]
+// CHECK-NEXT:      hir.copy ins(%[[T2_K]] : {{.*}}) outs(%[[T3_K]] :
+// CHECK-NEXT:      hir.set_current_stream
+// CHECK-NEXT:      hir.synchronize_stream
+// CHECK-NEXT:    }
+// CHECK-NEXT:    hir.deallocate %[[T2]]
+// CHECK-NEXT:    func.return %[[T3]]
