@@ -636,7 +636,13 @@ def _segment(op: hir.SegmentCallOp, prep: Preparation) -> Step:
 @handles(hir.MatmulOp)
 def _matmul(op: hir.MatmulOp, prep: Preparation) -> Step:
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        torch.matmul(*ins, out=outs[0])
+        lhs, rhs = ins
+        if lhs.dim() == 1 and rhs.dim() > 1:
+            # torch computes a vector-matrix product into `out=` by resizing the output to
+            # [1, N], which loses the data of a strided view; a [1, K] matrix keeps the view.
+            torch.matmul(lhs.unsqueeze(0), rhs, out=outs[0].unsqueeze(-2))
+        else:
+            torch.matmul(lhs, rhs, out=outs[0])
 
     return _compute_step(op, prep, compute)
 

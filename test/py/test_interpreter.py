@@ -394,7 +394,7 @@ def test_cast_pointwise_rounds_into_the_output_type(rng):
 
 
 MATMUL_LINEAR = f"""
-func.func @main(%a: {tensor([3, 5, 4])}, %b: {tensor([4, 6])}, %w: {tensor([6, 4])}, %bias: {tensor([6])}) -> ({tensor([3, 5, 6])}, {tensor([5, 2, 6])}, {tensor([3, 5, 6])}, {tensor([3, 5, 4])}) {{
+func.func @main(%a: {tensor([3, 5, 4])}, %b: {tensor([4, 6])}, %w: {tensor([6, 4])}, %bias: {tensor([6])}) -> ({tensor([3, 5, 6])}, {tensor([5, 2, 6])}, {tensor([3, 5, 6])}, {tensor([3, 5, 4])}, {tensor([6, 2])}) {{
   %c1 = arith.constant 1 : index
   %c0 = arith.constant 0 : index
   %mm = hir.allocate() : {tensor([3, 5, 6])}
@@ -407,7 +407,11 @@ func.func @main(%a: {tensor([3, 5, 4])}, %b: {tensor([4, 6])}, %w: {tensor([6, 4
   hir.linear ins(%a, %w, %bias : {tensor([3, 5, 4])}, {tensor([6, 4])}, {tensor([6])}) outs(%lin : {tensor([3, 5, 6])})
   %copy = hir.allocate() : {tensor([3, 5, 4])}
   hir.copy ins(%a : {tensor([3, 5, 4])}) outs(%copy : {tensor([3, 5, 4])})
-  func.return %mm, %strided, %lin, %copy : {tensor([3, 5, 6])}, {tensor([5, 2, 6])}, {tensor([3, 5, 6])}, {tensor([3, 5, 4])}
+  %vector = hir.alias_select %a0[0 = %c0] : {tensor([5, 4])} -> {tensor([4])}
+  %columns = hir.allocate() : {tensor([6, 2])}
+  %column = hir.alias_select %columns[1 = %c1] : {tensor([6, 2])} -> {tensor([6])}
+  hir.matmul ins(%vector, %b : {tensor([4])}, {tensor([4, 6])}) outs(%column : {tensor([6])})
+  func.return %mm, %strided, %lin, %copy, %columns : {tensor([3, 5, 6])}, {tensor([5, 2, 6])}, {tensor([3, 5, 6])}, {tensor([3, 5, 4])}, {tensor([6, 2])}
 }}
 """
 
@@ -415,12 +419,14 @@ func.func @main(%a: {tensor([3, 5, 4])}, %b: {tensor([4, 6])}, %w: {tensor([6, 4
 def test_matmul_linear_and_copy(rng):
     a, b = torch.randn(3, 5, 4, generator=rng), torch.randn(4, 6, generator=rng)
     w, bias = torch.randn(6, 4, generator=rng), torch.randn(6, generator=rng)
-    mm, strided, lin, copy = run_host(MATMUL_LINEAR, [a, b, w, bias])
+    mm, strided, lin, copy, columns = run_host(MATMUL_LINEAR, [a, b, w, bias])
     torch.testing.assert_close(mm, a @ b)
     torch.testing.assert_close(strided[:, 1], a[0] @ w.T)
     assert strided[:, 0].isnan().all()
     torch.testing.assert_close(lin, a @ w.T + bias)
     assert torch.equal(copy, a) and copy.data_ptr() != a.data_ptr()
+    torch.testing.assert_close(columns[:, 1], a[0, 0] @ b)  # a vector-matrix product into a strided view
+    assert columns[:, 0].isnan().all()
 
 
 REDUCTIONS = f"""
