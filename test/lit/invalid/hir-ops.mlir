@@ -1,0 +1,233 @@
+// The verifiers of hir ops: buffers, views, collectives, compute and segment calls.
+// RUN: hir-opt %s --split-input-file --verify-diagnostics
+
+func.func @allocate_too_few_sizes(%n: index) {
+  // expected-error@+1 {{type [?, 4, ?] has 2 dynamic extent(s) but 1 size operand(s) were given}}
+  %b = hir.allocate(%n) : !fusion.tensor<[?, 4, ?], f32>
+  func.return
+}
+
+// -----
+
+func.func @allocate_too_many_sizes(%n: index) {
+  // expected-error@+1 {{type [4] has 0 dynamic extent(s) but 1 size operand(s) were given}}
+  %b = hir.allocate(%n) : !fusion.tensor<[4], f32>
+  func.return
+}
+
+// -----
+
+func.func @dim_axis(%b: !fusion.tensor<[4, 2], f32>) {
+  // expected-error@+1 {{axis 2 is out of range for a buffer of rank 2}}
+  %n = hir.dim %b, 2 : !fusion.tensor<[4, 2], f32>
+  func.return
+}
+
+// -----
+
+func.func @alias_select_axis(%b: !fusion.tensor<[4, 2], f32>, %i: index) {
+  // expected-error@+1 {{axis 2 is out of range for a buffer of rank 2}}
+  %v = hir.alias_select %b[2 = %i] : !fusion.tensor<[4, 2], f32> -> !fusion.tensor<[4], f32>
+  func.return
+}
+
+// -----
+
+func.func @alias_select_type(%b: !fusion.tensor<[4, 2], f32>, %i: index) {
+  // expected-error@+1 {{selecting along axis 0 of !fusion.tensor<[4, 2], f32> gives !fusion.tensor<[2], f32>, not !fusion.tensor<[4], f32>}}
+  %v = hir.alias_select %b[0 = %i] : !fusion.tensor<[4, 2], f32> -> !fusion.tensor<[4], f32>
+  func.return
+}
+
+// -----
+
+func.func @alias_select_sharding(%b: !fusion.tensor<[4, 2], f32, mesh = [0, 1], axes = [_, didx]>, %i: index) {
+  // expected-error@+1 {{gives !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, not !fusion.tensor<[2], f32, mesh = [0, 1]>}}
+  %v = hir.alias_select %b[0 = %i] : !fusion.tensor<[4, 2], f32, mesh = [0, 1], axes = [_, didx]> -> !fusion.tensor<[2], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @root_missing(%x: !fusion.tensor<[4], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{hir.broadcast needs a root device}}
+  %w = hir.broadcast %x into %x team [0, 1] backend nccl : !fusion.tensor<[4], f32, mesh = [0, 1]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @root_not_in_team(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[2], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{root 2 is not in the team [0, 1]}}
+  %w = hir.gather %x into %y team [0, 1] root 2 backend nccl : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[2], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @root_unexpected(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[2], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{hir.allgather takes no root}}
+  %w = hir.allgather %x into %y team [0, 1] root 0 backend nccl : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[2], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @reduce_op_missing(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{hir.reduce needs a reduction op}}
+  %w = hir.reduce %x into %y team [0, 1] root 0 backend nccl : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @reduce_op_unexpected(%x: !fusion.tensor<[2], f32, mesh = [0, 1]>, %y: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>) {
+  // expected-error@+1 {{hir.scatter takes no reduction op}}
+  %w = hir.scatter %x into %y team [0, 1] root 0 op sum backend nccl : !fusion.tensor<[2], f32, mesh = [0, 1]>, !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>
+  func.return
+}
+
+// -----
+
+func.func @reduce_op_unsupported(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{reduction op average is not supported; expected one of sum, product, max, min}}
+  %w = hir.allreduce %x into %y team [0, 1] op average backend nccl : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @send_recv_team(%x: !fusion.tensor<[4], f32, mesh = [0, 1, 2]>) {
+  // expected-error@+1 {{send_recv needs a team of a sender and a receiver, got [0, 1, 2]}}
+  %w = hir.send_recv %x into %x team [0, 1, 2] root 0 backend nccl : !fusion.tensor<[4], f32, mesh = [0, 1, 2]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2]>
+  func.return
+}
+
+// -----
+
+func.func @collective_team_mesh(%x: !fusion.tensor<[4], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{device mesh [1, 1] lists device(s) [1] more than once}}
+  %w = hir.allgather %x into %x team [1, 1] backend nccl : !fusion.tensor<[4], f32, mesh = [0, 1]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @matmul_inputs(%a: !fusion.tensor<[4, 4], f32>) {
+  // expected-error@+1 {{hir.matmul takes 2 inputs, got 1}}
+  hir.matmul ins(%a : !fusion.tensor<[4, 4], f32>) outs(%a : !fusion.tensor<[4, 4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @linear_inputs(%a: !fusion.tensor<[4, 4], f32>) {
+  // expected-error@+1 {{hir.linear takes 2 or 3 inputs, got 4}}
+  hir.linear ins(%a, %a, %a, %a : !fusion.tensor<[4, 4], f32>, !fusion.tensor<[4, 4], f32>, !fusion.tensor<[4, 4], f32>, !fusion.tensor<[4, 4], f32>) outs(%a : !fusion.tensor<[4, 4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @copy_outputs(%a: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{hir.copy takes 1 outputs, got 2}}
+  hir.copy ins(%a : !fusion.tensor<[4], f32>) outs(%a, %a : !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @copy_shape(%a: !fusion.tensor<[4], f32>, %b: !fusion.tensor<[2, 2], f32>) {
+  // expected-error@+1 {{copy from a buffer of local shape [4] into one of [2, 2]}}
+  hir.copy ins(%a : !fusion.tensor<[4], f32>) outs(%b : !fusion.tensor<[2, 2], f32>)
+  func.return
+}
+
+// -----
+
+func.func @pointwise_inputs(%a: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{hir.pointwise takes 1 or 2 inputs, got 3}}
+  hir.pointwise "add" ins(%a, %a, %a : !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>) outs(%a : !fusion.tensor<[4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @pointwise_kind(%a: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{unknown pointwise kind 'gelu'; expected one of neg, abs, exp, log, sqrt, relu, tanh, sigmoid, add, sub, mul, div, maximum, minimum, pow, cast}}
+  hir.pointwise "gelu" ins(%a : !fusion.tensor<[4], f32>) outs(%a : !fusion.tensor<[4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @reduction_kind(%a: !fusion.tensor<[4], f32>, %r: !fusion.tensor<[], f32>) {
+  // expected-error@+1 {{unknown reduction 'mean'; expected sum or max}}
+  hir.reduction "mean" [0] ins(%a : !fusion.tensor<[4], f32>) outs(%r : !fusion.tensor<[], f32>)
+  func.return
+}
+
+// -----
+
+func.func @reduction_axis(%a: !fusion.tensor<[4], f32>, %r: !fusion.tensor<[], f32>) {
+  // expected-error@+1 {{reduction axis 1 is out of range for a tensor of rank 1}}
+  hir.reduction "sum" [1] ins(%a : !fusion.tensor<[4], f32>) outs(%r : !fusion.tensor<[], f32>)
+  func.return
+}
+
+// -----
+
+func.func @reduction_output(%a: !fusion.tensor<[4, 2], f32>, %r: !fusion.tensor<[2], f32>) {
+  // expected-error@+1 {{reducing [4, 2] over [1] gives [4], but the output is [2]}}
+  hir.reduction "max" [1] ins(%a : !fusion.tensor<[4, 2], f32>) outs(%r : !fusion.tensor<[2], f32>)
+  func.return
+}
+
+// -----
+
+func.func @reduction_no_axes(%a: !fusion.tensor<[4, 2], f32>) {
+  // expected-error@+1 {{a reduction needs at least one axis}}
+  hir.reduction "sum" [] ins(%a : !fusion.tensor<[4, 2], f32>) outs(%a : !fusion.tensor<[4, 2], f32>)
+  func.return
+}
+
+// -----
+
+func.func @unknown_callee(%a: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{'@missing' is not a function in this module}}
+  hir.launch_kernel @missing ins(%a : !fusion.tensor<[4], f32>) outs(%a : !fusion.tensor<[4], f32>)
+  func.return
+}
+
+// -----
+
+func.func private @segment(%x: !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32> {
+  %y = fusion.neg %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[4], f32>
+  func.return %y : !fusion.tensor<[4], f32>
+}
+
+func.func @callee_inputs(%a: !fusion.tensor<[4], bf16>) {
+  // expected-error@+1 {{'@segment' takes inputs (!fusion.tensor<[4], f32>) but the ins are (!fusion.tensor<[4], bf16>)}}
+  hir.post_on_stream @segment ins(%a : !fusion.tensor<[4], bf16>) outs(%a : !fusion.tensor<[4], bf16>)
+  func.return
+}
+
+// -----
+
+func.func private @segment(%x: !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32> {
+  func.return %x : !fusion.tensor<[4], f32>
+}
+
+func.func @callee_results(%a: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{'@segment' returns 1 result(s) but 2 outs are given}}
+  hir.launch_kernel @segment ins(%a : !fusion.tensor<[4], f32>) outs(%a, %a : !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @not_a_buffer(%i: index) {
+  // expected-error@+1 {{index should be of base attribute fusion.tensor}}
+  "hir.deallocate"(%i) : (index) -> ()
+  func.return
+}

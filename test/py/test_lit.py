@@ -1,0 +1,328 @@
+"""The lit suite, run from pytest, and the behaviour of `hir-opt` that lit cannot express easily.
+
+Most tests call `tools.hir_opt.main` in this process (a subprocess costs a second of
+imports); those about the installed console script, the checkout's script and stdin
+run it as a process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr, f32
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.utils.exceptions import VerifyException
+
+from hostir_dialect import fusion
+from hostir_dialect.text import HostirError
+from passes import HOSTIR_PASSES
+from tools.hir_opt import XDSL_PASSES, main
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+FUSION = """\
+func.func @f(%x: !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32> {
+  %y = fusion.neg %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[4], f32>
+  func.return %y : !fusion.tensor<[4], f32>
+}
+"""
+
+INVALID = """\
+func.func @g(%x: !fusion.tensor<[4], f32>) {
+  %y = fusion.neg %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[5], f32>
+  func.return
+}
+"""
+
+
+def test_lit_suite():
+    """Every lit test under test/lit passes (the suites of every engineer, not only hir-opt's)."""
+    lit = shutil.which("lit")
+    assert lit is not None, "lit is not installed (pip install -e '.[test]')"
+    result = subprocess.run(
+        [lit, "-q", str(REPOSITORY / "test" / "lit")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- #
+# Passes registered only for these tests                                      #
+# --------------------------------------------------------------------------- #
+
+
+def _first_fusion_op(module: ModuleOp) -> fusion.FusionOp:
+    return next(op for op in module.walk() if isinstance(op, fusion.FusionOp))
+
+
+@dataclass(frozen=True)
+class RecordOptions(ModulePass):
+    """Writes its options into the module, to show what the pipeline text gave it."""
+
+    name = "record-options"
+
+    count: int = 1
+    label: str = "none"
+    flag: bool = False
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        op.attributes["seen"] = StringAttr(f"{self.count}|{self.label}|{self.flag}")
+
+
+@dataclass(frozen=True)
+class ReportHostirError(ModulePass):
+    """Fails on the first fusion op, as a hostir pass reports an unsupported case."""
+
+    name = "report-error"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        raise HostirError.at(_first_fusion_op(op), "this op is not supported here")
+
+
+@dataclass(frozen=True)
+class RaiseVerifyException(ModulePass):
+    """Fails with xDSL's own exception, as an xDSL pass may."""
+
+    name = "raise-verify-exception"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        raise VerifyException("cannot transform this module")
+
+
+@dataclass(frozen=True)
+class BreakTypes(ModulePass):
+    """Leaves invalid IR behind: a copy of the first op, at its place, with a wrong result type."""
+
+    name = "break-types"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        neg = _first_fusion_op(op)
+        wrong = fusion.NegOp(neg.operands[0], fusion.TensorType([8], f32))
+        wrong.location = neg.location
+        Rewriter.insert_op(wrong, InsertPoint.before(neg))
+
+
+def _missing_module() -> type[ModulePass]:
+    """The factory of a pass whose module is not written yet."""
+    return importlib.import_module("passes.no_such_module").NoSuchPass
+
+
+@pytest.fixture
+def extra_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registers the test passes, and one whose module does not exist, for one test."""
+    for pass_class in (RecordOptions, ReportHostirError, RaiseVerifyException, BreakTypes):
+        monkeypatch.setitem(HOSTIR_PASSES, pass_class.name, lambda p=pass_class: p)
+    monkeypatch.setitem(HOSTIR_PASSES, "not-written-yet", _missing_module)
+
+
+@pytest.fixture
+def fusion_file(tmp_path: Path) -> Path:
+    path = tmp_path / "fusion.mlir"
+    path.write_text(FUSION)
+    return path
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# --------------------------------------------------------------------------- #
+# Input, output, passes                                                        #
+# --------------------------------------------------------------------------- #
+
+
+def test_output_file(fusion_file: Path, tmp_path: Path, capsys):
+    """`-o` writes what stdout would get, and stdout stays empty."""
+    status, printed, _ = _run([fusion_file], capsys)
+    assert status == 0
+    output = tmp_path / "out.mlir"
+    status, out, err = _run([fusion_file, "-o", output], capsys)
+    assert (status, out, err) == (0, "", "")
+    assert output.read_text() == printed
+    assert "%y = fusion.neg %x" in printed
+
+
+def test_pass_options_reach_the_pass(fusion_file: Path, extra_passes, capsys):
+    """xDSL's `name{key=value ...}` syntax: ints, quoted strings with spaces, booleans."""
+    status, out, err = _run(
+        [fusion_file, "-p", 'record-options{count=3 label="two words" flag=true},cse'], capsys
+    )
+    assert (status, err) == (0, "")
+    assert 'seen = "3|two words|True"' in out
+    status, out, _ = _run([fusion_file, "-p", "record-options"], capsys)
+    assert 'seen = "1|none|False"' in out
+
+
+def test_list_passes(extra_passes, capsys):
+    """Every registered pass and only those, sorted, each with its summary; exit 0."""
+    with pytest.raises(SystemExit) as exit:
+        main(["--list-passes"])
+    assert exit.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names == sorted({*XDSL_PASSES, *HOSTIR_PASSES})
+    summaries = dict(line.split(maxsplit=1) for line in lines)
+    assert summaries["record-options"] == RecordOptions.__doc__
+    assert summaries["cse"] == XDSL_PASSES["cse"]
+    assert summaries["not-written-yet"].startswith("(unavailable: pass 'not-written-yet'")
+    for name, factory in HOSTIR_PASSES.items():
+        if name != "not-written-yet":
+            assert summaries[name] == factory().__doc__.strip().splitlines()[0]
+
+
+def test_a_missing_pass_module_breaks_only_its_pass(fusion_file: Path, extra_passes, capsys):
+    status, _, err = _run([fusion_file, "-p", "cse,not-written-yet"], capsys)
+    assert status == 1
+    assert err.startswith(
+        "error: pass 'not-written-yet' is not available: No module named 'passes.no_such_module'"
+    )
+    status, out, err = _run([fusion_file, "-p", "cse,record-options"], capsys)
+    assert (status, err) == (0, "")
+
+
+def test_split_input_file_outputs_and_errors(tmp_path: Path, capsys):
+    """Every chunk is processed: valid ones print, each invalid one reports its error."""
+    path = tmp_path / "chunks.mlir"
+    path.write_text("\n// -----\n".join([FUSION, INVALID, FUSION, INVALID]))
+    status, out, err = _run([path, "--split-input-file"], capsys)
+    assert status == 1
+    chunks = out.split("// -----\n")
+    assert len(chunks) == 4
+    assert "fusion.neg" in chunks[0] and "fusion.neg" in chunks[2]
+    assert chunks[1] == chunks[3] == ""
+    bad_lines = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if "[5]" in line]
+    assert [line.split(":")[1] for line in err.splitlines() if ": error: " in line] == [
+        str(n) for n in bad_lines
+    ]
+
+
+# --------------------------------------------------------------------------- #
+# Every error class: one message, exit status 1, no traceback                  #
+# --------------------------------------------------------------------------- #
+
+ERROR_CASES = {
+    "parse error": (
+        FUSION.replace("[4], f32>)", "[4], f32)"),
+        [],
+        "{file}:1:41: error: '>' expected",
+    ),
+    "verifier error": (
+        INVALID,
+        [],
+        "{file}:2:3: error: result shape [5] does not match the shape [4] that the operands give",
+    ),
+    "unknown pass": (
+        FUSION,
+        ["-p", "cse,fold-everything"],
+        "error: unknown pass 'fold-everything'; known passes: {known}\n",
+    ),
+    "bad pass option": (
+        FUSION,
+        ["-p", "record-options{count=many}"],
+        "error: bad options for pass 'record-options': Incompatible types",
+    ),
+    "pipeline syntax": (
+        FUSION,
+        ["-p", "cse,,dce"],
+        "pass-pipeline:1:5: error: cannot parse the pass pipeline: Expected pass name here\n"
+        "cse,,dce\n"
+        "    ^\n",
+    ),
+    "HostirError from a pass": (
+        FUSION,
+        ["-p", "report-error"],
+        "{file}:2:3: error: this op is not supported here",
+    ),
+    "xDSL exception from a pass": (
+        FUSION,
+        ["-p", "cse,raise-verify-exception"],
+        "error: pass 'raise-verify-exception' failed: cannot transform this module",
+    ),
+    "pass leaves invalid IR": (
+        FUSION,
+        ["-p", "break-types,cse"],
+        "{file}:2:3: error: pass 'break-types' produced invalid IR: result shape [8] does not match",
+    ),
+    "missing input file": (
+        None,
+        [],
+        "error: cannot open input file '{file}': No such file or directory",
+    ),
+    "not UTF-8": (b"\xff\xfe", [], "error: {file} is not UTF-8 text"),
+    "unwritable output": (
+        FUSION,
+        ["-o", "/nonexistent/out.mlir"],
+        "error: cannot open output file",
+    ),
+    "unsupported xdsl-opt option": (
+        FUSION,
+        ["--shrink"],
+        "error: hir-opt does not support xdsl-opt's option --shrink\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=list(ERROR_CASES))
+def test_error_is_one_message_and_exit_1(case: str, tmp_path: Path, extra_passes, capsys):
+    text, args, expected = ERROR_CASES[case]
+    path = tmp_path / "input.mlir"
+    if isinstance(text, str):
+        path.write_text(text)
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    status, out, err = _run([path, *args], capsys)
+    assert status == 1
+    assert out == ""
+    known = ", ".join(sorted({*XDSL_PASSES, *HOSTIR_PASSES}))
+    assert err.startswith(expected.format(file=path, known=known)), err
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- #
+# As a process: the console script, the checkout's script, stdin               #
+# --------------------------------------------------------------------------- #
+
+
+def test_console_script_reads_stdin():
+    hir_opt = shutil.which("hir-opt")
+    assert hir_opt is not None, "the hir-opt console script is not installed (pip install -e .)"
+    result = subprocess.run([hir_opt, "-p", "cse"], input=FUSION, capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "%y = fusion.neg %x" in result.stdout
+
+
+def test_console_script_locates_stdin_errors():
+    result = subprocess.run(
+        [shutil.which("hir-opt") or "hir-opt"],
+        input=FUSION.replace("[4], f32>)", "[4], f32)"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("<stdin>:1:41: error: '>' expected\n")
+    assert "Traceback" not in result.stderr
+
+
+def test_checkout_script_runs_from_anywhere(tmp_path: Path, fusion_file: Path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPOSITORY / "tools" / "hir-opt.py"),
+            str(fusion_file),
+            "--print-op-generic",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert '"fusion.neg"(%x)' in result.stdout
