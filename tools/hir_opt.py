@@ -93,6 +93,13 @@ class HirOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
+        # argparse has no public way to change an inherited option's help text.
+        options = arg_parser._option_string_actions
+        options["--verify-diagnostics"].help = (
+            "Check the errors against the input's `// expected-error {{...}}` annotations"
+        )
+        for flag in UNSUPPORTED_XDSL_OPTIONS.values():
+            options[flag].help = argparse.SUPPRESS
         arg_parser.add_argument(
             "--print-ir-after-all",
             default=False,
