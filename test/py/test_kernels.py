@@ -1,0 +1,684 @@
+"""Fused CUDA kernels of pointwise segments (runtime/kernels.py).
+
+On any machine: the generated CUDA C (exact text and FileCheck-style line checks),
+the cache key (the source) across sizes, dtypes and layouts, refusals, and the
+CPU path, which leaves a segment to fusion_eval. On a GPU with CuPy: every
+pointwise op and cast in every dtype torch defines it for, against torch eager
+through fusion_eval on the same device, with broadcasting, non-contiguous inputs
+and outputs, random data and outputs poisoned before each run; compilation counts;
+the stream the kernel runs on; HOSTIR_DUMP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+from xdsl.dialects import func
+
+from hostir_dialect.builder import FusionBuilder, Tensor
+from hostir_dialect.text import HostirError, parse_module
+from runtime import fusion_eval, kernels
+from runtime.communicator import Communicator
+from runtime.program import Program
+
+DTYPES = {
+    "f64": torch.float64,
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i64": torch.int64,
+    "i32": torch.int32,
+    "i8": torch.int8,
+    "i1": torch.bool,
+}
+FLOATS = ("f64", "f32", "f16", "bf16")
+INTEGERS = ("i64", "i32", "i8")
+
+UNARY_OPS: dict[str, tuple[str, ...]] = {
+    "neg": FLOATS + INTEGERS,
+    "abs": FLOATS + INTEGERS,
+    "exp": FLOATS,
+    "log": FLOATS,
+    "sqrt": FLOATS,
+    "relu": FLOATS + INTEGERS,
+    "tanh": FLOATS,
+    "sigmoid": FLOATS,
+}
+"""Each unary op and the dtypes on which torch gives a result of the operand's dtype."""
+
+BINARY_OPS: dict[str, tuple[str, ...]] = {
+    "add": FLOATS + INTEGERS + ("i1",),
+    "sub": FLOATS + INTEGERS,
+    "mul": FLOATS + INTEGERS + ("i1",),
+    "div": FLOATS,
+    "maximum": FLOATS + INTEGERS + ("i1",),
+    "minimum": FLOATS + INTEGERS + ("i1",),
+    "pow": FLOATS + INTEGERS,
+}
+
+
+def build_segment(
+    define: Callable[[FusionBuilder], Sequence[Tensor]], name: str = "seg"
+) -> func.FuncOp:
+    """A segment built with the FusionBuilder: `define(fb)` makes inputs and returns the outputs."""
+    fb = FusionBuilder(name)
+    for output in define(fb):
+        fb.output(output)
+    return fb.build().body.block.first_op
+
+
+def parse_segment(text: str) -> func.FuncOp:
+    return parse_module(text).body.block.first_op
+
+
+def assert_lines_in_order(text: str, lines: Sequence[str]) -> None:
+    """FileCheck's CHECK: each line occurs in `text`, after the previous one."""
+    position = 0
+    for line in lines:
+        found = text.find(line, position)
+        assert found >= 0, f"{line!r} not found after offset {position} in:\n{text}"
+        position = found + len(line)
+
+
+def empty(shape: Sequence[int], dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# --------------------------------------------------------------------------- #
+# Generated source (any machine)                                               #
+# --------------------------------------------------------------------------- #
+
+F32_CHAIN = """\
+__device__ __forceinline__ void hostir_segment_body(const float a0, const float a1, float& r0) {
+  const float v0 = a0;
+  const float v1 = a1;
+  const float v2 = v0 * v1;
+  const float v3 = expf(v2);
+  const float v4 = v3 + v0;
+  r0 = v4;
+}
+
+extern "C" __global__ void hostir_segment(const float* in0, const float* in1, float* out0, long long n) {
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long vectors = n / 4;
+  for (long long k = first; k < vectors; k += step) {
+    const hostir_vector<float, 4> a0 = reinterpret_cast<const hostir_vector<float, 4>*>(in0)[k];
+    const hostir_vector<float, 4> a1 = reinterpret_cast<const hostir_vector<float, 4>*>(in1)[k];
+    hostir_vector<float, 4> r0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      hostir_segment_body(a0.v[j], a1.v[j], r0.v[j]);
+    }
+    reinterpret_cast<hostir_vector<float, 4>*>(out0)[k] = r0;
+  }
+  for (long long i = vectors * 4 + first; i < n; i += step) {
+    hostir_segment_body(in0[i], in1[i], out0[i]);
+  }
+}
+"""
+
+
+def f32_chain() -> func.FuncOp:
+    def define(fb):
+        x, y = fb.input([None, 8], "f32"), fb.input([None, 8], "f32")
+        return [fb.exp(x * y) + x]
+
+    return build_segment(define)
+
+
+def test_f32_chain_source_is_one_vectorised_grid_stride_loop():
+    x, y, out = torch.randn(4, 8), torch.randn(4, 8), empty([4, 8], torch.float32)
+    source = kernels.generated_source(f32_chain(), [x, y], [out])
+    assert source == kernels.HELPERS["hostir_vector"] + "\n\n" + F32_CHAIN
+
+
+def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
+    def define(fb):
+        x, y = fb.input([64], "bf16"), fb.input([64], "bf16")
+        return [fb.sigmoid(fb.tanh(x) * y)]
+
+    x, y, out = (torch.randn(64, dtype=torch.bfloat16) for _ in range(3))
+    source = kernels.generated_source(build_segment(define), [x, y], [out])
+    assert_lines_in_order(
+        source,
+        [
+            "unsigned short hostir_f32_to_bf16(float value)",
+            "(bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16",
+            "void hostir_segment_body(const unsigned short a0, const unsigned short a1, unsigned short& r0)",
+            "const float v0 = hostir_bf16_to_f32(a0);",
+            "const float v1 = hostir_bf16_to_f32(a1);",
+            "const float v2 = tanhf(v0);",
+            "const float v3 = v2 * v1;",
+            "const float v4 = 1 / (1 + expf(-v3));",
+            "r0 = hostir_f32_to_bf16(v4);",
+            "const long long vectors = n / 8;",
+            "hostir_vector<unsigned short, 8> a0",
+        ],
+    )
+    assert source.count("hostir_f32_to_bf16(") == 2, "one definition, one rounding on store"
+
+
+def test_broadcast_operand_walks_only_its_axes_with_its_strides():
+    def define(fb):
+        x, bias = fb.input([4, 8], "f32"), fb.input([8], "f32")
+        return [x + bias]
+
+    source = kernels.generated_source(
+        build_segment(define), [torch.randn(4, 8), torch.randn(8)], [empty([4, 8], torch.float32)]
+    )
+    assert_lines_in_order(
+        source,
+        [
+            "(const float* in0, const float* in1, float* out0, long long n, long long extent1, "
+            "long long in1_stride1) {",
+            "for (long long i = first; i < n; i += step) {",
+            "long long rest = i;",
+            "const long long i1 = rest % extent1;",
+            "hostir_segment_body(in0[i], in1[i1 * in1_stride1], out0[i]);",
+        ],
+    )
+    assert "hostir_vector" not in source
+
+
+def test_broadcast_op_maps_its_input_to_the_outer_axis():
+    def define(fb):
+        x, column = fb.input([4, 8], "f32"), fb.input([4], "f32")
+        return [x * fb.broadcast(column, 1)]
+
+    source = kernels.generated_source(
+        build_segment(define), [torch.randn(4, 8), torch.randn(4)], [empty([4, 8], torch.float32)]
+    )
+    assert_lines_in_order(
+        source,
+        [
+            "long long in1_stride0) {",
+            "rest /= extent1;",
+            "const long long i0 = rest;",
+            "hostir_segment_body(in0[i], in1[i0 * in1_stride0], out0[i]);",
+        ],
+    )
+
+
+def test_value_read_through_two_axis_maps_is_loaded_twice():
+    """x[j] + x[i] for a square x: one input, two loads of it."""
+
+    def define(fb):
+        x = fb.input([4], "f32")
+        return [fb.broadcast(x, 1) + x]
+
+    source = kernels.generated_source(
+        build_segment(define), [torch.randn(4)], [empty([4, 4], torch.float32)]
+    )
+    assert_lines_in_order(
+        source,
+        [
+            "(const float a0, const float a1, float& r0)",
+            "const float v0 = a0;",
+            "const float v1 = a1;",
+            "const float v2 = v1 + v0;",
+            "(const float* in0, const float* in1, float* out0, long long n, long long extent1, "
+            "long long in0_stride1, long long in1_stride0)",
+            "hostir_segment_body(in0[i1 * in0_stride1], in1[i0 * in1_stride0], out0[i]);",
+        ],
+    )
+
+
+def test_constants_hold_the_value_rounded_to_their_dtype():
+    constants = [
+        (0.1, "bf16"),
+        (0.1, "f64"),
+        (-(2**63), "i64"),
+        (True, "i1"),
+        (float("inf"), "f32"),
+    ]
+
+    def define(fb):
+        return [fb.input([8], dtype) * fb.constant(value, dtype) for value, dtype in constants]
+
+    buffers = [empty([8], DTYPES[dtype]) for _, dtype in constants]
+    source = kernels.generated_source(build_segment(define), buffers, buffers)
+    assert_lines_in_order(
+        source,
+        [
+            "= 0.10009765625f;",  # 0.1 in bf16
+            "= 0.1;",
+            "= (-9223372036854775807LL - 1);",
+            "= true;",
+            "= __uint_as_float(0x7f800000u);",  # +inf
+        ],
+    )
+
+
+def test_casts_convert_round_and_test_for_nonzero():
+    def define(fb):
+        x = fb.input([16], "f32")
+        return [
+            fb.cast(x, "bf16"),
+            fb.cast(x, "i32"),
+            fb.cast(x, "i1"),
+            fb.cast(fb.cast(x, "f16"), "f64"),
+        ]
+
+    x = torch.randn(16)
+    outs = [empty([16], DTYPES[d]) for d in ("bf16", "i32", "i1", "f64")]
+    source = kernels.generated_source(build_segment(define), [x], outs)
+    assert_lines_in_order(
+        source,
+        [
+            "const float v1 = hostir_bf16_to_f32(hostir_f32_to_bf16(v0));",
+            "const int v2 = static_cast<int>(v0);",
+            "const bool v3 = (v0 != 0);",
+            "const float v4 = hostir_f16_to_f32(hostir_f32_to_f16(v0));",
+            "const double v5 = static_cast<double>(v4);",
+            "r0 = hostir_f32_to_bf16(v1);",
+            "r1 = v2;",
+            "r2 = v3;",
+            "r3 = v5;",
+            # The widest element (f64) sets the vector width: 16 bytes.
+            "hostir_vector<unsigned short, 2> r0;",
+            "hostir_vector<double, 2> r3;",
+        ],
+    )
+
+
+def test_non_contiguous_output_is_written_through_its_strides():
+    def define(fb):
+        return [fb.neg(fb.input([4, 8], "f32"))]
+
+    segment, x = build_segment(define), torch.randn(4, 8)
+    every_other = empty([4, 16], torch.float32)[:, ::2]  # one axis of stride 2
+    source = kernels.generated_source(segment, [x], [every_other])
+    assert "hostir_segment_body(in0[i], out0[i0 * out0_stride0]);" in source
+    left_half = empty([4, 16], torch.float32)[:, :8]
+    source = kernels.generated_source(segment, [x], [left_half])
+    assert "hostir_segment_body(in0[i], out0[i0 * out0_stride0 + i1 * out0_stride1]);" in source
+
+
+def test_misaligned_buffers_take_narrower_vectors():
+    def define(fb):
+        return [fb.relu(fb.input([64], "bf16"))]
+
+    storage = torch.randn(72, dtype=torch.bfloat16)
+    segment = build_segment(define)
+    assert "hostir_vector<unsigned short, 8>" in kernels.generated_source(
+        segment, [storage[:64]], [storage[8:]]
+    )
+    # Two elements in: 4-byte aligned only.
+    assert "hostir_vector<unsigned short, 2>" in kernels.generated_source(
+        segment, [storage[2:66]], [storage[8:]]
+    )
+    assert "hostir_vector" not in kernels.generated_source(segment, [storage[1:65]], [storage[8:]])
+
+
+def test_merge_axes_merges_what_every_access_walks_alike():
+    assert kernels.merge_axes([4, 8, 16], [(128, 16, 1), (128, 16, 1)]) == ([512], [[1], [1]])
+    # A broadcast bias keeps the axes apart; extent-1 axes go.
+    assert kernels.merge_axes([4, 1, 8], [(8, 8, 1), (0, 0, 1)]) == ([4, 8], [[8, 1], [0, 1]])
+    assert kernels.merge_axes([1, 1], [(1, 1)]) == ([], [[]])
+
+
+# --------------------------------------------------------------------------- #
+# Cache key                                                                    #
+# --------------------------------------------------------------------------- #
+
+
+def _affine(dtype: str, shape: list[int | None]) -> func.FuncOp:
+    def define(fb):
+        x = fb.input(shape, dtype)
+        return [fb.relu(x * x - x)]
+
+    return build_segment(define)
+
+
+def test_key_ignores_sizes():
+    small = kernels.generated_source(
+        _affine("f32", [4, 8]), [torch.randn(4, 8)], [empty([4, 8], torch.float32)]
+    )
+    large = kernels.generated_source(
+        _affine("f32", [None, 32]), [torch.randn(16, 32)], [empty([16, 32], torch.float32)]
+    )
+    assert small == large
+
+
+def test_key_differs_by_dtype_and_by_broadcast_pattern():
+    def key(dtype: str, x: torch.Tensor) -> str:
+        return kernels.generated_source(_affine(dtype, [None, 8]), [x], [empty([4, 8], x.dtype)])
+
+    f32 = key("f32", torch.randn(4, 8))
+    assert f32 != key("bf16", torch.randn(4, 8, dtype=torch.bfloat16))
+    assert f32 != key("f32", torch.randn(1, 8))  # broadcast along axis 0
+    assert f32 != key("f32", torch.randn(8, 4).t())  # transposed
+
+
+# --------------------------------------------------------------------------- #
+# Refusals and mismatched buffers                                             #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "op, dtype",
+    [("exp", "i32"), ("sqrt", "i64"), ("div", "i32"), ("sub", "i1"), ("neg", "i1"), ("pow", "i1")],
+)
+def test_ops_torch_does_not_compute_in_the_dtype_are_refused(op, dtype):
+    def define(fb):
+        x = fb.input([8], dtype)
+        return [getattr(fb, op)(x) if op in UNARY_OPS else getattr(fb, op)(x, x)]
+
+    with pytest.raises(
+        HostirError, match=rf"'fusion.{op}' on {dtype} cannot be fused into a kernel"
+    ):
+        kernels.SegmentKernel(build_segment(define))
+
+
+def test_non_pointwise_op_is_refused():
+    def define(fb):
+        return [fb.sum(fb.input([4, 8], "f32"), 1)]
+
+    with pytest.raises(
+        HostirError,
+        match="'fusion.sum' cannot be part of the fused pointwise kernel of segment @seg",
+    ):
+        kernels.SegmentKernel(build_segment(define))
+
+
+@pytest.mark.parametrize(
+    "ins, outs, message",
+    [
+        (
+            [torch.randn(4, 8, dtype=torch.float64)],
+            [empty([4, 8], torch.float32)],
+            "input #0 has dtype torch.float64",
+        ),
+        ([torch.randn(4, 8)], [empty([4, 8], torch.float32)] * 2, r"takes 1 output\(s\), got 2"),
+        ([torch.randn(4, 8)], [empty([4, 6], torch.float32)], "extents 8 and 6 meet on one axis"),
+        (
+            [torch.randn(4, 8)],
+            [empty([1, 8], torch.float32)],
+            r"output #0 has shape \[1, 8\] but the segment computes \[4, 8\]",
+        ),
+        (
+            [torch.randn(32)],
+            [empty([32], torch.float32)],
+            "input #0 has rank 1, the segment declares rank 2",
+        ),
+    ],
+)
+def test_buffers_that_do_not_fit_the_segment_are_reported(ins, outs, message):
+    segment = _affine("f32", [None, None])
+    with pytest.raises(HostirError, match=message):
+        kernels.generated_source(segment, ins, outs)
+
+
+# --------------------------------------------------------------------------- #
+# The CPU path                                                                 #
+# --------------------------------------------------------------------------- #
+
+
+def test_cpu_tensors_are_left_to_the_caller():
+    kernel = kernels.SegmentKernel(f32_chain())
+    out = torch.full([4, 8], float("nan"))
+    assert kernel.launch([torch.randn(4, 8), torch.randn(4, 8)], [out]) is False
+    assert out.isnan().all()
+
+
+HOST_PROGRAM = """
+func.func private @seg(%x: {T}, %y: {B}) -> ({T}, {T}) {{
+  %s = fusion.mul %x, %y : ({T}, {B}) -> {T}
+  %t = fusion.tanh %s : {T} -> {T}
+  %c = fusion.constant 0.5 : bf16 : !fusion.tensor<[], bf16>
+  %u = fusion.add %t, %c : ({T}, !fusion.tensor<[], bf16>) -> {T}
+  func.return %u, %s : {T}, {T}
+}}
+func.func @host(%x: {T}, %y: {B}) -> ({T}, {T}) {{
+  %n = hir.dim %x, 0 : {T}
+  %u = hir.allocate(%n) : {T}
+  %s = hir.allocate(%n) : {T}
+  hir.launch_kernel @seg ins(%x, %y : {T}, {B}) outs(%u, %s : {T}, {T})
+  func.return %u, %s : {T}, {T}
+}}
+""".format(T="!fusion.tensor<[?, 8], bf16>", B="!fusion.tensor<[8], bf16>")
+
+
+def test_host_program_on_cpu_gives_what_fusion_eval_gives():
+    program = Program.compile(HOST_PROGRAM, pipeline=None)
+    x, y = torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16)
+    segment = program.module.body.block.first_op
+    outputs = program.run([x, y], Communicator.single(torch.device("cpu")))
+    for actual, expected in zip(outputs, fusion_eval.evaluate(segment, [x, y]), strict=True):
+        assert torch.equal(actual, expected)
+
+
+# --------------------------------------------------------------------------- #
+# On the GPU                                                                   #
+# --------------------------------------------------------------------------- #
+
+requires_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or kernels.cupy is None, reason="needs a CUDA GPU and CuPy"
+)
+
+
+def random(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """Random values on the GPU in a range where every op and cast is defined for the dtype."""
+    if dtype == torch.bool:
+        values = torch.randint(0, 2, shape, generator=generator) == 1
+    elif dtype.is_floating_point:
+        values = (torch.randn(shape, generator=generator, dtype=torch.float64) * 3).clamp(-90, 90)
+    else:
+        values = torch.randint(-6, 7, shape, generator=generator)
+    return values.to(device="cuda", dtype=dtype)
+
+
+def poisoned(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An output buffer full of a value the kernel must overwrite: NaN, or the largest integer."""
+    if dtype.is_floating_point:
+        value = float("nan")
+    elif dtype == torch.bool:
+        value = True
+    else:
+        value = torch.iinfo(dtype).max
+    return torch.full(shape, value, dtype=dtype, device="cuda")
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Within the dtype's tolerance (torch's defaults: about an ulp for bf16/f16), NaN where NaN."""
+    torch.testing.assert_close(actual, expected, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+class Layout:
+    """Where a test's buffers live: contiguous, or broadcast, transposed and strided views."""
+
+    @staticmethod
+    def contiguous(shape: Sequence[int], dtype: torch.dtype, generator) -> torch.Tensor:
+        return random(shape, dtype, generator)
+
+    @staticmethod
+    def transposed(shape: Sequence[int], dtype: torch.dtype, generator) -> torch.Tensor:
+        return random(list(reversed(shape)), dtype, generator).permute(*reversed(range(len(shape))))
+
+    @staticmethod
+    def strided_output(
+        shape: Sequence[int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A poisoned buffer twice as wide and the view of every other column of it."""
+        whole = poisoned([*shape[:-1], 2 * shape[-1]], dtype)
+        return whole, whole[..., ::2]
+
+
+def run_and_check(
+    segment: func.FuncOp,
+    ins: Sequence[torch.Tensor],
+    outs: Sequence[torch.Tensor],
+    names: Sequence[str],
+) -> None:
+    """Launches `segment` and checks every output against fusion_eval on the same inputs."""
+    assert kernels.SegmentKernel(segment).launch(ins, outs)
+    expected = fusion_eval.evaluate(segment, ins)
+    torch.cuda.synchronize()
+    for name, actual, reference in zip(names, outs, expected, strict=True):
+        assert_matches(actual, reference.expand_as(actual), name)
+
+
+def _all_ops_segment(
+    dtype: str, ops: dict[str, tuple[str, ...]], shapes: Sequence[list[int | None]]
+):
+    """A segment returning every op of `ops` defined on `dtype`, applied to inputs of `shapes`."""
+    names = [op for op, dtypes in ops.items() if dtype in dtypes]
+
+    def define(fb):
+        inputs = [fb.input(shape, dtype) for shape in shapes]
+        return [getattr(fb, op)(*inputs) for op in names]
+
+    return build_segment(define, f"{dtype}_ops"), names
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if any(d in ds for ds in UNARY_OPS.values())])
+def test_unary_ops_match_torch(dtype):
+    generator = torch.Generator().manual_seed(0)
+    segment, names = _all_ops_segment(dtype, UNARY_OPS, [[None, None]])
+    torch_dtype = DTYPES[dtype]
+    shape = [33, 65]  # not a multiple of the vector width: the tail loop runs too
+    outs = [poisoned(shape, torch_dtype) for _ in names]
+    run_and_check(segment, [Layout.contiguous(shape, torch_dtype, generator)], outs, names)
+
+    wholes, views = zip(*(Layout.strided_output(shape, torch_dtype) for _ in names))
+    run_and_check(segment, [Layout.transposed(shape, torch_dtype, generator)], views, names)
+    for whole in wholes:
+        assert_matches(whole[..., 1::2], poisoned(shape, torch_dtype), "the columns the view skips")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_binary_ops_match_torch(dtype):
+    generator = torch.Generator().manual_seed(1)
+    torch_dtype = DTYPES[dtype]
+    segment, names = _all_ops_segment(dtype, BINARY_OPS, [[None, None], [None, None]])
+    shape = [17, 40]
+    ins = [Layout.contiguous(shape, torch_dtype, generator) for _ in range(2)]
+    run_and_check(segment, ins, [poisoned(shape, torch_dtype) for _ in names], names)
+
+    # A [5, 1, 7] and a [6, 1] operand broadcast to [5, 6, 7], through strided views.
+    segment, names = _all_ops_segment(dtype, BINARY_OPS, [[5, 1, 7], [6, 1]])
+    lhs = Layout.transposed([5, 1, 7], torch_dtype, generator)
+    rhs = random([6, 3], torch_dtype, generator)[:, 1:2]
+    run_and_check(
+        segment,
+        [lhs, rhs],
+        [Layout.strided_output([5, 6, 7], torch_dtype)[1] for _ in names],
+        names,
+    )
+
+
+@requires_gpu
+@pytest.mark.parametrize("source", list(DTYPES))
+def test_casts_match_torch(source):
+    generator = torch.Generator().manual_seed(2)
+
+    def define(fb):
+        x = fb.input([None], source)
+        return [fb.cast(x, target) for target in DTYPES]
+
+    segment = build_segment(define, f"cast_{source}")
+    x = random([1000], DTYPES[source], generator)
+    run_and_check(
+        segment,
+        [x],
+        [poisoned([1000], d) for d in DTYPES.values()],
+        [f"{source} -> {t}" for t in DTYPES],
+    )
+    run_and_check(
+        segment,
+        [random([2000], DTYPES[source], generator)[::2]],
+        [Layout.strided_output([1000], d)[1] for d in DTYPES.values()],
+        [f"{source} -> {t} (strided)" for t in DTYPES],
+    )
+
+
+def _bf16_chain(fb: FusionBuilder) -> list[Tensor]:
+    x, y = fb.input([None, None], "bf16"), fb.input([None], "bf16")
+    s = fb.maximum(x * y - 0.375, fb.neg(fb.abs(x)))
+    return [fb.relu(s + fb.broadcast(y, 0)), s]
+
+
+@requires_gpu
+def test_bf16_chain_rounds_once_bit_for_bit():
+    """Exact f32 ops (mul, sub, max, neg, abs, add) give fusion_eval's bits: one rounding."""
+    generator = torch.Generator().manual_seed(3)
+    segment = build_segment(_bf16_chain)
+    x, y = random([300, 129], torch.bfloat16, generator), random([129], torch.bfloat16, generator)
+    outs = [poisoned([300, 129], torch.bfloat16) for _ in range(2)]
+    assert kernels.SegmentKernel(segment).launch([x, y], outs)
+    for actual, expected in zip(outs, fusion_eval.evaluate(segment, [x, y])):
+        assert torch.equal(actual, expected)
+    eager = torch.maximum(x * y - 0.375, -x.abs())  # rounds after every op
+    assert not torch.equal(outs[1], eager), "the data should tell rounding once from rounding often"
+
+
+@requires_gpu
+def test_scalar_and_empty_launches():
+    segment = build_segment(lambda fb: [fb.exp(fb.input([], "f32"))], "scalar")
+    x, out = torch.tensor(0.5, device="cuda"), poisoned([], torch.float32)
+    run_and_check(segment, [x], [out], ["exp of a scalar"])
+    segment = build_segment(lambda fb: [fb.exp(fb.input([None], "f32"))], "vector")
+    assert kernels.SegmentKernel(segment).launch(
+        [torch.empty(0, device="cuda")], [torch.empty(0, device="cuda")]
+    )
+
+
+@requires_gpu
+def test_each_layout_compiles_once():
+    def define(fb):
+        x = fb.input([None, None], "f32")
+        return [fb.sqrt(fb.abs(x)) * 0.8125]
+
+    segment = build_segment(define)
+    kernel = kernels.SegmentKernel(segment)
+    generator = torch.Generator().manual_seed(4)
+    before = kernels.CACHE.compilations
+    # Each shape twice: the second launch reuses the preparation with new buffers.
+    for shape in ([64, 64], [128, 32], [1024, 8], [64, 64], [128, 32], [1024, 8]):
+        x = random(shape, torch.float32, generator)
+        out = poisoned(shape, torch.float32)
+        assert kernel.launch([x], [out])
+        torch.cuda.synchronize()
+        assert_matches(out, fusion_eval.evaluate(segment, [x])[0], f"shape {shape}")
+    assert kernels.CACHE.compilations == before + 1
+    # A program prepared again builds a new SegmentKernel: the process cache has the kernel.
+    assert kernels.SegmentKernel(segment).launch([x], [out])
+    assert kernels.CACHE.compilations == before + 1
+
+
+@requires_gpu
+def test_kernel_runs_on_the_current_stream():
+    """The input is written on a side stream after a long sleep: only a kernel on it sees it."""
+    segment = build_segment(lambda fb: [fb.neg(fb.input([None], "f32"))], "stream")
+    kernel = kernels.SegmentKernel(segment)
+    x = torch.zeros(1 << 20, device="cuda")
+    out = poisoned([1 << 20], torch.float32)
+    kernel.launch([x], [out])  # compile before timing matters
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s
+        x.fill_(2.0)
+        assert kernel.launch([x], [out])
+    assert not side.query(), "the side stream should still be sleeping"
+    side.synchronize()
+    assert torch.equal(out, torch.full_like(out, -2.0))
+
+
+@requires_gpu
+def test_dump_prints_each_kernel_when_compiled(monkeypatch, capsys):
+    monkeypatch.setenv("HOSTIR_DUMP", "cuda_kernel")
+    # A constant no other test uses: this kernel is compiled here.
+    segment = build_segment(lambda fb: [fb.input([None], "f32") * 0.0712890625], "dumped")
+    x, out = torch.ones(8, device="cuda"), poisoned([8], torch.float32)
+    assert kernels.SegmentKernel(segment).launch([x], [out])
+    printed = capsys.readouterr().out
+    assert "======= CUDA kernel of segment @dumped =======" in printed
+    assert "const float v1 = 0.0712890625f;" in printed
+    assert kernels.SegmentKernel(segment).launch([x], [out])
+    assert capsys.readouterr().out == "", "a cached kernel is not compiled, so not printed, again"
