@@ -61,7 +61,7 @@ class Work:
 
     __slots__ = ("works", "finishes")
 
-    def __init__(self, works: list = (), finishes: list[Callable[[], object]] = ()):
+    def __init__(self, works: Sequence = (), finishes: Sequence[Callable[[], object]] = ()):
         self.works = list(works)
         self.finishes = list(finishes)
 
