@@ -36,7 +36,7 @@ import torch.distributed as dist
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
 from passes import DEFAULT_PIPELINE
-from runtime.communicator import Communicator
+from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
 from runtime.launch import LAUNCH_TIMEOUT_S, RankFailed, run_on_local_ranks
 from runtime.program import Program
 from runtime.streams import configured_num_streams
@@ -49,6 +49,9 @@ from runtime.reference import (
     shard,
     unshard,
 )
+
+START_UP_S = LAUNCH_TIMEOUT_S - DEFAULT_TIMEOUT_S
+"""How long local ranks may take to start, on top of --timeout, before they are killed."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         type=_seconds,
-        help=f"seconds a communication may wait, and after which local ranks are killed (default {LAUNCH_TIMEOUT_S:g})",
+        help=f"seconds a communication may wait for its peers (default {DEFAULT_TIMEOUT_S:g}, or "
+        f"HOSTIR_TIMEOUT_S); local ranks still running {START_UP_S:g} s after that are killed",
     )
     parser.add_argument(
         "--save-outputs",
@@ -312,6 +316,11 @@ def run_locally(arguments: argparse.Namespace) -> int:
             f"the program uses devices up to {program.largest_device}; "
             f"run it with --nproc {program.largest_device + 1} or more"
         )
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise HostirError(
+            f"{nproc} local ranks need {nproc} GPUs (one per NCCL rank); this machine has "
+            f"{torch.cuda.device_count()}"
+        )
     with plain_errors():
         # Before any rank starts, so that inputs the fusion cannot take fail once, here.
         expected = reference_outputs(_fusion(program), inputs) if arguments.check else None
@@ -321,9 +330,10 @@ def run_locally(arguments: argparse.Namespace) -> int:
         with plain_errors():
             results = [run_rank(program, inputs, Communicator.single(), options)]
     else:
-        results = run_on_local_ranks(
-            spawned_rank, nproc, options, inputs, timeout_s=arguments.timeout or LAUNCH_TIMEOUT_S
+        timeout_s = (
+            LAUNCH_TIMEOUT_S if arguments.timeout is None else arguments.timeout + START_UP_S
         )
+        results = run_on_local_ranks(spawned_rank, nproc, options, inputs, timeout_s=timeout_s)
     return report(program, results, expected, arguments)
 
 
@@ -331,7 +341,7 @@ def run_under_torchrun(arguments: argparse.Namespace) -> int:
     """This process is one rank of torchrun's world; rank 0 reports."""
     options = run_options(arguments)
     with plain_errors():
-        communicator = Communicator.from_env(arguments.timeout or LAUNCH_TIMEOUT_S)
+        communicator = Communicator.from_env(arguments.timeout or DEFAULT_TIMEOUT_S)
         if arguments.nproc is not None and arguments.nproc != communicator.world_size:
             raise HostirError(
                 f"--nproc {arguments.nproc} contradicts torchrun's world of {communicator.world_size} rank(s)"

@@ -288,7 +288,8 @@ def results_of_world(world: int) -> dict[str, list]:
     cases = [c for c in CASES if c.world == world]
     payload = [(c.fusion.name, c.build_arguments, c.inputs()) for c in cases]
     if world == 1:
-        per_rank = [run_cases(payload, Communicator.single(torch.device(DEVICE)))]
+        communicator = Communicator.single(torch.device("cpu") if DEVICE == "cpu" else None)
+        per_rank = [run_cases(payload, communicator)]
     else:
         per_rank = run_on_local_ranks(run_cases, world, payload)
     return {case.id: [rank_results[i] for rank_results in per_rank] for i, case in enumerate(cases)}

@@ -1,0 +1,336 @@
+"""hir-run, the launcher: local ranks and torchrun's, inputs random or from .pt files, --check,
+saved outputs, and the messages and exit status of every kind of mistake.
+
+The runs that start ranks call the script a user calls (`tools/hir-run.py`) in a
+subprocess; the mistakes found before any rank starts call `main` in this process.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples.reference_fusions import ag_linear, allgather_p2p, matmul, matmul_ar
+from hostir_dialect.text import print_module
+from tools import hir_run
+
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "hir-run.py"
+
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def clean_environment(**variables: str) -> dict[str, str]:
+    """This process's environment without torchrun's variables or GPUs (the CLI tests run on
+    gloo; run_gpu_suite.sh runs hir-run on GPUs), plus `variables`."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
+    return {**env, "HOSTIR_TIMEOUT_S": "30", "CUDA_VISIBLE_DEVICES": "", **variables}
+
+
+def run_script(*arguments: str, **variables: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *arguments],
+        capture_output=True,
+        text=True,
+        env=clean_environment(**variables),
+        timeout=120,
+    )
+
+
+def assert_no_traceback(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """Fusions written as text: ag_linear and matmul_ar on 2 devices, allgather_p2p on 4, matmul on 1."""
+    directory = tmp_path_factory.mktemp("fusions")
+    modules = {
+        "ag_linear": ag_linear(2),
+        "matmul_ar": matmul_ar(2, "f32"),
+        "allgather_p2p": allgather_p2p(4),
+        "matmul": matmul(),
+    }
+    paths = {}
+    for name, module in modules.items():
+        paths[name] = directory / f"{name}.mlir"
+        paths[name].write_text(print_module(module))
+    return paths
+
+
+def run_main(capsys, *arguments: str) -> tuple[int, str, str]:
+    status = hir_run.main(list(arguments))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+# --------------------------------------------------------------------------- #
+# Runs                                                                         #
+# --------------------------------------------------------------------------- #
+
+
+def test_check_on_two_local_ranks_with_pt_inputs(files, tmp_path):
+    x, w, b = torch.randn(3, 2, 5, 6), torch.randn(7, 6), torch.randn(7)
+    paths = []
+    for name, value in (("x", x), ("w", w), ("b", b)):
+        paths.append(str(tmp_path / f"{name}.pt"))
+        torch.save(value.bfloat16(), paths[-1])
+    result = run_script(
+        str(files["ag_linear"]), "--nproc", "2", "--check", "--repeat", "2",
+        "--inputs", *paths, "--save-outputs", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert_no_traceback(result.stderr)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("@ag_linear: 2 rank(s), ")
+    assert lines[1].startswith("output #0 bf16 [3, 2, 5, 7]: max relative error ")
+    assert lines[1].endswith("(tolerance 0.02): ok")
+    assert lines[2] == f"saved 1 output(s) in {tmp_path}/output<i>.pt"
+    for rank in (0, 1):
+        assert any(line.startswith(f"rank {rank}: ") and "of 2 run(s)" in line for line in lines)
+    output = torch.load(tmp_path / "output0.pt")
+    x, w, b = (torch.load(p).double() for p in paths)
+    expected = torch.einsum("sdmk,nk->sdmn", x, w) + b
+    assert output.dtype == torch.bfloat16
+    torch.testing.assert_close(output.double(), expected, rtol=0, atol=2e-2 * expected.abs().max())
+
+
+def test_default_nproc_and_sizes_of_random_inputs(files, tmp_path):
+    result = run_script(
+        str(files["allgather_p2p"]), "--check", "--seed", "7", "--dim", "0:1=5",
+        "--save-outputs", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("@allgather_p2p: 4 rank(s), ")
+    assert (
+        "output #0 f32 [4, 5]: max relative error" in result.stdout and "rank 3: " in result.stdout
+    )
+    assert torch.load(tmp_path / "output0.pt").shape == (4, 5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_environment_makes_each_process_one_rank(files):
+    port = str(_free_port())
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(files["matmul_ar"]), "--check"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_environment(
+                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+            ),
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in processes)
+    assert [p.returncode for p in processes] == [0, 0], err0 + err1
+    assert out0.startswith("@matmul_ar: 2 rank(s), ")
+    assert "output #0 f32 [8, 8, 8]: max relative error" in out0 and "ok" in out0
+    assert "rank 1: " in out0
+    assert out1 == ""
+
+
+def test_nproc_contradicting_torchrun_is_refused(files):
+    result = run_script(
+        str(files["matmul"]), "--nproc", "3",
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        == "rank 0: error: --nproc 3 contradicts torchrun's world of 1 rank(s)"
+    )
+
+
+def test_stdin_and_one_rank_in_process(files, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(files["matmul"].read_text()))
+    status, out, err = run_main(
+        capsys, "--check", "--dim", "0:0=3", "--dim", "1:1=17", "--default-extent", "6"
+    )
+    assert status == 0, err
+    assert "@matmul: 1 rank(s)" in out and "output #0 f32 [3, 17]: max relative error" in out
+
+
+def test_check_fails_beyond_the_tolerance(files, capsys, monkeypatch):
+    reference = hir_run.reference_outputs
+    monkeypatch.setattr(
+        hir_run, "reference_outputs", lambda f, inputs: [r * 1.01 for r in reference(f, inputs)]
+    )
+    status, out, _ = run_main(capsys, str(files["matmul"]), "--check")
+    assert status == 1
+    assert "(tolerance 0.0001): FAILED" in out
+
+
+def test_entry_selects_one_of_several_functions(files, tmp_path, capsys):
+    path = tmp_path / "two.mlir"
+    functions = [
+        print_module(m).split("\n", 1)[1].rsplit("}", 1)[0] for m in (matmul(), ag_linear(1))
+    ]
+    path.write_text("builtin.module {\n" + "".join(functions) + "}\n")
+    status, _, err = run_main(capsys, str(path))
+    assert status == 1
+    assert "error: the module has 2 public functions (@matmul, @ag_linear); name the entry" in err
+    status, out, err = run_main(capsys, str(path), "--entry", "ag_linear", "--check")
+    assert status == 0, err
+    assert out.startswith("@ag_linear: 1 rank(s)")
+
+
+# --------------------------------------------------------------------------- #
+# Mistakes                                                                     #
+# --------------------------------------------------------------------------- #
+
+
+def test_missing_file(capsys, tmp_path):
+    status, out, err = run_main(capsys, str(tmp_path / "none.mlir"))
+    assert status == 1 and out == ""
+    assert (
+        err.strip() == f"error: cannot read '{tmp_path / 'none.mlir'}': No such file or directory"
+    )
+
+
+def test_parse_error_is_located(capsys, tmp_path):
+    path = tmp_path / "typo.mlir"
+    path.write_text("func.func @f(%x: !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32> {\n"
+                    "  %y = fusion.nag %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[4], f32>\n"
+                    "  func.return %y : !fusion.tensor<[4], f32>\n}\n")  # fmt: skip
+    status, _, err = run_main(capsys, str(path))
+    assert status == 1
+    first, source, caret = err.rstrip("\n").split("\n")
+    assert re.fullmatch(rf"{re.escape(str(path))}:2:\d+: error: .*fusion\.nag.*", first)
+    assert source == "  %y = fusion.nag %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[4], f32>"
+    assert re.fullmatch(r" +\^+", caret)
+
+
+def test_bad_pt_inputs(files, tmp_path, capsys):
+    wrong_shape, wrong_dtype, not_a_tensor = (
+        tmp_path / n for n in ("shape.pt", "dtype.pt", "junk.pt")
+    )
+    torch.save(torch.zeros(3, 3, 4, 4, dtype=torch.bfloat16), wrong_shape)
+    torch.save(torch.zeros(3, 2, 4, 4), wrong_dtype)
+    not_a_tensor.write_bytes(b"not a pickle")
+    weight, bias = tmp_path / "w.pt", tmp_path / "b.pt"
+    torch.save(torch.zeros(5, 4, dtype=torch.bfloat16), weight)
+    torch.save(torch.zeros(5, dtype=torch.bfloat16), bias)
+    fusion = str(files["ag_linear"])
+
+    status, _, err = run_main(capsys, fusion, "--inputs", str(wrong_shape), str(weight), str(bias))
+    assert status == 1
+    assert (
+        f"input #0 ({wrong_shape}) (mesh = [0, 1], axes = [_, didx, _, _]): axis 1 is didx" in err
+    )
+    assert "its extent must be 2; got shape [3, 3, 4, 4]" in err
+
+    status, _, err = run_main(capsys, fusion, "--inputs", str(wrong_dtype), str(weight), str(bias))
+    assert status == 1
+    assert "expected dtype torch.bfloat16, got torch.float32" in err
+
+    status, _, err = run_main(capsys, fusion, "--inputs", str(not_a_tensor), str(weight), str(bias))
+    assert status == 1 and f"cannot load input #0 from '{not_a_tensor}'" in err
+
+    status, _, err = run_main(capsys, fusion, "--inputs", str(weight), str(bias))
+    assert status == 1 and "the function takes 3 input(s), got 2" in err
+
+
+def test_inputs_the_fusion_cannot_take(files, capsys):
+    # matmul's K is axis 1 of argument 0 and axis 0 of argument 1: 3 against 8 does not multiply.
+    status, _, err = run_main(capsys, str(files["matmul"]), "--dim", "0:1=3", "--check")
+    assert status == 1
+    assert "RuntimeError" in err and "cannot be multiplied" in err
+    status, _, err = run_main(capsys, str(files["matmul"]), "--dim", "2:0=3")
+    assert status == 1
+    assert "a size is given for argument 2, but the function has 2 argument(s)" in err
+
+
+def test_too_few_ranks(files, capsys):
+    status, _, err = run_main(capsys, str(files["allgather_p2p"]), "--nproc", "2")
+    assert status == 1 and "uses devices up to 3; run it with --nproc 4 or more" in err
+
+
+def test_check_needs_the_fusion(files, tmp_path, capsys):
+    lowered = tmp_path / "lowered.mlir"
+    lowered.write_text(print_module(hir_run.Program.compile(matmul()).module))
+    status, out, err = run_main(capsys, str(lowered), "-p", "none")
+    assert status == 0, err
+    assert out.startswith("@matmul: 1 rank(s)")
+    status, _, err = run_main(capsys, str(lowered), "-p", "none", "--check")
+    assert status == 1 and "a module given with -p none has none" in err
+
+
+def test_bad_pipeline(files, capsys):
+    status, _, err = run_main(capsys, str(files["matmul"]), "-p", "no-such-pass")
+    assert status == 1 and "bad pass pipeline 'no-such-pass'" in err
+
+
+def test_bad_command_line_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        hir_run.main(["x.mlir", "--dim", "0:1"])
+    assert exit.value.code == 2
+    assert "'0:1' is not ARG:AXIS=EXTENT" in capsys.readouterr().err
+
+
+FAILS_ON_RANK_1 = """
+func.func @fails_on_rank_1(%x: !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !fusion.tensor<[4], f32, mesh = [0, 1]> {
+  %c5 = arith.constant 5 : index
+  %rank = hir.device_index
+  %i = arith.muli %rank, %c5 : index
+  %element = hir.alias_select %x[0 = %i] : !fusion.tensor<[4], f32, mesh = [0, 1]> -> !fusion.tensor<[], f32, mesh = [0, 1]>
+  %out = hir.allocate() : !fusion.tensor<[4], f32, mesh = [0, 1]>
+  hir.copy ins(%x : !fusion.tensor<[4], f32, mesh = [0, 1]>) outs(%out : !fusion.tensor<[4], f32, mesh = [0, 1]>)
+  func.return %out : !fusion.tensor<[4], f32, mesh = [0, 1]>
+}
+"""
+
+WAITS_FOREVER_ON_RANK_1 = """
+func.func @waits_forever_on_rank_1(%x: !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !fusion.tensor<[4], f32, mesh = [0, 1]> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %rank = hir.device_index
+  %out = hir.allocate() : !fusion.tensor<[4], f32, mesh = [0, 1]>
+  %second = arith.cmpi eq, %rank, %c1 : index
+  scf.if %second {
+    %r = hir.recv %out from %c0 backend nccl : !fusion.tensor<[4], f32, mesh = [0, 1]>
+    hir.wait %r
+  }
+  func.return %out : !fusion.tensor<[4], f32, mesh = [0, 1]>
+}
+"""
+
+
+def test_a_failing_rank_is_reported_by_rank(tmp_path):
+    path = tmp_path / "fails.mlir"
+    path.write_text(FAILS_ON_RANK_1)
+    result = run_script(str(path), "-p", "none", "--nproc", "2")
+    assert result.returncode == 1
+    assert_no_traceback(result.stderr)
+    assert result.stderr.startswith(f"rank 1: {path}:6:3: error: failed on rank 1: IndexError")
+    assert "rank 0:" not in result.stderr
+
+
+def test_a_rank_that_waits_forever_is_stopped_by_the_timeout(tmp_path):
+    path = tmp_path / "waits.mlir"
+    path.write_text(WAITS_FOREVER_ON_RANK_1)
+    result = run_script(str(path), "-p", "none", "--nproc", "2", "--timeout", "3")
+    assert result.returncode == 1
+    assert_no_traceback(result.stderr)
+    assert result.stderr.startswith("rank 1: ")
