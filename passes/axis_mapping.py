@@ -68,6 +68,22 @@ def matmul(lhs_rank: int, rhs_rank: int) -> tuple[AxisMap, AxisMap]:
     return tuple(lhs), tuple(rhs)
 
 
+def matmul_slice_problem(lhs_rank: int, rhs_rank: int, output_axis: int) -> str | None:
+    """Why torch.matmul of the slices along `output_axis` is not that slice of the product.
+
+    Slicing drops an axis, and torch.matmul reads the last two axes of each operand
+    as its matrix: without M, the last batch axis of the lhs becomes its M, which only
+    works while the rhs has no batch axes; without N, the rhs's K becomes its N
+    unless the rhs was a plain matrix (its slice is then a vector).
+    """
+    lhs_map, rhs_map = matmul(lhs_rank, rhs_rank)
+    if lhs_rank > 2 and rhs_rank > 2 and output_axis == lhs_map[-2]:
+        return "its M axis, while both operands have batch axes"
+    if rhs_rank > 2 and output_axis == rhs_map[-1]:
+        return "its N axis, while the rhs has batch axes"
+    return None
+
+
 def linear(input_rank: int, weight_rank: int, bias_rank: int | None) -> list[AxisMap]:
     """`input @ weight^T + bias`: the input's batch axes, then N from weight axis 0 and the bias.
 

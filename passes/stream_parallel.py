@@ -62,6 +62,7 @@ from hostir_dialect.text import HostirError
 from passes.axis_mapping import (
     AxisClasses,
     func_results,
+    matmul_slice_problem,
     operand_axis,
     operand_axis_maps,
     output_of,
@@ -70,6 +71,9 @@ from passes.axis_mapping import (
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
+
+REDUCING_OPS = (hir.ReductionOp, hir.AllreduceOp, hir.ReduceOp, hir.ReduceScatterOp)
+"""Ops whose input has axes that their output lacks or keeps with extent 1."""
 
 
 def _without_axis(axes: Sequence[int], removed: int) -> list[int]:
@@ -133,6 +137,20 @@ def check_stream_axes(op: hir.ComputeOp | hir.CommunicationOp) -> None:
     stream = output.stream_axis
     if stream is None:
         return
+    if isinstance(op, REDUCING_OPS) and operand_axis(maps[0][1], stream) is None:
+        raise HostirError.at(
+            op,
+            f"the stream axis {stream} of the output {output} of {op.name} is an axis it "
+            "reduces, kept with extent 1; no slice of the input computes a slice of it",
+        )
+    if isinstance(op, hir.MatmulOp):
+        problem = matmul_slice_problem(tensor_type(op.ins[0]).rank, tensor_type(op.ins[1]).rank, stream)
+        if problem:
+            raise HostirError.at(
+                op,
+                f"the stream axis {stream} of the output {output} of hir.matmul is {problem}: "
+                "a matmul of the slices would not be a slice of the product",
+            )
     if _p2p_gathered_axis(op) is not None:
         mesh = tensor_type(op.operands[0]).mesh.ids
         if mesh != tuple(range(mesh[0], mesh[0] + len(mesh))):

@@ -1,0 +1,196 @@
+"""hir-lowering: the reference fusions, built with the Python builder, lowered by the default pipeline.
+
+The tests check the lowered op sequence of every reference fusion (loops, what they
+hold, where buffers are freed) on meshes of 8 and 4 devices, that the pipeline's
+options reach stream-parallel, that canonicalize and cse keep every hir op with
+effects while sharing the pure ones, and that lowering twice is lowering once. What
+the lowered programs compute is checked end to end in test_e2e.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import PassPipeline
+from xdsl.traits import is_side_effect_free
+
+from examples.reference_fusions import REFERENCE_FUSIONS
+from hostir_dialect import hir, hostir_context
+from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
+from passes import HOSTIR_PASSES
+from passes.pipeline import HirLowering
+from test_stream_parallel import ALLOC, P2P, SLICE, expand, host, loop, outline
+
+FREE = "hir.deallocate"
+
+EXPECTED_OUTLINES = {
+    ("single_set", 0): [ALLOC, loop(SLICE, SLICE, "hir.copy")],
+    ("single_set", 1): [ALLOC, loop(SLICE, SLICE, "hir.copy")],
+    ("two_sets",): [ALLOC, ALLOC, loop(SLICE, SLICE, "hir.copy", SLICE, "hir.copy"), FREE],
+    ("three_sets",): [
+        ALLOC,
+        loop(SLICE, SLICE, "hir.copy"),
+        ALLOC,
+        "hir.copy",
+        FREE,
+        ALLOC,
+        loop(SLICE, SLICE, "hir.copy"),
+        FREE,
+    ],
+    ("reduction",): [ALLOC, loop(SLICE, SLICE, "hir.reduction")],
+    ("single_binary",): [ALLOC, loop(SLICE, SLICE, SLICE, "hir.launch_kernel")],
+    ("matmul", 0): [ALLOC, loop(SLICE, SLICE, "hir.matmul")],
+    ("matmul", 1): [ALLOC, loop(SLICE, SLICE, "hir.matmul")],
+    ("linear",): [ALLOC, loop(SLICE, SLICE, "hir.linear")],
+    ("ag_linear",): [
+        ALLOC,
+        ALLOC,
+        loop(SLICE, SLICE, "hir.allgather", "hir.wait", SLICE, "hir.linear"),
+        FREE,
+    ],
+    ("allgather",): [ALLOC, loop(SLICE, SLICE, "hir.allgather", "hir.wait")],
+    ("allreduce",): [ALLOC, loop(SLICE, SLICE, "hir.allreduce", "hir.wait")],
+    ("reduce_scatter",): [ALLOC, loop(SLICE, SLICE, "hir.reduce_scatter", "hir.wait")],
+    ("ag_matmul",): [
+        ALLOC,
+        ALLOC,
+        loop(SLICE, SLICE, "hir.allgather", "hir.wait", SLICE, "hir.matmul"),
+        FREE,
+    ],
+    ("matmul_ar",): [
+        ALLOC,
+        ALLOC,
+        loop(SLICE, SLICE, "hir.matmul", SLICE, "hir.allreduce", "hir.wait"),
+        FREE,
+    ],
+    ("matmul_rs_through_bcast",): [
+        ALLOC,
+        "hir.post_on_stream",
+        ALLOC,
+        ALLOC,
+        loop(SLICE, SLICE, SLICE, "hir.matmul", SLICE, "hir.reduce_scatter", "hir.wait"),
+        FREE,
+        FREE,
+    ],
+    ("allgather_p2p",): [ALLOC, loop(SLICE, *P2P)],
+    ("ag_matmul_p2p",): [ALLOC, ALLOC, loop(SLICE, *P2P, SLICE, "hir.matmul"), FREE],
+}
+
+MULTI_DEVICE = {
+    "ag_linear",
+    "allgather",
+    "allreduce",
+    "reduce_scatter",
+    "ag_matmul",
+    "matmul_ar",
+    "matmul_rs_through_bcast",
+    "allgather_p2p",
+    "ag_matmul_p2p",
+}
+
+CASES = [
+    (case, mesh)
+    for case in EXPECTED_OUTLINES
+    for mesh in ((8, 4) if case[0] in MULTI_DEVICE else (None,))
+]
+
+
+def build(case: tuple, num_devices: int | None) -> ModuleOp:
+    name, *stream_axis = case
+    arguments = {"stream_axis": stream_axis[0]} if stream_axis else {}
+    if num_devices is not None:
+        arguments["num_devices"] = num_devices
+    return REFERENCE_FUSIONS[name](**arguments)
+
+
+def lower(module: ModuleOp, lowering: HirLowering | None = None) -> ModuleOp:
+    (lowering or HirLowering()).apply(hostir_context(), module)
+    verify_module(module)
+    return module
+
+
+def case_id(case_mesh) -> str:
+    case, mesh = case_mesh
+    return "-".join(map(str, case)) + (f"-mesh{mesh}" if mesh else "")
+
+
+@pytest.mark.parametrize("case,mesh", CASES, ids=map(case_id, CASES))
+def test_lowered_op_sequence(case, mesh):
+    function = host(lower(build(case, mesh)))
+    assert outline(function.body.block) == expand(EXPECTED_OUTLINES[case], separate_sync_loop=True)
+    teams = {op.team_ids for op in function.walk() if isinstance(op, hir.CommunicationOp)}
+    assert teams <= {tuple(range(mesh))} if mesh else not teams
+
+
+@pytest.mark.parametrize("name", REFERENCE_FUSIONS)
+def test_lowering_twice_is_lowering_once(name):
+    once = print_module(lower(REFERENCE_FUSIONS[name]()))
+    assert print_module(lower(lower(REFERENCE_FUSIONS[name]()))) == once
+
+
+def test_options_reach_stream_parallel():
+    lowering = PassPipeline.parse_spec(
+        HOSTIR_PASSES, "hir-lowering{p2p_backend=cuda separate_sync_loop=false}"
+    ).passes[0]
+    assert lowering == HirLowering(p2p_backend="cuda", separate_sync_loop=False)
+    function = host(lower(build(("ag_matmul_p2p",), 8), lowering))
+    assert outline(function.body.block) == expand(
+        EXPECTED_OUTLINES[("ag_matmul_p2p",)], separate_sync_loop=False
+    )
+    p2p = [op for op in function.walk() if isinstance(op, hir.SendOp | hir.RecvOp)]
+    assert len(p2p) == 2 and {op.backend.data.value for op in p2p} == {"cuda"}
+
+
+def test_bad_option_is_an_error():
+    with pytest.raises(HostirError, match="unknown p2p_backend 'mpi'"):
+        lower(build(("allgather_p2p",), 8), HirLowering(p2p_backend="mpi"))
+
+
+def effectful_ops(module: ModuleOp) -> Counter:
+    """How many ops of each kind with effects (or unknown ones) the module holds."""
+    return Counter(op.name for op in module.walk() if not op.regions and not is_side_effect_free(op))
+
+
+@pytest.mark.parametrize("name", REFERENCE_FUSIONS)
+def test_canonicalize_and_cse_keep_every_op_with_effects(name):
+    before_cleanup = REFERENCE_FUSIONS[name]()
+    PassPipeline(
+        tuple(
+            HOSTIR_PASSES[p]()()
+            for p in ("insert-reshardings", "fusion-to-hir", "stream-parallel", "insert-deallocations")
+        )
+    ).apply(hostir_context(), before_cleanup)
+    lowered = lower(REFERENCE_FUSIONS[name]())
+    assert effectful_ops(lowered) == effectful_ops(before_cleanup)
+    assert effectful_ops(lowered)["hir.synchronize_stream"] >= 2
+
+
+# Two identical dims, streams and allocations, and two copies into the same buffer.
+DUPLICATES = """
+!t = !fusion.tensor<[?, 4], f32>
+func.func @duplicates(%x: !t) -> !t {
+  %n = hir.dim %x, 0 : !t
+  %m = hir.dim %x, 0 : !t
+  %a = hir.allocate(%n) : !t
+  %b = hir.allocate(%m) : !t
+  %c0 = arith.constant 0 : index
+  %s = hir.stream %c0
+  %t = hir.stream %c0
+  hir.set_current_stream %s
+  hir.copy ins(%x : !t) outs(%a : !t)
+  hir.set_current_stream %t
+  hir.copy ins(%x : !t) outs(%a : !t)
+  hir.copy ins(%a : !t) outs(%b : !t)
+  func.return %b : !t
+}
+"""
+
+
+def test_cse_shares_pure_hir_ops_and_keeps_the_others():
+    module = lower(parse_module(DUPLICATES))
+    names = Counter(op.name for op in host(module).walk())
+    assert names["hir.dim"] == 1 and names["hir.stream"] == 1
+    assert names["hir.allocate"] == 2 and names["hir.copy"] == 3
+    assert names["hir.set_current_stream"] == 2 and names["hir.deallocate"] == 1
