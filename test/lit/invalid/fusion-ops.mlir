@@ -209,6 +209,14 @@ func.func @linear_bias_extent(%x: !fusion.tensor<[4, 8], f32>, %w: !fusion.tenso
 
 // -----
 
+func.func @linear_shape(%x: !fusion.tensor<[?, 4, 8], f32>, %w: !fusion.tensor<[2, 8], f32>) {
+  // expected-error@+1 {{result shape [?, 4, 8] does not match the shape [?, 4, 2] that the operands give}}
+  %y = fusion.linear %x, %w : (!fusion.tensor<[?, 4, 8], f32>, !fusion.tensor<[2, 8], f32>) -> !fusion.tensor<[?, 4, 8], f32>
+  func.return
+}
+
+// -----
+
 func.func @linear_element_types(%x: !fusion.tensor<[4, 8], f32>, %w: !fusion.tensor<[2, 8], f32>, %b: !fusion.tensor<[2], f16>) {
   // expected-error@+1 {{operands have element types f32, f32, f16; they must be equal}}
   %y = fusion.linear %x, %w, %b : (!fusion.tensor<[4, 8], f32>, !fusion.tensor<[2, 8], f32>, !fusion.tensor<[2], f16>) -> !fusion.tensor<[4, 2], f32>
