@@ -128,9 +128,12 @@ def _fusion_reduction(op: fusion.ReductionOp) -> list[AxisMap]:
 
 
 def _fusion_broadcast(op: fusion.BroadcastOp) -> list[AxisMap]:
-    return [broadcast(_rank(op.input), fusion.normalize_axes(
-        op.new_axes.get_values(), _rank(op.result), "broadcast"
-    ))]
+    return [
+        broadcast(
+            _rank(op.input),
+            fusion.normalize_axes(op.new_axes.get_values(), _rank(op.result), "broadcast"),
+        )
+    ]
 
 
 def _fusion_matmul(op: fusion.MatmulOp) -> list[AxisMap]:
@@ -166,7 +169,10 @@ def _reducing_collective(op: hir.CommunicationOp) -> list[AxisMap]:
     """allreduce, reduce, reduce_scatter: the input's `didx` axis is the reduced one."""
     didx = tensor_type(op.input).didx_axis
     reduced = () if didx is None else (didx,)
-    return [_reduced_input(op.input, op.output, reduced), right_aligned(_rank(op.output), _rank(op.output))]
+    return [
+        _reduced_input(op.input, op.output, reduced),
+        right_aligned(_rank(op.output), _rank(op.output)),
+    ]
 
 
 def _segment(op: hir.SegmentCallOp) -> list[AxisMap]:
@@ -203,7 +209,10 @@ _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     hir.LinearOp: _hir_linear,
     hir.LaunchKernelOp: _segment,
     hir.PostOnStreamOp: _segment,
-    **{op: _elementwise for op in (hir.AllgatherOp, hir.GatherOp, hir.ScatterOp, hir.BroadcastOp, hir.SendRecvOp)},
+    **{
+        op: _elementwise
+        for op in (hir.AllgatherOp, hir.GatherOp, hir.ScatterOp, hir.BroadcastOp, hir.SendRecvOp)
+    },
     **{op: _reducing_collective for op in (hir.AllreduceOp, hir.ReduceOp, hir.ReduceScatterOp)},
 }
 

@@ -61,6 +61,7 @@ from hostir_dialect.fusion import DYNAMIC, ParallelType, tensor_type
 from hostir_dialect.text import HostirError
 from passes.axis_mapping import (
     AxisClasses,
+    AxisMap,
     func_results,
     matmul_slice_problem,
     operand_axis,
@@ -109,67 +110,110 @@ def _p2p_gathered_axis(op: Operation) -> int | None:
 # --------------------------------------------------------------------------- #
 
 
+AxisMaps = list[tuple[SSAValue, AxisMap]]
+
+
+def _reduced_stream_axis(op: Operation, maps: AxisMaps) -> str | None:
+    for index, (operand, axis_map) in enumerate(maps):
+        stream = tensor_type(operand).stream_axis
+        if stream is not None and axis_map[stream] is None:
+            verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
+            return (
+                f"{op.name} {verb} axis {stream} of operand {index} {tensor_type(operand)}, "
+                "which is its stream axis; a reduced axis cannot be stream-parallel"
+            )
+    return None
+
+
+def _disagreeing_stream_axes(op: Operation, maps: AxisMaps) -> str | None:
+    targets: dict[int, str] = {}
+    for index, (operand, axis_map) in enumerate(maps):
+        stream = tensor_type(operand).stream_axis
+        if stream is not None:
+            targets.setdefault(axis_map[stream], f"operand {index} {tensor_type(operand)}")
+    if len(targets) < 2:
+        return None
+    return (
+        f"the stream axes of the operands of {op.name} map to different axes "
+        f"{sorted(targets)} of its output {tensor_type(output_of(op))}: "
+        + "; ".join(f"axis {axis} from {what}" for axis, what in sorted(targets.items()))
+    )
+
+
+def _reduced_output_axis(op: Operation, maps: AxisMaps) -> str | None:
+    output = tensor_type(output_of(op))
+    stream = output.stream_axis
+    if (
+        stream is None
+        or not isinstance(op, REDUCING_OPS)
+        or operand_axis(maps[0][1], stream) is not None
+    ):
+        return None
+    return (
+        f"the stream axis {stream} of the output {output} of {op.name} is an axis it "
+        "reduces, kept with extent 1; no slice of the input computes a slice of it"
+    )
+
+
+def _unsliceable_matmul_axis(op: Operation, maps: AxisMaps) -> str | None:
+    output = tensor_type(output_of(op))
+    if output.stream_axis is None or not isinstance(op, hir.MatmulOp):
+        return None
+    lhs, rhs = (tensor_type(value).rank for value in op.ins)
+    problem = matmul_slice_problem(lhs, rhs, output.stream_axis)
+    if problem is None:
+        return None
+    return (
+        f"the stream axis {output.stream_axis} of the output {output} of hir.matmul is "
+        f"{problem}: a matmul of the slices would not be a slice of the product"
+    )
+
+
+def _sparse_p2p_mesh(op: Operation, maps: AxisMaps) -> str | None:
+    if _p2p_gathered_axis(op) is None:
+        return None
+    mesh = tensor_type(op.operands[0]).mesh.ids
+    if mesh == tuple(range(mesh[0], mesh[0] + len(mesh))):
+        return None
+    return (
+        f"the point-to-point allgather of {op.name} from {tensor_type(op.operands[0])} "
+        "needs a mesh of consecutive devices"
+    )
+
+
+def _didx_to_stream(op: Operation, maps: AxisMaps) -> str | None:
+    output = tensor_type(output_of(op))
+    if output.stream_axis is None or _p2p_gathered_axis(op) is not None:
+        return None
+    for index, (operand, axis_map) in enumerate(maps):
+        source_axis = operand_axis(axis_map, output.stream_axis)
+        if source_axis is not None and source_axis == tensor_type(operand).didx_axis:
+            return (
+                f"the stream axis {output.stream_axis} of the output {output} of {op.name} is "
+                f"the didx axis {source_axis} of operand {index} {tensor_type(operand)}; only an "
+                "allgather or a copy can turn a didx axis into a stream axis (the "
+                "point-to-point allgather)"
+            )
+    return None
+
+
+STREAM_AXIS_CHECKS: tuple[Callable[[Operation, AxisMaps], str | None], ...] = (
+    _reduced_stream_axis,
+    _disagreeing_stream_axes,
+    _reduced_output_axis,
+    _unsliceable_matmul_axis,
+    _sparse_p2p_mesh,
+    _didx_to_stream,
+)
+"""Each returns what no pipeline covers about an op's stream axes, or None."""
+
+
 def check_stream_axes(op: hir.ComputeOp | hir.CommunicationOp) -> None:
     """Raises a HostirError where no pipeline covers the stream axes of `op`'s buffers."""
     maps = operand_axis_maps(op)
-    output = tensor_type(output_of(op))
-    targets: dict[int, str] = {}
-    for index, (operand, axis_map) in enumerate(maps):
-        operand_type = tensor_type(operand)
-        stream = operand_type.stream_axis
-        if stream is None:
-            continue
-        if axis_map[stream] is None:
-            verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
-            raise HostirError.at(
-                op,
-                f"{op.name} {verb} axis {stream} of operand {index} {operand_type}, which is "
-                "its stream axis; a reduced axis cannot be stream-parallel",
-            )
-        targets.setdefault(axis_map[stream], f"operand {index} {operand_type}")
-    if len(targets) > 1:
-        raise HostirError.at(
-            op,
-            f"the stream axes of the operands of {op.name} map to different axes "
-            f"{sorted(targets)} of its output {output}: "
-            + "; ".join(f"axis {axis} from {what}" for axis, what in sorted(targets.items())),
-        )
-    stream = output.stream_axis
-    if stream is None:
-        return
-    if isinstance(op, REDUCING_OPS) and operand_axis(maps[0][1], stream) is None:
-        raise HostirError.at(
-            op,
-            f"the stream axis {stream} of the output {output} of {op.name} is an axis it "
-            "reduces, kept with extent 1; no slice of the input computes a slice of it",
-        )
-    if isinstance(op, hir.MatmulOp):
-        problem = matmul_slice_problem(tensor_type(op.ins[0]).rank, tensor_type(op.ins[1]).rank, stream)
-        if problem:
-            raise HostirError.at(
-                op,
-                f"the stream axis {stream} of the output {output} of hir.matmul is {problem}: "
-                "a matmul of the slices would not be a slice of the product",
-            )
-    if _p2p_gathered_axis(op) is not None:
-        mesh = tensor_type(op.operands[0]).mesh.ids
-        if mesh != tuple(range(mesh[0], mesh[0] + len(mesh))):
-            raise HostirError.at(
-                op,
-                f"the point-to-point allgather of {op.name} from {tensor_type(op.operands[0])} "
-                "needs a mesh of consecutive devices",
-            )
-        return
-    for index, (operand, axis_map) in enumerate(maps):
-        source_axis = operand_axis(axis_map, stream)
-        operand_type = tensor_type(operand)
-        if source_axis is not None and operand_type.parallel_types()[source_axis] == ParallelType.DIDX:
-            raise HostirError.at(
-                op,
-                f"the stream axis {stream} of the output {output} of {op.name} is the didx "
-                f"axis {source_axis} of operand {index} {operand_type}; only an allgather or "
-                "a copy can turn a didx axis into a stream axis (the point-to-point allgather)",
-            )
+    for check in STREAM_AXIS_CHECKS:
+        if (problem := check(op, maps)) is not None:
+            raise HostirError.at(op, problem)
 
 
 # --------------------------------------------------------------------------- #
@@ -356,12 +400,12 @@ def _only_defines_values(op: Operation) -> bool:
 # --------------------------------------------------------------------------- #
 
 
-def _slice_function(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> None:
-    """Removes from every value of `function` the axis that corresponds to `axis` of its first result."""
+def _sliced_axes(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> dict[SSAValue, int]:
+    """The axis of each value of `function` that corresponds to `axis` of its first result."""
     classes = AxisClasses.of_function(function)
     root = classes.find(func_results(function)[0], axis)
     block = function.body.block
-    removed: dict[SSAValue, int] = {}
+    sliced: dict[SSAValue, int] = {}
     for value in [*block.args, *(result for op in block.ops for result in op.results)]:
         axes = classes.axes_in_class(value, root)
         if len(axes) > 1:
@@ -371,35 +415,53 @@ def _slice_function(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -
                 f"the stream axis {axis} of its output; they cannot all be sliced",
             )
         if axes:
-            removed[value] = axes[0]
-    emptied_broadcasts: list[fusion.BroadcastOp] = []
-    for op in block.ops:
-        if isinstance(op, fusion.ReductionOp) and op.input in removed:
-            if removed[op.input] in op.reduced_axes:
+            sliced[value] = axes[0]
+    return sliced
+
+
+def _renumber_axis_properties(
+    function: func.FuncOp, sliced: dict[SSAValue, int], call: hir.SegmentCallOp
+) -> list[fusion.BroadcastOp]:
+    """Renumbers the axes that reductions and broadcasts name; returns the broadcasts left with none."""
+    emptied: list[fusion.BroadcastOp] = []
+    for op in function.body.block.ops:
+        if isinstance(op, fusion.ReductionOp) and op.input in sliced:
+            if sliced[op.input] in op.reduced_axes:
                 raise HostirError.at(
                     call,
-                    f"segment @{function.sym_name.data} reduces axis {removed[op.input]} of "
+                    f"segment @{function.sym_name.data} reduces axis {sliced[op.input]} of "
                     f"{tensor_type(op.input)} in {op.name}, which is its stream axis",
                 )
-            op.axes = DenseArrayBase.from_list(i64, _without_axis(op.reduced_axes, removed[op.input]))
-        elif isinstance(op, fusion.BroadcastOp) and op.result in removed:
+            op.axes = DenseArrayBase.from_list(
+                i64, _without_axis(op.reduced_axes, sliced[op.input])
+            )
+        elif isinstance(op, fusion.BroadcastOp) and op.result in sliced:
             rank = tensor_type(op.result).rank
             new_axes = fusion.normalize_axes(op.new_axes.get_values(), rank, "broadcast")
-            op.new_axes = DenseArrayBase.from_list(i64, _without_axis(new_axes, removed[op.result]))
+            op.new_axes = DenseArrayBase.from_list(i64, _without_axis(new_axes, sliced[op.result]))
             if not op.new_axes.get_values():
-                emptied_broadcasts.append(op)
-    for value, removed_axis in removed.items():
-        Rewriter.replace_value_with_new_type(value, tensor_type(value).without_axis(removed_axis))
+                emptied.append(op)
+    return emptied
+
+
+def _slice_function(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> None:
+    """Removes from every value of `function` the axis that corresponds to `axis` of its first result.
+
+    A broadcast that only inserted that axis becomes a set.
+    """
+    sliced = _sliced_axes(function, axis, call)
+    emptied_broadcasts = _renumber_axis_properties(function, sliced, call)
+    for value, removed in sliced.items():
+        Rewriter.replace_value_with_new_type(value, tensor_type(value).without_axis(removed))
     for op in emptied_broadcasts:
         Rewriter.replace_op(op, fusion.SetOp(op.input, tensor_type(op.result)))
+    block = function.body.block
     function.function_type = FunctionType.from_lists(
         [arg.type for arg in block.args], [result.type for result in func_results(function)]
     )
 
 
-def _insert_segment(
-    rewriter: PatternRewriter, sliced: func.FuncOp, original: func.FuncOp
-) -> str:
+def _insert_segment(rewriter: PatternRewriter, sliced: func.FuncOp, original: func.FuncOp) -> str:
     """Inserts `sliced` after `original` as `@<original>_slice`; reuses an equal one if there is one."""
     base = f"{original.sym_name.data}_slice"
     for name in itertools.chain([base], (f"{base}_{n}" for n in itertools.count(1))):
@@ -410,10 +472,10 @@ def _insert_segment(
             return name
         if existing.is_structurally_equivalent(sliced):
             return name
-    raise AssertionError("unreachable")
 
 
 def _erase_if_unused(rewriter: PatternRewriter, segment: func.FuncOp) -> None:
+    """Erases a private segment that no launch calls any more."""
     module = segment.parent_op()
     assert module is not None
     name = segment.sym_name.data
@@ -425,9 +487,7 @@ def _erase_if_unused(rewriter: PatternRewriter, segment: func.FuncOp) -> None:
         rewriter.erase(segment)
 
 
-def _slice_segment_call(
-    rewriter: PatternRewriter, call: hir.SegmentCallOp, axis: int
-) -> None:
+def _slice_segment_call(rewriter: PatternRewriter, call: hir.SegmentCallOp, axis: int) -> None:
     """Makes `call` run a copy of its segment on slices: `@<segment>_slice`."""
     original = segment_function(call)
     sliced = original.clone()
@@ -458,7 +518,7 @@ class PipelineStreamParallelOp(RewritePattern):
             return
         maps = operand_axis_maps(op)
         index, work = _insert_stream_loops(rewriter, op, axis, self.separate_sync_loop)
-        first_index = _index_constant(rewriter, op, 0)
+        first = _index_constant(rewriter, op, 0)
         operands: list[SSAValue] = []
         for operand, axis_map in maps:
             source_axis = operand_axis(axis_map, axis)
@@ -466,20 +526,37 @@ class PipelineStreamParallelOp(RewritePattern):
                 operands.append(operand)
                 continue
             broadcast = tensor_type(operand).get_shape()[source_axis] == 1
-            view = hir.AliasSelectOp(operand, source_axis, first_index if broadcast else index)
-            view.result.name_hint = f"{operand.name_hint}_slice" if operand.name_hint else None
+            view = _select(operand, source_axis, first if broadcast else index)
             rewriter.insert(view, work)
             operands.append(view.result)
-        if isinstance(op, hir.ReductionOp) and (source_axis := operand_axis(maps[0][1], axis)) is not None:
-            reduced = fusion.normalize_axes(op.axes.get_values(), tensor_type(op.ins[0]).rank, "reduction")
-            op.axes = DenseArrayBase.from_list(i64, _without_axis(reduced, source_axis))
+        if isinstance(op, hir.ReductionOp):
+            _renumber_reduced_axes(op, operand_axis(maps[0][1], axis))
         if isinstance(op, hir.SegmentCallOp):
             _slice_segment_call(rewriter, op, axis)
-        waits = [use.operation for result in op.results for use in result.uses]
         op.operands = operands
-        for moved in (op, *waits):
+        for moved in (op, *_waits(op)):
             moved.detach()
             rewriter.insert(moved, work)
+
+
+def _select(buffer: SSAValue, axis: int, index: SSAValue) -> hir.AliasSelectOp:
+    view = hir.AliasSelectOp(buffer, axis, index)
+    view.result.name_hint = f"{buffer.name_hint}_slice" if buffer.name_hint else None
+    return view
+
+
+def _renumber_reduced_axes(op: hir.ReductionOp, removed: int | None) -> None:
+    """The reduced axes of `op` once its input has lost axis `removed`."""
+    if removed is not None:
+        reduced = fusion.normalize_axes(
+            op.axes.get_values(), tensor_type(op.ins[0]).rank, "reduction"
+        )
+        op.axes = DenseArrayBase.from_list(i64, _without_axis(reduced, removed))
+
+
+def _waits(op: Operation) -> list[Operation]:
+    """The hir.wait ops of a communication."""
+    return [use.operation for result in op.results for use in result.uses]
 
 
 @dataclass
@@ -503,12 +580,11 @@ class PipelineP2PAllgather(RewritePattern):
         rank = _runtime_value(rewriter, op, hir.DeviceIndexOp, "rank")
         own_shard = hir.AliasSelectOp(source, axis, _index_constant(rewriter, op, 0))
         own_shard.result.name_hint = "own_shard"
-        received = hir.AliasSelectOp(output, axis, index)
-        received.result.name_hint = f"{output.name_hint}_slice" if output.name_hint else None
+        received = _select(output, axis, index)
         peer_ops: list[Operation] = []
         peer = index
         if first_device:
-            peer_ops.append(arith.AddiOp(index, _index_constant(rewriter, op, first_device)))
+            peer_ops = [arith.AddiOp(index, _index_constant(rewriter, op, first_device))]
             peer = peer_ops[0].results[0]
             peer.name_hint = "peer"
         is_own = arith.CmpiOp(peer, rank, "eq")
@@ -528,7 +604,7 @@ class PipelineP2PAllgather(RewritePattern):
             ],
         )
         rewriter.insert([received, *peer_ops, is_own, exchange], work)
-        for wait in [use.operation for result in op.results for use in result.uses]:
+        for wait in _waits(op):
             rewriter.erase(wait)
         rewriter.erase(op)
 

@@ -150,7 +150,9 @@ def test_bad_option_is_an_error():
 
 def effectful_ops(module: ModuleOp) -> Counter:
     """How many ops of each kind with effects (or unknown ones) the module holds."""
-    return Counter(op.name for op in module.walk() if not op.regions and not is_side_effect_free(op))
+    return Counter(
+        op.name for op in module.walk() if not op.regions and not is_side_effect_free(op)
+    )
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUSIONS)
@@ -159,7 +161,12 @@ def test_canonicalize_and_cse_keep_every_op_with_effects(name):
     PassPipeline(
         tuple(
             HOSTIR_PASSES[p]()()
-            for p in ("insert-reshardings", "fusion-to-hir", "stream-parallel", "insert-deallocations")
+            for p in (
+                "insert-reshardings",
+                "fusion-to-hir",
+                "stream-parallel",
+                "insert-deallocations",
+            )
         )
     ).apply(hostir_context(), before_cleanup)
     lowered = lower(REFERENCE_FUSIONS[name]())

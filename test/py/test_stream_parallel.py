@@ -83,7 +83,10 @@ def refused_by_pass(case: str, shapes, maps, output_axis: int) -> bool:
     """Whether stream-parallel refuses a stream axis there: a matmul axis whose slices
     torch.matmul misreads, or a reduced axis kept with extent 1 (no input slice feeds it)."""
     if case.startswith("matmul"):
-        return axis_mapping.matmul_slice_problem(len(shapes[0]), len(shapes[1]), output_axis) is not None
+        return (
+            axis_mapping.matmul_slice_problem(len(shapes[0]), len(shapes[1]), output_axis)
+            is not None
+        )
     if case.startswith("sum"):
         return operand_axis(maps[0], output_axis) is None
     return False
@@ -121,7 +124,11 @@ AXIS_MAP_CASES = {
         lambda x, w: axis_mapping.linear(x, w, None),
         _same_op(torch.nn.functional.linear),
     ),
-    "sum [1]": ([(2, 3, 4)], lambda r: [axis_mapping.reduction(r, [1], False)], _sum(3, [1], False)),
+    "sum [1]": (
+        [(2, 3, 4)],
+        lambda r: [axis_mapping.reduction(r, [1], False)],
+        _sum(3, [1], False),
+    ),
     "sum [0, 2] keepdim": (
         [(2, 3, 4)],
         lambda r: [axis_mapping.reduction(r, [0, 2], True)],
@@ -169,7 +176,9 @@ def test_slicing_the_operands_by_their_axis_maps_slices_the_output(case):
     maps = maps_of(*(len(shape) for shape in shapes))
     output = op_for(None)(*operands)
     assert [len(axis_map) for axis_map in maps] == [len(shape) for shape in shapes]
-    assert all(0 <= axis < output.dim() for axis_map in maps for axis in axis_map if axis is not None)
+    assert all(
+        0 <= axis < output.dim() for axis_map in maps for axis in axis_map if axis is not None
+    )
     for output_axis in range(output.dim()):
         refused = refused_by_pass(case, shapes, maps, output_axis)
         assert slices_match(op_for, operands, maps, output_axis) != refused, output_axis
@@ -196,7 +205,9 @@ def stream_parallel(module: ModuleOp, **options) -> ModuleOp:
 
 
 def host(module: ModuleOp) -> func.FuncOp:
-    (function,) = [op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_visibility is None]
+    (function,) = [
+        op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_visibility is None
+    ]
     return function
 
 
@@ -214,7 +225,11 @@ SIZE_OPS = {
 def outline(block: Block) -> list:
     """The block's ops by name, an op with regions as (name, [outline of each block])."""
     return [
-        (op.name, [outline(b) for region in op.regions for b in region.blocks]) if op.regions else op.name
+        (
+            (op.name, [outline(b) for region in op.regions for b in region.blocks])
+            if op.regions
+            else op.name
+        )
         for op in block.ops
         if op.name not in SIZE_OPS
     ]
@@ -246,7 +261,9 @@ def expand(expected: list, separate_sync_loop: bool) -> list:
         elif separate_sync_loop:
             items += [SYNC_LOOP, ("scf.for", [[*STREAM, *item.work, *BACK_TO_CALLER]])]
         else:
-            items.append(("scf.for", [[*STREAM, "hir.synchronize_stream", *item.work, *BACK_TO_CALLER]]))
+            items.append(
+                ("scf.for", [[*STREAM, "hir.synchronize_stream", *item.work, *BACK_TO_CALLER]])
+            )
     return [*items, "func.return"]
 
 
@@ -258,7 +275,14 @@ P2P = (
         "scf.if",
         [
             [SLICE, "hir.copy", "scf.yield"],
-            ["hir.start_coalescing", "hir.recv", "hir.send", "hir.end_coalescing", "hir.wait", "scf.yield"],
+            [
+                "hir.start_coalescing",
+                "hir.recv",
+                "hir.send",
+                "hir.end_coalescing",
+                "hir.wait",
+                "scf.yield",
+            ],
         ],
     ),
 )
@@ -345,7 +369,11 @@ def test_matmul_n_slices_the_weight_not_the_input():
     (matmul,) = loop_ops(module, hir.MatmulOp)
     lhs, rhs = matmul.ins
     assert lhs is a
-    assert isinstance(rhs.owner, hir.AliasSelectOp) and rhs.owner.input is b and rhs.owner.axis.data == 1
+    assert (
+        isinstance(rhs.owner, hir.AliasSelectOp)
+        and rhs.owner.input is b
+        and rhs.owner.axis.data == 1
+    )
     assert rhs.owner.index is matmul.parent_block().args[0]
 
 
@@ -367,7 +395,11 @@ def test_broadcast_weight_is_read_at_index_zero_in_every_iteration():
 def test_kernel_runs_a_sliced_copy_of_its_segment():
     module = stream_parallel(host_program("single_binary"))
     (launch,) = loop_ops(module, hir.LaunchKernelOp)
-    segments = {op.sym_name.data: op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_visibility}
+    segments = {
+        op.sym_name.data: op
+        for op in module.ops
+        if isinstance(op, func.FuncOp) and op.sym_visibility
+    }
     assert list(segments) == [launch.callee.string_value()]
     assert launch.callee.string_value().endswith("_slice")
     segment = segments[launch.callee.string_value()]
