@@ -1,0 +1,95 @@
+"""Runs `hir-run --check` on every example and every reference fusion, as a user would, on this machine's GPUs.
+
+    python3 test/gpu/hir_run_all.py [--max-ranks N]
+
+* Every `examples/*.mlir` runs on as many ranks as its program has devices (hir-run's
+  default); an example that needs more than `--max-ranks` ranks is reported skipped.
+* Every fusion of `examples/reference_fusions.py` is written out on a mesh of
+  `--max-ranks` devices (the single-device ones on one), in f32 and bf16, and runs on
+  `--max-ranks` ranks with dynamic extents of 6 (not a power of two), 2 streams and 3
+  timed runs.
+
+Each run is `tools/hir-run.py` in a subprocess, so nothing here needs hostir installed.
+Exit status 1 if any run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from examples.reference_fusions import REFERENCE_FUSIONS  # noqa: E402
+from hostir_dialect.text import HostirError, print_module  # noqa: E402
+from runtime.program import Program  # noqa: E402
+
+HIR_RUN = [sys.executable, str(ROOT / "tools" / "hir-run.py")]
+REFERENCE_OPTIONS = ["--check", "--default-extent", "6", "--num-streams", "2", "--repeat", "3"]
+
+
+def devices_of(path: Path) -> int:
+    """How many ranks the program in `path` needs; hir-run reports a program it cannot compile."""
+    try:
+        return Program.compile(path.read_text(), filename=str(path)).largest_device + 1
+    except HostirError:
+        return 1
+
+
+def reference_programs(directory: Path, num_devices: int) -> list[Path]:
+    """Every reference fusion in f32 and bf16 as a file, the multi-device ones on `num_devices`."""
+    paths = []
+    for name, build in REFERENCE_FUSIONS.items():
+        for dtype in ("f32", "bf16"):
+            arguments = {"dtype": dtype}
+            if "num_devices" in inspect.signature(build).parameters:
+                arguments["num_devices"] = num_devices
+            path = directory / f"{name}-{dtype}.mlir"
+            path.write_text(print_module(build(**arguments)))
+            paths.append(path)
+    return paths
+
+
+def run(path: Path, options: list[str]) -> bool:
+    command = [*HIR_RUN, str(path), *options]
+    print("$ hir-run", " ".join(command[2:]), flush=True)
+    result = subprocess.run(command, text=True, capture_output=True)
+    print(result.stdout + result.stderr, end="", flush=True)
+    return result.returncode == 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--max-ranks", type=int, default=torch.cuda.device_count() or 2,
+        help="ranks at most (default: the GPUs of this machine)",
+    )  # fmt: skip
+    max_ranks = parser.parse_args().max_ranks
+    failed, skipped = [], []
+    for example in sorted((ROOT / "examples").glob("*.mlir")):
+        devices = devices_of(example)
+        if devices > max_ranks:
+            skipped.append(f"{example.name} (needs {devices} ranks)")
+        elif not run(example, ["--check"]):
+            failed.append(example.name)
+    with tempfile.TemporaryDirectory() as directory:
+        for path in reference_programs(Path(directory), max_ranks):
+            nproc = devices_of(path)
+            if not run(path, [*REFERENCE_OPTIONS, "--nproc", str(nproc)]):
+                failed.append(path.name)
+    for name in skipped:
+        print(f"skipped: {name}")
+    for name in failed:
+        print(f"FAILED: {name}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

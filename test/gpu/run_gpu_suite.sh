@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU suite: everything hostir can test on a machine with (at least) 2 GPUs, NCCL and
+# real CUDA streams. From a checkout, with no install and no network:
+#
+#   test/gpu/run_gpu_suite.sh
+#
+# Python packages come from the interpreter ($PYTHON, default python3) plus, if the
+# directory exists, $HOSTIR_SITE (default /tmp/site: xdsl, filecheck, lit, pytest installed
+# there with `pip install --target`). Steps, each run even if an earlier one failed:
+#   1. the end-to-end tests on NCCL ranks (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs),
+#   2. the rest of the pytest suite, whose GPU-only tests (CuPy kernels, CUDA streams,
+#      NCCL collectives) run here instead of skipping,
+#   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py).
+# Exit status 1 if any step failed. docs/hir-run.md describes the suite.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+PYTHON="${PYTHON:-python3}"
+SITE="${HOSTIR_SITE:-/tmp/site}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d "$SITE" ]; then
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+    export PATH="$SITE/bin:$PATH"
+fi
+
+"$PYTHON" - <<'EOF' || exit 1
+import sys
+
+import torch
+import xdsl
+
+count = torch.cuda.device_count()
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, xdsl {xdsl.__version__}, {count} GPU(s)")
+for i in range(count):
+    print(f"  cuda:{i} {torch.cuda.get_device_name(i)}")
+if count < 2:
+    sys.exit("the GPU suite needs at least 2 GPUs")
+EOF
+
+failed=()
+step() {
+    local name="$1"
+    shift
+    echo
+    echo "=== $name"
+    if "$@"; then
+        echo "=== $name: passed"
+    else
+        echo "=== $name: FAILED"
+        failed+=("$name")
+    fi
+}
+
+step "end-to-end tests on NCCL" \
+    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -rs test/py/test_e2e.py
+step "pytest suite on GPUs" \
+    "$PYTHON" -m pytest -q -rs test/py --ignore=test/py/test_e2e.py
+step "hir-run --check on every example" \
+    "$PYTHON" test/gpu/hir_run_all.py
+
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+    echo "GPU suite: all steps passed"
+else
+    printf 'GPU suite: FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
