@@ -4,8 +4,10 @@ nvFuser's InsertDeallocations host-IR pass. A buffer made by `hir.allocate` is u
 by the ops that name it and by those that name a view of it (`hir.alias_select`,
 views of views too). Its `hir.deallocate` goes right after the last of them in the
 allocation's own block: a use inside an `scf.for` or `scf.if` counts as a use by
-that op, so a buffer that a loop slices is freed after the whole loop. A buffer
-that the function returns, directly or through a view, is not freed.
+that op, so a buffer that a loop slices is freed after the whole loop. A
+communication reads or writes its buffers until the `hir.wait` of its work (of its
+batch, for a coalesced send or receive), so that wait is a use too. A buffer that
+the function returns, directly or through a view, is not freed.
 """
 
 from __future__ import annotations
@@ -25,8 +27,27 @@ from xdsl.rewriter import InsertPoint
 from hostir_dialect import hir
 
 
+def _batch_end(op: hir.P2POp) -> hir.EndCoalescingOp | None:
+    """The end of the coalescing batch that `op` belongs to, if it belongs to one."""
+    following = op.next_op
+    while following is not None and not isinstance(following, hir.StartCoalescingOp):
+        if isinstance(following, hir.EndCoalescingOp):
+            return following
+        following = following.next_op
+    return None
+
+
+def _completions(op: Operation) -> list[Operation]:
+    """The hir.wait ops until which an asynchronous `op` still uses its buffers."""
+    works = [result for result in op.results if isinstance(result.type, hir.WorkType)]
+    if isinstance(op, hir.P2POp) and (batch_end := _batch_end(op)) is not None:
+        works.append(batch_end.work)
+    return [use.operation for work in works for use in work.uses]
+
+
 def buffer_users(buffer: SSAValue) -> list[Operation]:
-    """The ops that use `buffer` or a view of it (the views themselves excluded)."""
+    """The ops that use `buffer` or a view of it (the views themselves excluded), with the
+    waits that end asynchronous uses."""
     users: list[Operation] = []
     values = [buffer]
     while values:
@@ -35,7 +56,7 @@ def buffer_users(buffer: SSAValue) -> list[Operation]:
             if isinstance(use.operation, hir.AliasSelectOp) and use.operation.input is value:
                 values.append(use.operation.result)
             else:
-                users.append(use.operation)
+                users += [use.operation, *_completions(use.operation)]
     return users
 
 

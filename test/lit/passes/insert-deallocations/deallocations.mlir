@@ -93,3 +93,50 @@ func.func @unused_and_freed(%a: !t) {
 // CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    hir.deallocate %[[Y]]
 // CHECK-NEXT:    func.return
+
+// A communication uses its buffers until its wait; a coalesced send or receive until
+// the wait of its batch.
+
+!c = !fusion.tensor<[4, ?], f32, mesh = [0, 1, 2, 3], axes = [didx, _]>
+!g = !fusion.tensor<[4, ?], f32, mesh = [0, 1, 2, 3]>
+
+func.func @communications(%in: !c, %peer: index) -> (!g, !c) {
+  %m = hir.dim %in, 1 : !c
+  %x = hir.allocate(%m) : !c
+  hir.copy ins(%in : !c) outs(%x : !c)
+  %g = hir.allocate(%m) : !g
+  %w = hir.allgather %x into %g team [0, 1, 2, 3] backend nccl : !c, !g
+  %o = hir.allocate(%m) : !c
+  hir.copy ins(%in : !c) outs(%o : !c)
+  hir.wait %w
+  %y = hir.allocate(%m) : !c
+  %r = hir.allocate(%m) : !c
+  hir.copy ins(%in : !c) outs(%y : !c)
+  hir.start_coalescing
+  %s = hir.send %y to %peer backend nccl : !c
+  %v = hir.recv %r from %peer backend nccl : !c
+  %e = hir.end_coalescing
+  hir.copy ins(%in : !c) outs(%o : !c)
+  hir.wait %e
+  func.return %g, %o : !g, !c
+}
+
+// CHECK-LABEL: func.func @communications(
+// CHECK:         %[[X:[^ ]+]] = hir.allocate
+// CHECK:         %[[W:[^ ]+]] = hir.allgather %[[X]]
+// CHECK-NEXT:    hir.allocate
+// CHECK-NEXT:    hir.copy
+// CHECK-NEXT:    hir.wait %[[W]]
+// CHECK-NEXT:    hir.deallocate %[[X]]
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    %[[R:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.copy
+// CHECK-NEXT:    hir.start_coalescing
+// CHECK-NEXT:    hir.send %[[Y]]
+// CHECK-NEXT:    hir.recv %[[R]]
+// CHECK-NEXT:    %[[E:[^ ]+]] = hir.end_coalescing
+// CHECK-NEXT:    hir.copy
+// CHECK-NEXT:    hir.wait %[[E]]
+// CHECK-DAG:     hir.deallocate %[[Y]]
+// CHECK-DAG:     hir.deallocate %[[R]]
+// CHECK-NEXT:    func.return
