@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
@@ -344,20 +345,23 @@ def run_under_torchrun(arguments: argparse.Namespace) -> int:
         communicator = Communicator.from_env(arguments.timeout or DEFAULT_TIMEOUT_S)
         if arguments.nproc is not None and arguments.nproc != communicator.world_size:
             raise HostirError(
-                f"--nproc {arguments.nproc} contradicts torchrun's world of {communicator.world_size} rank(s)"
+                f"--nproc {arguments.nproc} contradicts torchrun's world of "
+                f"{communicator.world_size} rank(s)"
             )
         program = compile_program(options)
+        fusion = _fusion(program) if arguments.check else None
         inputs = whole_inputs(program, arguments)
         result = run_rank(program, inputs, communicator, options)
         results = [None] * communicator.world_size if communicator.rank == 0 else None
         dist.gather_object(result, results, dst=0)
+        dist.destroy_process_group()
         if communicator.rank != 0:
             return 0
-        expected = reference_outputs(_fusion(program), inputs) if arguments.check else None
+        expected = None if fusion is None else reference_outputs(fusion, inputs)
         return report(program, results, expected, arguments)
 
 
-def _fusion(program: Program):
+def _fusion(program: Program) -> func.FuncOp:
     if program.fusion is None:
         raise HostirError(
             "--check compares with the fusion, and a module given with -p none has none; "
