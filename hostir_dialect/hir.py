@@ -256,7 +256,7 @@ class AliasSelectOp(IRDLOperation):
         parser.parse_punctuation("[")
         axis = parser.parse_integer(allow_negative=False)
         parser.parse_punctuation("=")
-        index = parser.parse_operand()
+        index = parser.parse_operand(IndexType())
         parser.parse_punctuation("]")
         attributes = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
@@ -597,7 +597,7 @@ class P2POp(IRDLOperation, ABC):
     def parse(cls, parser: Parser) -> P2POp:
         buffer = parser.parse_unresolved_operand()
         parser.parse_keyword(cls.KEYWORD)
-        peer = parser.parse_operand()
+        peer = parser.parse_operand(IndexType())
         parser.parse_keyword("backend")
         backend = parser.parse_str_enum(CommunicatorBackend)
         attributes = parser.parse_optional_attr_dict()
