@@ -30,13 +30,12 @@ import torch
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IntegerAttr, IntegerType
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
-from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
 from runtime import fusion_eval
-from runtime.communicator import REDUCE_OPS, Communicator, Work
+from runtime.communicator import Communicator, Work
 from runtime.streams import StreamPool
 
 Environment = list
@@ -173,22 +172,7 @@ class Interpreter:
         return [env[slot] for slot in self.result_slots]
 
 
-def segment_runner(callee: func.FuncOp) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
-    """How a segment runs: `run(ins, outs)` evaluates `callee` and writes its results into `outs`.
-
-    The one place a segment is executed, for `hir.launch_kernel` and
-    `hir.post_on_stream` alike: a compiled CUDA kernel for launch_kernel plugs in here.
-    """
-    evaluate = fusion_eval.compile_function(callee)
-
-    def run(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
-        for out, result in zip(outs, evaluate(ins), strict=True):
-            out.copy_(result)
-
-    return run
-
-
-def _mesh(value: SSAValue) -> frozenset[int]:
+def mesh_of(value: SSAValue) -> frozenset[int]:
     return frozenset(fusion.tensor_type(value).mesh.ids)
 
 
@@ -327,7 +311,7 @@ def _select(op: arith.SelectOp, prep: Preparation) -> Step:
 def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     buffer_type = fusion.tensor_type(op.result)
     dtype = fusion_eval.torch_dtype(buffer_type.element_type)
-    mesh = _mesh(op.result)
+    mesh = mesh_of(op.result)
     result = prep.slot(op.result)
     # The local shape, its dynamic extents filled in each run from the size operands;
     # a didx axis is 1 whatever its logical size.
@@ -378,7 +362,7 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
         prep.constant(op.result, buffer_type.mesh.size)
         return None
     buffer, result = prep.slot(op.buffer), prep.slot(op.result)
-    mesh = _mesh(op.buffer)
+    mesh = mesh_of(op.buffer)
 
     def step(env: Environment, context: RunContext) -> None:
         if context.rank not in mesh:
@@ -397,7 +381,7 @@ def _alias_select(op: hir.AliasSelectOp, prep: Preparation) -> Step:
     """A view (`Tensor.select`), never a copy; a placeholder stays a placeholder."""
     buffer, index, result = prep.slots_of((op.input, op.index, op.result))
     axis = op.axis.data
-    mesh = _mesh(op.input)
+    mesh = mesh_of(op.input)
 
     def step(env: Environment, context: RunContext) -> None:
         if context.rank in mesh:
@@ -413,7 +397,7 @@ def _alias_select(op: hir.AliasSelectOp, prep: Preparation) -> Step:
 # --------------------------------------------------------------------------- #
 
 
-def _storing(read: Callable[[RunContext], object]) -> Handler:
+def storing(read: Callable[[RunContext], object]) -> Handler:
     """The handler of an op whose step stores `read(context)` in the op's result."""
 
     def handler(op: Operation, prep: Preparation) -> Step:
@@ -427,9 +411,9 @@ def _storing(read: Callable[[RunContext], object]) -> Handler:
     return handler
 
 
-HANDLERS[hir.DeviceIndexOp] = _storing(lambda context: context.rank)
-HANDLERS[hir.NumberOfStreamsOp] = _storing(lambda context: context.streams.size)
-HANDLERS[hir.GetCurrentStreamOp] = _storing(lambda context: context.streams.current())
+HANDLERS[hir.DeviceIndexOp] = storing(lambda context: context.rank)
+HANDLERS[hir.NumberOfStreamsOp] = storing(lambda context: context.streams.size)
+HANDLERS[hir.GetCurrentStreamOp] = storing(lambda context: context.streams.current())
 
 
 @handles(hir.StreamOp)
@@ -462,240 +446,6 @@ def _synchronize_stream(op: hir.SynchronizeStreamOp, prep: Preparation) -> Step:
     return step
 
 
-# --------------------------------------------------------------------------- #
-# Communication                                                                #
-# --------------------------------------------------------------------------- #
-
-
-Issue = Callable[[Communicator, torch.Tensor | None, torch.Tensor | None], Work]
-
-
-def _collective_step(op: hir.CommunicationOp, prep: Preparation, issue: Issue) -> Step:
-    """The step of a collective: `issue(communicator, input, output)`, None for a buffer this rank lacks."""
-    prep.check_writable(op, op.output)
-    input, output, work = prep.slots_of((op.input, op.output, op.work))
-    input_mesh, output_mesh = _mesh(op.input), _mesh(op.output)
-
-    def step(env: Environment, context: RunContext) -> None:
-        rank = context.rank
-        issued = issue(
-            context.communicator,
-            env[input] if rank in input_mesh else None,
-            env[output] if rank in output_mesh else None,
-        )
-        env[work] = issued
-        context.issued.append(issued)
-
-    return step
-
-
-def _didx_axis(op: Operation, value: SSAValue, role: str) -> int:
-    axis = fusion.tensor_type(value).didx_axis
-    if axis is None:
-        raise HostirError.at(
-            op,
-            f"{op.name} needs a didx axis on its {role}, but the {role} has "
-            f"{fusion.tensor_type(value).sharding_str()}",
-        )
-    return axis
-
-
-def _reduce_op(op: hir.CommunicationOp):
-    return REDUCE_OPS[op.reduce_op.data]
-
-
-@handles(hir.AllgatherOp)
-def _allgather(op: hir.AllgatherOp, prep: Preparation) -> Step:
-    axis, team = _didx_axis(op, op.input, "input"), op.team_ids
-    return _collective_step(op, prep, lambda comm, x, y: comm.allgather(x, y, team, axis))
-
-
-@handles(hir.GatherOp)
-def _gather(op: hir.GatherOp, prep: Preparation) -> Step:
-    axis, team, root = _didx_axis(op, op.input, "input"), op.team_ids, op.root.data
-    return _collective_step(op, prep, lambda comm, x, y: comm.gather(x, y, team, root, axis))
-
-
-@handles(hir.ScatterOp)
-def _scatter(op: hir.ScatterOp, prep: Preparation) -> Step:
-    axis, team, root = _didx_axis(op, op.output, "output"), op.team_ids, op.root.data
-    return _collective_step(op, prep, lambda comm, x, y: comm.scatter(x, y, team, root, axis))
-
-
-@handles(hir.AllreduceOp)
-def _allreduce(op: hir.AllreduceOp, prep: Preparation) -> Step:
-    team, reduce_op = op.team_ids, _reduce_op(op)
-    return _collective_step(op, prep, lambda comm, x, y: comm.allreduce(x, y, team, reduce_op))
-
-
-@handles(hir.ReduceOp)
-def _reduce(op: hir.ReduceOp, prep: Preparation) -> Step:
-    team, root, reduce_op = op.team_ids, op.root.data, _reduce_op(op)
-    return _collective_step(op, prep, lambda comm, x, y: comm.reduce(x, y, team, root, reduce_op))
-
-
-@handles(hir.ReduceScatterOp)
-def _reduce_scatter(op: hir.ReduceScatterOp, prep: Preparation) -> Step:
-    """The scattered axis is the output's didx axis, counted in the input's axes."""
-    reduced = _didx_axis(op, op.input, "input")
-    scattered = _didx_axis(op, op.output, "output")
-    if fusion.tensor_type(op.output).rank < fusion.tensor_type(op.input).rank and scattered >= reduced:
-        scattered += 1
-    team, reduce_op = op.team_ids, _reduce_op(op)
-    return _collective_step(
-        op, prep, lambda comm, x, y: comm.reduce_scatter(x, y, team, reduce_op, scattered)
-    )
-
-
-@handles(hir.BroadcastOp)
-def _broadcast(op: hir.BroadcastOp, prep: Preparation) -> Step:
-    team, root = op.team_ids, op.root.data
-    return _collective_step(op, prep, lambda comm, x, y: comm.broadcast(x, y, team, root))
-
-
-@handles(hir.SendRecvOp)
-def _send_recv(op: hir.SendRecvOp, prep: Preparation) -> Step:
-    team, root = op.team_ids, op.root.data
-    return _collective_step(op, prep, lambda comm, x, y: comm.send_recv(x, y, team, root))
-
-
-P2P_TRANSFERS: dict[type[Operation], Callable[[Communicator, torch.Tensor, int], Work]] = {
-    hir.SendOp: Communicator.send,
-    hir.RecvOp: Communicator.recv,
-}
-
-
-@handles(*P2P_TRANSFERS)
-def _p2p(op: hir.P2POp, prep: Preparation) -> Step:
-    if isinstance(op, hir.RecvOp):
-        prep.check_writable(op, op.buffer)
-    transfer = P2P_TRANSFERS[type(op)]
-    buffer, peer, work = prep.slots_of((op.buffer, op.peer, op.work))
-
-    def step(env: Environment, context: RunContext) -> None:
-        issued = transfer(context.communicator, env[buffer], env[peer])
-        env[work] = issued
-        context.issued.append(issued)
-
-    return step
-
-
-@handles(hir.StartCoalescingOp)
-def _start_coalescing(op: hir.StartCoalescingOp, prep: Preparation) -> Step:
-    def step(env: Environment, context: RunContext) -> None:
-        context.communicator.start_coalescing()
-
-    return step
-
-
-HANDLERS[hir.EndCoalescingOp] = _storing(lambda context: context.communicator.end_coalescing())
-
-
-@handles(hir.WaitOp)
-def _wait(op: hir.WaitOp, prep: Preparation) -> Step:
-    work = prep.slot(op.work)
-
-    def step(env: Environment, context: RunContext) -> None:
-        env[work].wait()
-
-    return step
-
-
-# --------------------------------------------------------------------------- #
-# Compute                                                                      #
-# --------------------------------------------------------------------------- #
-
-
-Compute = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
-
-
-def _compute_step(op: hir.ComputeOp, prep: Preparation, compute: Compute) -> Step:
-    """The step of a compute op: `compute(ins, outs)` on ranks in the mesh of its first output."""
-    if not op.outs:
-        raise HostirError.at(op, f"{op.name} has no output to write")
-    for out in op.outs:
-        prep.check_writable(op, out)
-    ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
-    mesh = _mesh(op.outs[0])
-
-    def step(env: Environment, context: RunContext) -> None:
-        if context.rank in mesh:
-            compute([env[s] for s in ins], [env[s] for s in outs])
-
-    return step
-
-
-@handles(hir.LaunchKernelOp, hir.PostOnStreamOp)
-def _segment(op: hir.SegmentCallOp, prep: Preparation) -> Step:
-    callee = SymbolTable.lookup_symbol(op, op.callee)
-    if not isinstance(callee, func.FuncOp):
-        raise HostirError.at(op, f"'{op.callee.string_value()}' is not a function in this module")
-    return _compute_step(op, prep, segment_runner(callee))
-
-
-@handles(hir.MatmulOp)
-def _matmul(op: hir.MatmulOp, prep: Preparation) -> Step:
-    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        lhs, rhs = ins
-        if lhs.dim() == 1 and rhs.dim() > 1:
-            # torch computes a vector-matrix product into `out=` by resizing the output to
-            # [1, N], which loses the data of a strided view; a [1, K] matrix keeps the view.
-            torch.matmul(lhs.unsqueeze(0), rhs, out=outs[0].unsqueeze(-2))
-        else:
-            torch.matmul(lhs, rhs, out=outs[0])
-
-    return _compute_step(op, prep, compute)
-
-
-@handles(hir.LinearOp)
-def _linear(op: hir.LinearOp, prep: Preparation) -> Step:
-    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        outs[0].copy_(torch.nn.functional.linear(*ins))
-
-    return _compute_step(op, prep, compute)
-
-
-@handles(hir.CopyOp)
-def _copy(op: hir.CopyOp, prep: Preparation) -> Step:
-    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        outs[0].copy_(ins[0])
-
-    return _compute_step(op, prep, compute)
-
-
-POINTWISE_KINDS: dict[str, type[Operation]] = {
-    op.name.removeprefix("fusion."): op for op in fusion_eval.POINTWISE_FUNCTIONS
-}
-
-
-@handles(hir.PointwiseOp)
-def _pointwise(op: hir.PointwiseOp, prep: Preparation) -> Step:
-    """One pointwise op with fusion_eval's precision, rounded once into the output.
-
-    `copy_` rather than torch's `out=`: the f32 result of a bf16 op must be rounded on
-    store, which `out=` does not do (and torch.relu has no `out=`). A cast is the copy.
-    """
-    if op.kind.data == "cast":
-        return _copy(op, prep)
-    function = fusion_eval.POINTWISE_FUNCTIONS[POINTWISE_KINDS[op.kind.data]]
-
-    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        outs[0].copy_(function(*map(fusion_eval.upcast, ins)))
-
-    return _compute_step(op, prep, compute)
-
-
-REDUCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.sum, "max": torch.amax}
-
-
-@handles(hir.ReductionOp)
-def _reduction(op: hir.ReductionOp, prep: Preparation) -> Step:
-    reduce = REDUCTIONS[op.kind.data]
-    rank = fusion.tensor_type(op.ins[0]).rank
-    axes = fusion.normalize_axes(op.axes.get_values(), rank, "reduction")
-    keepdim = op.keepdim is not None
-
-    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        reduce(ins[0], dim=axes, keepdim=keepdim, out=outs[0])
-
-    return _compute_step(op, prep, compute)
+# The handlers of communication and compute ops live in their own modules and register
+# themselves in HANDLERS when imported, as xDSL's interpreter functions do per dialect.
+from runtime import communication_steps, compute_steps  # noqa: E402, F401

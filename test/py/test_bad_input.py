@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from runtime import interpreter
+from runtime import compute_steps
 from runtime.communicator import Communicator
 from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
@@ -228,7 +228,7 @@ def fail_on_rank_1(how: str) -> None:
 
             return run
 
-        interpreter.segment_runner = failing
+        compute_steps.segment_runner = failing
     program = Program.compile(DIES_MIDWAY, pipeline=None)
     z = torch.zeros(4) if communicator.rank == 0 else torch.empty(0)
     # Every rank checks its inputs alike: all fail together, before communicating.

@@ -20,7 +20,7 @@ from xdsl.dialects import func
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
-from runtime import fusion_eval, interpreter
+from runtime import compute_steps, fusion_eval
 from runtime.communicator import Communicator
 from runtime.interpreter import HANDLERS, Interpreter, RunContext
 from runtime.streams import stream_pool
@@ -501,13 +501,13 @@ def test_a_torch_error_mid_run_names_the_op_and_its_line(rng):
 def test_segment_runner_is_the_one_seam_for_segments(monkeypatch, rng):
     """Both segment ops go through `segment_runner`, bound once when the program is prepared."""
     prepared: list[str] = []
-    original = interpreter.segment_runner
+    original = compute_steps.segment_runner
 
     def recording(callee):
         prepared.append(callee.sym_name.data)
         return original(callee)
 
-    monkeypatch.setattr(interpreter, "segment_runner", recording)
+    monkeypatch.setattr(compute_steps, "segment_runner", recording)
     x = torch.randn(3, 4, generator=rng).bfloat16()
     b = torch.randn(4, generator=rng).bfloat16()
     run_host(SEGMENTS, [x, b])
