@@ -58,6 +58,9 @@ Step = Callable[[Environment, RunContext], None]
 Handler = Callable[[Operation, "Preparation"], Step | None]
 """Builds the step of an op; None when the op is done while preparing."""
 
+StepWrapper = Callable[[Operation, Step], Step]
+"""Wraps the step of every op while preparing (a tracer, say); costs nothing when absent."""
+
 HANDLERS: dict[type[Operation], Handler] = {}
 """The dispatch table: op class -> the handler that prepares its step."""
 
@@ -96,8 +99,9 @@ def _buffer_root(value: SSAValue) -> SSAValue:
 class Preparation:
     """What preparing one function keeps: slots, constants, views of buffers, return slots."""
 
-    def __init__(self, function: func.FuncOp):
+    def __init__(self, function: func.FuncOp, wrap_step: StepWrapper | None = None):
         self.function = function
+        self.wrap_step = wrap_step
         self.slots: dict[SSAValue, int] = {}
         self.constants: dict[int, object] = {}
         self.result_slots: list[int] = []
@@ -123,6 +127,8 @@ class Preparation:
                 raise HostirError.at(op, f"the runtime has no handler for '{op.name}'")
             step = handler(op, self)
             if step is not None:
+                if self.wrap_step is not None:
+                    step = self.wrap_step(op, step)
                 step.op = op
                 steps.append(step)
         return steps
@@ -141,8 +147,8 @@ class Preparation:
 class Interpreter:
     """A host program (`func.func` of hir, scf, arith ops) prepared to run on any rank."""
 
-    def __init__(self, function: func.FuncOp):
-        preparation = Preparation(function)
+    def __init__(self, function: func.FuncOp, wrap_step: StepWrapper | None = None):
+        preparation = Preparation(function, wrap_step)
         self.argument_slots = preparation.slots_of(function.args)
         self.steps = preparation.block(function.body.block)
         self.result_slots = preparation.result_slots

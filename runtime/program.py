@@ -25,7 +25,7 @@ from hostir_dialect.text import HostirError, parse_module, verify_module
 from passes import DEFAULT_PIPELINE, HOSTIR_PASSES
 from runtime.communicator import Communicator
 from runtime.fusion_eval import torch_dtype
-from runtime.interpreter import Interpreter, RunContext
+from runtime.interpreter import Interpreter, RunContext, StepWrapper
 from runtime.streams import configured_num_streams, stream_pool
 
 
@@ -112,12 +112,15 @@ class Program:
         inputs: Sequence[torch.Tensor],
         communicator: Communicator | None = None,
         num_streams: int | None = None,
+        wrap_step: StepWrapper | None = None,
     ) -> list[torch.Tensor]:
         """Runs the program on this rank's local inputs; returns this rank's local outputs.
 
         `communicator` defaults to the process group torchrun describes when
         torch.distributed is initialised, else a world of one. Raises `HostirError`
         before any communication when the inputs or the world do not fit the program.
+        `wrap_step` runs a copy of the program prepared with every step wrapped (a
+        tracer, say); the prepared program itself stays unwrapped.
         """
         if communicator is None:
             communicator = (
@@ -129,7 +132,8 @@ class Program:
         )
         communicator.create_groups(self.teams)
         context = RunContext(communicator.rank, communicator.device, communicator, streams)
-        return self.interpreter.run(inputs, context)
+        interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
+        return interpreter.run(inputs, context)
 
     def check(self, inputs: Sequence[torch.Tensor], communicator: Communicator) -> None:
         """Raises `HostirError` if the world or the inputs contradict the program."""
