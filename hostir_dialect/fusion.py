@@ -116,7 +116,7 @@ class ParallelType(StrEnum):
 
 @irdl_attr_definition
 class ParallelTypeAttr(EnumAttribute[ParallelType], SpacedOpaqueSyntaxAttribute):
-    """`#fusion<parallel_type didx>`; inside a tensor type just `_`, `didx` or `stream`."""
+    """`#fusion<parallel_type didx>`; inside a tensor type just `_` (`serial` is read too), `didx` or `stream`."""
 
     name = "fusion.parallel_type"
 
@@ -403,9 +403,9 @@ def _parse_parallel_type(parser: AttrParser) -> ParallelTypeAttr:
     name = parser.parse_identifier(" as a parallel type (_, didx or stream)")
     if name == "_":
         return SERIAL
-    if name not in (ParallelType.DIDX, ParallelType.STREAM):
+    if name not in set(ParallelType):
         parser.raise_error(
-            f"unknown parallel type '{name}'; expected _ (serial), didx or stream",
+            f"unknown parallel type '{name}'; expected _ (or serial), didx or stream",
             parser.pos - len(name),
             parser.pos,
         )

@@ -95,8 +95,14 @@ class LocatingParser(Parser):
         self.line_offset = line_offset
 
     def parse_operation(self) -> Operation:
-        start = self._current_token.span.get_location()
-        op = super().parse_operation()
+        start_span = self._current_token.span
+        start = start_span.get_location()
+        try:
+            op = super().parse_operation()
+        except VerifyException as e:
+            # A custom or declarative parser that builds an op with an operand or result
+            # of the wrong kind fails in the op's constructor, not in the parser.
+            self.raise_error(str(e), start_span.start, self._current_token.span.start)
         if not isinstance(op.location, FileLineColLoc):
             op.location = FileLineColLoc(
                 StringAttr(start.file), IntAttr(start.line + self.line_offset), IntAttr(start.col)

@@ -249,6 +249,7 @@ class OutlinePointwiseRun(RewritePattern):
         rewriter.insert(segment, InsertPoint.before(function))
 
         call = rewriter.insert(func.CallOp(name, inputs, [value.type for value in outputs]))
+        call.location = op.location
         for value, result in zip(outputs, call.results):
             rewriter.replace_all_uses_with(value, result)
         for o in reversed(moved):
@@ -296,7 +297,11 @@ class BufferLowering(RewritePattern, ABC):
         extents = Extents(function, rewriter)
         buffers = [hir.AllocateOp(result.type, extents.sizes(result)) for result in op.results]
         outs = [buffer.result for buffer in buffers]
-        rewriter.replace(op, [*buffers, *self.fill(op, outs)], outs)
+        lowered = [*buffers, *self.fill(op, outs)]
+        for new_op in lowered:
+            # Errors at run time then point at the line of the fusion op.
+            new_op.location = op.location
+        rewriter.replace(op, lowered, outs)
 
 
 @dataclass(frozen=True)

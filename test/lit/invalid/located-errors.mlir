@@ -25,7 +25,7 @@ func.func @verifier(%x: !fusion.tensor<[4], f32>) {
 // -----
 
 // A syntax error marks the unexpected token.
-// CHECK-NEXT: [[FILE]]:[[# @LINE + 3]]:56: error: unknown parallel type 'sharded'; expected _ (serial), didx or stream
+// CHECK-NEXT: [[FILE]]:[[# @LINE + 3]]:56: error: unknown parallel type 'sharded'; expected _ (or serial), didx or stream
 // CHECK-NEXT: {{^}}func.func @syntax(%x: !fusion.tensor<[4], f32, axes = [sharded]>) {{[{]}}
 // CHECK-NEXT: {{^}}                                                       ^^^^^^^{{$}}
 func.func @syntax(%x: !fusion.tensor<[4], f32, axes = [sharded]>) {

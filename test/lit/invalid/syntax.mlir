@@ -8,7 +8,7 @@ func.func @shape_without_brackets(%x: !fusion.tensor<4, f32>) {
 
 // -----
 
-// expected-error@+1 {{unknown parallel type 'sharded'; expected _ (serial), didx or stream}}
+// expected-error@+1 {{unknown parallel type 'sharded'; expected _ (or serial), didx or stream}}
 func.func @unknown_parallel_type(%x: !fusion.tensor<[4], f32, axes = [sharded]>) {
   func.return
 }
@@ -78,5 +78,13 @@ func.func @unknown_reduction_kind(%x: !fusion.tensor<[2], f32, mesh = [0, 1], ax
 func.func @alias_select_without_index(%x: !fusion.tensor<[4, 2], f32>) {
   // expected-error@+1 {{Expected '='}}
   %y = hir.alias_select %x[0] : !fusion.tensor<[4, 2], f32> -> !fusion.tensor<[2], f32>
+  func.return
+}
+
+// -----
+
+func.func @constant_of_a_scalar_type() {
+  // expected-error@+1 {{i1 should be of base attribute fusion.tensor}}
+  %c = fusion.constant true : i1
   func.return
 }
