@@ -449,11 +449,12 @@ def test_single_device_pipelines_compute_what_torch_computes(name, separate_sync
     expected, shapes = SINGLE_DEVICE[name]
     generator = torch.Generator().manual_seed(7)
     inputs = [torch.randn(shape, generator=generator) for shape in shapes]
+    device = Communicator.single().device
     program = pipelined(name, separate_sync_loop)
     for num_streams in (1, 3):
         with poisoned_allocations():
-            (output,) = program.run(inputs, num_streams=num_streams)
-        torch.testing.assert_close(output, expected(*inputs))
+            (output,) = program.run([x.to(device) for x in inputs], num_streams=num_streams)
+        torch.testing.assert_close(output.cpu(), expected(*inputs))
 
 
 def multi_device_cases(n: int) -> list[tuple[str, list[torch.Tensor], torch.Tensor]]:
