@@ -1,0 +1,250 @@
+"""How many chunks (the stream axis extent) and streams a pipelined GEMM + communication should use.
+
+    problem = OverlapProblem(OverlapKind.ALLGATHER_MATMUL, m=8192, k=8192, n=3584, world=8)
+    rates = Rates.from_times(problem, comm_s=0.45e-3, gemm_s=0.58e-3)   # or measure_rates(...)
+    shape = choose_pipeline(problem, rates)          # PipelineShape(chunks=8, streams=3, ...)
+
+The model is one rank's timeline. Cut into S chunks, the whole transfer (`comm_s`
+alone) and the whole GEMM (`gemm_s` alone) become S transfers and S GEMMs, each
+chunk's GEMM after its transfer (AG+GEMM) or its transfer after its GEMM (GEMM+RS,
+GEMM+AR), and chunk i+1's transfer runs while chunk i's GEMM does:
+
+    c(S) = comm_s / S + transfer_latency_s       one chunk's transfer
+    g(S) = gemm_s / S + launch_overhead_s        one chunk's GEMM
+    T(S) = c(S) + g(S) + (S - 1) * max(c(S), g(S))
+
+The first stage of the first chunk and the second stage of the last are exposed,
+(comm_s + gemm_s) / S together: more chunks hide more of them, and each chunk pays
+the fixed latencies once more, so T has a minimum. Chunk GEMMs of few rows run
+below the GPU's rate (too few tiles to fill the SMs, tiles cut short), which the
+linear g(S) does not see, so chunks of fewer than `min_chunk_rows` rows are not
+considered; the chunks must also divide the rows each rank holds along the stream
+axis. The model assumes the two stages do not slow each other down: NCCL's kernels
+take SMs from the GEMM, so for NCCL the measured time sits above T(S), and the
+copy-engine backend is what comes close to it.
+
+Two streams are enough in the model: chunk i+2's transfer, on chunk i's stream,
+needs chunk i's GEMM done, which happens by the time chunk i+1's transfer ends
+(when transfers are the slower stage) or before chunk i+1's GEMM may start (when
+GEMMs are). A third stream absorbs jitter in when each stage starts.
+
+Every rank must lower the same program, so the inputs of `choose_pipeline` must be
+equal on every rank: `measure_rates` takes the slowest rank's times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+import torch.distributed as dist
+
+from hostir_dialect.text import HostirError
+from runtime.communicator import Communicator, _all_gather_single
+
+PIPELINE_STREAMS = 3
+"""Streams of a pipeline of at least that many chunks: two keep both stages busy, one absorbs jitter."""
+
+DEFAULT_MIN_CHUNK_ROWS = 1024
+"""Fewest rows of a chunk GEMM: bf16 GEMMs on H100/H200 with K and N in the thousands lose
+efficiency below about a thousand rows (fewer output tiles than twice the SMs)."""
+
+DEFAULT_MAX_CHUNKS = 64
+"""Most chunks considered: the host issues about ten ops per chunk."""
+
+
+class OverlapKind(StrEnum):
+    """Which communication a pipelined GEMM overlaps, in the layouts of issue 6."""
+
+    ALLGATHER_MATMUL = "allgather_matmul"
+    """X row-sharded [M/D, K] per rank, W [K, N] replicated: Y = allgather(X) @ W, [M, N] on every rank."""
+    MATMUL_REDUCE_SCATTER = "matmul_reduce_scatter"
+    """X [M, K/D] and W [K/D, N] per rank: Y = reduce_scatter(X @ W), [M/D, N] per rank."""
+    MATMUL_ALLREDUCE = "matmul_allreduce"
+    """X [M, K/D] and W [K/D, N] per rank: Y = allreduce(X @ W), [M, N] on every rank."""
+
+
+@dataclass(frozen=True)
+class OverlapProblem:
+    """Y[M, N] = X[M, K] @ W[K, N] over `world` ranks, with the communication of `kind`."""
+
+    kind: OverlapKind
+    m: int
+    k: int
+    n: int
+    world: int
+    element_size: int = 2
+
+    def __post_init__(self):
+        if min(self.m, self.k, self.n, self.world, self.element_size) < 1:
+            raise HostirError(f"an overlap problem needs positive extents, got {self}")
+        sharded = {"M": self.m} if self.kind == OverlapKind.ALLGATHER_MATMUL else {"K": self.k}
+        if self.kind == OverlapKind.MATMUL_REDUCE_SCATTER:
+            sharded["M"] = self.m
+        for name, extent in sharded.items():
+            if extent % self.world:
+                raise HostirError(
+                    f"{self.kind}: {name} = {extent} is not divisible by the {self.world} ranks"
+                )
+
+    @property
+    def chunked_rows(self) -> int:
+        """The rows a rank holds along the stream axis, which the chunks divide."""
+        return self.m if self.kind == OverlapKind.MATMUL_ALLREDUCE else self.m // self.world
+
+    @property
+    def gemm_flops(self) -> float:
+        """The flops of one rank's GEMM: the whole product, or its K/D share."""
+        k = self.k if self.kind == OverlapKind.ALLGATHER_MATMUL else self.k // self.world
+        return 2.0 * self.m * k * self.n
+
+    @property
+    def comm_bytes(self) -> float:
+        """The bytes one rank receives over its links in a ring (allreduce: twice a reduce-scatter's)."""
+        gathered = self.m * (self.k if self.kind == OverlapKind.ALLGATHER_MATMUL else self.n)
+        passes = 2 if self.kind == OverlapKind.MATMUL_ALLREDUCE else 1
+        return passes * (self.world - 1) / self.world * gathered * self.element_size
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the machine does per second, and what each chunk costs on top."""
+
+    link_bytes_per_s: float
+    gemm_flops_per_s: float
+    transfer_latency_s: float = 20e-6
+    """Fixed cost of one chunk's transfer: an NCCL collective's latency on NVLink, a few copies' issue."""
+    launch_overhead_s: float = 10e-6
+    """Fixed cost of one chunk's GEMM on the GPU: the gap between kernels, the tail of the last wave."""
+
+    def __post_init__(self):
+        if not (self.link_bytes_per_s > 0 and self.gemm_flops_per_s > 0):
+            raise HostirError(f"rates must be positive, got {self}")
+        if min(self.transfer_latency_s, self.launch_overhead_s) < 0:
+            raise HostirError(f"per-chunk costs cannot be negative, got {self}")
+
+    @classmethod
+    def from_times(cls, problem: OverlapProblem, comm_s: float, gemm_s: float, **per_chunk: float) -> Rates:
+        """The rates at which `problem`'s whole communication took `comm_s` and its whole GEMM `gemm_s`."""
+        if not (comm_s > 0 and gemm_s > 0):
+            raise HostirError(f"measured times must be positive, got comm {comm_s} s, GEMM {gemm_s} s")
+        return cls(problem.comm_bytes / comm_s, problem.gemm_flops / gemm_s, **per_chunk)
+
+    def comm_s(self, problem: OverlapProblem) -> float:
+        return problem.comm_bytes / self.link_bytes_per_s
+
+    def gemm_s(self, problem: OverlapProblem) -> float:
+        return problem.gemm_flops / self.gemm_flops_per_s
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """A pipeline's chunks (the stream axis extent) and streams, and the time the model predicts."""
+
+    chunks: int
+    streams: int
+    predicted_s: float
+
+
+def pipeline_time(problem: OverlapProblem, rates: Rates, chunks: int) -> float:
+    """T(S) of the module docstring: the modelled time of `problem` cut into `chunks` chunks."""
+    if chunks < 1:
+        raise HostirError(f"a pipeline needs at least one chunk, got {chunks}")
+    transfer = rates.comm_s(problem) / chunks + rates.transfer_latency_s
+    gemm = rates.gemm_s(problem) / chunks + rates.launch_overhead_s
+    return transfer + gemm + (chunks - 1) * max(transfer, gemm)
+
+
+def pipeline_streams(chunks: int) -> int:
+    """The streams a pipeline of `chunks` chunks uses (the module docstring says why)."""
+    return min(chunks, PIPELINE_STREAMS)
+
+
+def choose_pipeline(
+    problem: OverlapProblem,
+    rates: Rates,
+    min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS,
+    max_chunks: int = DEFAULT_MAX_CHUNKS,
+) -> PipelineShape:
+    """The chunk count with the least modelled time among those that divide the rows a rank
+    holds and leave each chunk GEMM at least `min_chunk_rows` rows (one chunk if none does);
+    the fewest chunks among equals."""
+    candidates = [
+        chunks
+        for chunks in range(1, min(max_chunks, problem.chunked_rows) + 1)
+        if problem.chunked_rows % chunks == 0 and problem.m // chunks >= min_chunk_rows
+    ] or [1]
+    best = min(candidates, key=lambda chunks: (pipeline_time(problem, rates, chunks), chunks))
+    return PipelineShape(best, pipeline_streams(best), pipeline_time(problem, rates, best))
+
+
+# --------------------------------------------------------------------------- #
+# Measuring the rates                                                          #
+# --------------------------------------------------------------------------- #
+
+
+def measure_rates(
+    communicator: Communicator,
+    dtype: torch.dtype = torch.bfloat16,
+    extent: int | None = None,
+    repeats: int = 5,
+) -> Rates:
+    """The link bandwidth, GEMM rate and transfer latency of this machine, the slowest rank's.
+
+    Times an allgather of [extent, extent] elements over the world, an [extent, extent]
+    GEMM and a one-element allgather (the latency), each the mean of `repeats` runs
+    after one warm-up; `extent` is 8192 on a GPU and 256 on the CPU unless given. Every
+    rank gets the same result (the maximum of each time over the ranks), so every rank
+    then chooses the same pipeline. A world of one has no link: its bandwidth is
+    reported as infinite, which makes every transfer free in the model.
+    """
+    device = communicator.device
+    extent = extent or (8192 if device.type == "cuda" else 256)
+    shard_rows = max(1, extent // communicator.world_size)
+    local = torch.randn(shard_rows, extent, device=device).to(dtype)
+    gathered = local.new_empty(shard_rows * communicator.world_size, extent)
+    weight = torch.randn(extent, extent, device=device).to(dtype)
+    product = gathered.new_empty(gathered.shape[0], extent)
+    one, ones = local.new_empty(1), local.new_empty(communicator.world_size)
+
+    if communicator.world_size > 1:
+        comm_s = _seconds(lambda: _all_gather_single(gathered, local), device, repeats)
+        latency_s = _seconds(lambda: _all_gather_single(ones, one), device, repeats)
+    else:
+        comm_s = latency_s = 0.0
+    gemm_s = _seconds(lambda: torch.matmul(gathered, weight, out=product), device, repeats)
+    comm_s, latency_s, gemm_s = _slowest_rank(communicator, [comm_s, latency_s, gemm_s])
+    received = (communicator.world_size - 1) * local.numel() * local.element_size()
+    return Rates(
+        link_bytes_per_s=received / comm_s if comm_s > 0 else float("inf"),
+        gemm_flops_per_s=2.0 * product.shape[0] * extent * extent / gemm_s,
+        transfer_latency_s=latency_s,
+    )
+
+
+def _seconds(run: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Mean wall time of `run` over `repeats` runs after one warm-up, the device drained around them."""
+    run()
+    _drain(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    _drain(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def _drain(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest_rank(communicator: Communicator, values: list[float]) -> list[float]:
+    """Each of `values`, the maximum over the ranks of the world."""
+    if communicator.world_size == 1:
+        return values
+    maxima = torch.tensor(values, dtype=torch.float64, device=communicator.device)
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+    return maxima.tolist()

@@ -1,0 +1,166 @@
+"""The pipeline cost model: the problem's bytes and flops, T(S), the choice of chunks and streams,
+and the measured rates on a world of CPU ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hostir_dialect.text import HostirError
+from runtime.communicator import Communicator
+from runtime.cost_model import (
+    DEFAULT_MIN_CHUNK_ROWS,
+    OverlapKind,
+    OverlapProblem,
+    PipelineShape,
+    Rates,
+    choose_pipeline,
+    measure_rates,
+    pipeline_streams,
+    pipeline_time,
+)
+from runtime.launch import run_on_local_ranks
+
+AG, RS, AR = OverlapKind.ALLGATHER_MATMUL, OverlapKind.MATMUL_REDUCE_SCATTER, OverlapKind.MATMUL_ALLREDUCE
+
+
+def problem(
+    kind: OverlapKind = AG, m: int = 8192, k: int = 8192, n: int = 3584, world: int = 8
+) -> OverlapProblem:
+    return OverlapProblem(kind, m, k, n, world)
+
+
+def test_bytes_and_flops_of_each_kind():
+    ag, rs, ar = problem(AG), problem(RS), problem(AR)
+    # AG: every rank receives the other 7/8 of X [M, K] and multiplies the whole of it.
+    assert ag.comm_bytes == 7 / 8 * 8192 * 8192 * 2
+    assert ag.gemm_flops == 2 * 8192 * 8192 * 3584
+    # RS: a rank multiplies its K/8 share, then receives 7/8 of the partial sums [M, N].
+    assert rs.comm_bytes == 7 / 8 * 8192 * 3584 * 2
+    assert rs.gemm_flops == 2 * 8192 * 1024 * 3584
+    # AR: a reduce-scatter and an allgather of [M, N].
+    assert ar.comm_bytes == 2 * rs.comm_bytes
+    assert ar.gemm_flops == rs.gemm_flops
+    assert (ag.chunked_rows, rs.chunked_rows, ar.chunked_rows) == (1024, 1024, 8192)
+    assert problem(AG, world=1).comm_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "kind, m, k, message",
+    [(AG, 100, 64, "M = 100"), (RS, 64, 100, "K = 100"), (RS, 100, 64, "M = 100"), (AR, 64, 100, "K = 100")],
+)
+def test_extents_the_ranks_do_not_divide_are_refused(kind, m, k, message):
+    with pytest.raises(HostirError, match=f"{message} is not divisible by the 8 ranks"):
+        OverlapProblem(kind, m, k, 64, 8)
+
+
+def test_bad_numbers_are_refused():
+    with pytest.raises(HostirError, match="positive extents"):
+        OverlapProblem(AG, 0, 8, 8, 8)
+    with pytest.raises(HostirError, match="rates must be positive"):
+        Rates(0.0, 1e12)
+    with pytest.raises(HostirError, match="cannot be negative"):
+        Rates(1e9, 1e12, transfer_latency_s=-1.0)
+    with pytest.raises(HostirError, match="measured times must be positive"):
+        Rates.from_times(problem(), comm_s=0.0, gemm_s=1e-3)
+    with pytest.raises(HostirError, match="at least one chunk"):
+        pipeline_time(problem(), Rates(1e9, 1e12), 0)
+
+
+def test_rates_from_times_give_the_times_back():
+    p = problem()
+    rates = Rates.from_times(p, comm_s=0.45e-3, gemm_s=0.58e-3)
+    assert rates.comm_s(p) == pytest.approx(0.45e-3)
+    assert rates.gemm_s(p) == pytest.approx(0.58e-3)
+    # The same rates predict a problem twice as large to take twice as long.
+    large = problem(m=16384)
+    assert rates.comm_s(large) == pytest.approx(0.90e-3)
+    assert rates.gemm_s(large) == pytest.approx(1.16e-3)
+
+
+def test_pipeline_time_is_the_formula():
+    p = problem()
+    rates = Rates.from_times(p, comm_s=4e-3, gemm_s=2e-3, transfer_latency_s=1e-4, launch_overhead_s=5e-5)
+    # One chunk: the two steps in sequence, with one of each latency.
+    assert pipeline_time(p, rates, 1) == pytest.approx(4e-3 + 1e-4 + 2e-3 + 5e-5)
+    # Four chunks: transfers of 1.1 ms bound the pipeline; the last GEMM (0.55 ms) is exposed.
+    assert pipeline_time(p, rates, 4) == pytest.approx(1.1e-3 + 0.55e-3 + 3 * 1.1e-3)
+
+
+def test_without_latencies_the_pipeline_tends_to_the_limit():
+    p = problem()
+    rates = Rates.from_times(p, comm_s=1e-3, gemm_s=3e-3, transfer_latency_s=0.0, launch_overhead_s=0.0)
+    times = [pipeline_time(p, rates, chunks) for chunks in (1, 2, 4, 8, 64)]
+    assert times == sorted(times, reverse=True)
+    assert times[0] == pytest.approx(4e-3)
+    assert times[-1] == pytest.approx(3e-3 + 1e-3 / 64)
+
+
+def brute_force_best(p: OverlapProblem, rates: Rates, min_rows: int, max_chunks: int) -> int:
+    valid = [s for s in range(1, max_chunks + 1) if p.chunked_rows % s == 0 and p.m // s >= min_rows] or [1]
+    return min(valid, key=lambda s: (pipeline_time(p, rates, s), s))
+
+
+@pytest.mark.parametrize("kind", list(OverlapKind))
+@pytest.mark.parametrize(
+    "m, k, n", [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
+)
+@pytest.mark.parametrize("latency", [1e-6, 20e-6, 200e-6])
+def test_the_choice_is_the_best_valid_chunk_count(kind, m, k, n, latency):
+    p = problem(kind, m, k, n)
+    rates = Rates(link_bytes_per_s=150e9, gemm_flops_per_s=700e12, transfer_latency_s=latency)
+    shape = choose_pipeline(p, rates)
+    assert p.chunked_rows % shape.chunks == 0
+    assert p.m // shape.chunks >= DEFAULT_MIN_CHUNK_ROWS or shape.chunks == 1
+    assert shape.chunks == brute_force_best(p, rates, DEFAULT_MIN_CHUNK_ROWS, 64)
+    assert shape == PipelineShape(
+        shape.chunks, pipeline_streams(shape.chunks), pipeline_time(p, rates, shape.chunks)
+    )
+
+
+def test_more_latency_means_fewer_chunks():
+    p = problem(m=65536)
+    chunks = [
+        choose_pipeline(
+            p, Rates.from_times(p, 1e-3, 1e-3, transfer_latency_s=latency), min_chunk_rows=1
+        ).chunks
+        for latency in (1e-6, 1e-5, 1e-4, 1e-3)
+    ]
+    assert chunks == sorted(chunks, reverse=True)
+    assert chunks[0] > chunks[-1] == 1
+
+
+def test_chunks_keep_the_minimum_rows_and_divide_the_rows_of_a_rank():
+    p = problem(m=8192 * 3, world=8)  # 3072 rows per rank
+    rates = Rates.from_times(p, 1e-3, 1e-3, transfer_latency_s=0.0, launch_overhead_s=0.0)
+    # Without latencies more chunks are always better: the most that keep 2048 rows each.
+    assert choose_pipeline(p, rates, min_chunk_rows=2048).chunks == 12
+    assert choose_pipeline(p, rates, min_chunk_rows=1, max_chunks=10).chunks == 8
+    assert choose_pipeline(p, rates, min_chunk_rows=10_000).chunks == 2
+    # Not even the whole product has 30 000 rows: one chunk, the steps in sequence.
+    assert choose_pipeline(p, rates, min_chunk_rows=30_000).chunks == 1
+
+
+def test_streams():
+    assert [pipeline_streams(chunks) for chunks in (1, 2, 3, 4, 64)] == [1, 2, 3, 3, 3]
+
+
+def measured_on_a_rank(extent: int) -> Rates:
+    return measure_rates(Communicator.from_env(), torch.float32, extent=extent, repeats=2)
+
+
+def test_measured_rates_are_positive_and_the_same_on_every_rank():
+    rates = run_on_local_ranks(measured_on_a_rank, 2, 64, timeout_s=60)
+    assert rates[0] == rates[1]
+    assert math.isfinite(rates[0].link_bytes_per_s) and rates[0].link_bytes_per_s > 0
+    assert rates[0].gemm_flops_per_s > 0 and rates[0].transfer_latency_s > 0
+    p = OverlapProblem(AG, 64, 64, 64, 2, element_size=4)
+    assert choose_pipeline(p, rates[0], min_chunk_rows=8).chunks == brute_force_best(p, rates[0], 8, 64)
+
+
+def test_a_world_of_one_has_free_transfers():
+    rates = measure_rates(Communicator.single(torch.device("cpu")), torch.float32, extent=32, repeats=1)
+    assert rates.link_bytes_per_s == math.inf and rates.transfer_latency_s == 0.0
+    assert rates.comm_s(problem(world=1)) == 0.0
