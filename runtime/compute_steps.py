@@ -6,6 +6,7 @@ allocated, on the ranks in the mesh of its first output.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -15,20 +16,61 @@ from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from runtime import fusion_eval
+from runtime import fusion_eval, kernels
 from runtime.interpreter import Environment, Preparation, RunContext, Step, handles, mesh_of
 
-def segment_runner(callee: func.FuncOp) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
-    """How a segment runs: `run(ins, outs)` evaluates `callee` and writes its results into `outs`.
 
-    The one place a segment is executed, for `hir.launch_kernel` and
-    `hir.post_on_stream` alike: a compiled CUDA kernel for launch_kernel plugs in here.
+SegmentRun = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
+"""`run(ins, outs)`: a segment evaluated on `ins`, its results written into `outs`."""
+
+
+def segment_runner(callee: func.FuncOp, fused: bool) -> SegmentRun:
+    """How a segment runs, for `hir.launch_kernel` (`fused`) and `hir.post_on_stream` alike.
+
+    The one place a segment is executed, bound once per op while the program is
+    prepared. A fused segment on CUDA tensors runs as its generated kernel
+    (`kernels.SegmentKernel`, compiled at its first launch, cached by structure) on the
+    current stream, writing `outs` in place; anything else is evaluated eagerly by
+    `fusion_eval` and copied into `outs`. A segment the generator refuses runs eagerly
+    too, and says so with a `KernelFallbackWarning` at its first launch on CUDA tensors.
+    `post_on_stream` segments only move data (broadcast, set), which a copy does as
+    well as a kernel, so they stay eager.
     """
     evaluate = fusion_eval.compile_function(callee)
 
-    def run(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
-        for out, result in zip(outs, evaluate(ins), strict=True):
+    def eagerly(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        for out, result in zip(outs, evaluate(ins, outs[0].device), strict=True):
             out.copy_(result)
+
+    if not fused:
+        return eagerly
+    try:
+        kernel = kernels.SegmentKernel(callee)
+    except HostirError as refusal:
+        return _warning_once(eagerly, callee, refusal)
+
+    def run(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        if not kernel.launch(ins, outs):
+            eagerly(ins, outs)
+
+    return run
+
+
+def _warning_once(eagerly: SegmentRun, callee: func.FuncOp, refusal: HostirError) -> SegmentRun:
+    """`eagerly`, warning at the first launch where the segment's kernel would have run."""
+    warned = False
+
+    def run(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        nonlocal warned
+        if not warned and kernels.launchable((*ins, *outs)):
+            warned = True
+            warnings.warn(
+                f"segment @{callee.sym_name.data} runs as torch eager ops, one kernel per op, "
+                f"because no fused kernel can compute it: {refusal}",
+                kernels.KernelFallbackWarning,
+                stacklevel=2,
+            )
+        eagerly(ins, outs)
 
     return run
 
@@ -57,19 +99,33 @@ def _segment(op: hir.SegmentCallOp, prep: Preparation) -> Step:
     callee = SymbolTable.lookup_symbol(op, op.callee)
     if not isinstance(callee, func.FuncOp):
         raise HostirError.at(op, f"'{op.callee.string_value()}' is not a function in this module")
-    return _compute_step(op, prep, segment_runner(callee))
+    return _compute_step(op, prep, segment_runner(callee, isinstance(op, hir.LaunchKernelOp)))
+
+
+def matmul_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None:
+    """`torch.matmul(lhs, rhs)` written into `out`, whatever its strides, without resizing it.
+
+    torch's `out=` resizes in two cases, which prints a UserWarning and leaves a view's
+    data in a new storage (torch 2.13 raises for the second instead): a vector-matrix
+    product, computed as a [1, N] product; and a batched matrix times a matrix or a
+    vector, computed by folding the batch into the rows of `out` viewed as one matrix,
+    which a strided view (a slice of an inner axis) cannot be. There the vector becomes
+    a [1, K] matrix, and `rhs` is expanded over the batch so that torch runs a batched
+    product into `out` as it is.
+    """
+    if lhs.dim() == 1 and rhs.dim() > 1:
+        lhs, out = lhs.unsqueeze(0), out.unsqueeze(-2)
+    if lhs.dim() > 2 and rhs.dim() <= 2 and not out.is_contiguous():
+        if rhs.dim() == 1:
+            rhs, out = rhs.unsqueeze(-1), out.unsqueeze(-1)
+        rhs = rhs.expand(*lhs.shape[:-2], *rhs.shape)
+    torch.matmul(lhs, rhs, out=out)
 
 
 @handles(hir.MatmulOp)
 def _matmul(op: hir.MatmulOp, prep: Preparation) -> Step:
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        lhs, rhs = ins
-        if lhs.dim() == 1 and rhs.dim() > 1:
-            # torch computes a vector-matrix product into `out=` by resizing the output to
-            # [1, N], which loses the data of a strided view; a [1, K] matrix keeps the view.
-            torch.matmul(lhs.unsqueeze(0), rhs, out=outs[0].unsqueeze(-2))
-        else:
-            torch.matmul(lhs, rhs, out=outs[0])
+        matmul_into(*ins, outs[0])
 
     return _compute_step(op, prep, compute)
 

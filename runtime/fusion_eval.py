@@ -47,11 +47,10 @@ def _cast(op: fusion.CastOp, input: torch.Tensor) -> torch.Tensor:
     return input.to(torch_dtype(fusion.tensor_type(op.result).element_type))
 
 
-def _constant(op: fusion.ConstantOp) -> torch.Tensor:
-    # A 0-d CPU tensor: torch lets it take part in ops on any device, as a scalar does.
-    return torch.tensor(
-        op.value.value.data, dtype=torch_dtype(fusion.tensor_type(op.result).element_type)
-    )
+def constant_value(op: fusion.ConstantOp) -> bool | int | float:
+    """The value of a constant: its attribute stored in its element type (0.1 as bf16 is 0.10009765625)."""
+    dtype = torch_dtype(fusion.tensor_type(op.result).element_type)
+    return torch.tensor(op.value.value.data, dtype=dtype).item()
 
 
 def _broadcast(op: fusion.BroadcastOp, input: torch.Tensor) -> torch.Tensor:
@@ -91,14 +90,16 @@ TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     **{op: _ignoring_op(function) for op, function in POINTWISE_FUNCTIONS.items()},
     fusion.SetOp: lambda op, input: input,
     fusion.CastOp: _cast,
-    fusion.ConstantOp: _constant,
     fusion.BroadcastOp: _broadcast,
     fusion.SumOp: _reduction(torch.sum),
     fusion.MaxOp: _reduction(torch.amax),
     fusion.MatmulOp: _ignoring_op(torch.matmul),
     fusion.LinearOp: _ignoring_op(torch.nn.functional.linear),
 }
-"""Fusion op class -> `function(op, *input tensors)` giving the op's result."""
+"""Fusion op class -> `function(op, *input tensors)` giving the op's result.
+
+`fusion.constant` is not here: it has no inputs, and its tensor is made on the device
+of the run (`compile_function`)."""
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -109,25 +110,33 @@ def _stored(value: SSAValue) -> torch.dtype:
     return torch_dtype(fusion.tensor_type(value).element_type)
 
 
-CompiledFunction = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+CompiledFunction = Callable[[Sequence[torch.Tensor], torch.device], list[torch.Tensor]]
+"""`run(inputs, device)`: the function's outputs; `device` is where its constants are made."""
 
 
 def compile_function(function: func.FuncOp) -> CompiledFunction:
     """Resolves every op of `function` once; the result maps input tensors to outputs.
 
-    Raises `HostirError` for an op that has no torch semantics.
+    Constants are made on the device the caller names, which is the device of the run:
+    a CPU constant would take part in ops on CUDA tensors only while it is 0-d, and a
+    broadcast makes it 1-d. Raises `HostirError` for an op that has no torch semantics.
     """
     slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(function.args)}
-    steps: list[tuple[Callable[..., torch.Tensor], list[tuple[int, torch.dtype | None]], torch.dtype]] = []
+    constants: list[tuple[int, bool | int | float, torch.dtype]] = []
+    steps: list[tuple[int, Callable[..., torch.Tensor], list[tuple[int, torch.dtype | None]], torch.dtype]] = []
     outputs: list[tuple[int, torch.dtype]] = []
     for op in function.body.block.ops:
         if isinstance(op, func.ReturnOp):
             outputs = [(slots[v], _stored(v)) for v in op.arguments]
             continue
+        result = op.results[0]
+        if isinstance(op, fusion.ConstantOp):
+            slots[result] = len(slots)
+            constants.append((slots[result], constant_value(op), _compute_dtype(_stored(result))))
+            continue
         semantics = TORCH_OPS.get(type(op))
         if semantics is None:
             raise HostirError.at(op, f"'{op.name}' has no torch semantics in a fusion")
-        result = op.results[0]
         declared = _stored(result)
         if isinstance(op, fusion.POINTWISE_OPS):
             # None: an operand is taken as it flows, upcast if it is still low precision.
@@ -137,20 +146,22 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
             operands = [(slots[v], _stored(v)) for v in op.operands]
             result_dtype = declared
         slots[result] = len(slots)
-        steps.append((functools.partial(semantics, op), operands, result_dtype))
+        steps.append((slots[result], functools.partial(semantics, op), operands, result_dtype))
 
-    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run(inputs: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         if len(inputs) != len(function.args):
             raise HostirError.at(
                 function, f"@{function.sym_name.data} takes {len(function.args)} input(s), got {len(inputs)}"
             )
-        values = list(inputs)
-        for semantics, operands, result_dtype in steps:
+        values: list[torch.Tensor | None] = [*inputs, *[None] * (len(slots) - len(inputs))]
+        for slot, value, dtype in constants:
+            values[slot] = torch.full((), value, dtype=dtype, device=device)
+        for slot, semantics, operands, result_dtype in steps:
             arguments = [
-                values[slot].to(dtype) if dtype is not None else upcast(values[slot])
-                for slot, dtype in operands
+                values[operand].to(dtype) if dtype is not None else upcast(values[operand])
+                for operand, dtype in operands
             ]
-            values.append(semantics(*arguments).to(result_dtype))
+            values[slot] = semantics(*arguments).to(result_dtype)
         return [values[slot].to(dtype) for slot, dtype in outputs]
 
     return run
@@ -161,6 +172,14 @@ def upcast(value: torch.Tensor) -> torch.Tensor:
     return value.float() if value.dtype in LOW_PRECISION else value
 
 
-def evaluate(function: func.FuncOp, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Evaluates a function of fusion ops with plain torch on `inputs` (value semantics)."""
-    return compile_function(function)(inputs)
+def evaluate(
+    function: func.FuncOp, inputs: Sequence[torch.Tensor], device: torch.device | None = None
+) -> list[torch.Tensor]:
+    """Evaluates a function of fusion ops with plain torch on `inputs` (value semantics).
+
+    Constants are made on `device`; None means the device of the first input (the CPU
+    when there is none).
+    """
+    if device is None:
+        device = inputs[0].device if inputs else torch.device("cpu")
+    return compile_function(function)(inputs, device)

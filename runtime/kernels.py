@@ -199,8 +199,7 @@ def _cast(op: fusion.CastOp, operands: Sequence[str]) -> str:
 
 
 def _constant(op: fusion.ConstantOp, operands: Sequence[str]) -> str:
-    # The value fusion_eval computes with: the attribute stored in the element type.
-    value = torch.tensor(op.value.value.data, dtype=_torch_dtype(op.result)).item()
+    value = fusion_eval.constant_value(op)
     compute = element_type(op.result).compute
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -572,6 +571,15 @@ class KernelCache:
 CACHE = KernelCache()
 
 
+class KernelFallbackWarning(UserWarning):
+    """A fused segment ran as torch eager ops on the GPU because no kernel can compute it."""
+
+
+def launchable(buffers: Sequence[torch.Tensor]) -> bool:
+    """Whether a kernel can run on these buffers: CuPy imports and they are all CUDA tensors."""
+    return cupy is not None and all(t.is_cuda for t in buffers)
+
+
 @functools.cache
 def _multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -621,7 +629,7 @@ class SegmentKernel:
         then evaluates the segment eagerly. Raises HostirError when the buffers do not
         fit the segment.
         """
-        if cupy is None or not all(t.is_cuda for t in (*ins, *outs)):
+        if not launchable((*ins, *outs)):
             return False
         signature = (tuple(map(_signature, ins)), tuple(map(_signature, outs)))
         prepared = self.launches.get(signature)

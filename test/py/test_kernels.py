@@ -11,17 +11,27 @@ the stream the kernel runs on; HOSTIR_DUMP.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
 
+from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder, Tensor
 from hostir_dialect.text import HostirError, parse_module
 from runtime import fusion_eval, kernels
 from runtime.communicator import Communicator
 from runtime.program import Program
+from runtime.reference import compare, random_inputs
+from test_interpreter import poisoned_allocations
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 DTYPES = {
     "f64": torch.float64,
@@ -451,6 +461,147 @@ def test_host_program_on_cpu_gives_what_fusion_eval_gives():
         assert torch.equal(actual, expected)
 
 
+REFUSED_SEGMENT = f"""
+func.func private @int_exp(%x: {{T}}) -> {{T}} {{{{
+  %y = fusion.exp %x : {{T}} -> {{T}}
+  func.return %y : {{T}}
+}}}}
+func.func @host(%x: {{T}}) -> {{T}} {{{{
+  %n = hir.dim %x, 0 : {{T}}
+  %y = hir.allocate(%n) : {{T}}
+  hir.launch_kernel @int_exp ins(%x : {{T}}) outs(%y : {{T}})
+  func.return %y : {{T}}
+}}}}
+""".format(T="!fusion.tensor<[?], i32>")
+
+
+def test_a_segment_no_kernel_computes_runs_eagerly_and_warns_once_where_a_kernel_would_run(monkeypatch):
+    """exp on i32 has no kernel (torch computes it in f32): the program runs eagerly anyway.
+
+    On CPU tensors there is no kernel to miss, so no warning; where a kernel would run
+    (`kernels.launchable`, faked here; the GPU test below makes it true) it warns once
+    per prepared segment, however often the segment runs.
+    """
+    program = Program.compile(REFUSED_SEGMENT, pipeline=None)
+    x = torch.arange(-3, 5, dtype=torch.int32)
+    cpu = Communicator.single(torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (y,) = program.run([x], cpu)
+    assert torch.equal(y, torch.exp(x).to(torch.int32))
+    monkeypatch.setattr(kernels, "launchable", lambda buffers: True)
+    with pytest.warns(kernels.KernelFallbackWarning) as warned:
+        for _ in range(3):
+            (y,) = program.run([x], cpu)
+    assert torch.equal(y, torch.exp(x).to(torch.int32))
+    with pytest.raises(HostirError) as refusal:
+        kernels.SegmentKernel(program.module.body.block.first_op)
+    assert len(warned) == 1
+    assert str(warned[0].message) == (
+        "segment @int_exp runs as torch eager ops, one kernel per op, because no fused kernel can "
+        f"compute it: {refusal.value}"
+    )
+
+
+# Example programs and the launches of their segments
+
+
+def _gelu_like(dtype: str, stream_axis: int | None) -> ModuleOp:
+    """A chain with constants and a broadcast operand; optionally pipelined over `stream_axis`."""
+    fb = FusionBuilder(f"gelu_{dtype}" + ("" if stream_axis is None else f"_stream{stream_axis}"))
+    x, b = fb.input([None, None], dtype), fb.input([None], dtype)
+    y = x + b
+    g = y * (fb.tanh(y) + 1.0) * 0.5
+    if stream_axis is not None:
+        fb.parallelize(g, stream_axis, "stream")
+    fb.output(g)
+    fb.output(fb.cast(g, "f32"))
+    return fb.build()
+
+
+def _segments_around_a_matmul() -> ModuleOp:
+    """Two segments with a matmul between them; the second reads a broadcast of an input."""
+    fb = FusionBuilder("around_matmul")
+    x, w, c = fb.input([None, 8], "f32"), fb.input([8, None], "f32"), fb.input([None], "f32")
+    h = fb.matmul(fb.exp(x * 0.25), w)
+    fb.output(fb.relu(h - fb.broadcast(c, 0)))
+    return fb.build()
+
+
+def _integers() -> ModuleOp:
+    fb = FusionBuilder("integers")
+    x, y = fb.input([None, None], "i32"), fb.input([None, None], "i32")
+    fb.output(fb.maximum(x * y, fb.abs(x - y)) + 3)
+    return fb.build()
+
+
+def example_modules() -> dict[str, ModuleOp]:
+    """Every example: the .mlir files, the reference fusions (on one device), and chains of our own.
+
+    The .mlir examples of several devices are reference fusions (examples/reference_fusions.py)
+    with a fixed mesh; they appear here through the same fusion on a mesh of one device.
+    """
+    modules = {
+        path.stem: parse_module(path.read_text(), str(path)) for path in sorted(EXAMPLES.glob("*.mlir"))
+    }
+    for name, build in REFERENCE_FUSIONS.items():
+        multi_device = "num_devices" in inspect.signature(build).parameters
+        modules[f"reference {name}"] = build(1) if multi_device else build()
+    for dtype in ("f32", "bf16", "f16"):
+        modules[f"gelu {dtype}"] = _gelu_like(dtype, None)
+    modules["gelu streamed outer"] = _gelu_like("bf16", 0)
+    modules["gelu streamed inner"] = _gelu_like("f32", 1)
+    modules["around a matmul"] = _segments_around_a_matmul()
+    modules["integers"] = _integers()
+    return modules
+
+
+class Launch(NamedTuple):
+    kernel: kernels.SegmentKernel
+    ins: list[torch.Tensor]
+    outs: list[torch.Tensor]
+    launched: bool
+
+
+def recording_launches(monkeypatch) -> list[Launch]:
+    """Every `SegmentKernel.launch` from now on: its kernel, buffers, and whether it ran."""
+    launches: list[Launch] = []
+    launch = kernels.SegmentKernel.launch
+
+    def recorded(kernel, ins, outs):
+        launched = launch(kernel, ins, outs)
+        launches.append(Launch(kernel, list(ins), list(outs), launched))
+        return launched
+
+    monkeypatch.setattr(kernels.SegmentKernel, "launch", recorded)
+    return launches
+
+
+def run_example(program: Program, inputs: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """One run at world size 1 on `device`, every allocation poisoned first."""
+    with poisoned_allocations():
+        return program.run([x.to(device) for x in inputs], Communicator.single(device))
+
+
+def test_every_launch_of_every_example_plans_a_kernel_on_its_buffers(monkeypatch):
+    """On the CPU the segments run eagerly, but each launch's buffers must make a kernel."""
+    launches = recording_launches(monkeypatch)
+    with_segments = set()
+    for name, module in example_modules().items():
+        program = Program.compile(module)
+        if program.largest_device > 0:
+            continue
+        launches.clear()
+        run_example(program, random_inputs(program.input_types, seed=5), torch.device("cpu"))
+        for launch in launches:
+            assert not launch.launched
+            assert f"void {kernels.KERNEL_NAME}(" in launch.kernel.source(launch.ins, launch.outs)
+        if launches:
+            with_segments.add(name)
+    expected = {"single_binary", "gelu bf16", "gelu streamed inner", "around a matmul", "integers"}
+    assert expected <= with_segments
+
+
 # --------------------------------------------------------------------------- #
 # On the GPU                                                                   #
 # --------------------------------------------------------------------------- #
@@ -682,3 +833,43 @@ def test_dump_prints_each_kernel_when_compiled(monkeypatch, capsys):
     assert "const float v1 = 0.0712890625f;" in printed
     assert kernels.SegmentKernel(segment).launch([x], [out])
     assert capsys.readouterr().out == "", "a cached kernel is not compiled, so not printed, again"
+
+
+@requires_gpu
+def test_every_fused_segment_of_every_example_runs_as_one_kernel_compiled_once(monkeypatch):
+    """Each launch_kernel runs its generated kernel (never the eager path) and gives what
+    the eager path gives on the CPU; a second run compiles nothing."""
+    launches = recording_launches(monkeypatch)
+    cuda, cpu = torch.device("cuda", torch.cuda.current_device()), torch.device("cpu")
+    for name, module in example_modules().items():
+        program = Program.compile(module)
+        if program.largest_device > 0:
+            continue
+        inputs = random_inputs(program.input_types, seed=6)
+        launches.clear()
+        expected = run_example(program, inputs, cpu)
+        eager_launches = len(launches)
+        launches.clear()
+        actual = run_example(program, inputs, cuda)
+        assert len(launches) == eager_launches and all(launch.launched for launch in launches), name
+        compiled = kernels.CACHE.compilations
+        again = run_example(program, inputs, cuda)
+        assert kernels.CACHE.compilations == compiled, f"{name}: the second run compiled"
+        assert len(launches) == 2 * eager_launches and all(launch.launched for launch in launches), name
+        for i, (first, second, reference) in enumerate(zip(actual, again, expected, strict=True)):
+            for output in (first, second):
+                comparison = compare(output.cpu(), reference)
+                assert comparison.ok, f"{name} output #{i}: {comparison}"
+
+
+@requires_gpu
+def test_a_segment_no_kernel_computes_warns_once_on_the_gpu_and_runs_eagerly():
+    program = Program.compile(REFUSED_SEGMENT, pipeline=None)
+    x = torch.arange(-3, 5, dtype=torch.int32, device="cuda")
+    fallback = "segment @int_exp runs as torch eager ops"
+    with pytest.warns(kernels.KernelFallbackWarning, match=fallback) as warned:
+        for _ in range(2):
+            with poisoned_allocations():
+                (y,) = program.run([x], Communicator.single(x.device))
+    assert len(warned) == 1
+    assert torch.equal(y.cpu(), torch.exp(x.cpu()).to(torch.int32))
