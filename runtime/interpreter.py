@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +52,9 @@ class RunContext:
     streams: StreamPool
     issued: list[Work] = field(default_factory=list)
     """Every communication issued in this run, completed before the run returns."""
+    input_extents: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    """(input index, axis) -> the logical extent of each dynamic axis of each input, on every
+    rank: `Program.run` exchanges them, so that `hir.dim` works outside an input's mesh."""
 
 
 Step = Callable[[Environment, RunContext], None]
@@ -89,11 +92,13 @@ def run_steps(steps: list[Step], env: Environment, context: RunContext) -> None:
         ) from error
 
 
-def _buffer_root(value: SSAValue) -> SSAValue:
-    """The buffer that `value` is a view of (`value` itself unless made by alias_select)."""
+def _buffer_root(value: SSAValue, axis: int = 0) -> tuple[SSAValue, int]:
+    """The buffer that `value` is a view of (`value` itself unless made by alias_select),
+    and the axis of that buffer that `axis` of `value` is."""
     while isinstance(value, OpResult) and isinstance(value.op, hir.AliasSelectOp):
-        value = value.op.input
-    return value
+        dropped = value.op.axis.data
+        value, axis = value.op.input, axis + (axis >= dropped)
+    return value, axis
 
 
 class Preparation:
@@ -108,7 +113,7 @@ class Preparation:
         self.views: dict[SSAValue, list[SSAValue]] = defaultdict(list)
         for op in function.walk():
             if isinstance(op, hir.AliasSelectOp):
-                self.views[_buffer_root(op.result)].append(op.result)
+                self.views[_buffer_root(op.result)[0]].append(op.result)
 
     def slot(self, value: SSAValue) -> int:
         return self.slots.setdefault(value, len(self.slots))
@@ -133,10 +138,14 @@ class Preparation:
                 steps.append(step)
         return steps
 
+    def is_input(self, value: SSAValue) -> bool:
+        """Whether `value` is an argument of the program (not of a loop body)."""
+        return isinstance(value, BlockArgument) and value.owner is self.function.body.block
+
     def check_writable(self, op: Operation, buffer: SSAValue) -> None:
         """Refuses an op that would write into one of the program's inputs (or a view of one)."""
-        root = _buffer_root(buffer)
-        if isinstance(root, BlockArgument) and root.owner is self.function.body.block:
+        root, _ = _buffer_root(buffer)
+        if self.is_input(root):
             raise HostirError.at(
                 op,
                 f"writes into input #{root.index} of the host program; inputs are read-only "
@@ -358,6 +367,13 @@ def _deallocate(op: hir.DeallocateOp, prep: Preparation) -> Step:
 
 @handles(hir.DimOp)
 def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
+    """The logical extent of an axis, on every rank, whether or not it holds the buffer.
+
+    A static extent and a `didx` axis are constants. Otherwise the extent is traced through
+    views to the root buffer: an allocation's is the size operand it was made with; an
+    input's is its tensor's on ranks in its mesh and the exchanged `input_extents`
+    elsewhere; any other buffer's is its tensor's, known in its mesh only.
+    """
     buffer_type = fusion.tensor_type(op.buffer)
     axis = op.axis.data
     extent = buffer_type.get_shape()[axis]
@@ -367,17 +383,36 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
     if buffer_type.parallel_types()[axis] == ParallelType.DIDX:
         prep.constant(op.result, buffer_type.mesh.size)
         return None
-    buffer, result = prep.slot(op.buffer), prep.slot(op.result)
-    mesh = mesh_of(op.buffer)
+    result = prep.slot(op.result)
+    root, root_axis = _buffer_root(op.buffer, axis)
+    if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):
+        dynamic_axes = [a for a, e in enumerate(fusion.tensor_type(root).get_shape()) if e == DYNAMIC]
+        size = prep.slot(root.op.dynamic_sizes[dynamic_axes.index(root_axis)])
+
+        def allocated(env: Environment, context: RunContext) -> None:
+            env[result] = env[size]
+
+        return allocated
+    buffer, mesh = prep.slot(op.buffer), mesh_of(root)
+    input_index = root.index if prep.is_input(root) else None
 
     def step(env: Environment, context: RunContext) -> None:
-        if context.rank not in mesh:
+        if context.rank in mesh:
+            env[result] = env[buffer].shape[axis]
+        elif (input_index, root_axis) in context.input_extents:
+            env[result] = context.input_extents[input_index, root_axis]
+        else:
             raise HostirError.at(
                 op,
                 f"rank {context.rank} is outside the mesh {sorted(mesh)} of the buffer, so "
-                f"it does not know the dynamic extent of axis {axis}",
+                f"it does not know the dynamic extent of axis {axis}"
+                + (
+                    f" (Program.run tells every rank the extents of every input; this run "
+                    f"was not given those of input #{input_index})"
+                    if input_index is not None
+                    else ""
+                ),
             )
-        env[result] = env[buffer].shape[axis]
 
     return step
 

@@ -3,10 +3,12 @@
     program = Program.compile(text_or_module)             # lowers with DEFAULT_PIPELINE
     outputs = program.run(local_inputs, communicator)     # on every rank
 
-`run` checks everything it can about its inputs and the world before any rank
-communicates, with checks that every rank makes alike, so that a mistake fails on
-every rank at once instead of leaving the other ranks waiting for a peer that
-raised.
+`run` checks its inputs and the world before the program communicates. Each rank
+checks its own inputs, then the ranks exchange their verdicts and the dynamic
+extents of the inputs they hold in one small all-gather, so that a mistake on any
+rank fails on every rank at once (instead of leaving the others waiting for a peer
+that raised), and every rank knows every input's extents, also those of inputs it
+holds no piece of.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import ArgSpecParseError
 
 from hostir_dialect import hir, hostir_context
-from hostir_dialect.fusion import DYNAMIC, TensorType, shape_str
+from hostir_dialect.fusion import DYNAMIC, ParallelType, TensorType, shape_str
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from passes import DEFAULT_PIPELINE, HOSTIR_PASSES
 from runtime.communicator import Communicator
@@ -74,6 +76,13 @@ class Program:
         self.fusion = fusion
         """The unlowered fusion, or None when given an already lowered module."""
         self.input_types = _tensor_types(host, host.function_type.inputs.data, "input")
+        self.dynamic_axes = [
+            (index, axis)
+            for index, type in enumerate(self.input_types)
+            for axis, (extent, parallel_type) in enumerate(zip(type.get_shape(), type.parallel_types()))
+            if extent == DYNAMIC and parallel_type != ParallelType.DIDX
+        ]
+        """(input index, axis) of every input axis whose extent the inputs set (a didx axis's is the mesh size)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         self.interpreter = Interpreter(host)
         communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
@@ -126,30 +135,91 @@ class Program:
             communicator = (
                 Communicator.from_env() if torch.distributed.is_initialized() else Communicator.single()
             )
-        self.check(inputs, communicator)
+        input_extents = self.check(inputs, communicator)
         streams = stream_pool(
             communicator.device, configured_num_streams() if num_streams is None else num_streams
         )
         communicator.create_groups(self.teams)
-        context = RunContext(communicator.rank, communicator.device, communicator, streams)
+        context = RunContext(
+            communicator.rank, communicator.device, communicator, streams, input_extents=input_extents
+        )
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
         return interpreter.run(inputs, context)
 
-    def check(self, inputs: Sequence[torch.Tensor], communicator: Communicator) -> None:
-        """Raises `HostirError` if the world or the inputs contradict the program."""
+    def check(self, inputs: Sequence[torch.Tensor], communicator: Communicator) -> dict[tuple[int, int], int]:
+        """Raises `HostirError` if the world or any rank's inputs contradict the program.
+
+        Returns the extent of every dynamic axis of every input, by (input index, axis).
+        Every rank raises alike: the world is the same everywhere, and in a world of
+        several ranks the ranks all-gather one row of int64 each (`_exchange`), with
+        their verdict on their own inputs and the extents they hold. A rank whose inputs
+        are wrong raises what is wrong with them; the others name the rank and the input.
+        """
         if communicator.world_size <= self.largest_device:
             raise HostirError(
                 f"the program uses device {self.largest_device} but the world has only "
                 f"{communicator.world_size} rank(s); run it on at least {self.largest_device + 1}"
             )
-        if len(inputs) != len(self.input_types):
+        problem = self._input_problem(inputs, communicator)
+        row = self._report(inputs, communicator, problem)
+        rows = [row] if communicator.world_size == 1 else _exchange(row, communicator)
+        if problem is not None:
+            raise HostirError(problem[1])
+        faults = [self._fault(rank, row) for rank, row in enumerate(rows) if row[0] != INPUTS_OK]
+        if faults:
             raise HostirError(
-                f"@{self.host.sym_name.data} takes {len(self.input_types)} input(s), got {len(inputs)}"
+                f"the inputs of @{self.host.sym_name.data} are wrong on another rank, so no rank "
+                f"runs it: {'; '.join(faults)}"
             )
+        return self._agreed_extents(rows)
+
+    def _input_problem(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator
+    ) -> tuple[int, str] | None:
+        """This rank's verdict on its inputs: (WRONG_INPUT_COUNT or the first wrong input's index, why)."""
+        name = self.host.sym_name.data
+        if len(inputs) != len(self.input_types):
+            return WRONG_INPUT_COUNT, f"@{name} takes {len(self.input_types)} input(s), got {len(inputs)}"
         for i, (value, declared) in enumerate(zip(inputs, self.input_types)):
             problem = _input_problem(value, declared, communicator)
             if problem:
-                raise HostirError(f"input #{i} of @{self.host.sym_name.data} on rank {communicator.rank}: {problem}")
+                return i, f"input #{i} of @{name} on rank {communicator.rank}: {problem}"
+        return None
+
+    def _report(
+        self,
+        inputs: Sequence[torch.Tensor],
+        communicator: Communicator,
+        problem: tuple[int, str] | None,
+    ) -> list[int]:
+        """What this rank tells the others: [verdict, number of inputs, extent of each dynamic axis]."""
+        if problem is not None:
+            return [problem[0], len(inputs)] + [UNKNOWN_EXTENT] * len(self.dynamic_axes)
+        held = [communicator.rank in type.mesh.ids for type in self.input_types]
+        extents = [inputs[i].shape[axis] if held[i] else UNKNOWN_EXTENT for i, axis in self.dynamic_axes]
+        return [INPUTS_OK, len(inputs), *extents]
+
+    def _fault(self, rank: int, row: Sequence[int]) -> str:
+        """What another rank's report says is wrong with its inputs."""
+        verdict, count = row[0], row[1]
+        if verdict == WRONG_INPUT_COUNT:
+            name, takes = self.host.sym_name.data, len(self.input_types)
+            return f"rank {rank} gave {count} input(s), @{name} takes {takes}"
+        return f"input #{verdict} on rank {rank} does not fit its type (rank {rank} says how)"
+
+    def _agreed_extents(self, rows: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
+        """The extent of each dynamic input axis, which every rank holding the input must agree on."""
+        extents = {}
+        for column, (index, axis) in enumerate(self.dynamic_axes, start=2):
+            held = {rank: row[column] for rank, row in enumerate(rows) if row[column] != UNKNOWN_EXTENT}
+            if len(set(held.values())) > 1:
+                raise HostirError(
+                    f"input #{index} of @{self.host.sym_name.data}: the ranks holding it disagree on "
+                    f"the extent of axis {axis}: "
+                    + ", ".join(f"rank {rank} has {extent}" for rank, extent in held.items())
+                )
+            (extents[index, axis],) = set(held.values())
+        return extents
 
     def _meshes(self) -> list[tuple[int, ...]]:
         """The mesh of every buffer of the host program."""
@@ -159,6 +229,23 @@ class Program:
             for value in (*op.results, *(a for r in op.regions for b in r.blocks for a in b.args))
             if isinstance(value.type, TensorType)
         ]
+
+
+INPUTS_OK = -1
+"""The verdict of a rank whose inputs fit the program; otherwise the index of the first wrong input."""
+WRONG_INPUT_COUNT = -2
+"""The verdict of a rank given the wrong number of inputs."""
+UNKNOWN_EXTENT = -1
+"""The extent a rank reports for an input it holds no piece of."""
+
+
+def _exchange(row: list[int], communicator: Communicator) -> list[list[int]]:
+    """Every rank's `row`, in rank order: one all-gather of int64 on the communicator's device."""
+    world = communicator.world_size
+    local = torch.tensor([row], dtype=torch.int64, device=communicator.device)
+    rows = torch.empty(world, len(row), dtype=torch.int64, device=communicator.device)
+    communicator.allgather(local, rows, tuple(range(world)), 0).wait()
+    return rows.tolist()
 
 
 def _input_problem(value: object, declared: TensorType, communicator: Communicator) -> str | None:

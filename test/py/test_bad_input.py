@@ -14,11 +14,13 @@ import time
 import pytest
 import torch
 
+from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.text import HostirError
 from runtime import compute_steps
 from runtime.communicator import Communicator
 from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
+from test_communicator import needs_ranks
 from test_interpreter import tensor
 
 SHARDED = tensor([2, 3], mesh=[0, 1], axes="didx _")
@@ -71,20 +73,6 @@ def test_inputs_that_contradict_their_types(inputs, message):
         Program.compile(COPY, pipeline=None).run(inputs)
 
 
-def test_a_sharded_input_is_checked_against_its_local_shape():
-    program = Program.compile(ALLREDUCE, pipeline=None)
-    with pytest.raises(HostirError, match=r"rank 1: expected local shape \[1, 3\] \(mesh = \[0, 1\], axes = \[didx, _\]\), got \[2, 3\]"):
-        program.run([torch.zeros(2, 3)], rank(1, 2))
-
-
-def test_a_rank_outside_the_mesh_takes_a_placeholder():
-    program = Program.compile(
-        COPY.replace("[4, 3], f32>", "[4, 3], f32, mesh = [1]>"), pipeline=None
-    )
-    with pytest.raises(HostirError, match=r"rank 0 is outside the mesh \[1\], so it takes an empty placeholder \(torch.empty\(0\)\), got a tensor of shape \[4, 3\]"):
-        program.run([torch.zeros(4, 3)], rank(0, 2))
-
-
 def test_a_world_smaller_than_the_program_needs():
     with pytest.raises(HostirError, match=r"uses device 1 but the world has only 1 rank\(s\); run it on at least 2"):
         Program.compile(ALLREDUCE, pipeline=None).run([torch.zeros(1, 3)])
@@ -103,6 +91,104 @@ def test_bad_stream_counts():
             program.run([torch.zeros(4, 3, device=DEVICE)])
     finally:
         del os.environ["HOSTIR_NUM_STREAMS"]
+
+
+# --------------------------------------------------------------------------- #
+# Inputs wrong on one rank: every rank raises at once                          #
+# --------------------------------------------------------------------------- #
+
+EXCHANGE_TIMEOUT_S = 30
+"""The process-group timeout of these tests: the ranks must fail well within it."""
+
+
+def _mesh_change(world: int) -> str:
+    """[?, ?] on device 0 -> set -> on the last device: the ranks past 0 hold no input."""
+    x, y = tensor(["?", "?"], mesh=[0]), tensor(["?", "?"], mesh=[world - 1])
+    return f"""
+func.func @mesh_change(%x: {x}) -> {y} {{
+  %y = fusion.set %x : {x} -> {y}
+  func.return %y : {y}
+}}"""
+
+
+def wrong_inputs_on_the_last_rank(world: int) -> dict[str, tuple[str | None, float]]:
+    """Each case: the last rank's inputs are wrong in one way; what each rank raised, and how fast."""
+    communicator = Communicator.from_env()
+    rank, last = communicator.rank, world - 1
+    allreduce = Program.compile(REFERENCE_FUSIONS["allreduce"](world))
+    mesh_change = Program.compile(_mesh_change(world))
+    generator = torch.Generator().manual_seed(world)
+
+    def random(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator).to(communicator.device)
+
+    sharded, matrix = random(4, 1, 5), random(4, 5)
+    cases = {
+        "shape": (allreduce, sharded, [random(4, 2, 5)]),
+        "dtype": (allreduce, sharded, [sharded.double()]),
+        "count": (allreduce, sharded, [sharded, sharded]),
+        "extent": (allreduce, sharded, [random(4, 1, 6)]),
+        "placeholder": (mesh_change, matrix, [matrix]),
+    }
+    outcomes = {}
+    for case, (program, good, wrong) in cases.items():
+        held = rank in program.input_types[0].mesh.ids
+        inputs = wrong if rank == last else [good if held else good.new_empty(0)]
+        start = time.monotonic()
+        try:
+            program.run(inputs, communicator)
+            outcomes[case] = (None, time.monotonic() - start)
+        except HostirError as error:
+            outcomes[case] = (str(error), time.monotonic() - start)
+    # The exchange leaves nothing behind: the same programs then run.
+    (reduced,) = allreduce.run([sharded], communicator)
+    outcomes["then"] = (str(torch.allclose(reduced, sharded.sum(1) * world)), 0.0)
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    "world", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))]
+)
+def test_inputs_wrong_on_one_rank_make_every_rank_raise_at_once(world, monkeypatch):
+    monkeypatch.setenv("HOSTIR_TIMEOUT_S", str(EXCHANGE_TIMEOUT_S))
+    outcomes = run_on_local_ranks(wrong_inputs_on_the_last_rank, world, world, timeout_s=90)
+    last = world - 1
+    others = rf"the inputs of @{{name}} are wrong on another rank, so no rank runs it: {{fault}}"
+    expected = {
+        "shape": (
+            rf"input #0 of @allreduce on rank {last}: expected local shape \[\?, 1, \?\] \(mesh = \[{', '.join(map(str, range(world)))}\], axes = \[_, didx, _\]\), got \[4, 2, 5\]",
+            others.format(
+                name="allreduce",
+                fault=rf"input #0 on rank {last} does not fit its type \(rank {last} says how\)",
+            ),
+        ),
+        "dtype": (
+            rf"input #0 of @allreduce on rank {last}: expected dtype torch.float32, got torch.float64",
+            others.format(name="allreduce", fault=rf"input #0 on rank {last} does not fit its type"),
+        ),
+        "count": (
+            r"@allreduce takes 1 input\(s\), got 2",
+            others.format(name="allreduce", fault=rf"rank {last} gave 2 input\(s\), @allreduce takes 1"),
+        ),
+        "placeholder": (
+            rf"input #0 of @mesh_change on rank {last}: rank {last} is outside the mesh \[0\], so it takes an empty placeholder",
+            others.format(name="mesh_change", fault=rf"input #0 on rank {last} does not fit its type"),
+        ),
+    }
+    disagreement = (
+        r"input #0 of @allreduce: the ranks holding it disagree on the extent of axis 2: "
+        + ", ".join(f"rank {r} has {6 if r == last else 5}" for r in range(world))
+    )
+    for rank, outcome in enumerate(outcomes):
+        for case, (on_the_last_rank, on_the_others) in expected.items():
+            message, elapsed = outcome[case]
+            pattern = on_the_last_rank if rank == last else on_the_others
+            assert re.match("error: " + pattern, message), (rank, case, message)
+            assert elapsed < EXCHANGE_TIMEOUT_S / 6, (rank, case, elapsed)
+        message, elapsed = outcome["extent"]
+        assert message == "error: " + disagreement, (rank, message)
+        assert elapsed < EXCHANGE_TIMEOUT_S / 6, (rank, elapsed)
+        assert outcome["then"][0] == "True"
 
 
 # --------------------------------------------------------------------------- #
@@ -219,9 +305,11 @@ func.func @main(%x: {SHARDED}, %z: {tensor(["?"], mesh=[0])}) -> {REPLICATED} {{
 def fail_on_rank_1(how: str) -> None:
     """Rank 1 fails in the middle of DIES_MIDWAY, after the first allreduce; rank 0 carries on."""
     communicator = Communicator.from_env()
-    if communicator.rank == 1 and how in ("exit", "hang"):
-        def failing(callee):
+    if communicator.rank == 1:
+        def failing(callee, fused):
             def run(ins, outs):
+                if how == "raise":
+                    raise RuntimeError("rank 1 fails on purpose")
                 if how == "exit":
                     os._exit(5)
                 time.sleep(60)
@@ -246,7 +334,7 @@ def fail_on_rank_1(how: str) -> None:
     [
         (
             "raise",
-            r"rank 1 is outside the mesh \[0\] of the buffer, so it does not know the dynamic extent of axis 0",
+            r"failed on rank 1: RuntimeError: rank 1 fails on purpose",
             r"Connection (closed|reset) by peer",
         ),
         ("exit", r"exited with code 5 before returning a result", r"Connection (closed|reset) by peer"),

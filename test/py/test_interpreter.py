@@ -10,6 +10,7 @@ shows up in the comparison; expected values come from plain torch on the inputs.
 from __future__ import annotations
 
 import random
+import warnings
 import weakref
 from contextlib import contextmanager
 from unittest import mock
@@ -61,11 +62,25 @@ def host_function(text: str, entry: str = "main") -> func.FuncOp:
 CPU = torch.device("cpu")
 
 
-def run_host(text: str, inputs, rank: int = 0, num_streams: int = 4, entry: str = "main") -> list:
-    """Prepares `@entry` of `text` and runs it on `rank` of a world of one CPU, allocations poisoned."""
+def run_host(
+    text: str,
+    inputs,
+    rank: int = 0,
+    num_streams: int = 4,
+    entry: str = "main",
+    device: torch.device = CPU,
+    input_extents: dict[tuple[int, int], int] | None = None,
+) -> list:
+    """Prepares `@entry` of `text` and runs it on `rank` of a world of one, allocations poisoned."""
     prepared = Interpreter(host_function(text, entry))
-    communicator = Communicator.single(CPU)
-    context = RunContext(rank, communicator.device, communicator, stream_pool(communicator.device, num_streams))
+    communicator = Communicator.single(device)
+    context = RunContext(
+        rank,
+        communicator.device,
+        communicator,
+        stream_pool(communicator.device, num_streams),
+        input_extents=input_extents or {},
+    )
     with poisoned_allocations():
         return prepared.run(inputs, context)
 
@@ -195,6 +210,39 @@ def test_allocate_and_dim_honour_types_and_meshes():
     assert (c.shape, c.dtype) == ((0,), torch.float16)  # rank 0 is outside mesh [1]: a placeholder
     assert (e.shape, e.dtype) == ((2, 2), torch.bool)
     assert all(t.device == CPU for t in (a, b, c, e))
+
+
+OUTSIDE = tensor(["?", "?"], mesh=[1])
+DIMS_OUTSIDE_THE_MESH = f"""
+func.func @main(%x: {OUTSIDE}) -> ({OUTSIDE}, index, index, index, index) {{
+  %c0 = arith.constant 0 : index
+  %m = hir.dim %x, 0 : {OUTSIDE}
+  %k = hir.dim %x, 1 : {OUTSIDE}
+  %y = hir.allocate(%k, %m) : {OUTSIDE}
+  %row = hir.alias_select %y[0 = %c0] : {OUTSIDE} -> {tensor(["?"], mesh=[1])}
+  %row_extent = hir.dim %row, 0 : {tensor(["?"], mesh=[1])}
+  %column = hir.alias_select %x[0 = %c0] : {OUTSIDE} -> {tensor(["?"], mesh=[1])}
+  %column_extent = hir.dim %column, 0 : {tensor(["?"], mesh=[1])}
+  func.return %y, %m, %k, %row_extent, %column_extent : {OUTSIDE}, index, index, index, index
+}}
+"""
+
+
+def test_dim_knows_dynamic_extents_on_ranks_outside_the_mesh(rng):
+    """An input's extents come from the run's `input_extents`, an allocation's from its size operands."""
+    x = torch.randn(5, 3, generator=rng)
+    y, *inside = run_host(DIMS_OUTSIDE_THE_MESH, [x], rank=1)
+    assert inside == [5, 3, 5, 3] and y.shape == (3, 5)
+    extents = {(0, 0): 5, (0, 1): 3}
+    y, *outside = run_host(DIMS_OUTSIDE_THE_MESH, [torch.empty(0)], rank=0, input_extents=extents)
+    assert outside == [5, 3, 5, 3] and y.shape == (0,)
+    with pytest.raises(
+        HostirError,
+        match=r"<stdin>:4:3: error: rank 0 is outside the mesh \[1\] of the buffer, so it does not know the "
+        r"dynamic extent of axis 0 \(Program.run tells every rank the extents of every input; this run was "
+        r"not given those of input #0\)",
+    ):
+        run_host(DIMS_OUTSIDE_THE_MESH, [torch.empty(0)], rank=0)
 
 
 def test_rank_outside_a_mesh_gets_placeholders_and_skips_compute(rng):
@@ -429,6 +477,41 @@ def test_matmul_linear_and_copy(rng):
     assert columns[:, 0].isnan().all()
 
 
+@pytest.mark.parametrize(
+    "lhs, rhs, axis",
+    [
+        ([2, 3, 4], [4, 5], 1),  # a batch folded into the rows of a view that cannot be one matrix
+        ([2, 3, 4], [4], 1),
+        ([2, 2, 3, 4], [4, 5], 1),
+        ([2, 2, 3, 4], [4, 5], 2),
+        ([1, 2, 3, 4], [4], 2),
+        ([2, 3, 4], [4, 5], 0),  # a contiguous view: torch folds the batch
+        ([4], [4, 5], 1),  # vector-matrix
+        ([4], [2, 4, 5], 2),
+        ([3, 4], [2, 4, 5], 1),
+    ],
+)
+def test_matmul_into_a_strided_view_neither_resizes_nor_loses_data(lhs, rhs, axis, rng):
+    """torch.matmul(out=) resizes these outputs (a UserWarning, data lost) or raises; hir.matmul must not."""
+    a, b = torch.randn(lhs, generator=rng), torch.randn(rhs, generator=rng)
+    expected = torch.matmul(a, b)
+    shape = list(expected.shape)
+    big = [*shape[:axis], 3, *shape[axis:]]
+    program = f"""
+    func.func @main(%a: {tensor(lhs)}, %b: {tensor(rhs)}) -> {tensor(big)} {{
+      %c1 = arith.constant 1 : index
+      %big = hir.allocate() : {tensor(big)}
+      %out = hir.alias_select %big[{axis} = %c1] : {tensor(big)} -> {tensor(shape)}
+      hir.matmul ins(%a, %b : {tensor(lhs)}, {tensor(rhs)}) outs(%out : {tensor(shape)})
+      func.return %big : {tensor(big)}
+    }}"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (result,) = run_host(program, [a, b])
+    torch.testing.assert_close(result.select(axis, 1), expected)
+    assert result.select(axis, 0).isnan().all() and result.select(axis, 2).isnan().all()
+
+
 REDUCTIONS = f"""
 func.func @main(%x: {tensor([4, 5, 6])}) -> ({tensor([4, 6])}, {tensor([1, 5, 1])}, {tensor([5])}) {{
   %s = hir.allocate() : {tensor([4, 6])}
@@ -499,19 +582,62 @@ def test_a_torch_error_mid_run_names_the_op_and_its_line(rng):
 
 
 def test_segment_runner_is_the_one_seam_for_segments(monkeypatch, rng):
-    """Both segment ops go through `segment_runner`, bound once when the program is prepared."""
-    prepared: list[str] = []
+    """Both segment ops go through `segment_runner`, bound once when the program is prepared;
+    launch_kernel's segments are the fused ones."""
+    prepared: list[tuple[str, bool]] = []
     original = compute_steps.segment_runner
 
-    def recording(callee):
-        prepared.append(callee.sym_name.data)
-        return original(callee)
+    def recording(callee, fused):
+        prepared.append((callee.sym_name.data, fused))
+        return original(callee, fused)
 
     monkeypatch.setattr(compute_steps, "segment_runner", recording)
     x = torch.randn(3, 4, generator=rng).bfloat16()
     b = torch.randn(4, generator=rng).bfloat16()
     run_host(SEGMENTS, [x, b])
-    assert prepared == ["gelu_ish", "spread"]
+    assert prepared == [("gelu_ish", True), ("spread", False)]
+
+
+BROADCAST_CONSTANT = f"""
+func.func private @scale(%x: {tensor(["?", 4])}) -> {tensor(["?", 4])} {{
+  %c = fusion.constant 2.5 : f32 : {tensor([])}
+  %row = fusion.broadcast %c [0] : {tensor([])} -> {tensor([1])}
+  %y = fusion.mul %x, %row : ({tensor(["?", 4])}, {tensor([1])}) -> {tensor(["?", 4])}
+  func.return %y : {tensor(["?", 4])}
+}}
+func.func @main(%x: {tensor(["?", 4])}) -> ({tensor(["?", 4])}, {tensor(["?", 4])}) {{
+  %m = hir.dim %x, 0 : {tensor(["?", 4])}
+  %y = hir.allocate(%m) : {tensor(["?", 4])}
+  hir.launch_kernel @scale ins(%x : {tensor(["?", 4])}) outs(%y : {tensor(["?", 4])})
+  %z = hir.allocate(%m) : {tensor(["?", 4])}
+  hir.post_on_stream @scale ins(%x : {tensor(["?", 4])}) outs(%z : {tensor(["?", 4])})
+  func.return %y, %z : {tensor(["?", 4])}, {tensor(["?", 4])}
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        "meta",
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ],
+)
+def test_constants_are_made_on_the_device_of_the_run(device, rng):
+    """A broadcast constant is 1-d: made on the CPU, it would not mix with tensors elsewhere.
+
+    The meta device stands in for a GPU on machines without one: a CPU tensor does not
+    mix with meta tensors either, so the check is the same.
+    """
+    x = torch.randn(3, 4, generator=rng).to(device)
+    segment = host_function(BROADCAST_CONSTANT, "scale")
+    (evaluated,) = fusion_eval.evaluate(segment, [x])
+    kernel_path, eager_path = run_host(BROADCAST_CONSTANT, [x], device=torch.device(device))
+    for result in (evaluated, kernel_path, eager_path):
+        assert result.device == x.device and result.shape == x.shape
+        if device != "meta":
+            torch.testing.assert_close(result, x * 2.5)
 
 
 def test_fusion_eval_gives_every_fusion_op_torch_semantics(rng):

@@ -173,6 +173,71 @@ def test_reference_pipelines_written_by_hand(n):
 
 
 # --------------------------------------------------------------------------- #
+# Dynamic extents on ranks outside a mesh                                      #
+# --------------------------------------------------------------------------- #
+
+
+def set_to_mesh(name: str, source: list[int], target: list[int], axes: str | None = None) -> str:
+    """[?, ?] on `source` -> fusion.set -> on `target` (sharded by `axes`): a communication
+    whose receivers outside `source` allocate buffers of the input's dynamic extents."""
+    x, y = tensor(["?", "?"], mesh=source), tensor(["?", "?"], mesh=target, axes=axes)
+    return f"""
+func.func @{name}(%x: {x}) -> {y} {{
+  %y = fusion.set %x : {x} -> {y}
+  func.return %y : {y}
+}}"""
+
+
+def exp_on_device_0() -> str:
+    """A single-device fusion: in a larger world the other ranks run it on placeholders."""
+    x = tensor(["?", "?"])
+    return f"""
+func.func @exp(%x: {x}) -> {x} {{
+  %y = fusion.exp %x : {x} -> {x}
+  func.return %y : {x}
+}}"""
+
+
+def dynamic_extent_cases(world: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(fusion, whole input, whole expected output) with extents that are not powers of two."""
+    generator = torch.Generator().manual_seed(world)
+    x, y = torch.randn(5, 3, generator=generator), torch.randn(5, world, generator=generator)
+    devices = list(range(world))
+    return [
+        (set_to_mesh("send_recv", [0], [world - 1]), x, x),
+        (set_to_mesh("send_recv_down", [world - 1], [0]), x, x),
+        (set_to_mesh("broadcast", [world - 1], devices), x, x),
+        (set_to_mesh("scatter", [0], devices, "_ didx"), y, y),
+        (exp_on_device_0(), x, torch.exp(x)),
+    ]
+
+
+def run_dynamic_extent_cases(world: int) -> list[torch.Tensor]:
+    """One rank: every case lowered by the default pipeline, run on this rank's piece."""
+    communicator = Communicator.from_env()
+    outputs = []
+    for text, full, _ in dynamic_extent_cases(world):
+        program = Program.compile(text)
+        local = shard(full, program.input_types[0], communicator.rank).to(communicator.device)
+        with poisoned_allocations():
+            (out,) = program.run([local], communicator)
+        outputs.append(out.cpu())
+    return outputs
+
+
+@pytest.mark.parametrize(
+    "world", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))]
+)
+def test_ranks_outside_a_mesh_know_the_dynamic_extents_of_its_inputs(world):
+    """Every receiver allocates from the extents of an input it holds no piece of."""
+    results = run_on_local_ranks(run_dynamic_extent_cases, world, world, timeout_s=120)
+    for case, (text, full, expected) in enumerate(dynamic_extent_cases(world)):
+        output_type = Program.compile(text).output_types[0]
+        for rank, outputs in enumerate(results):
+            torch.testing.assert_close(outputs[case], shard(expected, output_type, rank))
+
+
+# --------------------------------------------------------------------------- #
 # One rank                                                                     #
 # --------------------------------------------------------------------------- #
 
@@ -250,8 +315,8 @@ def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(
     streams_used = []
     original = compute_steps.segment_runner
 
-    def recording(callee):
-        run = original(callee)
+    def recording(callee, fused):
+        run = original(callee, fused)
 
         def recorded(ins, outs):
             streams_used.append(torch.cuda.current_stream().cuda_stream)
