@@ -13,9 +13,12 @@ holds no piece of.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
@@ -151,8 +154,8 @@ class Program:
 
         Returns the extent of every dynamic axis of every input, by (input index, axis).
         Every rank raises alike: the world is the same everywhere, and in a world of
-        several ranks the ranks all-gather one row of int64 each (`_exchange`), with
-        their verdict on their own inputs and the extents they hold. A rank whose inputs
+        several ranks the ranks all-gather one row of int64 each on the CPU (`_exchange`),
+        with their verdict on their own inputs and the extents they hold. A rank whose inputs
         are wrong raises what is wrong with them; the others name the rank and the input.
         """
         if communicator.world_size <= self.largest_device:
@@ -240,12 +243,25 @@ UNKNOWN_EXTENT = -1
 
 
 def _exchange(row: list[int], communicator: Communicator) -> list[list[int]]:
-    """Every rank's `row`, in rank order: one all-gather of int64 on the communicator's device."""
-    world = communicator.world_size
-    local = torch.tensor([row], dtype=torch.int64, device=communicator.device)
-    rows = torch.empty(world, len(row), dtype=torch.int64, device=communicator.device)
-    communicator.allgather(local, rows, tuple(range(world)), 0).wait()
-    return rows.tolist()
+    """Every rank's `row`, in rank order: one all-gather of int64 on the CPU."""
+    local = torch.tensor(row, dtype=torch.int64)
+    rows = [torch.empty_like(local) for _ in range(communicator.world_size)]
+    dist.all_gather(rows, local, group=_exchange_group(communicator))
+    return [r.tolist() for r in rows]
+
+
+@functools.cache
+def _exchange_group(communicator: Communicator) -> dist.ProcessGroup | None:
+    """Where the ranks exchange their reports: the world's own group when it is gloo, else a
+    gloo group of the world (made once, on every rank, at the first run).
+
+    On the CPU the exchange waits for nothing on the GPU: through NCCL its result would
+    come after the work queued on the current stream, so every run would make the host
+    wait for the GPU to drain, and the host could no longer run ahead of the device.
+    """
+    if communicator.backend == "gloo":
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=communicator.timeout_s))
 
 
 def _input_problem(value: object, declared: TensorType, communicator: Communicator) -> str | None:
