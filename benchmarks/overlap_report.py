@@ -1,0 +1,253 @@
+"""What the overlap benchmark writes: a line per measurement as it comes, then per problem a
+table of sizes by contenders (ms and ratio to the limit), a JSON of every number with the
+machine and versions, and a PNG of time against size per contender.
+
+Only rank 0 reports. Everything is rewritten after every measurement (the JSON) or every
+size (the table and the PNG), so a run cut short leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from runtime.communicator import Communicator
+
+LIMIT = "limit"
+"""The contender that is no run: the larger of the GEMM alone and the collective alone."""
+
+TITLES = {
+    "allgather_matmul": "AG+GEMM: Y = allgather(X) @ W",
+    "matmul_reduce_scatter": "GEMM+RS: Y = reduce_scatter(X @ W)",
+    "matmul_allreduce": "GEMM+AR: Y = allreduce(X @ W)",
+}
+
+
+@dataclass
+class Result:
+    """One contender on one problem at one size, as every rank agreed on it."""
+
+    problem: str
+    m: int
+    k: int
+    n: int
+    contender: str
+    status: str = "ok"
+    """ok, or why there is no time: `unavailable: ...`, `failed: ...`, `skipped: ...`."""
+    ms: float | None = None
+    """The median over the timed runs of the slowest rank's time of each run."""
+    times_ms: list[float] = field(default_factory=list)
+    """Each timed run's time, the slowest rank's."""
+    host_ms: float | None = None
+    """How long the host took to issue one run (the slowest rank's): the launch cost the GPU hides."""
+    chunks: int | None = None
+    streams: int | None = None
+    predicted_ms: float | None = None
+    """The cost model's time for this pipeline shape (runtime/cost_model.py)."""
+    check_error: float | None = None
+    """The largest error of the output against plain torch, relative to the largest |Y| (runtime.reference.compare)."""
+    check_tolerance: float | None = None
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        return self.m, self.k, self.n
+
+    @property
+    def check_ok(self) -> bool | None:
+        return None if self.check_error is None else self.check_error <= self.check_tolerance
+
+    @property
+    def label(self) -> str:
+        """The contender with its pipeline shape when it has one."""
+        if self.chunks is None or self.contender == LIMIT:
+            return self.contender
+        return f"{self.contender} S={self.chunks}"
+
+
+def machine(communicator: Communicator) -> dict[str, object]:
+    """The machine, versions and settings a run measured."""
+    info: dict[str, object] = {
+        "host": socket.gethostname(),
+        "ranks": communicator.world_size,
+        "backend": communicator.backend,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hostir_commit": _commit(),
+        "environment": {
+            name: os.environ[name]
+            for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "HOSTIR_NUM_STREAMS")
+            if name in os.environ
+        },
+    }
+    if communicator.device.type == "cuda":
+        nccl = torch.cuda.nccl.version()
+        info.update(
+            gpu=torch.cuda.get_device_name(communicator.device),
+            gpus_on_host=torch.cuda.device_count(),
+            cuda=torch.version.cuda,
+            nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+        )
+    return info
+
+
+def _commit() -> str | None:
+    try:
+        completed = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return completed.stdout.strip() or None
+
+
+class Report:
+    """Rank 0's record of a run: prints each result as it comes and keeps the files in `out` current."""
+
+    def __init__(self, out: Path, machine: dict[str, object], config: dict[str, object]):
+        self.out = out
+        self.machine = machine
+        self.config = config
+        self.results: list[Result] = []
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"# {self.describe_machine()}", flush=True)
+
+    def describe_machine(self) -> str:
+        device = self.machine.get("gpu", "CPU")
+        versions = ", ".join(
+            f"{name} {self.machine[name]}" for name in ("torch", "cuda", "nccl") if name in self.machine
+        )
+        return f"{self.machine['ranks']} x {device} ({self.machine['backend']}; {versions})"
+
+    def add(self, result: Result) -> None:
+        self.results.append(result)
+        print(self.line(result), flush=True)
+        self.write_json()
+
+    def limit_ms(self, problem: str, size: tuple[int, int, int]) -> float | None:
+        return next(
+            (r.ms for r in self.results if r.problem == problem and r.size == size and r.contender == LIMIT),
+            None,
+        )
+
+    def ratio(self, result: Result) -> float | None:
+        limit = self.limit_ms(result.problem, result.size)
+        return None if result.ms is None or not limit else result.ms / limit
+
+    def line(self, result: Result) -> str:
+        size = "x".join(map(str, result.size))
+        if result.ms is None:
+            return f"{result.problem:22} {size:18} {result.label:28} {result.status}"
+        ratio = self.ratio(result)
+        text = f"{result.problem:22} {size:18} {result.label:28} {result.ms:9.3f} ms"
+        text += f" {ratio:6.2f}x limit" if ratio is not None else " " * 13
+        if result.streams is not None:
+            text += f"  {result.streams} streams"
+        if result.predicted_ms is not None:
+            text += f"  model {result.predicted_ms:.3f} ms"
+        if result.check_error is not None:
+            text += f"  check {'ok' if result.check_ok else 'WRONG'} ({result.check_error:.1e})"
+        return text
+
+    # -- files ------------------------------------------------------------------ #
+
+    def write_json(self) -> None:
+        document = {
+            "machine": self.machine,
+            "command": " ".join(sys.argv),
+            "config": self.config,
+            "results": [
+                {**asdict(r), "label": r.label, "ratio_to_limit": self.ratio(r), "check_ok": r.check_ok}
+                for r in self.results
+            ],
+        }
+        (self.out / "overlap.json").write_text(json.dumps(document, indent=1) + "\n")
+
+    def tables(self) -> str:
+        """Per problem, a Markdown table of sizes by contenders: `ms (ratio to the limit)`."""
+        sections = [f"Machine: {self.describe_machine()}", f"Command: `{' '.join(sys.argv)}`"]
+        notes: dict[str, str] = {}
+        for problem in dict.fromkeys(r.problem for r in self.results):
+            results = [r for r in self.results if r.problem == problem]
+            labels = list(dict.fromkeys(r.label for r in results))
+            sizes = list(dict.fromkeys(r.size for r in results))
+            rows = [
+                f"### {TITLES.get(problem, problem)} (median ms, ratio to the limit)",
+                "",
+                "| M, K, N | " + " | ".join(labels) + " |",
+                "|---" * (len(labels) + 1) + "|",
+            ]
+            for size in sizes:
+                cells = []
+                for label in labels:
+                    result = next((r for r in results if r.size == size and r.label == label), None)
+                    cells.append(self._cell(result, notes))
+                rows.append(f"| {', '.join(map(str, size))} | " + " | ".join(cells) + " |")
+            sections.append("\n".join(rows))
+        if notes:
+            sections.append("\n".join(f"[{mark}] {status}" for status, mark in notes.items()))
+        return "\n\n".join(sections) + "\n"
+
+    def _cell(self, result: Result | None, notes: dict[str, str]) -> str:
+        if result is None:
+            return ""
+        if result.ms is None:
+            mark = notes.setdefault(result.status, str(len(notes) + 1))
+            return f"{result.status.split(':')[0]} [{mark}]"
+        ratio = self.ratio(result)
+        text = f"{result.ms:.3f}" + (
+            f" ({ratio:.2f}x)" if ratio is not None and result.contender != LIMIT else ""
+        )
+        return text + (" WRONG" if result.check_ok is False else "")
+
+    def write_tables(self) -> str:
+        text = self.tables()
+        (self.out / "overlap.md").write_text(text)
+        return text
+
+    def write_plot(self) -> str | None:
+        """The PNG of time against size, one panel per problem; None, with the reason printed, without matplotlib."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            from matplotlib import pyplot
+        except ImportError:
+            print("# no PNG: matplotlib is not installed (pip install matplotlib)", flush=True)
+            return None
+        problems = list(dict.fromkeys(r.problem for r in self.results))
+        panels = max(1, len(problems))
+        figure, axes = pyplot.subplots(1, panels, figsize=(6.5 * panels, 6), squeeze=False)
+        for axis, problem in zip(axes[0], problems):
+            results = [r for r in self.results if r.problem == problem]
+            sizes = list(dict.fromkeys(r.size for r in results))
+            for label in dict.fromkeys(r.label for r in results):
+                points = [
+                    (sizes.index(r.size), r.ms) for r in results if r.label == label and r.ms is not None
+                ]
+                if points:
+                    style = dict(color="black", linestyle="--") if label == LIMIT else dict(marker="o")
+                    axis.plot(*zip(*points), label=label, **style)
+            axis.set_xticks(range(len(sizes)), ["\n".join(map(str, s)) for s in sizes], fontsize=8)
+            axis.set_xlabel("M, K, N")
+            axis.set_ylabel("ms (median, slowest rank)")
+            axis.set_title(TITLES.get(problem, problem), fontsize=10)
+            axis.set_ylim(bottom=0)
+            axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
+        figure.suptitle(self.describe_machine(), fontsize=9)
+        figure.tight_layout()
+        path = self.out / "overlap.png"
+        figure.savefig(path, dpi=120)
+        pyplot.close(figure)
+        return str(path)

@@ -1,0 +1,176 @@
+"""The overlap benchmark (benchmarks/overlap.py) on CPU ranks: the same code paths as on GPUs,
+with gloo and host timers, at tiny sizes.
+
+One run at world 2 produces the table, the JSON and the PNG, with every hostir program and
+every peer checked against plain torch; the measurements' agreement across ranks is
+tested on its own: a contender that fails on one rank fails on all and the run goes on,
+and outputs that are wrong or never written fail their check.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.communicator import Communicator
+from runtime.launch import run_on_local_ranks
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import overlap  # noqa: E402  (a script's folder, not a package)
+from overlap_report import Result  # noqa: E402
+
+COPY_ENGINE = importlib.util.find_spec("runtime.copy_engine") is not None
+COMMAND_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("overlap")
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "overlap.py"),
+        "--cpu",
+        "--nproc=2",
+        "--sizes=64,32,16;36,32,16",
+        "--chunks=1,2,4",
+        "--warmup=1",
+        "--reps=3",
+        "--check-peers",
+        f"--out={out}",
+        "--timeout=30",
+        "--deadline=100",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stderr
+    return completed, out
+
+
+def results_of(out: Path) -> list[dict]:
+    return json.loads((out / "overlap.json").read_text())["results"]
+
+
+def test_the_json_holds_the_machine_and_every_contender(cpu_run):
+    _, out = cpu_run
+    document = json.loads((out / "overlap.json").read_text())
+    assert document["machine"]["ranks"] == 2 and document["machine"]["backend"] == "gloo"
+    assert document["machine"]["torch"] == torch.__version__
+    assert document["config"]["chunks"] == [1, 2, 4]
+    labels = {(r["problem"], r["m"], r["label"]) for r in document["results"]}
+    for problem, collective, sequence in [
+        ("allgather_matmul", "allgather", "AG then GEMM"),
+        ("matmul_reduce_scatter", "reduce_scatter", "GEMM then reduce_scatter"),
+        ("matmul_allreduce", "allreduce", "GEMM then allreduce"),
+    ]:
+        for m in (64, 36):
+            expected = {"GEMM alone", f"{collective} alone", "limit", sequence, "symm_mem fused"}
+            expected |= {f"{name} S={s}" for name in ("NCCL per chunk", "hostir (nccl)") for s in (1, 2, 4)}
+            assert expected <= {label for p, size, label in labels if (p, size) == (problem, m)}
+    assert ("allgather_matmul", 64, "hostir p2p (nccl) S=2") in labels
+
+
+def test_every_hostir_program_and_peer_ran_and_passed_its_check(cpu_run):
+    _, out = cpu_run
+    results = results_of(out)
+    timed = [r for r in results if r["status"] == "ok" and r["label"] != "limit"]
+    assert all(r["ms"] > 0 and len(r["times_ms"]) == 3 and r["host_ms"] > 0 for r in timed)
+    checked = [r for r in timed if "alone" not in r["label"]]
+    assert len(checked) >= 30
+    assert all(r["check_error"] is not None and r["check_ok"] for r in checked)
+    for r in results:
+        if r["label"] == "limit" and r["status"] == "ok":
+            alone = [
+                a["ms"]
+                for a in results
+                if (a["problem"], a["m"]) == (r["problem"], r["m"]) and "alone" in a["label"]
+            ]
+            assert r["ms"] == max(alone)
+
+
+def test_what_cannot_run_says_why(cpu_run):
+    _, out = cpu_run
+    by_label = {(r["problem"], r["m"], r["label"]): r for r in results_of(out)}
+    assert by_label[("allgather_matmul", 64, "symm_mem fused")]["status"] == (
+        "unavailable: torch's symmetric memory needs CUDA"
+    )
+    # 36 rows over 2 ranks: 18 per rank, which 4 chunks do not divide (the allreduce chunks all 36).
+    assert by_label[("matmul_reduce_scatter", 36, "hostir (nccl) S=4")]["status"] == (
+        "skipped: 4 chunks do not divide the 18 rows of a rank"
+    )
+    assert by_label[("matmul_allreduce", 36, "hostir (nccl) S=4")]["status"] == "ok"
+    copy_engine = by_label[("allgather_matmul", 64, "hostir p2p (cuda) S=2")]
+    if COPY_ENGINE:
+        assert copy_engine["status"] == "ok" and copy_engine["check_ok"]
+    else:
+        assert copy_engine["status"].startswith("unavailable: this runtime has no copy-engine transport")
+
+
+def test_the_table_and_the_plot(cpu_run):
+    completed, out = cpu_run
+    table = (out / "overlap.md").read_text()
+    assert table in completed.stdout
+    for title in ("AG+GEMM", "GEMM+RS", "GEMM+AR"):
+        assert f"### {title}" in table
+    assert "| M, K, N | GEMM alone | allgather alone | limit | AG then GEMM |" in table
+    assert "| 64, 32, 16 |" in table and "| 36, 32, 16 |" in table
+    image = pytest.importorskip("PIL.Image").open(out / "overlap.png")
+    assert image.format == "PNG" and image.size[0] > 1000 and image.size[1] > 300
+
+
+def test_bad_arguments_are_refused_before_any_rank_starts():
+    for bad, message in [
+        ("--sizes=64,32", "expected sizes as 'M,K,N;M,K,N;...'"),
+        ("--chunks=0", "positive"),
+    ]:
+        completed = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "overlap.py"), "--cpu", bad],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert completed.returncode == 2 and message in completed.stderr
+
+
+# --------------------------------------------------------------------------- #
+# Agreement across ranks                                                       #
+# --------------------------------------------------------------------------- #
+
+
+def measured_contenders() -> list[Result]:
+    communicator = Communicator.from_env()
+    arguments = overlap.parser().parse_args(["--warmup=0", "--reps=2"])
+    bench = overlap.Bench(communicator, overlap.HostClock(), arguments, None)
+    y = torch.arange(16.0).view(4, 4)
+
+    def failing_on_rank_1():
+        if communicator.rank == 1:
+            raise RuntimeError("rank 1 broke")
+        return (lambda: y), (lambda whole: whole)
+
+    def right():
+        return (lambda: y.clone()), (lambda whole: whole)
+
+    def wrong_on_rank_0():
+        return (lambda: y + (communicator.rank == 0)), (lambda whole: whole)
+
+    def never_written():
+        out = torch.empty(4, 4)
+        return (lambda: out), (lambda whole: whole)
+
+    builds = [failing_on_rank_1, right, wrong_on_rank_0, never_written]
+    return [bench.measure(Result("p", 4, 4, 4, build.__name__), build, y, check=True) for build in builds]
+
+
+def test_ranks_agree_on_failures_and_checks_and_the_run_goes_on():
+    for failed, right, wrong, unwritten in run_on_local_ranks(measured_contenders, 2, timeout_s=60):
+        assert failed.status == "failed: RuntimeError: rank 1 broke (rank 1)" and failed.ms is None
+        assert right.status == "ok" and right.check_ok and len(right.times_ms) == 2 and right.ms > 0
+        assert wrong.status == "ok" and wrong.check_ok is False and wrong.check_error == pytest.approx(1 / 15)
+        assert unwritten.check_ok is False and unwritten.check_error == float("inf")
