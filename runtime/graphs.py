@@ -1,0 +1,167 @@
+"""CUDA-graph replay of a whole host program: captured once per input signature, replayed after.
+
+    replayer = GraphReplayer(program, communicator)
+    outputs = replayer.run(local_inputs)     # every rank, every step; same results as program.run
+
+The interpreter costs some microseconds of Python per op (docs/runtime.md); a CUDA
+graph launches the kernels and NCCL calls of a whole run with one call. For each new
+input *signature* (the shape, strides, dtype and device of every input) the replayer
+
+1. copies the inputs into static input buffers that it owns;
+2. runs the program eagerly `warmup_runs` times on a side stream (torch's rule before
+   capture: lazy initialisations, cuBLAS workspaces, NCCL communicators, the process
+   groups and the stream pool, the CuPy kernels' compilation all happen here);
+3. captures one run with `torch.cuda.graph` (the interpreter's steps called directly:
+   `Program.run`'s cross-rank input check communicates and reads back, which a capture
+   cannot), keeping the run's outputs as the static outputs;
+4. agrees with every rank on whether every capture succeeded (NCCL requires that a
+   captured communication be captured on all its ranks).
+
+A run whose signature was captured copies the inputs into the static inputs, replays
+the graph and returns clones of the static outputs: the caller owns what it gets (a
+next replay does not overwrite it) and the caller's inputs are only read.
+
+Control flow in a host program depends only on the rank, the shapes and the number of
+streams, never on data, so one capture per signature is exact, dynamic extents (`?`)
+included: a new extent is a new signature. Where a graph cannot be used the program
+runs eagerly and the replayer says why, once (`GraphReplayFallback`): on the CPU (gloo
+has no graphs) or when a capture failed on some rank.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from runtime.communicator import Communicator
+from runtime.interpreter import RunContext
+from runtime.program import Program
+from runtime.streams import configured_num_streams, stream_pool
+
+Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
+
+
+class GraphReplayFallback(UserWarning):
+    """A program runs eagerly where graph replay was asked for; the message says why."""
+
+
+def signature(inputs: Sequence[torch.Tensor]) -> Signature:
+    """What a capture depends on: each input's shape, strides, dtype and device."""
+    return tuple((tuple(x.shape), x.stride(), x.dtype, x.device) for x in inputs)
+
+
+@dataclass
+class CapturedRun:
+    """One captured run: the graph and the static buffers it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+    def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        for static, value in zip(self.inputs, inputs):
+            static.copy_(value)
+        self.graph.replay()
+        return [output.clone() for output in self.outputs]
+
+
+class GraphReplayer:
+    """Runs a `Program` on one rank by replaying CUDA graphs, or eagerly where it cannot."""
+
+    def __init__(
+        self,
+        program: Program,
+        communicator: Communicator | None = None,
+        num_streams: int | None = None,
+        warmup_runs: int = 2,
+    ):
+        self.program = program
+        self.communicator = communicator or (
+            Communicator.from_env() if dist.is_initialized() else Communicator.single()
+        )
+        self.num_streams = configured_num_streams() if num_streams is None else num_streams
+        self.warmup_runs = warmup_runs
+        self.captured: dict[Signature, CapturedRun] = {}
+        self.eager_reason: str | None = None
+        """Why this replayer runs the program eagerly; None while it replays."""
+        if self.communicator.device.type != "cuda":
+            self._run_eagerly(
+                f"{self.communicator.backend} on {self.communicator.device} runs the program eagerly: "
+                "CUDA graphs need CUDA devices"
+            )
+
+    @property
+    def replays(self) -> bool:
+        return self.eager_reason is None
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The program's outputs on `inputs` (this rank's), replayed when a graph can be used.
+
+        All ranks call it together with inputs of matching signatures, as they call
+        `Program.run`; a replay does not exchange anything between ranks, so it does
+        not check inputs across ranks as `Program.run` does (a new signature does).
+        """
+        if self.replays:
+            key = signature(inputs)
+            captured = self.captured.get(key) or self._capture(key, inputs)
+            if captured is not None:
+                return captured.replay(inputs)
+        return self.program.run(inputs, self.communicator, self.num_streams)
+
+    def _run_eagerly(self, reason: str) -> None:
+        self.eager_reason = reason
+        self.captured.clear()
+        warnings.warn(reason, GraphReplayFallback, stacklevel=3)
+
+    def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
+        """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
+        program, communicator, device = self.program, self.communicator, self.communicator.device
+        static_inputs = [x.clone() for x in inputs]
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_runs):
+                    program.run(static_inputs, communicator, self.num_streams)
+            torch.cuda.current_stream(device).wait_stream(side)
+            context = RunContext(
+                communicator.rank,
+                device,
+                communicator,
+                stream_pool(device, self.num_streams),
+                input_extents=program.check(static_inputs, communicator),
+            )
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            failure = None
+            try:
+                # thread_local: the process group's watchdog thread queries CUDA events
+                # while this thread captures, which the global mode would refuse.
+                with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                    static_outputs = program.interpreter.run(static_inputs, context)
+            except Exception as error:  # whatever the capture refused, the program still runs eagerly
+                failure = f"{type(error).__name__}: {error}"
+        failed_ranks = self._ranks_that_failed(failure is not None)
+        if failed_ranks:
+            self._run_eagerly(
+                f"@{program.host.sym_name.data} runs eagerly: its CUDA graph capture failed on "
+                f"rank(s) {', '.join(map(str, failed_ranks))}" + (f" (here: {failure})" if failure else "")
+            )
+            return None
+        self.captured[key] = CapturedRun(graph, static_inputs, static_outputs)
+        return self.captured[key]
+
+    def _ranks_that_failed(self, failed: bool) -> list[int]:
+        """The ranks whose capture failed, known to every rank (one all-gather in a world of several)."""
+        communicator = self.communicator
+        if communicator.world_size == 1:
+            return [communicator.rank] if failed else []
+        world = tuple(range(communicator.world_size))
+        flags = torch.empty(communicator.world_size, dtype=torch.int32, device=communicator.device)
+        local = torch.tensor([int(failed)], dtype=torch.int32, device=communicator.device)
+        communicator.allgather(local, flags, world, 0).wait()
+        return [rank for rank, flag in enumerate(flags.tolist()) if flag]
