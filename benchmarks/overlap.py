@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import statistics
 import sys
@@ -445,14 +446,14 @@ def bench_problem(bench: Bench, kind: OverlapKind, x: torch.Tensor, w: torch.Ten
 
     def entry(contender: str, shape: PipelineShape | None = None, **fields) -> Result:
         if shape is not None:
-            predicted = shape.predicted_s * 1e3 if shape.predicted_s == shape.predicted_s else None
+            predicted = shape.predicted_s * 1e3 if math.isfinite(shape.predicted_s) else None
             fields.update(chunks=shape.chunks, streams=shape.streams, predicted_ms=predicted)
         return Result(kind.value, m, k, n, contender, **fields)
 
     try:
         problem = OverlapProblem(kind, m, k, n, bench.world, x.element_size())
     except HostirError as error:
-        bench.record(entry(LIMIT, status=f"skipped: {error}"))
+        bench.record(entry("every contender", status=f"skipped: {error}"))
         return
     peers = Peers(kind, x, w, bench.rank, bench.world)
     check_peers = bench.arguments.check_peers
@@ -519,9 +520,8 @@ def run_rank(arguments: argparse.Namespace) -> None:
     deadline.cancel()
     if report is not None:
         print("\n" + report.write_tables(), flush=True)
-        print(
-            f"# wrote {', '.join(str(report.out / f) for f in ('overlap.json', 'overlap.md', 'overlap.png'))}"
-        )
+        written = [report.out / "overlap.json", report.out / "overlap.md", report.write_plot()]
+        print(f"# wrote {', '.join(str(path) for path in written if path)}", flush=True)
 
 
 def _past_deadline(arguments: argparse.Namespace) -> None:
