@@ -90,8 +90,8 @@ class GraphReplayer:
         """Why this replayer runs the program eagerly; None while it replays."""
         if self.communicator.device.type != "cuda":
             self._run_eagerly(
-                f"{self.communicator.backend} on {self.communicator.device} runs the program eagerly: "
-                "CUDA graphs need CUDA devices"
+                f"CUDA graphs need CUDA devices, and this rank runs {self.communicator.backend} "
+                f"on {self.communicator.device}"
             )
 
     @property
@@ -115,7 +115,9 @@ class GraphReplayer:
     def _run_eagerly(self, reason: str) -> None:
         self.eager_reason = reason
         self.captured.clear()
-        warnings.warn(reason, GraphReplayFallback, stacklevel=3)
+        warnings.warn(
+            f"@{self.program.host.sym_name.data} runs eagerly: {reason}", GraphReplayFallback, stacklevel=3
+        )
 
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
         """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
@@ -148,8 +150,8 @@ class GraphReplayer:
         failed_ranks = self._ranks_that_failed(failure is not None)
         if failed_ranks:
             self._run_eagerly(
-                f"@{program.host.sym_name.data} runs eagerly: its CUDA graph capture failed on "
-                f"rank(s) {', '.join(map(str, failed_ranks))}" + (f" (here: {failure})" if failure else "")
+                f"its CUDA graph capture failed on rank(s) {', '.join(map(str, failed_ranks))}"
+                + (f" (here: {failure})" if failure else "")
             )
             return None
         self.captured[key] = CapturedRun(graph, static_inputs, static_outputs)

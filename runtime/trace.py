@@ -371,7 +371,9 @@ def chrome_trace(intervals: Sequence[Interval], title: str) -> dict:
             for name, args in (("thread_name", {"name": lane}), ("thread_sort_index", {"sort_index": tid})):
                 events.append({"ph": "M", "name": name, "pid": rank, "tid": tid, "args": args})
     for number, interval in enumerate(intervals):
-        args = {"location": interval.location}
+        args = {}
+        if interval.location:
+            args["location"] = interval.location
         if interval.iteration:
             args["iteration"] = list(interval.iteration)
         common = {
@@ -382,24 +384,11 @@ def chrome_trace(intervals: Sequence[Interval], title: str) -> dict:
             "args": args,
         }
         if interval.kind == "in flight":
-            events.append(
-                {
-                    **common,
-                    "name": f"{interval.name} in flight",
-                    "ph": "b",
-                    "id": number,
-                    "ts": interval.start_us,
-                }
-            )
-            events.append(
-                {
-                    **common,
-                    "name": f"{interval.name} in flight",
-                    "ph": "e",
-                    "id": number,
-                    "ts": interval.end_us,
-                }
-            )
+            common["name"] += " in flight"
+            events += [
+                {**common, "ph": phase, "id": number, "ts": ts}
+                for phase, ts in (("b", interval.start_us), ("e", interval.end_us))
+            ]
         else:
             events.append(
                 {**common, "ph": "X", "ts": interval.start_us, "dur": interval.end_us - interval.start_us}

@@ -2,6 +2,7 @@
 
     hir-run examples/ag_linear.mlir --nproc 4 --check
     hir-run lowered.mlir -p none --entry ag_linear --inputs x.pt w.pt b.pt --repeat 20
+    hir-run examples/ag_linear.mlir --repeat 20 --trace ag_linear.json   # + ag_linear.png
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 tools/hir-run.py f.mlir --check
 
 Without torchrun's environment it starts `--nproc` local ranks itself
@@ -14,17 +15,21 @@ files) and runs on its piece of them (`runtime.reference.shard`). The local outp
 go to one reporter (this process, or rank 0 under torchrun) that reassembles them
 (`unshard`) and, with `--check`, compares each with the fusion evaluated by plain
 torch on the whole inputs (`reference_outputs`), within the tolerance of its dtype
-(`runtime.reference.compare`). docs/hir-run.md is the user's reference.
+(`runtime.reference.compare`). On GPUs the runs replay a CUDA graph of the program
+(`runtime.graphs`, off with --no-graph); --trace adds one traced eager run whose
+timeline (`runtime.trace`) the reporter writes. docs/hir-run.md is the user's reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
 from passes import DEFAULT_PIPELINE
 from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from runtime.graphs import GraphReplayer, GraphReplayFallback
 from runtime.launch import LAUNCH_TIMEOUT_S, RankFailed, run_on_local_ranks
 from runtime.program import Program
 from runtime.streams import configured_num_streams
@@ -50,9 +56,12 @@ from runtime.reference import (
     shard,
     unshard,
 )
+from runtime.trace import Interval, trace_run, write_chrome_trace, write_timeline_png
 
 START_UP_S = LAUNCH_TIMEOUT_S - DEFAULT_TIMEOUT_S
 """How long local ranks may take to start, on top of --timeout, before they are killed."""
+NO_GRAPH = "--no-graph"
+"""Why the runs were eager when the user asked for it."""
 
 
 @dataclass(frozen=True)
@@ -67,16 +76,24 @@ class RunOptions:
     num_streams: int | None
     keep_outputs: bool
     """Whether a rank sends its local outputs to the reporter (for --check, --save-outputs)."""
+    graph: bool
+    """Whether the runs replay a CUDA graph where they can (not --no-graph)."""
+    trace: bool
+    """Whether a rank traces one more run after the timed ones (--trace)."""
 
 
 @dataclass
 class RankResult:
-    """What one rank reports: where it ran, the wall time of each run, its local outputs."""
+    """What one rank reports: where and how it ran, the wall time of each run, its local outputs,
+    and the timeline of its traced run."""
 
     rank: int
     where: str
+    eager_reason: str | None
+    """Why the runs were eager; None when they replayed a CUDA graph."""
     seconds: list[float]
     outputs: list[torch.Tensor]
+    trace: list[Interval]
 
 
 # --------------------------------------------------------------------------- #
@@ -152,9 +169,7 @@ def argument_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare every output with plain torch on the whole inputs; exit 1 beyond tolerance",
     )
-    parser.add_argument(
-        "--repeat", type=_positive, default=1, help="runs per rank, timed (default 1)"
-    )
+    parser.add_argument("--repeat", type=_positive, default=1, help="runs per rank, timed (default 1)")
     parser.add_argument(
         "--num-streams",
         type=_positive,
@@ -172,7 +187,32 @@ def argument_parser() -> argparse.ArgumentParser:
         type=Path,
         help="save the whole outputs as DIR/output<i>.pt",
     )
+    parser.add_argument(
+        "--no-graph",
+        dest="graph",
+        action="store_false",
+        help="run the program eagerly every time instead of replaying a CUDA graph of it",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        type=_trace_file,
+        help="after the timed runs, trace one more (eager) run: a Chrome/Perfetto trace JSON in "
+        "FILE and a PNG timeline next to it (FILE with .png)",
+    )
     return parser
+
+
+def _trace_file(text: str) -> Path:
+    path = Path(text)
+    if path.suffix == ".png":
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is where the JSON trace goes; the PNG goes next to it: give e.g. "
+            f"{path.with_suffix('.json')}"
+        )
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"'{path.parent}', where the trace would go, is not a directory")
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,9 +260,7 @@ def run_options(arguments: argparse.Namespace) -> RunOptions:
         try:
             source, filename = Path(arguments.file).read_text(), arguments.file
         except (OSError, UnicodeDecodeError) as error:
-            raise HostirError(
-                f"cannot read '{arguments.file}': {error.strerror or error}"
-            ) from None
+            raise HostirError(f"cannot read '{arguments.file}': {error.strerror or error}") from None
     return RunOptions(
         source=source,
         filename=filename,
@@ -231,6 +269,8 @@ def run_options(arguments: argparse.Namespace) -> RunOptions:
         repeat=arguments.repeat,
         num_streams=arguments.num_streams,
         keep_outputs=arguments.check or arguments.save_outputs is not None,
+        graph=arguments.graph,
+        trace=arguments.trace is not None,
     )
 
 
@@ -262,26 +302,37 @@ def run_rank(
     communicator: Communicator,
     options: RunOptions,
 ) -> RankResult:
-    """Runs the program `options.repeat` times on this rank's pieces of `inputs`, timing each run."""
+    """Runs the program `options.repeat` times on this rank's pieces of `inputs`, timing each run;
+    then traces one more run with `options.trace`."""
     device = communicator.device
     local = [
-        shard(value, type, communicator.rank).to(device)
-        for value, type in zip(inputs, program.input_types)
+        shard(value, type, communicator.rank).to(device) for value, type in zip(inputs, program.input_types)
     ]
-    seconds = []
-    for _ in range(options.repeat):
-        if dist.is_initialized():
-            dist.barrier()
-        _synchronize(device)
-        start = time.perf_counter()
-        outputs = program.run(local, communicator, options.num_streams)
-        _synchronize(device)
-        seconds.append(time.perf_counter() - start)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphReplayFallback)  # the report says why, once
+        replayer = GraphReplayer(program, communicator, options.num_streams) if options.graph else None
+        run = (
+            replayer.run
+            if replayer is not None
+            else functools.partial(program.run, communicator=communicator, num_streams=options.num_streams)
+        )
+        seconds = []
+        for _ in range(options.repeat):
+            if dist.is_initialized():
+                dist.barrier()
+            _synchronize(device)
+            start = time.perf_counter()
+            outputs = run(local)
+            _synchronize(device)
+            seconds.append(time.perf_counter() - start)
+    trace = trace_run(program, local, communicator, options.num_streams)[1] if options.trace else []
     return RankResult(
         communicator.rank,
         f"{communicator.backend} on {device}",
+        NO_GRAPH if replayer is None else replayer.eager_reason,
         seconds,
         [output.cpu() for output in outputs] if options.keep_outputs else [],
+        trace,
     )
 
 
@@ -331,9 +382,7 @@ def run_locally(arguments: argparse.Namespace) -> int:
         with plain_errors():
             results = [run_rank(program, inputs, Communicator.single(), options)]
     else:
-        timeout_s = (
-            LAUNCH_TIMEOUT_S if arguments.timeout is None else arguments.timeout + START_UP_S
-        )
+        timeout_s = LAUNCH_TIMEOUT_S if arguments.timeout is None else arguments.timeout + START_UP_S
         results = run_on_local_ranks(spawned_rank, nproc, options, inputs, timeout_s=timeout_s)
     return report(program, results, expected, arguments)
 
@@ -383,9 +432,13 @@ def report(
 ) -> int:
     """Prints the timings and the check, saves the outputs; the exit status (1: a check failed)."""
     streams = arguments.num_streams or configured_num_streams()
+    eager_reason = results[0].eager_reason
     print(
-        f"@{program.host.sym_name.data}: {len(results)} rank(s), {results[0].where}, {streams} stream(s)"
+        f"@{program.host.sym_name.data}: {len(results)} rank(s), {results[0].where}, {streams} stream(s), "
+        + ("graph replay" if eager_reason is None else "eager")
     )
+    if eager_reason not in (None, NO_GRAPH):
+        print(f"eager because {eager_reason}")
     failed = False
     if expected is not None or arguments.save_outputs is not None:
         outputs = [
@@ -402,7 +455,23 @@ def report(
             f"rank {result.rank}: {min(times_ms):.3f} ms min, "
             f"{statistics.median(times_ms):.3f} ms median of {len(times_ms)} run(s)"
         )
+    if arguments.trace is not None:
+        save_trace([i for result in results for i in result.trace], arguments.trace, program)
     return 1 if failed else 0
+
+
+def save_trace(intervals: Sequence[Interval], path: Path, program: Program) -> None:
+    """Writes the trace JSON and, where matplotlib is installed, the PNG timeline next to it."""
+    title = f"@{program.host.sym_name.data}"
+    write_chrome_trace(intervals, path, title)
+    try:
+        write_timeline_png(intervals, path.with_suffix(".png"), title)
+    except ModuleNotFoundError as missing:
+        print(
+            f"trace in {path} (open it in https://ui.perfetto.dev); no PNG: {missing} (pip install matplotlib)"
+        )
+        return
+    print(f"trace in {path} (open it in https://ui.perfetto.dev), timeline in {path.with_suffix('.png')}")
 
 
 def print_check(
@@ -431,9 +500,7 @@ def save_outputs(outputs: Sequence[torch.Tensor], directory: Path) -> None:
         for index, output in enumerate(outputs):
             torch.save(output, directory / f"output{index}.pt")
     except OSError as error:
-        raise HostirError(
-            f"cannot save the outputs in '{directory}': {error.strerror or error}"
-        ) from None
+        raise HostirError(f"cannot save the outputs in '{directory}': {error.strerror or error}") from None
     print(f"saved {len(outputs)} output(s) in {directory}/output<i>.pt")
 
 

@@ -8,6 +8,7 @@ subprocess; the mistakes found before any rank starts call `main` in this proces
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import socket
@@ -96,10 +97,11 @@ def test_check_on_two_local_ranks_with_pt_inputs(files, tmp_path):
     assert result.returncode == 0, result.stderr
     assert_no_traceback(result.stderr)
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("@ag_linear: 2 rank(s), ")
-    assert lines[1].startswith("output #0 bf16 [3, 2, 5, 7]: max relative error ")
-    assert lines[1].endswith("(tolerance 0.02): ok")
-    assert lines[2] == f"saved 1 output(s) in {tmp_path}/output<i>.pt"
+    assert lines[0] == "@ag_linear: 2 rank(s), gloo on cpu, 4 stream(s), eager"
+    assert lines[1] == "eager because CUDA graphs need CUDA devices, and this rank runs gloo on cpu"
+    assert lines[2].startswith("output #0 bf16 [3, 2, 5, 7]: max relative error ")
+    assert lines[2].endswith("(tolerance 0.02): ok")
+    assert lines[3] == f"saved 1 output(s) in {tmp_path}/output<i>.pt"
     for rank in (0, 1):
         assert any(line.startswith(f"rank {rank}: ") and "of 2 run(s)" in line for line in lines)
     output = torch.load(tmp_path / "output0.pt")
@@ -116,9 +118,7 @@ def test_default_nproc_and_sizes_of_random_inputs(files, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("@allgather_p2p: 4 rank(s), ")
-    assert (
-        "output #0 f32 [4, 5]: max relative error" in result.stdout and "rank 3: " in result.stdout
-    )
+    assert "output #0 f32 [4, 5]: max relative error" in result.stdout and "rank 3: " in result.stdout
     assert torch.load(tmp_path / "output0.pt").shape == (4, 5)
 
 
@@ -128,11 +128,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_environment_makes_each_process_one_rank(files):
+def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
     port = str(_free_port())
+    trace = tmp_path / "matmul_ar.json"
     processes = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(files["matmul_ar"]), "--check"],
+            [sys.executable, str(SCRIPT), str(files["matmul_ar"]), "--check", "--trace", str(trace)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -149,6 +150,9 @@ def test_torchrun_environment_makes_each_process_one_rank(files):
     assert "output #0 f32 [8, 8, 8]: max relative error" in out0 and "ok" in out0
     assert "rank 1: " in out0
     assert out1 == ""
+    assert out0.splitlines()[-1].startswith(f"trace in {trace} ")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}, "rank 0 writes every rank's timeline"
 
 
 def test_nproc_contradicting_torchrun_is_refused(files):
@@ -157,10 +161,15 @@ def test_nproc_contradicting_torchrun_is_refused(files):
         RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
     )  # fmt: skip
     assert result.returncode == 1
-    assert (
-        result.stderr.strip()
-        == "rank 0: error: --nproc 3 contradicts torchrun's world of 1 rank(s)"
-    )
+    assert result.stderr.strip() == "rank 0: error: --nproc 3 contradicts torchrun's world of 1 rank(s)"
+
+
+def test_no_graph_runs_eagerly_without_a_reason(files, capsys):
+    status, out, err = run_main(capsys, str(files["matmul"]), "--no-graph", "--check", "--repeat", "2")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "@matmul: 1 rank(s), gloo on cpu, 4 stream(s), eager"
+    assert lines[1].startswith("output #0 f32 [8, 8]: max relative error ")
 
 
 def test_stdin_and_one_rank_in_process(files, capsys, monkeypatch):
@@ -184,9 +193,7 @@ def test_check_fails_beyond_the_tolerance(files, capsys, monkeypatch):
 
 def test_entry_selects_one_of_several_functions(files, tmp_path, capsys):
     path = tmp_path / "two.mlir"
-    functions = [
-        print_module(m).split("\n", 1)[1].rsplit("}", 1)[0] for m in (matmul(), ag_linear(1))
-    ]
+    functions = [print_module(m).split("\n", 1)[1].rsplit("}", 1)[0] for m in (matmul(), ag_linear(1))]
     path.write_text("builtin.module {\n" + "".join(functions) + "}\n")
     status, _, err = run_main(capsys, str(path))
     assert status == 1
@@ -204,9 +211,7 @@ def test_entry_selects_one_of_several_functions(files, tmp_path, capsys):
 def test_missing_file(capsys, tmp_path):
     status, out, err = run_main(capsys, str(tmp_path / "none.mlir"))
     assert status == 1 and out == ""
-    assert (
-        err.strip() == f"error: cannot read '{tmp_path / 'none.mlir'}': No such file or directory"
-    )
+    assert err.strip() == f"error: cannot read '{tmp_path / 'none.mlir'}': No such file or directory"
 
 
 def test_parse_error_is_located(capsys, tmp_path):
@@ -223,9 +228,7 @@ def test_parse_error_is_located(capsys, tmp_path):
 
 
 def test_bad_pt_inputs(files, tmp_path, capsys):
-    wrong_shape, wrong_dtype, not_a_tensor = (
-        tmp_path / n for n in ("shape.pt", "dtype.pt", "junk.pt")
-    )
+    wrong_shape, wrong_dtype, not_a_tensor = (tmp_path / n for n in ("shape.pt", "dtype.pt", "junk.pt"))
     torch.save(torch.zeros(3, 3, 4, 4, dtype=torch.bfloat16), wrong_shape)
     torch.save(torch.zeros(3, 2, 4, 4), wrong_dtype)
     not_a_tensor.write_bytes(b"not a pickle")
@@ -236,9 +239,7 @@ def test_bad_pt_inputs(files, tmp_path, capsys):
 
     status, _, err = run_main(capsys, fusion, "--inputs", str(wrong_shape), str(weight), str(bias))
     assert status == 1
-    assert (
-        f"input #0 ({wrong_shape}) (mesh = [0, 1], axes = [_, didx, _, _]): axis 1 is didx" in err
-    )
+    assert f"input #0 ({wrong_shape}) (mesh = [0, 1], axes = [_, didx, _, _]): axis 1 is didx" in err
     assert "its extent must be 2; got shape [3, 3, 4, 4]" in err
 
     status, _, err = run_main(capsys, fusion, "--inputs", str(wrong_dtype), str(weight), str(bias))
@@ -282,11 +283,25 @@ def test_bad_pipeline(files, capsys):
     assert status == 1 and "bad pass pipeline 'no-such-pass'" in err
 
 
-def test_bad_command_line_is_a_usage_error(capsys):
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--dim", "0:1"], "'0:1' is not ARG:AXIS=EXTENT"),
+        (
+            ["--trace", "t.png"],
+            "'t.png' is where the JSON trace goes; the PNG goes next to it: give e.g. t.json",
+        ),
+        (
+            ["--trace", "/no/such/directory/t.json"],
+            "'/no/such/directory', where the trace would go, is not a directory",
+        ),
+    ],
+)
+def test_bad_command_line_is_a_usage_error(capsys, arguments, message):
     with pytest.raises(SystemExit) as exit:
-        hir_run.main(["x.mlir", "--dim", "0:1"])
+        hir_run.main(["x.mlir", *arguments])
     assert exit.value.code == 2
-    assert "'0:1' is not ARG:AXIS=EXTENT" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 FAILS_ON_RANK_1 = """

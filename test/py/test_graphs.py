@@ -1,0 +1,201 @@
+"""CUDA-graph replay (`runtime.graphs`): the eager fallback on the CPU, replays on one GPU and on 2
+NCCL ranks against plain torch, and the interpreter-overhead benchmark's smoke run.
+
+Expected outputs are plain torch (einsum in f64) on the unsharded inputs. On GPUs every
+allocation of the captured run is poisoned with NaN, and so are the static outputs
+before a replay, so a replay that does not write every element shows; the replayer
+must leave the caller's inputs as they were and return outputs that a later replay
+does not overwrite.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from xdsl.dialects.builtin import ModuleOp
+
+from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
+from runtime.communicator import Communicator
+from runtime.graphs import GraphReplayer, GraphReplayFallback, signature
+from runtime.launch import run_on_local_ranks
+from runtime.program import Program
+from runtime.reference import compare, shard
+from test_interpreter import poisoned_allocations
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "interpreter_overhead.py"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A fusion, its unsharded input shapes for a trip count S, and its output in plain torch."""
+
+    name: str
+    build: Callable[[], ModuleOp]
+    shapes: Callable[[int], list[tuple[int, ...]]]
+    expected: Callable[..., torch.Tensor]
+
+    def inputs(self, seed: int, S: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        return [torch.randn(shape, generator=generator) for shape in self.shapes(S)]
+
+
+def _linear(x, w, b):
+    return torch.einsum("...k,nk->...n", x, w) + b
+
+
+SINGLE_DEVICE = [
+    Case("linear", lambda: linear("f32"), lambda S: [(S, 5, 6), (7, 6), (7,)], _linear),
+    Case("matmul_n", lambda: matmul(1, "f32"), lambda S: [(4, 6), (6, S)], lambda a, b: a @ b),
+    Case("single_binary", lambda: single_binary("f32"), lambda S: [(S, 6)] * 2, torch.add),
+]
+
+TWO_RANKS = [
+    Case("ag_linear", lambda: ag_linear(2, "f32"), lambda S: [(S, 2, 5, 6), (7, 6), (7,)], _linear),
+    Case(
+        "matmul_ar",
+        lambda: matmul_ar(2, "f32"),
+        lambda S: [(S, 2, 5, 6), (2, 6, 7)],
+        lambda a, b: torch.einsum("sdmk,dkn->smn", a, b),
+    ),
+    Case("allgather_p2p", lambda: allgather_p2p(2, "f32"), lambda S: [(2, S)], lambda x: x),
+]
+
+
+def replay_checks(case: Case, communicator: Communicator) -> list[str]:
+    """Replays `case` on this rank as the GPU tests want it; returns what went wrong (nothing: ok).
+
+    A capture on inputs of trip count 3, a replay of new values into poisoned static
+    outputs, a new signature (trip count 4) that is captured anew.
+    """
+    program = Program.compile(case.build())
+    device, rank = communicator.device, communicator.rank
+    replayer = GraphReplayer(program, communicator)
+    problems = []
+
+    def run(seed: int, S: int) -> list[torch.Tensor]:
+        whole = case.inputs(seed, S)
+        local = [shard(x, t, rank).to(device) for x, t in zip(whole, program.input_types)]
+        before = [x.clone() for x in local]
+        outputs = replayer.run(local)
+        if not all(torch.equal(x, y) for x, y in zip(local, before)):
+            problems.append(f"seed {seed}: the replayer changed the caller's inputs")
+        expected = case.expected(*(x.double() for x in whole)).float()
+        comparison = compare(outputs[0].cpu(), shard(expected, program.output_types[0], rank))
+        if not comparison.ok:
+            problems.append(f"seed {seed}, S = {S}: {comparison}")
+        return outputs
+
+    with poisoned_allocations():
+        first = run(0, 3)
+    first_copy = first[0].clone()
+    if not replayer.replays:
+        return [f"no replay: {replayer.eager_reason}"]
+    (captured,) = replayer.captured.values()
+    for output in captured.outputs:
+        output.fill_(float("nan"))
+    run(1, 3)
+    if len(replayer.captured) != 1:
+        problems.append(f"inputs of the same signature captured again: {len(replayer.captured)} graphs")
+    if not torch.equal(first[0], first_copy):
+        problems.append("a replay overwrote the outputs an earlier run returned")
+    run(2, 4)
+    if len(replayer.captured) != 2:
+        problems.append(f"a new signature was not captured: {len(replayer.captured)} graph(s)")
+    run(3, 3)
+    return problems
+
+
+# --------------------------------------------------------------------------- #
+# CPU                                                                          #
+# --------------------------------------------------------------------------- #
+
+
+def test_cpu_runs_eagerly_says_so_once_and_matches_torch():
+    case = SINGLE_DEVICE[0]
+    program = Program.compile(case.build())
+    with pytest.warns(GraphReplayFallback, match="runs eagerly: CUDA graphs need CUDA devices"):
+        replayer = GraphReplayer(program, Communicator.single(torch.device("cpu")))
+    assert not replayer.replays and "gloo on cpu" in replayer.eager_reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed, S in ((0, 3), (1, 4)):
+            inputs = case.inputs(seed, S)
+            (output,) = replayer.run(inputs)
+            expected = case.expected(*(x.double() for x in inputs)).float()
+            assert compare(output, expected).ok
+    assert replayer.captured == {}
+
+
+def test_signature_distinguishes_shape_strides_dtype():
+    x = torch.zeros(3, 4)
+    assert signature([x]) == signature([torch.ones(3, 4)])
+    assert len({signature([y]) for y in (x, x.t().contiguous(), x.t(), x.double(), x[:2])}) == 5
+
+
+def test_benchmark_quick_on_cpu():
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--quick", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "interpreter overhead: 100 ops on f32[16], cpu, median of 5 runs"
+    for line, name in zip(lines[2:4], ("hand-written torch loop, eager", "hostir Program.run, eager")):
+        assert line.startswith(name)
+        milliseconds, microseconds = map(float, line[len(name) :].split())
+        assert milliseconds > 0 and microseconds == pytest.approx(milliseconds * 10, abs=0.02)
+    assert lines[4].startswith("interpreter cost per op: ")
+    assert lines[5] == "graph replay: skipped (CUDA graphs need a CUDA device)"
+
+
+# --------------------------------------------------------------------------- #
+# GPUs                                                                         #
+# --------------------------------------------------------------------------- #
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", SINGLE_DEVICE, ids=lambda case: case.name)
+def test_gpu_replay_matches_torch_on_one_gpu(case):
+    assert replay_checks(case, Communicator.single(torch.device("cuda", 0))) == []
+
+
+def _two_rank_checks(case_name: str) -> list[str]:
+    (case,) = (case for case in TWO_RANKS if case.name == case_name)
+    return replay_checks(case, Communicator.from_env())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")
+@pytest.mark.parametrize("case", TWO_RANKS, ids=lambda case: case.name)
+def test_gpu_replay_matches_torch_on_two_nccl_ranks(case):
+    assert run_on_local_ranks(_two_rank_checks, 2, case.name) == [[], []]
+
+
+@needs_cuda
+def test_gpu_failed_capture_falls_back_to_eager(monkeypatch):
+    case = SINGLE_DEVICE[0]
+    program = Program.compile(case.build())
+
+    def host_read_inside_capture(inputs, context):
+        return [torch.zeros(1, device="cuda").item()]  # a capture refuses reading device data
+
+    replayer = GraphReplayer(program, Communicator.single(torch.device("cuda", 0)))
+    inputs = [x.cuda() for x in case.inputs(0, 3)]
+    monkeypatch.setattr(program.interpreter, "run", host_read_inside_capture)
+    with pytest.warns(GraphReplayFallback, match="capture failed on rank\\(s\\) 0"):
+        replayer.run(inputs)
+    monkeypatch.undo()
+    assert not replayer.replays
+    (output,) = replayer.run(inputs)
+    expected = case.expected(*(x.double().cpu() for x in inputs)).float()
+    assert compare(output.cpu(), expected).ok
