@@ -205,7 +205,6 @@ def dynamic_extent_cases(world: int) -> list[tuple[str, torch.Tensor, torch.Tens
     devices = list(range(world))
     return [
         (set_to_mesh("send_recv", [0], [world - 1]), x, x),
-        (set_to_mesh("send_recv_down", [world - 1], [0]), x, x),
         (set_to_mesh("broadcast", [world - 1], devices), x, x),
         (set_to_mesh("scatter", [0], devices, "_ didx"), y, y),
         (exp_on_device_0(), x, torch.exp(x)),
