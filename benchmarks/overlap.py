@@ -495,12 +495,10 @@ def run_rank(arguments: argparse.Namespace) -> None:
     deadline.start()
     communicator = Communicator.from_env(arguments.timeout)
     device = communicator.device
-    if device.type == "cuda":
-        clock = CudaClock(device)
-    else:
-        # The CPU ranks share the machine's cores: without this each rank's torch would take them all.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // communicator.world_size))
-        clock = HostClock()
+    # The ranks share the host's cores (CPU ranks compute on them, GPU ranks check outputs
+    # on them): without this each rank's torch would take them all.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // communicator.world_size))
+    clock = CudaClock(device) if device.type == "cuda" else HostClock()
     report = None
     if communicator.rank == 0:
         config = {name: value for name, value in vars(arguments).items() if name != "out"}

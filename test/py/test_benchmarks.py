@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from runtime.communicator import Communicator
+from runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
 from runtime.launch import run_on_local_ranks
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -122,6 +123,71 @@ def test_the_table_and_the_plot(cpu_run):
     assert "| 64, 32, 16 |" in table and "| 36, 32, 16 |" in table
     image = pytest.importorskip("PIL.Image").open(out / "overlap.png")
     assert image.format == "PNG" and image.size[0] > 1000 and image.size[1] > 300
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")
+def test_on_two_gpus_every_contender_runs_and_every_check_passes(tmp_path):
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "overlap.py"),
+        "--nproc=2",
+        "--sizes=2048,512,256;1024,256,512",
+        "--chunks=1,4",
+        "--warmup=2",
+        "--reps=5",
+        "--check-peers",
+        f"--out={tmp_path}",
+        "--timeout=60",
+        "--deadline=200",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    results = results_of(tmp_path)
+    assert json.loads((tmp_path / "overlap.json").read_text())["machine"]["backend"] == "nccl"
+    for r in results:
+        if r["label"].startswith("symm_mem") and r["status"] != "ok":
+            assert r["status"].startswith("unavailable: ")  # torch says why
+        elif "(cuda)" in r["label"] and not COPY_ENGINE:
+            assert r["status"].startswith("unavailable: ")
+        else:
+            assert r["status"] == "ok", r
+            assert r["ms"] > 0 and r["check_ok"] in (True, None)
+    pipelined = [r for r in results if r["contender"] == "hostir (nccl)" and r["chunks"] == 4]
+    assert len(pipelined) == 6 and all(r["check_ok"] for r in pipelined)
+
+
+def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_path):
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "overlap.py"),
+        "--cpu",
+        "--nproc=2",
+        "--sizes=64,32,16",
+        "--problems=matmul_allreduce",
+        "--min-chunk-rows=4",
+        "--warmup=0",
+        "--reps=2",
+        f"--out={tmp_path}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stderr
+    by_label = {r["contender"]: r for r in results_of(tmp_path)}
+    problem = OverlapProblem(OverlapKind.MATMUL_ALLREDUCE, 64, 32, 16, 2)
+    rates = Rates.from_times(
+        problem,
+        by_label["allreduce alone"]["ms"] / 1e3,
+        by_label["GEMM alone"]["ms"] / 1e3,
+        transfer_latency_s=20e-6,
+    )
+    chosen = choose_pipeline(problem, rates, min_chunk_rows=4)
+    for contender in ("NCCL per chunk", "hostir (nccl)"):
+        assert by_label[contender]["status"] == "ok"
+        assert (by_label[contender]["chunks"], by_label[contender]["streams"]) == (
+            chosen.chunks,
+            chosen.streams,
+        )
+        assert by_label[contender]["predicted_ms"] == pytest.approx(chosen.predicted_s * 1e3)
+    assert by_label["hostir (nccl)"]["check_ok"] and by_label["NCCL per chunk"]["check_ok"] is None
 
 
 def test_bad_arguments_are_refused_before_any_rank_starts():
