@@ -124,17 +124,33 @@ class AllocateOp(IRDLOperation):
     """A new buffer; one index operand per dynamic extent of the type, in order.
 
     `%b = hir.allocate(%m, %n) : !fusion.tensor<[?, 8, ?], f32>`
+
+    A `symmetric` buffer is one that the other devices of its mesh read directly, with
+    the copy engines (`backend cuda`): every device of the mesh allocates it, in the
+    same order, from memory the others can map. Establishing that is collective and
+    slow, so the runtime makes each symmetric buffer once per shape and reuses it in
+    every run; an allocation that a run executes more than once (in a loop or an `if`)
+    would hand out the same memory twice, hence symmetric ones sit in the function body.
+
+    `%b = hir.allocate(%m) symmetric : !fusion.tensor<[?, 8], bf16, mesh = [0, 1], axes = [_, didx]>`
     """
 
     name = "hir.allocate"
 
     dynamic_sizes = var_operand_def(IndexType)
+    symmetric = opt_prop_def(UnitAttr)
     result = result_def(TensorType)
 
-    assembly_format = "`(` $dynamic_sizes `)` attr-dict `:` type($result)"
+    assembly_format = "`(` $dynamic_sizes `)` (`symmetric` $symmetric^)? attr-dict `:` type($result)"
 
-    def __init__(self, result_type: TensorType, dynamic_sizes: Sequence[SSAValue] = ()):
-        super().__init__(operands=[dynamic_sizes], result_types=[result_type])
+    def __init__(
+        self, result_type: TensorType, dynamic_sizes: Sequence[SSAValue] = (), symmetric: bool = False
+    ):
+        super().__init__(
+            operands=[dynamic_sizes],
+            properties={"symmetric": UnitAttr()} if symmetric else {},
+            result_types=[result_type],
+        )
 
     def verify_(self) -> None:
         shape = tensor_type(self.result).get_shape()
@@ -143,6 +159,11 @@ class AllocateOp(IRDLOperation):
             raise VerifyException(
                 f"type {shape_str(shape)} has {dynamic} dynamic extent(s) but "
                 f"{len(self.dynamic_sizes)} size operand(s) were given"
+            )
+        if self.symmetric is not None and not isinstance(self.parent_op(), func.FuncOp):
+            raise VerifyException(
+                "a symmetric buffer is allocated once per program and reused by every run, so "
+                f"its allocation must sit in the function body, not in '{self.parent_op().name}'"
             )
 
 
@@ -373,12 +394,14 @@ class CommunicationOp(IRDLOperation, ABC):
 
     `%w = hir.allreduce %in into %out team [0, 1] op sum backend nccl : T, T2`
 
-    Subclasses say whether they need a `root` and a reduction `op`. A device outside
-    the team does nothing.
+    Subclasses say whether they need a `root` and a reduction `op`, and whether the
+    copy engines can move their bytes (`backend cuda`). A device outside the team does
+    nothing.
     """
 
     HAS_ROOT: ClassVar[bool] = False
     HAS_REDUCE_OP: ClassVar[bool] = False
+    HAS_COPY_ENGINE_FORM: ClassVar[bool] = False
 
     input = operand_def(TensorType)
     output = operand_def(TensorType)
@@ -436,6 +459,11 @@ class CommunicationOp(IRDLOperation, ABC):
                 )
         elif self.reduce_op is not None:
             raise VerifyException(f"{self.name} takes no reduction op")
+        if self.backend.data == CommunicatorBackend.CUDA and not self.HAS_COPY_ENGINE_FORM:
+            raise VerifyException(
+                f"{self.name} has no copy-engine form, so it cannot take backend cuda; "
+                f"the copy engines move the bytes of {', '.join(COPY_ENGINE_OPS)} and of send/recv"
+            )
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -495,6 +523,7 @@ SUPPORTED_REDUCTIONS = (
 @irdl_op_definition
 class AllgatherOp(CommunicationOp):
     name = "hir.allgather"
+    HAS_COPY_ENGINE_FORM: ClassVar[bool] = True
 
 
 @irdl_op_definition
@@ -559,6 +588,9 @@ COLLECTIVE_OPS: tuple[type[CommunicationOp], ...] = (
     ScatterOp,
     SendRecvOp,
 )
+
+COPY_ENGINE_OPS: tuple[str, ...] = tuple(op.name for op in COLLECTIVE_OPS if op.HAS_COPY_ENGINE_FORM)
+"""The collectives that `backend cuda` can move with the copy engines."""
 
 
 class P2POp(IRDLOperation, ABC):

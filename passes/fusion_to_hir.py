@@ -46,6 +46,7 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, POINTWISE_OPS, FusionOp, tensor_type
 from hostir_dialect.text import HostirError
 from passes.axis_mapping import operand_axis_maps
+from passes.copy_engine import parse_backend, peer_readable
 from passes.sharding import (
     LocalCopy,
     LocalSlice,
@@ -371,13 +372,34 @@ class LowerLocalSlice(BufferLowering):
         ]
 
 
+@dataclass(frozen=True)
 class LowerCommunication(BufferLowering):
-    """A set or a `didx` reduction that moves data -> its communications, each then `hir.wait`."""
+    """A set or a `didx` reduction that moves data -> its communications, each then `hir.wait`.
+
+    With the `cuda` backend the copy engines move the bytes, which only the collectives
+    with a copy-engine form allow (`hir.COPY_ENGINE_OPS`); the input they read becomes
+    symmetric first (`peer_readable`), so that the peers can read it.
+    """
+
+    backend: hir.CommunicatorBackend
 
     def lowers(self, op: Operation) -> bool:
         return (isinstance(op, fusion.SetOp) or reduces_didx_axis(op)) and isinstance(
             plan_resharding(op), tuple
         )
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        if self.backend == hir.CommunicatorBackend.CUDA and host_function(op) and self.lowers(op):
+            for collective in plan_resharding(op):
+                if not collective.op.HAS_COPY_ENGINE_FORM:
+                    raise HostirError.at(
+                        op,
+                        f"{op.name}: fusion-to-hir{{backend=cuda}} asks the copy engines to move "
+                        f"this {collective.op.name}, which has no copy-engine form (the copy engines "
+                        f"move {', '.join(hir.COPY_ENGINE_OPS)} only); lower it with backend=nccl",
+                    )
+            op.operands[0] = peer_readable(rewriter, op.operands[0], op)
+        super().match_and_rewrite(op, rewriter)
 
     def fill(self, op: Operation, outs: Sequence[SSAValue]) -> list[Operation]:
         ops: list[Operation] = []
@@ -388,6 +410,7 @@ class LowerCommunication(BufferLowering):
                 collective.team,
                 root=collective.root,
                 reduce_op=collective.reduce_op,
+                backend=self.backend,
             )
             ops += [communication, hir.WaitOp(communication.work)]
         return ops
@@ -410,11 +433,18 @@ class LowerSegmentCall(BufferLowering):
 
 @dataclass(frozen=True)
 class FusionToHir(ModulePass):
-    """Rewrites every fusion into a host program of buffers, communications and kernels."""
+    """Rewrites every fusion into a host program of buffers, communications and kernels.
+
+    `backend` moves the bytes of the collectives: nccl, or cuda for the copy engines
+    (`docs/copy-engine.md`).
+    """
 
     name = "fusion-to-hir"
 
+    backend: str = "nccl"
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        backend = parse_backend(self.name, "backend", self.backend)
         dce(op)
         PatternRewriteWalker(OutlinePointwiseRun(), apply_recursively=False).rewrite_module(op)
         PatternRewriteWalker(
@@ -425,7 +455,7 @@ class FusionToHir(ModulePass):
                     LowerLocalReduction(),
                     LowerLocalCopy(),
                     LowerLocalSlice(),
-                    LowerCommunication(),
+                    LowerCommunication(backend),
                     LowerSegmentCall(),
                 ],
                 dce_enabled=False,

@@ -27,10 +27,15 @@ from passes.stream_parallel import StreamParallelLowering
 
 @dataclass(frozen=True)
 class HirLowering(ModulePass):
-    """Lowers a fusion to a host program; the options go to `stream-parallel`."""
+    """Lowers a fusion to a host program.
+
+    `backend` goes to `fusion-to-hir` (who moves the bytes of the collectives), the
+    other options to `stream-parallel`.
+    """
 
     name = "hir-lowering"
 
+    backend: str = "nccl"
     p2p_backend: str = "nccl"
     separate_sync_loop: bool = True
 
@@ -38,7 +43,7 @@ class HirLowering(ModulePass):
         PassPipeline(
             (
                 InsertReshardings(),
-                FusionToHir(),
+                FusionToHir(self.backend),
                 StreamParallelLowering(self.p2p_backend, self.separate_sync_loop),
                 InsertDeallocations(),
                 CanonicalizePass(),

@@ -69,6 +69,7 @@ from passes.axis_mapping import (
     output_of,
     segment_function,
 )
+from passes.copy_engine import parse_backend, peer_readable
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
@@ -566,6 +567,10 @@ class PipelineP2PAllgather(RewritePattern):
     Iteration `i` fills slice `i` of the output with the shard of mesh device `i`:
     that device copies its own shard; every other device receives it from device `i`
     and, in the same batch, sends its shard there.
+
+    The copy engines move the bytes when `backend` is cuda or the allgather asks for
+    them; the shard that peers then read becomes symmetric before the loops
+    (`peer_readable`), so that its copy, if any, is done before the streams start.
     """
 
     backend: hir.CommunicatorBackend
@@ -574,7 +579,12 @@ class PipelineP2PAllgather(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
         if _stream_axis(op) is None or (axis := _p2p_gathered_axis(op)) is None:
             return
+        backend = self.backend
+        if isinstance(op, hir.AllgatherOp) and op.backend.data == hir.CommunicatorBackend.CUDA:
+            backend = op.backend.data
         source, output = op.operands[0], output_of(op)
+        if backend == hir.CommunicatorBackend.CUDA:
+            source = peer_readable(rewriter, source, op)
         first_device = tensor_type(source).mesh.ids[0]
         index, work = _insert_stream_loops(rewriter, op, axis, self.separate_sync_loop)
         rank = _runtime_value(rewriter, op, hir.DeviceIndexOp, "rank")
@@ -596,8 +606,8 @@ class PipelineP2PAllgather(RewritePattern):
             [own_shard, hir.CopyOp([own_shard.result], [received.result]), scf.YieldOp()],
             [
                 hir.StartCoalescingOp(),
-                hir.RecvOp(received.result, peer, self.backend),
-                hir.SendOp(source, peer, self.backend),
+                hir.RecvOp(received.result, peer, backend),
+                hir.SendOp(source, peer, backend),
                 batch,
                 hir.WaitOp(batch.work),
                 scf.YieldOp(),
@@ -668,7 +678,8 @@ class StreamParallelLowering(ModulePass):
     """Pipelines stream-parallel ops over CUDA streams (see the module docstring).
 
     `p2p_backend` moves the bytes of the point-to-point allgather (nccl, or cuda for
-    the copy engines); `separate_sync_loop` puts the synchronisation of the streams
+    the copy engines, also used for an allgather that has backend cuda itself);
+    `separate_sync_loop` puts the synchronisation of the streams
     with the caller's stream in its own loop before each work loop.
     """
 
@@ -678,20 +689,14 @@ class StreamParallelLowering(ModulePass):
     separate_sync_loop: bool = True
 
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        if self.p2p_backend not in set(hir.CommunicatorBackend):
-            raise HostirError(
-                f"stream-parallel: unknown p2p_backend '{self.p2p_backend}'; expected one of "
-                + ", ".join(backend.value for backend in hir.CommunicatorBackend)
-            )
+        p2p_backend = parse_backend(self.name, "p2p_backend", self.p2p_backend)
         for hir_op in op.walk():
             if isinstance(hir_op, PIPELINED_OPS):
                 check_stream_axes(hir_op)
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
                 [
-                    PipelineP2PAllgather(
-                        hir.CommunicatorBackend(self.p2p_backend), self.separate_sync_loop
-                    ),
+                    PipelineP2PAllgather(p2p_backend, self.separate_sync_loop),
                     PipelineStreamParallelOp(self.separate_sync_loop),
                     MergeStreamLoops(),
                 ]

@@ -17,6 +17,34 @@ func.func @allocate_too_many_sizes(%n: index) {
 
 // -----
 
+func.func @symmetric_allocate_in_loop(%n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %n step %c1 {
+    // expected-error@+1 {{a symmetric buffer is allocated once per program and reused by every run, so its allocation must sit in the function body, not in 'scf.for'}}
+    %b = hir.allocate() symmetric : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
+  }
+  func.return
+}
+
+// -----
+
+func.func @allreduce_copy_engine(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{hir.allreduce has no copy-engine form, so it cannot take backend cuda; the copy engines move the bytes of hir.allgather and of send/recv}}
+  %w = hir.allreduce %x into %y team [0, 1] op sum backend cuda : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @send_recv_copy_engine(%x: !fusion.tensor<[4], f32, mesh = [0]>, %y: !fusion.tensor<[4], f32, mesh = [1]>) {
+  // expected-error@+1 {{hir.send_recv has no copy-engine form, so it cannot take backend cuda}}
+  %w = hir.send_recv %x into %y team [0, 1] root 0 backend cuda : !fusion.tensor<[4], f32, mesh = [0]>, !fusion.tensor<[4], f32, mesh = [1]>
+  func.return
+}
+
+// -----
+
 func.func @dim_axis(%b: !fusion.tensor<[4, 2], f32>) {
   // expected-error@+1 {{axis 2 is out of range for a buffer of rank 2}}
   %n = hir.dim %b, 2 : !fusion.tensor<[4, 2], f32>

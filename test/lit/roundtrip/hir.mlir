@@ -40,6 +40,8 @@ func.func @attributes(%stream: !hir.stream, %work: !hir.work) attributes {
 // CHECK-NEXT: %cols = hir.dim %in, 2 : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
 // CHECK-NEXT: %dynamic = hir.allocate(%rows, %cols) : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
 // CHECK-NEXT: %static = hir.allocate() {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
+// CHECK-NEXT: %peers_read = hir.allocate(%rows, %cols) symmetric : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
+// CHECK-NEXT: %tagged = hir.allocate() symmetric {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
 // CHECK-NEXT: %row = hir.alias_select %in[0 = %shards] : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]> -> !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
 // CHECK-NEXT: %shard = hir.alias_select %row[0 = %shards] {tag} : !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]> -> !fusion.tensor<[?], f32, mesh = [0, 1]>
 // CHECK-NEXT: hir.deallocate %dynamic : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
@@ -50,6 +52,8 @@ func.func @attributes(%stream: !hir.stream, %work: !hir.work) attributes {
 // GENERIC-NEXT: %cols = "hir.dim"(%in) <{axis = #builtin.int<2>}> : (!fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>) -> index
 // GENERIC-NEXT: %dynamic = "hir.allocate"(%rows, %cols) : (index, index) -> !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
 // GENERIC-NEXT: %static = "hir.allocate"() {tag} : () -> !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
+// GENERIC-NEXT: %peers_read = "hir.allocate"(%rows, %cols) <{symmetric}> : (index, index) -> !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
+// GENERIC-NEXT: %tagged = "hir.allocate"() <{symmetric}> {tag} : () -> !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
 // GENERIC-NEXT: %row = "hir.alias_select"(%in, %shards) <{axis = #builtin.int<0>}> : (!fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>, index) -> !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
 // GENERIC-NEXT: %shard = "hir.alias_select"(%row, %shards) <{axis = #builtin.int<0>}> {tag} : (!fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>, index) -> !fusion.tensor<[?], f32, mesh = [0, 1]>
 // GENERIC-NEXT: "hir.deallocate"(%dynamic) : (!fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>) -> ()
@@ -60,6 +64,8 @@ func.func @buffers(%in: !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_,
   %cols = hir.dim %in, 2 : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
   %dynamic = hir.allocate(%rows, %cols) : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
   %static = hir.allocate() {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
+  %peers_read = hir.allocate(%rows, %cols) symmetric : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
+  %tagged = hir.allocate() symmetric {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
   %row = hir.alias_select %in[0 = %shards] : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]> -> !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
   %shard = hir.alias_select %row[0 = %shards] {tag} : !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]> -> !fusion.tensor<[?], f32, mesh = [0, 1]>
   hir.deallocate %dynamic : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
@@ -123,37 +129,37 @@ func.func @streams(%n: index) {
 // ====================================================================================
 
 // CHECK-LABEL: func.func @collectives(
-// CHECK-NEXT: %w0 = hir.allgather %sharded into %full team [0, 1] backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
+// CHECK-NEXT: %w0 = hir.allgather %sharded into %full team [0, 1] backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
 // CHECK-NEXT: %w1 = hir.allreduce %sharded into %row team [0, 1] op sum backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
 // CHECK-NEXT: %w2 = hir.reduce_scatter %full into %sharded team [0, 1] op max backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
 // CHECK-NEXT: %w3 = hir.broadcast %full into %full team [0, 1] root 1 backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
-// CHECK-NEXT: %w4 = hir.reduce %sharded into %row team [0, 1] root 0 op min backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
+// CHECK-NEXT: %w4 = hir.reduce %sharded into %row team [0, 1] root 0 op min backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
 // CHECK-NEXT: %w5 = hir.gather %sharded into %full team [1, 0] root 0 backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
 // CHECK-NEXT: %w6 = hir.scatter %full into %sharded team [0, 1] root 1 backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
-// CHECK-NEXT: %w7 = hir.send_recv %pair into %pair team [2, 3] root 2 backend cuda : !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>
+// CHECK-NEXT: %w7 = hir.send_recv %pair into %pair team [2, 3] root 2 backend nccl : !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>
 // CHECK-NEXT: %w8 = hir.allreduce %sharded into %row team [0, 1] op product backend nccl {tag} : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
 // GENERIC-LABEL: sym_name = "collectives"
-// GENERIC: %w0 = "hir.allgather"(%sharded, %full) <{team = #fusion.mesh<[0, 1]>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>) -> !hir.work
+// GENERIC: %w0 = "hir.allgather"(%sharded, %full) <{team = #fusion.mesh<[0, 1]>, backend = #hir<backend cuda>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>) -> !hir.work
 // GENERIC-NEXT: %w1 = "hir.allreduce"(%sharded, %row) <{team = #fusion.mesh<[0, 1]>, reduce_op = #shard<partial sum>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !hir.work
 // GENERIC-NEXT: %w2 = "hir.reduce_scatter"(%full, %sharded) <{team = #fusion.mesh<[0, 1]>, reduce_op = #shard<partial max>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>) -> !hir.work
 // GENERIC-NEXT: %w3 = "hir.broadcast"(%full, %full) <{team = #fusion.mesh<[0, 1]>, root = #builtin.int<1>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>) -> !hir.work
-// GENERIC-NEXT: %w4 = "hir.reduce"(%sharded, %row) <{team = #fusion.mesh<[0, 1]>, root = #builtin.int<0>, reduce_op = #shard<partial min>, backend = #hir<backend cuda>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !hir.work
+// GENERIC-NEXT: %w4 = "hir.reduce"(%sharded, %row) <{team = #fusion.mesh<[0, 1]>, root = #builtin.int<0>, reduce_op = #shard<partial min>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !hir.work
 // GENERIC-NEXT: %w5 = "hir.gather"(%sharded, %full) <{team = #fusion.mesh<[1, 0]>, root = #builtin.int<0>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>) -> !hir.work
 // GENERIC-NEXT: %w6 = "hir.scatter"(%full, %sharded) <{team = #fusion.mesh<[0, 1]>, root = #builtin.int<1>, backend = #hir<backend nccl>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>) -> !hir.work
-// GENERIC-NEXT: %w7 = "hir.send_recv"(%pair, %pair) <{team = #fusion.mesh<[2, 3]>, root = #builtin.int<2>, backend = #hir<backend cuda>}> : (!fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>) -> !hir.work
+// GENERIC-NEXT: %w7 = "hir.send_recv"(%pair, %pair) <{team = #fusion.mesh<[2, 3]>, root = #builtin.int<2>, backend = #hir<backend nccl>}> : (!fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>) -> !hir.work
 // GENERIC-NEXT: %w8 = "hir.allreduce"(%sharded, %row) <{team = #fusion.mesh<[0, 1]>, reduce_op = #shard<partial product>, backend = #hir<backend nccl>}> {tag} : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !hir.work
 func.func @collectives(%sharded: !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>,
                        %full: !fusion.tensor<[2, 4], f32, mesh = [0, 1]>,
                        %row: !fusion.tensor<[4], f32, mesh = [0, 1]>,
                        %pair: !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>) {
-  %w0 = hir.allgather %sharded into %full team [0, 1] backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
+  %w0 = hir.allgather %sharded into %full team [0, 1] backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
   %w1 = hir.allreduce %sharded into %row team [0, 1] op sum backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
   %w2 = hir.reduce_scatter %full into %sharded team [0, 1] op max backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
   %w3 = hir.broadcast %full into %full team [0, 1] root 1 backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
-  %w4 = hir.reduce %sharded into %row team [0, 1] root 0 op min backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
+  %w4 = hir.reduce %sharded into %row team [0, 1] root 0 op min backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
   %w5 = hir.gather %sharded into %full team [1, 0] root 0 backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
   %w6 = hir.scatter %full into %sharded team [0, 1] root 1 backend nccl : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
-  %w7 = hir.send_recv %pair into %pair team [2, 3] root 2 backend cuda : !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>
+  %w7 = hir.send_recv %pair into %pair team [2, 3] root 2 backend nccl : !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>, !fusion.tensor<[4], f32, mesh = [0, 1, 2, 3]>
   %w8 = hir.allreduce %sharded into %row team [0, 1] op product backend nccl {tag} : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
   func.return
 }
