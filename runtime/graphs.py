@@ -139,7 +139,7 @@ class GraphReplayer:
             )
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
-            failure = None
+            caller, failure = torch.cuda.current_stream(device), None
             try:
                 # thread_local: the process group's watchdog thread queries CUDA events
                 # while this thread captures, which the global mode would refuse.
@@ -147,6 +147,8 @@ class GraphReplayer:
                     static_outputs = program.interpreter.run(static_inputs, context)
             except Exception as error:  # whatever the capture refused, the program still runs eagerly
                 failure = f"{type(error).__name__}: {error}"
+                # torch.cuda.graph leaves its stream current when ending a failed capture raises.
+                torch.cuda.set_stream(caller)
         failed_ranks = self._ranks_that_failed(failure is not None)
         if failed_ranks:
             self._run_eagerly(

@@ -213,11 +213,17 @@ class CudaClock(HostClock):
 
 @dataclass(slots=True)
 class _Record:
+    """One run of one op: the stream current when it started, its begin and end marks."""
+
     traced: TracedOp
     stream: object
     begin: object
     end: object
     iteration: tuple[int, ...]
+
+    def interval(self, rank: int, lane: str, kind: str, start_us: float, end_us: float) -> Interval:
+        traced = self.traced
+        return Interval(rank, lane, traced.name, kind, start_us, end_us, traced.location, self.iteration)
 
 
 class Tracer:
@@ -273,16 +279,7 @@ class Tracer:
         for record in self.records:
             traced = record.traced
             intervals += [
-                Interval(
-                    rank,
-                    lane,
-                    traced.name,
-                    traced.kind,
-                    at(record.begin),
-                    at(record.end),
-                    traced.location,
-                    record.iteration,
-                )
+                record.interval(rank, lane, traced.kind, at(record.begin), at(record.end))
                 for lane, at in clock.placements(record.stream)
             ]
             if traced.waits_for is not None and in_flight[traced.waits_for]:
@@ -295,15 +292,10 @@ class Tracer:
         return sorted(intervals, key=lambda i: (i.start_us, -i.end_us))
 
     def _in_flight(self, issue: _Record, end: object, rank: int) -> Interval:
-        return Interval(
-            rank,
-            self.clock.lane(issue.stream),
-            issue.traced.name,
-            "in flight",
-            self.clock.device_us(issue.begin),
-            self.clock.device_us(end),
-            issue.traced.location,
-            issue.iteration,
+        """A communication from its issue's begin mark to `end`, on the lane it was issued from."""
+        clock = self.clock
+        return issue.interval(
+            rank, clock.lane(issue.stream), "in flight", clock.device_us(issue.begin), clock.device_us(end)
         )
 
 

@@ -196,6 +196,7 @@ def test_gpu_failed_capture_falls_back_to_eager(monkeypatch):
         replayer.run(inputs)
     monkeypatch.undo()
     assert not replayer.replays
+    assert torch.cuda.current_stream() == torch.cuda.default_stream(), "the caller's stream is current again"
     (output,) = replayer.run(inputs)
     expected = case.expected(*(x.double().cpu() for x in inputs)).float()
     assert compare(output.cpu(), expected).ok
