@@ -2,7 +2,14 @@
 
 Each handler turns an op into a step that issues the communication through the run's
 `Communicator` and stores its `Work` handle; `hir.wait` waits for it on the current
-stream. A rank outside the mesh of a buffer passes None for it.
+stream. A rank outside the mesh of a buffer passes None for it to a collective, and
+skips a send or recv of it, as it skips a collective of a team it is not in.
+
+With `backend cuda` the copy engines move the bytes (`runtime/copy_engine.py`); what
+they need of the program is checked while preparing, so that a program that breaks it
+fails before it runs: the buffers peers read come from `hir.allocate symmetric`, and a
+send or recv sits in a batch with the recv or send of the same peer, whose buffer the
+recv reads on the peer.
 """
 
 from __future__ import annotations
@@ -10,13 +17,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation, OpResult, SSAValue
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from runtime.communicator import REDUCE_OPS, Communicator, Work
-from runtime.interpreter import HANDLERS, Environment, Preparation, RunContext, Step, handles, mesh_of, storing
-
+from runtime.communicator import DONE, REDUCE_OPS, Communicator, Work
+from runtime.interpreter import (
+    HANDLERS,
+    Environment,
+    Preparation,
+    RunContext,
+    Step,
+    _buffer_root,
+    handles,
+    mesh_of,
+    storing,
+)
 
 
 Issue = Callable[[Communicator, torch.Tensor | None, torch.Tensor | None], Work]
@@ -56,10 +72,28 @@ def _reduce_op(op: hir.CommunicationOp):
     return REDUCE_OPS[op.reduce_op.data]
 
 
+def _is_copy_engine(op: hir.CommunicationOp | hir.P2POp) -> bool:
+    return op.backend.data == hir.CommunicatorBackend.CUDA
+
+
+def _check_symmetric(op: Operation, buffer: SSAValue, role: str) -> None:
+    """Refuses a copy-engine op whose peers would read a buffer that is not symmetric."""
+    root, _ = _buffer_root(buffer)
+    if not (isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp) and root.op.symmetric):
+        raise HostirError.at(
+            op,
+            f"{op.name} with backend cuda lets its peers read its {role}, which must therefore be "
+            "(a view of) a buffer of 'hir.allocate symmetric'; fusion-to-hir{backend=cuda} and "
+            "stream-parallel{p2p_backend=cuda} allocate it so",
+        )
+
+
 @handles(hir.AllgatherOp)
 def _allgather(op: hir.AllgatherOp, prep: Preparation) -> Step:
-    axis, team = _didx_axis(op, op.input, "input"), op.team_ids
-    return _collective_step(op, prep, lambda comm, x, y: comm.allgather(x, y, team, axis))
+    axis, team, backend = _didx_axis(op, op.input, "input"), op.team_ids, op.backend.data
+    if _is_copy_engine(op):
+        _check_symmetric(op, op.input, "input")
+    return _collective_step(op, prep, lambda comm, x, y: comm.allgather(x, y, team, axis, backend))
 
 
 @handles(hir.GatherOp)
@@ -111,25 +145,82 @@ def _send_recv(op: hir.SendRecvOp, prep: Preparation) -> Step:
     return _collective_step(op, prep, lambda comm, x, y: comm.send_recv(x, y, team, root))
 
 
-P2P_TRANSFERS: dict[type[Operation], Callable[[Communicator, torch.Tensor, int], Work]] = {
-    hir.SendOp: Communicator.send,
-    hir.RecvOp: Communicator.recv,
-}
+def _batch(op: hir.P2POp) -> list[Operation]:
+    """The ops between the `hir.start_coalescing` and the `hir.end_coalescing` around `op`."""
+    start, end = op.prev_op, op.next_op
+    while start is not None and not isinstance(start, hir.StartCoalescingOp):
+        start = start.prev_op
+    while end is not None and not isinstance(end, hir.EndCoalescingOp):
+        end = end.next_op
+    if start is None or end is None:
+        raise HostirError.at(
+            op,
+            f"{op.name} with backend cuda must sit between hir.start_coalescing and "
+            "hir.end_coalescing, with the transfer of the other direction to the same peer",
+        )
+    batch, next_op = [], start.next_op
+    while next_op is not end:
+        batch.append(next_op)
+        next_op = next_op.next_op
+    return batch
 
 
-@handles(*P2P_TRANSFERS)
-def _p2p(op: hir.P2POp, prep: Preparation) -> Step:
-    if isinstance(op, hir.RecvOp):
-        prep.check_writable(op, op.buffer)
-    transfer = P2P_TRANSFERS[type(op)]
-    buffer, peer, work = prep.slots_of((op.buffer, op.peer, op.work))
+def _partner(op: hir.P2POp, partner_type: type[hir.P2POp]) -> hir.P2POp:
+    """The copy-engine transfer of the other direction with the same peer in `op`'s batch.
+
+    The copy engines pull: a recv reads, on the peer, the buffer that this rank sends the
+    peer in the same batch (every rank runs the same program, so the peer's send of the
+    pair is of that same buffer), and a send lets the peer read it.
+    """
+    partners = [
+        other
+        for other in _batch(op)
+        if isinstance(other, partner_type) and other.peer == op.peer and _is_copy_engine(other)
+    ]
+    if len(partners) != 1:
+        raise HostirError.at(
+            op,
+            f"{op.name} with backend cuda pairs with exactly one {partner_type.name} with backend "
+            f"cuda of the same peer in its batch (the copy engines read, on the peer, the buffer "
+            f"this rank sends it); the batch has {len(partners)}",
+        )
+    return partners[0]
+
+
+def _p2p_step(op: hir.P2POp, prep: Preparation, transfer) -> Step:
+    """The step of a send or recv: `transfer(communicator, env)`, skipped outside the buffer's mesh."""
+    work = prep.slot(op.work)
+    mesh = mesh_of(op.buffer)
 
     def step(env: Environment, context: RunContext) -> None:
-        issued = transfer(context.communicator, env[buffer], env[peer])
+        issued = transfer(context.communicator, env) if context.rank in mesh else DONE
         env[work] = issued
         context.issued.append(issued)
 
     return step
+
+
+@handles(hir.SendOp)
+def _send(op: hir.SendOp, prep: Preparation) -> Step:
+    buffer, peer = prep.slots_of((op.buffer, op.peer))
+    backend = op.backend.data
+    if _is_copy_engine(op):
+        _partner(op, hir.RecvOp)
+        _check_symmetric(op, op.buffer, "buffer")
+    return _p2p_step(op, prep, lambda comm, env: comm.send(env[buffer], env[peer], backend))
+
+
+@handles(hir.RecvOp)
+def _recv(op: hir.RecvOp, prep: Preparation) -> Step:
+    prep.check_writable(op, op.buffer)
+    buffer, peer = prep.slots_of((op.buffer, op.peer))
+    if not _is_copy_engine(op):
+        return _p2p_step(op, prep, lambda comm, env: comm.recv(env[buffer], env[peer]))
+    source = prep.slot(_partner(op, hir.SendOp).buffer)
+    backend = op.backend.data
+    return _p2p_step(
+        op, prep, lambda comm, env: comm.recv(env[buffer], env[peer], backend, env[source])
+    )
 
 
 @handles(hir.StartCoalescingOp)

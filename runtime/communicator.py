@@ -10,7 +10,13 @@ communication completes, on the then current stream.
 
 A rank outside a team does nothing; a team of one device communicates nothing, so
 its collectives are local copies and need no process group (this is all a
-`Communicator.single()` ever runs). Every other team maps to a process group, created
+`Communicator.single()` ever runs). A root outside the mesh that holds the shards
+(the team is that mesh, then the root: docs/design.md) holds no shard: it receives
+all of a gather, sends all of a scatter, and adds the identity of the reduction to a
+reduce.
+
+`backend cuda` hands allgather and batched send/recv to the communicator's copy
+engine (`runtime/copy_engine.py`). Every other team maps to a process group, created
 once per team with `dist.new_group` (a collective call: `create_groups` makes all of a
 program's groups up front, in program order, on every rank).
 
@@ -22,15 +28,22 @@ so the CPU path uses the same calls as NCCL.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
 from xdsl.dialects.shard import ReductionKind
 
+from hostir_dialect.hir import CommunicatorBackend
 from hostir_dialect.text import HostirError
+
+if TYPE_CHECKING:
+    from runtime.copy_engine import CopyEngine
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("HOSTIR_TIMEOUT_S", "120"))
 """How long a communication may wait for its peers before it fails (HOSTIR_TIMEOUT_S)."""
@@ -78,7 +91,7 @@ DONE = Work()
 """The work of a communication this rank takes no part in."""
 
 
-def _writable(output: torch.Tensor) -> tuple[torch.Tensor, list[Callable[[], object]]]:
+def writable(output: torch.Tensor) -> tuple[torch.Tensor, list[Callable[[], object]]]:
     """A contiguous tensor to receive `output`'s data, and what copies it back if it is a temporary."""
     if output.is_contiguous():
         return output, []
@@ -98,7 +111,7 @@ def _group_ranks_by_position(team: Sequence[int]) -> list[int] | None:
     return None if ranked == list(team) else [ranked.index(d) for d in team]
 
 
-def _collective(method):
+def collective(method):
     """Runs `method` only on team members; a team of one is a local copy."""
 
     @functools.wraps(method)
@@ -126,7 +139,7 @@ class Communicator:
         self.backend = backend
         self.timeout_s = timeout_s
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
-        self._coalesced: tuple[list[dist.P2POp], Work] | None = None
+        self._coalesced: Batch | None = None
 
     @classmethod
     def from_env(cls, timeout_s: float = DEFAULT_TIMEOUT_S) -> Communicator:
@@ -186,66 +199,85 @@ class Communicator:
     # -- collectives ---------------------------------------------------------------- #
     # `input`/`output` are None on a rank that holds no such buffer (outside its mesh).
 
-    @_collective
-    def allgather(self, input, output, team, axis: int) -> Work:
+    @collective
+    def allgather(self, input, output, team, axis: int, backend=CommunicatorBackend.NCCL) -> Work:
         """Every member's `input` (extent 1 along `axis`) lands at its team position along `axis`."""
-        buffer, finishes = self._stacked(output, input, team, axis)
+        if backend == CommunicatorBackend.CUDA:
+            return Work(*self.copy_engine.allgather(input, output, team, axis))
+        buffer, finishes = self._stacked(output, input.shape, team, axis)
         work = _all_gather_single(
             buffer.view(-1), input.contiguous().view(-1), group=self.group(team), async_op=True
         )
         return Work([work], finishes)
 
-    @_collective
+    @collective
     def gather(self, input, output, team, root: int, axis: int) -> Work:
-        """`allgather` whose result only the root receives."""
+        """`allgather` whose result only the root receives; a root outside the input's mesh sends nothing."""
         chunks, finishes = None, []
         if self.rank == root:
-            buffer, finishes = self._stacked(output, input, team, axis)
+            shard = output.narrow(axis, 0, 1)
+            buffer, finishes = self._stacked(output, shard.shape, team, axis)
             chunks = list(buffer.unbind(0))
+            if input is None:
+                input = torch.empty_like(shard)
         work = dist.gather(
             input.contiguous(), chunks, dst=root, group=self.group(team), async_op=True
         )
         return Work([work], finishes)
 
-    @_collective
+    @collective
     def scatter(self, input, output, team, root: int, axis: int) -> Work:
-        """Member i receives slice i (extent 1) along `axis` of the root's `input`."""
+        """Member i receives slice i (extent 1) along `axis` of the root's `input`.
+
+        A root outside the output's mesh is the last member and has no slice: it sends
+        itself an unused chunk, received into an unused buffer.
+        """
         chunks = None
         if self.rank == root:
-            positions = _positions_by_group_rank(team) or range(len(team))
-            chunks = [input.narrow(axis, p, 1).contiguous() for p in positions]
-        target, finishes = _writable(output)
+            shards = input.shape[axis]
+            spare = torch.empty_like(input.narrow(axis, 0, 1), memory_format=torch.contiguous_format)
+            chunks = [
+                input.narrow(axis, p, 1).contiguous() if p < shards else spare
+                for p in _positions_by_group_rank(team) or range(len(team))
+            ]
+        if output is None:
+            target, finishes = torch.empty_like(chunks[0]), []
+        else:
+            target, finishes = writable(output)
         work = dist.scatter(target, chunks, src=root, group=self.group(team), async_op=True)
         return Work([work], finishes)
 
-    @_collective
+    @collective
     def allreduce(self, input, output, team, op: dist.ReduceOp.RedOpType) -> Work:
         """Every member's `output` is the reduction of all `input`s (same elements, any extent-1 axes)."""
-        target, finishes = _writable(output)
+        target, finishes = writable(output)
         target.copy_(input.reshape(target.shape))
         work = dist.all_reduce(target, op, group=self.group(team), async_op=True)
         return Work([work], finishes)
 
-    @_collective
+    @collective
     def reduce(self, input, output, team, root: int, op: dist.ReduceOp.RedOpType) -> Work:
-        """`allreduce` whose result only the root receives."""
+        """`allreduce` whose result only the root receives; a root outside the input's mesh adds the identity."""
         if self.rank == root:
-            target, finishes = _writable(output)
-            target.copy_(input.reshape(target.shape))
+            target, finishes = writable(output)
+            if input is None:
+                target.fill_(_identity(op, target.dtype))
+            else:
+                target.copy_(input.reshape(target.shape))
         else:
             # The reduction may use a non-root's buffer as scratch: never the input.
             target, finishes = input.clone(memory_format=torch.contiguous_format), []
         work = dist.reduce(target, root, op, group=self.group(team), async_op=True)
         return Work([work], finishes)
 
-    @_collective
+    @collective
     def reduce_scatter(self, input, output, team, op: dist.ReduceOp.RedOpType, axis: int) -> Work:
         """Member i's `output` is slice i along `axis` of the reduction of all `input`s."""
         stacked = input.movedim(axis, 0)
         order = _positions_by_group_rank(team)
         if order is not None:
             stacked = stacked[order]
-        target, finishes = _writable(output)
+        target, finishes = writable(output)
         work = _reduce_scatter_single(
             target.view(-1),
             stacked.contiguous().view(-1),
@@ -255,7 +287,7 @@ class Communicator:
         )
         return Work([work], finishes)
 
-    @_collective
+    @collective
     def broadcast(self, input, output, team, root: int) -> Work:
         """The root's `input` lands in every member's `output`."""
         if output is None:
@@ -263,7 +295,7 @@ class Communicator:
             # only reads the root's buffer.
             target, finishes = input.contiguous(), []
         else:
-            target, finishes = _writable(output)
+            target, finishes = writable(output)
             if self.rank == root:
                 target.copy_(input.reshape(target.shape))
         work = dist.broadcast(target, root, group=self.group(team), async_op=True)
@@ -280,51 +312,130 @@ class Communicator:
 
     # -- point to point ------------------------------------------------------------- #
 
-    def send(self, buffer: torch.Tensor, peer: int) -> Work:
+    def send(self, buffer: torch.Tensor, peer: int, backend=CommunicatorBackend.NCCL) -> Work:
+        """Sends `buffer` to `peer`; with the copy engines, lets `peer` read it (in a batch only)."""
+        if backend == CommunicatorBackend.CUDA:
+            batch = self._copy_engine_batch()
+            batch.offers.append(Offer(buffer, peer))
+            return batch.work
         return self._p2p(dist.isend, buffer.contiguous(), peer, [])
 
-    def recv(self, buffer: torch.Tensor, peer: int) -> Work:
-        target, finishes = _writable(buffer)
+    def recv(
+        self,
+        buffer: torch.Tensor,
+        peer: int,
+        backend=CommunicatorBackend.NCCL,
+        source: torch.Tensor | None = None,
+    ) -> Work:
+        """Receives into `buffer` from `peer`; with the copy engines, copies `peer`'s copy of
+        `source`, the symmetric buffer this rank sends `peer` in the same batch (in a batch only)."""
+        if backend == CommunicatorBackend.CUDA:
+            batch = self._copy_engine_batch()
+            batch.pulls.append(Pull(buffer, peer, source))
+            return batch.work
+        target, finishes = writable(buffer)
         return self._p2p(dist.irecv, target, peer, finishes)
 
     def start_coalescing(self) -> None:
         """Sends and receives until `end_coalescing` are issued together, as one batch."""
-        self._coalesced = ([], Work())
+        self._coalesced = Batch()
 
     def end_coalescing(self) -> Work:
         """Issues the batch; its work (also what each send and recv of it returned) covers it."""
         if self._coalesced is None:
             raise RuntimeError("end_coalescing without a start_coalescing")
-        operations, work = self._coalesced
-        self._coalesced = None
-        if operations:
-            work.works = dist.batch_isend_irecv(operations)
+        batch, self._coalesced = self._coalesced, None
+        work = batch.work
+        if batch.operations:
+            work.works = dist.batch_isend_irecv(batch.operations)
+        if batch.offers or batch.pulls:
+            works, finishes = self.copy_engine.exchange(batch.offers, batch.pulls)
+            work.works += works
+            work.finishes += finishes
         return work
 
     def _p2p(self, function, tensor: torch.Tensor, peer: int, finishes) -> Work:
         if self._coalesced is None:
             return Work([function(tensor, peer)], finishes)
-        operations, work = self._coalesced
-        operations.append(dist.P2POp(function, tensor, peer))
-        work.finishes.extend(finishes)
-        return work
+        batch = self._coalesced
+        batch.operations.append(dist.P2POp(function, tensor, peer))
+        batch.work.finishes.extend(finishes)
+        return batch.work
+
+    def _copy_engine_batch(self) -> Batch:
+        """The open batch, which a copy-engine send or recv must be in: a recv reads what the
+        peer sends in its batch of the pair, and the batch's work covers both."""
+        if self._coalesced is None:
+            raise HostirError(
+                "a send or recv with backend cuda pairs with the recv or send of the same peer in "
+                "its batch: issue it between start_coalescing and end_coalescing"
+            )
+        return self._coalesced
+
+    @functools.cached_property
+    def copy_engine(self) -> CopyEngine:
+        """This rank's copy engine (made on first use; `runtime/copy_engine.py` imports this module)."""
+        from runtime.copy_engine import copy_engine_for
+
+        return copy_engine_for(self)
 
     # -- layouts ---------------------------------------------------------------------- #
 
-    def _stacked(self, output, input, team, axis: int):
-        """A contiguous (team size, *input.shape) buffer in group order, whose data ends up in `output`.
+    def _stacked(self, output, shard_shape, team, axis: int):
+        """A contiguous (team size, *shard_shape) buffer in group order, whose data ends up in `output`.
 
-        `output` is the stack merged into `axis`; when that is its own layout (axis 0,
-        contiguous, sorted team) the buffer is `output` itself.
+        `output` is the stack, in team order, merged into `axis`; it has fewer positions
+        than the team when the root of a gather is not one of the shards' devices, and
+        those are dropped. When the stack is `output`'s own layout (axis 0, contiguous,
+        sorted team, one position per member) the buffer is `output` itself.
         """
-        shape = (len(team), *input.shape)
+        shape = (len(team), *shard_shape)
+        shards = output.shape[axis]
         order = _group_ranks_by_position(team)
-        if axis == 0 and order is None and output.is_contiguous():
+        if axis == 0 and order is None and shards == len(team) and output.is_contiguous():
             return output.view(shape), []
-        buffer = torch.empty(shape, dtype=input.dtype, device=input.device)
+        buffer = torch.empty(shape, dtype=output.dtype, device=output.device)
 
         def finish():
             stacked = buffer if order is None else buffer[order]
-            output.copy_(stacked.movedim(0, axis).flatten(axis, axis + 1))
+            output.copy_(stacked[:shards].movedim(0, axis).flatten(axis, axis + 1))
 
         return buffer, [finish]
+
+
+class Offer(NamedTuple):
+    """A copy-engine send: `buffer` (symmetric) is `peer`'s to read."""
+
+    buffer: torch.Tensor
+    peer: int
+
+
+class Pull(NamedTuple):
+    """A copy-engine recv: `peer`'s copy of `source` (the buffer this rank sends `peer` in the
+    same batch) into `buffer`."""
+
+    buffer: torch.Tensor
+    peer: int
+    source: torch.Tensor
+
+
+@dataclass(eq=False)
+class Batch:
+    """The sends and recvs between `start_coalescing` and `end_coalescing`, and the work covering them."""
+
+    operations: list[dist.P2POp] = field(default_factory=list)
+    offers: list[Offer] = field(default_factory=list)
+    pulls: list[Pull] = field(default_factory=list)
+    work: Work = field(default_factory=Work)
+
+
+def _identity(op: dist.ReduceOp.RedOpType, dtype: torch.dtype) -> float | int:
+    """The value that reduction `op` leaves unchanged, in `dtype`."""
+    if op == dist.ReduceOp.SUM:
+        return 0
+    if op == dist.ReduceOp.PRODUCT:
+        return 1
+    if dtype.is_floating_point:
+        return -math.inf if op == dist.ReduceOp.MAX else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if op == dist.ReduceOp.MAX else info.max

@@ -36,6 +36,7 @@ from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
 from runtime import fusion_eval
 from runtime.communicator import Communicator, Work
+from runtime.copy_engine import SymmetricAllocation
 from runtime.streams import StreamPool
 
 Environment = list
@@ -328,6 +329,7 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     dtype = fusion_eval.torch_dtype(buffer_type.element_type)
     mesh = mesh_of(op.result)
     result = prep.slot(op.result)
+    symmetric = SymmetricAllocation(buffer_type.mesh.ids, dtype) if op.symmetric else None
     # The local shape, its dynamic extents filled in each run from the size operands;
     # a didx axis is 1 whatever its logical size.
     shape = list(buffer_type.local_shape())
@@ -348,7 +350,10 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
         local_shape = shape.copy()
         for axis, slot in dynamic:
             local_shape[axis] = env[slot]
-        env[result] = torch.empty(local_shape, dtype=dtype, device=context.device)
+        if symmetric is None:
+            env[result] = torch.empty(local_shape, dtype=dtype, device=context.device)
+        else:
+            env[result] = symmetric(context.communicator, local_shape)
 
     return step
 

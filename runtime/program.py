@@ -89,10 +89,15 @@ class Program:
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         self.interpreter = Interpreter(host)
         communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
+        symmetric = [op for op in host.walk() if isinstance(op, hir.AllocateOp) and op.symmetric]
         self.teams = list(
-            dict.fromkeys(op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp))
+            dict.fromkeys(
+                [op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)]
+                + [op.result.type.mesh.ids for op in symmetric]
+            )
         )
-        """The teams that need a process group, each once, in program order (send_recv is point to point)."""
+        """The teams that need a process group, each once, in program order (send_recv is point
+        to point): those of the collectives, and the meshes of symmetric buffers (their rendezvous)."""
         self.largest_device = max(
             (d for devices in (*self._meshes(), *(op.team_ids for op in communications)) for d in devices),
             default=0,

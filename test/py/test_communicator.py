@@ -176,7 +176,68 @@ def collective_cases(n: int) -> list[Case]:
         case("send_recv from the last rank to rank 0", one_collective(
             "send_recv", tensor([2, 3], mesh=[last]), tensor([2, 3], mesh=[0]), [last, 0], f" root {last}"
         ), [x], [x])
+    if n >= 2:
+        # A root outside the mesh that holds the shards is the team's last member (the
+        # team rule of docs/design.md): it holds no shard of a gather or a scatter, and
+        # adds nothing to a reduce.
+        shards, root = everyone[:-1], last
+        team = [*shards, root]
+        x = randn(3, n - 1)
+        case("gather to a root outside the mesh", one_collective(
+            "gather", tensor([3, n - 1], mesh=shards, axes="_ didx"), tensor([3, n - 1], mesh=[root]), team,
+            f" root {root}",
+        ), [x], [x])
+        x = randn(n - 1, 4)
+        case("scatter from a root outside the mesh", one_collective(
+            "scatter", tensor([n - 1, 4], mesh=[root]), tensor([n - 1, 4], mesh=shards, axes="didx _"), team,
+            f" root {root}",
+        ), [x], [x])
+        x = randn(n - 1, 4)
+        case("reduce sum to a root outside the mesh", one_collective(
+            "reduce", tensor([n - 1, 4], mesh=shards, axes="didx _"), tensor([4], mesh=[root]), team,
+            f" root {root} op sum",
+        ), [x], [x.sum(0)])
+        x = -randn(n - 1, 3).abs() - 1
+        case("reduce max of negatives to a root outside the mesh", one_collective(
+            "reduce", tensor([n - 1, 3], mesh=shards, axes="didx _"), tensor([3], mesh=[root]), team,
+            f" root {root} op max",
+        ), [x], [x.amax(0)])
+        x = torch.rand(n - 1, 3, generator=generator) + 0.5
+        case("reduce product to a root outside the mesh", one_collective(
+            "reduce", tensor([n - 1, 3], mesh=shards, axes="didx _"), tensor([3], mesh=[root]), team,
+            f" root {root} op product",
+        ), [x], [x.prod(0)])
+        x = torch.randint(1, 100, (n - 1, 5), generator=generator)
+        case("reduce min of i64 to a root outside the mesh", one_collective(
+            "reduce", tensor([n - 1, 5], "i64", shards, "didx _"), tensor([5], "i64", [root]), team,
+            f" root {root} op min",
+        ), [x], [x.amin(0)])
+        pair = [0, 1]
+        slot, sent = tensor([2, 3], mesh=pair), tensor([2, 3], mesh=pair, axes="didx _")
+        x = randn(2, 3)
+        case("send and recv skipped outside the buffers' mesh", f"""
+    func.func @main(%x: {sent}) -> {slot} {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %rank = hir.device_index
+      %peer = arith.subi %c1, %rank : index
+      %y = hir.allocate() : {slot}
+      %mine = hir.alias_select %y[0 = %rank] : {slot} -> {tensor([3], mesh=pair)}
+      %theirs = hir.alias_select %y[0 = %peer] : {slot} -> {tensor([3], mesh=pair)}
+      %own = hir.alias_select %x[0 = %c0] : {sent} -> {tensor([3], mesh=pair)}
+      hir.copy ins(%own : {tensor([3], mesh=pair)}) outs(%mine : {tensor([3], mesh=pair)})
+      hir.start_coalescing
+      %r = hir.recv %theirs from %peer backend nccl : {tensor([3], mesh=pair)}
+      %s = hir.send %x to %peer backend nccl : {sent}
+      %w = hir.end_coalescing
+      hir.wait %w
+      func.return %y : {slot}
+    }}""", [x], [x])
     if n >= 4:
+        x = randn(3, 2)
+        case("gather from a sub-mesh to a root outside it and its team", one_collective(
+            "gather", tensor([3, 2], mesh=[0, 1], axes="_ didx"), tensor([3, 2], mesh=[3]), [0, 1, 3], " root 3"
+        ), [x], [x])
         x = randn(2, 3)
         case("allgather in a sub-team", one_collective(
             "allgather", tensor([2, 3], mesh=[1, 3], axes="didx _"), tensor([2, 3], mesh=[1, 3]), [1, 3]

@@ -1,0 +1,284 @@
+"""The copy-engine backend (`backend cuda`): each device pulls its peers' data out of their memory.
+
+On GPUs the buffers that peers read are *symmetric* (`hir.allocate symmetric`): torch
+symmetric memory (`torch.distributed._symmetric_memory`) allocates them and maps every
+member's copy into every other member's address space (`rendezvous`, once per buffer).
+A transfer is then `Tensor.copy_` from a peer's mapping into a local buffer, issued on
+one dedicated copy stream per device; between contiguous tensors that is a
+`cudaMemcpyAsync`, done by the copy engines without taking SMs from the compute
+streams. Allgather pulls in ring order: at step `s` a member at team position `p`
+reads from position `p + s`, so that at every step each member reads from a different
+peer and every link is busy.
+
+Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
+
+* the copy stream first waits for the current stream, so that a member's own data is
+  written before it says so and its output is free before it is written;
+* *written*: a member reads a peer's buffer only after the peer signalled that its data
+  is there (a barrier of the team for an allgather; a signal from the peer for a pair
+  of send and recv);
+* *read*: after its copies, a member tells its peers it is done reading theirs; a
+  buffer's `released` event is recorded once every reader is done, and the next
+  allocation of that symmetric buffer (the next run) makes its stream wait for it, so
+  no member overwrites what a peer still reads;
+* the work of the transfer is an event recorded after the copies: `hir.wait` makes the
+  current stream wait for it.
+
+Signals are torch's (`barrier`, `put_signal`, `wait_signal` of the buffer's handle);
+each waits at most the communicator's timeout, after which the GPU kernel traps: the
+device is then in an error state and the next CUDA call on it raises, so a dead peer
+fails the program instead of hanging it.
+
+On the CPU (gloo) the same schedule runs over torch.distributed point-to-point
+messages: the ring allgather receives from `p + s` what that peer sends to `p - s`,
+and a pair of send and recv is an isend and an irecv in the communicator's batch.
+Symmetric buffers are then plain tensors, made and reused exactly as on GPUs, and
+every transfer checks that the buffer its peers read is one of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hostir_dialect.text import HostirError
+from runtime.communicator import Communicator, Offer, Pull, collective, writable
+
+WRITTEN_CHANNEL = 0
+"""The signal channel on which a member says its data is in its symmetric buffer."""
+READ_CHANNEL = 1
+"""The signal channel on which a member says it is done reading a peer's buffer."""
+
+
+@dataclass(eq=False)
+class SymmetricBuffer:
+    """A buffer that the other members of its mesh read; on GPUs, mapped by all of them."""
+
+    tensor: torch.Tensor
+    group_ranks: dict[int, int]
+    """Device -> its rank in the process group of the buffer's mesh (the group sorts devices)."""
+    handle: object | None = None
+    """The symmetric-memory handle (GPU, mesh of more than one device, at least one element)."""
+    peers: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Device -> its copy of the buffer as a flat tensor this device can read (GPU)."""
+    released: torch.cuda.Event | None = None
+    """Recorded on the copy stream once every peer is done reading the buffer (GPU)."""
+
+    def peer_view(self, view: torch.Tensor, device: int) -> torch.Tensor:
+        """The part of `device`'s copy that `view` is of this device's."""
+        return self.peers[device].as_strided(view.size(), view.stride(), view.storage_offset())
+
+
+class CopyEngine(ABC):
+    """One device's copy-engine transfers and symmetric buffers, for one communicator."""
+
+    def __init__(self, communicator: Communicator):
+        self.communicator = communicator
+        self.rank = communicator.rank
+        self._buffers: dict[int, SymmetricBuffer] = {}
+        """The symmetric buffers, by the address of their memory."""
+
+    def allocate(self, shape: Sequence[int], dtype: torch.dtype, mesh: Sequence[int]) -> SymmetricBuffer:
+        """A new symmetric buffer; every device of `mesh` must allocate the same, in the same order."""
+        group_ranks = {device: rank for rank, device in enumerate(sorted(mesh))}
+        buffer = self._allocate(shape, dtype, group_ranks)
+        self._buffers[buffer.tensor.untyped_storage().data_ptr()] = buffer
+        return buffer
+
+    def symmetric_of(self, view: torch.Tensor, readers: Sequence[int]) -> SymmetricBuffer:
+        """The symmetric buffer that `view` is part of, which the devices `readers` must have mapped."""
+        buffer = self._buffers.get(view.untyped_storage().data_ptr())
+        if buffer is None:
+            raise HostirError(
+                "the copy engines read a buffer that is not symmetric: a buffer that peers read "
+                "with backend cuda must come from 'hir.allocate symmetric' (the passes that emit "
+                "backend cuda allocate it so)"
+            )
+        strangers = sorted(set(readers) - buffer.group_ranks.keys())
+        if strangers:
+            raise HostirError(
+                f"device(s) {strangers} would read a symmetric buffer of the mesh "
+                f"{sorted(buffer.group_ranks)}, which only the devices of that mesh have mapped"
+            )
+        return buffer
+
+    def _gathered(self, input: torch.Tensor, team: Sequence[int]) -> SymmetricBuffer:
+        """The symmetric buffer of an allgather's input, whose mesh must be the team (all of it
+        takes part in the barriers)."""
+        source = self.symmetric_of(input, team)
+        if len(source.group_ranks) != len(team):
+            raise HostirError(
+                f"an allgather with backend cuda in the team {list(team)} reads a symmetric buffer "
+                f"of the mesh {sorted(source.group_ranks)}: the team must be the buffer's mesh"
+            )
+        return source
+
+    @abstractmethod
+    def _allocate(
+        self, shape: Sequence[int], dtype: torch.dtype, group_ranks: dict[int, int]
+    ) -> SymmetricBuffer: ...
+
+    def acquire(self, buffer: SymmetricBuffer) -> None:
+        """Orders what the current stream does next after every peer's reads of `buffer`."""
+
+    @abstractmethod
+    def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
+        """`Communicator.allgather` by the copy engines: (works, finishes) of a `Work`."""
+
+    @abstractmethod
+    def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
+        """Issues a batch's sends and recvs: (works, finishes) of its `Work`."""
+
+
+class StreamWait:
+    """Copies issued on the copy stream: waiting makes the current stream wait for them."""
+
+    __slots__ = ("event", "device")
+
+    def __init__(self, event: torch.cuda.Event, device: torch.device):
+        self.event = event
+        self.device = device
+
+    def wait(self) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.event)
+
+
+class SymmetricMemoryEngine(CopyEngine):
+    """GPUs: peers' buffers through torch symmetric memory, copies on a dedicated stream."""
+
+    def __init__(self, communicator: Communicator):
+        super().__init__(communicator)
+        self.device = communicator.device
+        self.stream = torch.cuda.Stream(self.device)
+        self.timeout_ms = max(1, round(communicator.timeout_s * 1000))
+
+    def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        released = torch.cuda.Event()
+        if len(group_ranks) == 1 or 0 in shape:
+            # Nothing for a peer to read: no mapping needed.
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+            return SymmetricBuffer(tensor, group_ranks, released=released)
+        tensor = symm_mem.empty(shape, dtype=dtype, device=self.device)
+        group = self.communicator.group(list(group_ranks)) or dist.group.WORLD
+        handle = symm_mem.rendezvous(tensor, group)
+        flat = (tensor.numel(),)
+        peers = {device: handle.get_buffer(rank, flat, dtype) for device, rank in group_ranks.items()}
+        return SymmetricBuffer(tensor, group_ranks, handle, peers, released)
+
+    def acquire(self, buffer: SymmetricBuffer) -> None:
+        torch.cuda.current_stream(self.device).wait_event(buffer.released)
+
+    @collective
+    def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
+        if input.numel() == 0:
+            return [], []
+        source = self._gathered(input, team)
+        position = team.index(self.rank)
+        slots = [output.narrow(axis, k, 1) for k in range(len(team))]
+        copies = self.stream
+        copies.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(copies):
+            source.handle.barrier(channel=WRITTEN_CHANNEL, timeout_ms=self.timeout_ms)
+            for step in range(len(team)):
+                k = (position + step) % len(team)
+                slots[k].copy_(source.peer_view(input, team[k]))
+            done = torch.cuda.Event()
+            done.record(copies)
+            source.handle.barrier(channel=READ_CHANNEL, timeout_ms=self.timeout_ms)
+            source.released.record(copies)
+        output.record_stream(copies)
+        return [StreamWait(done, self.device)], []
+
+    def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
+        offered = [(self.symmetric_of(offer.buffer, [offer.peer]), offer.peer) for offer in offers]
+        copies = self.stream
+        copies.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(copies):
+            for buffer, peer in offered:
+                buffer.handle.put_signal(buffer.group_ranks[peer], WRITTEN_CHANNEL, self.timeout_ms)
+            for pull in pulls:
+                source = self.symmetric_of(pull.source, [pull.peer])
+                peer = source.group_ranks[pull.peer]
+                source.handle.wait_signal(peer, WRITTEN_CHANNEL, self.timeout_ms)
+                pull.buffer.copy_(source.peer_view(pull.source, pull.peer).reshape(pull.buffer.shape))
+                source.handle.put_signal(peer, READ_CHANNEL, self.timeout_ms)
+            done = torch.cuda.Event()
+            done.record(copies)
+            for buffer, peer in offered:
+                buffer.handle.wait_signal(buffer.group_ranks[peer], READ_CHANNEL, self.timeout_ms)
+                buffer.released.record(copies)
+        for pull in pulls:
+            pull.buffer.record_stream(copies)
+        return [StreamWait(done, self.device)], []
+
+
+class PointToPointEngine(CopyEngine):
+    """The CPU (gloo): the copy engines' schedule over torch.distributed messages."""
+
+    def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
+        tensor = torch.empty(shape, dtype=dtype, device=self.communicator.device)
+        return SymmetricBuffer(tensor, group_ranks)
+
+    @collective
+    def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
+        self._gathered(input, team)
+        position, size = team.index(self.rank), len(team)
+        output.narrow(axis, position, 1).copy_(input)
+        shard = input.contiguous()
+        operations, finishes = [], []
+        for step in range(1, size):
+            reading = (position + step) % size
+            target, finish = writable(output.narrow(axis, reading, 1))
+            operations.append(dist.P2POp(dist.irecv, target, team[reading]))
+            operations.append(dist.P2POp(dist.isend, shard, team[(position - step) % size]))
+            finishes += finish
+        return dist.batch_isend_irecv(operations), finishes
+
+    def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
+        operations, finishes = [], []
+        for pull in pulls:
+            self.symmetric_of(pull.source, [pull.peer])
+            target, finish = writable(pull.buffer)
+            operations.append(dist.P2POp(dist.irecv, target, pull.peer))
+            finishes += finish
+        for offer in offers:
+            self.symmetric_of(offer.buffer, [offer.peer])
+            operations.append(dist.P2POp(dist.isend, offer.buffer.contiguous(), offer.peer))
+        return dist.batch_isend_irecv(operations), finishes
+
+
+def copy_engine_for(communicator: Communicator) -> CopyEngine:
+    """The copy engine of a communicator's device: symmetric memory on GPUs, messages on the CPU."""
+    if communicator.device.type == "cuda":
+        return SymmetricMemoryEngine(communicator)
+    return PointToPointEngine(communicator)
+
+
+class SymmetricAllocation:
+    """The buffers of one `hir.allocate symmetric`: made once per communicator and shape, reused.
+
+    Making a symmetric buffer is collective (every device of the mesh maps the others')
+    and slow, so each run of the program gets the same buffer back; it lives as long as
+    the prepared program. Before handing it out, the current stream waits until the
+    peers are done reading what the previous run left in it.
+    """
+
+    def __init__(self, mesh: Sequence[int], dtype: torch.dtype):
+        self.mesh = tuple(mesh)
+        self.dtype = dtype
+        self.buffers: dict[tuple[Communicator, tuple[int, ...]], SymmetricBuffer] = {}
+
+    def __call__(self, communicator: Communicator, shape: Sequence[int]) -> torch.Tensor:
+        engine = communicator.copy_engine
+        key = (communicator, tuple(shape))
+        buffer = self.buffers.get(key)
+        if buffer is None:
+            buffer = self.buffers[key] = engine.allocate(shape, self.dtype, self.mesh)
+        engine.acquire(buffer)
+        return buffer.tensor

@@ -1,0 +1,321 @@
+"""The copy-engine backend (`backend cuda`, docs/copy-engine.md), from the fusion to the outputs.
+
+Each case lowers a reference fusion with the copy engines chosen (`hir-lowering{backend=cuda}`
+or `{p2p_backend=cuda}`): the point-to-point allgather, the allgather, AG+matmul and
+AG+linear, in f32 and bf16. Every rank of a world of 2 and of 4 runs it twice, on new
+random inputs each time (the second run reuses the symmetric buffers of the first), with
+every allocation poisoned, and the parent compares each rank's output with its piece of
+plain torch on the unsharded inputs and with the same fusion lowered for NCCL. On CPU
+ranks (gloo, CI) the copy engines' schedule runs over torch.distributed messages; on a
+machine with enough GPUs the ranks use torch symmetric memory and copies on the copy
+stream (HOSTIR_TEST_DEVICE as in test_e2e.py).
+
+Single-process tests check what the runtime refuses while preparing a program, and how
+long a symmetric buffer lives. A GPU-only test profiles an AG+matmul on 2 GPUs to see
+the copies run as memcpys on their own stream, overlapping the GEMMs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from examples.reference_fusions import REFERENCE_FUSIONS
+from hostir_dialect import hir
+from hostir_dialect.text import HostirError
+from runtime.communicator import Communicator
+from runtime.launch import run_on_local_ranks
+from runtime.program import Program
+from runtime.reference import shard
+from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world, rank_environment  # noqa: F401
+from test_interpreter import poisoned_allocations, tensor
+
+COPY_ENGINE = "hir-lowering{backend=cuda}"
+P2P_COPY_ENGINE = "hir-lowering{p2p_backend=cuda}"
+NCCL = "hir-lowering"
+
+S, M, K, N = 2, 3, 4, 5
+"""Stream axis, rows of a shard, and the matmul's K and N."""
+
+
+@dataclass(frozen=True)
+class Fusion:
+    name: str
+    shapes: Callable[[int], list[tuple[int, ...]]]
+    """The unsharded input shapes on a mesh of D devices."""
+    expected: Callable[..., torch.Tensor]
+    pipelines: tuple[str, ...]
+
+
+FUSIONS = [
+    Fusion("allgather_p2p", lambda D: [(D, M)], identity, (COPY_ENGINE, P2P_COPY_ENGINE)),
+    Fusion("ag_matmul_p2p", lambda D: [(D, M, K), (K, N)], matmul, (COPY_ENGINE, P2P_COPY_ENGINE)),
+    Fusion("allgather", lambda D: [(S, D)], identity, (COPY_ENGINE,)),
+    Fusion("ag_matmul", lambda D: [(S, D, M, K), (K, N)], matmul, (COPY_ENGINE,)),
+    Fusion("ag_linear", lambda D: [(S, D, M, K), (N, K), (N,)], linear, (COPY_ENGINE,)),
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    fusion: Fusion
+    pipeline: str
+    dtype: str
+    world: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.fusion.name}-{self.pipeline}-{self.dtype}-w{self.world}"
+
+    def module(self):
+        return REFERENCE_FUSIONS[self.fusion.name](num_devices=self.world, dtype=self.dtype)
+
+    def inputs(self) -> list[list[torch.Tensor]]:
+        """Two sets of random unsharded inputs, one per run, the same in every process."""
+        generator = torch.Generator().manual_seed(sum(map(ord, self.id)))
+        return [
+            [torch.randn(shape, generator=generator).to(DTYPES[self.dtype]) for shape in self.fusion.shapes(self.world)]
+            for _ in range(2)
+        ]
+
+
+CASES = [
+    Case(fusion, pipeline, dtype, world)
+    for world in (2, 4)
+    for fusion in FUSIONS
+    for pipeline in fusion.pipelines
+    for dtype in DTYPES
+]
+
+
+def run_cases(cases: list[tuple[str, str, str, int, list]]) -> list:
+    """On one rank: per case and run, (copy-engine output, NCCL output, inputs unchanged), on the CPU."""
+    communicator = Communicator.from_env()
+    assert communicator.device.type == DEVICE, f"rank runs on {communicator.device}, expected {DEVICE}"
+    results = []
+    for name, pipeline, dtype, world, runs in cases:
+        module = REFERENCE_FUSIONS[name](num_devices=world, dtype=dtype)
+        programs = [Program.compile(module, pipeline=p) for p in (pipeline, NCCL)]
+        per_run = []
+        for inputs in runs:
+            local = [
+                shard(x, t, communicator.rank).to(communicator.device)
+                for x, t in zip(inputs, programs[0].input_types)
+            ]
+            before = [x.clone() for x in local]
+            outputs = []
+            for program in programs:
+                with poisoned_allocations():
+                    (output,) = program.run(local, communicator)
+                outputs.append(output.cpu())
+            unchanged = all(torch.equal(a, b) for a, b in zip(local, before))
+            per_run.append((*outputs, unchanged))
+        results.append(per_run)
+    return results
+
+
+@functools.cache
+def results_of_world(world: int) -> dict[str, list]:
+    """Every case of a world size, run in one spawn; case id -> per-rank results."""
+    cases = [c for c in CASES if c.world == world]
+    payload = [(c.fusion.name, c.pipeline, c.dtype, c.world, c.inputs()) for c in cases]
+    per_rank = run_on_local_ranks(run_cases, world, payload)
+    return {case.id: [rank_results[i] for rank_results in per_rank] for i, case in enumerate(cases)}
+
+
+def copy_engine_ops(program: Program) -> list:
+    return [
+        op
+        for op in program.host.walk()
+        if isinstance(op, hir.CommunicationOp | hir.P2POp) and op.backend.data == hir.CommunicatorBackend.CUDA
+    ]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=needs_world(c.world)) for c in CASES])
+def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
+    program = Program.compile(case.module(), pipeline=case.pipeline)
+    assert copy_engine_ops(program), "the lowering chose no copy-engine transfer"
+    (output_type,) = program.output_types
+    dtype = DTYPES[case.dtype]
+    for run, inputs in enumerate(case.inputs()):
+        expected = case.fusion.expected(*(x.double() for x in inputs))
+        tolerance = TOLERANCE[dtype] * expected.abs().max().item()
+        for rank, per_run in enumerate(results_of_world(case.world)[case.id]):
+            copy_engine, nccl, unchanged = per_run[run]
+            where = f"run {run}, rank {rank}"
+            assert unchanged, f"{where} changed its inputs"
+            piece = shard(expected, output_type, rank)
+            assert copy_engine.dtype == dtype and copy_engine.shape == piece.shape, where
+            torch.testing.assert_close(
+                copy_engine.double(), piece, rtol=0, atol=tolerance, msg=lambda m: f"{where}: {m}"
+            )
+            if DEVICE == "cpu":
+                # The same bytes move, and the same compute runs on them.
+                assert torch.equal(copy_engine, nccl), f"{where}: the copy engines and NCCL differ"
+            else:
+                torch.testing.assert_close(copy_engine, nccl, msg=lambda m: f"{where}: {m}")
+
+
+# --------------------------------------------------------------------------- #
+# Preparing: what the runtime refuses before anything runs                     #
+# --------------------------------------------------------------------------- #
+
+SHARD = tensor([2, 3], mesh=[0, 1], axes="didx _")
+FULL = tensor([2, 3], mesh=[0, 1])
+ROW = tensor([3], mesh=[0, 1])
+
+
+def allgather_program(symmetric: str) -> str:
+    return f"""
+    func.func @main(%x: {SHARD}) -> {FULL} {{
+      %s = hir.allocate() {symmetric} : {SHARD}
+      hir.copy ins(%x : {SHARD}) outs(%s : {SHARD})
+      %y = hir.allocate() : {FULL}
+      %w = hir.allgather %s into %y team [0, 1] backend cuda : {SHARD}, {FULL}
+      hir.wait %w
+      func.return %y : {FULL}
+    }}"""
+
+
+def exchange_program(batch: str) -> str:
+    return f"""
+    func.func @main(%x: {SHARD}) -> {FULL} {{
+      %c0 = arith.constant 0 : index
+      %peer = hir.device_index
+      %s = hir.allocate() symmetric : {SHARD}
+      hir.copy ins(%x : {SHARD}) outs(%s : {SHARD})
+      %y = hir.allocate() : {FULL}
+      %slot = hir.alias_select %y[0 = %c0] : {FULL} -> {ROW}
+      {batch}
+      func.return %y : {FULL}
+    }}"""
+
+
+RECV = f"%r = hir.recv %slot from %peer backend cuda : {ROW}"
+SEND = f"%t = hir.send %s to %peer backend cuda : {SHARD}"
+
+
+@pytest.mark.parametrize(
+    "program,message",
+    [
+        (
+            allgather_program(""),
+            "hir.allgather with backend cuda lets its peers read its input, which must therefore be "
+            "(a view of) a buffer of 'hir.allocate symmetric'",
+        ),
+        (
+            exchange_program(f"{RECV}\n{SEND}"),
+            "hir.recv with backend cuda must sit between hir.start_coalescing and hir.end_coalescing",
+        ),
+        (
+            exchange_program(f"hir.start_coalescing\n{RECV}\n%e = hir.end_coalescing"),
+            "hir.recv with backend cuda pairs with exactly one hir.send with backend cuda of the same "
+            "peer in its batch",
+        ),
+        (
+            exchange_program(
+                f"hir.start_coalescing\n{RECV}\n%u = hir.send %x to %peer backend cuda : {SHARD}\n"
+                "%e = hir.end_coalescing"
+            ),
+            "hir.send with backend cuda lets its peers read its buffer, which must therefore be",
+        ),
+        (
+            exchange_program(f"hir.start_coalescing\n{SEND}\n%e = hir.end_coalescing"),
+            "hir.send with backend cuda pairs with exactly one hir.recv",
+        ),
+    ],
+    ids=["allgather-not-symmetric", "recv-outside-a-batch", "recv-without-send", "send-not-symmetric", "send-alone"],
+)
+def test_preparing_refuses_what_the_copy_engines_cannot_do(program, message):
+    with pytest.raises(HostirError, match=r"^<string>:\d+:\d+: error: ") as error:
+        Program.compile(program, pipeline=None)
+    assert message in str(error.value)
+
+
+def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
+    """The runtime hands each run the same symmetric buffer (hence the lowering never returns one)."""
+    dynamic = tensor(["?", 3])
+    program = Program.compile(
+        f"""
+        func.func @main(%x: {dynamic}) -> {dynamic} {{
+          %n = hir.dim %x, 0 : {dynamic}
+          %s = hir.allocate(%n) symmetric : {dynamic}
+          hir.copy ins(%x : {dynamic}) outs(%s : {dynamic})
+          func.return %s : {dynamic}
+        }}""",
+        pipeline=None,
+    )
+    communicator = Communicator.single(torch.device("cpu"))
+    first, second, other_shape = (torch.randn(n, 3) for n in (2, 2, 5))
+    (a,) = program.run([first], communicator)
+    (b,) = program.run([second], communicator)
+    (c,) = program.run([other_shape], communicator)
+    assert a.data_ptr() == b.data_ptr() and torch.equal(a, second)
+    assert c.data_ptr() != a.data_ptr() and torch.equal(c, other_shape)
+    (again,) = program.run([other_shape * 2], communicator)
+    assert again.data_ptr() == c.data_ptr()
+
+
+# --------------------------------------------------------------------------- #
+# GPUs: the copies are memcpys on the copy stream, beside the GEMMs             #
+# --------------------------------------------------------------------------- #
+
+
+def profile_ag_matmul() -> dict:
+    """On one GPU rank: the kernels and memcpys of one profiled run of a large AG+matmul."""
+    communicator = Communicator.from_env()
+    chunks, rows, k, n = 4, 2048, 4096, 4096
+    module = REFERENCE_FUSIONS["ag_matmul"](num_devices=2, dtype="bf16")
+    program = Program.compile(module, pipeline=COPY_ENGINE)
+    generator = torch.Generator().manual_seed(communicator.rank)
+    inputs = [
+        torch.randn(chunks, 1, rows, k, generator=generator).bfloat16().to(communicator.device),
+        torch.randn(k, n, generator=generator).bfloat16().to(communicator.device),
+    ]
+    program.run(inputs, communicator)  # warm-up: rendezvous, cuBLAS handles
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        program.run(inputs, communicator)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "trace.json")
+        profile.export_chrome_trace(path)
+        with open(path) as trace:
+            events = json.load(trace)["traceEvents"]
+    return {
+        category: [
+            (event["name"], event["args"]["stream"], event["ts"], event["ts"] + event["dur"])
+            for event in events
+            if event.get("cat") == category and "stream" in event.get("args", {})
+        ]
+        for category in ("kernel", "gpu_memcpy")
+    }
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch symmetric memory)")
+def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms():
+    for rank, trace in enumerate(run_on_local_ranks(profile_ag_matmul, 2)):
+        kernels, memcpys = trace["kernel"], trace["gpu_memcpy"]
+        copy_streams = {stream for name, stream, *_ in kernels if "barrier_kernel" in name}
+        assert len(copy_streams) == 1, f"rank {rank}: symmetric-memory barriers on streams {copy_streams}"
+        (copy_stream,) = copy_streams
+        pulls = [m for m in memcpys if m[1] == copy_stream]
+        assert len(pulls) >= 4, f"rank {rank}: {len(pulls)} memcpys on the copy stream, expected one per chunk"
+        on_copy_stream = {name for name, stream, *_ in kernels if stream == copy_stream}
+        assert all("signal" in name or "barrier" in name for name in on_copy_stream), (
+            f"rank {rank}: the copy stream ran kernels besides signals: {on_copy_stream}"
+        )
+        assert not any("nccl" in name.lower() for name in on_copy_stream)
+        compute = [k for k in kernels if k[1] != copy_stream and k[3] - k[2] >= 10]
+        overlapping = [
+            (pull, kernel) for pull in pulls for kernel in compute if pull[2] < kernel[3] and kernel[2] < pull[3]
+        ]
+        assert overlapping, f"rank {rank}: no copy overlapped a kernel of the compute streams"
