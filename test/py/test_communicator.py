@@ -3,8 +3,10 @@
 Each case is a host program of one collective (or two in flight) with the layouts of
 docs/design.md: the gathered, reduced and scattered axes come from the types, on the
 outermost axis and on inner ones, into contiguous buffers and strided views, with a
-reversed team and a sub-team. Every rank runs every case in one spawn; the parent
-compares each rank's output with its piece of plain torch on the unsharded data.
+reversed team and a sub-team, with a root outside the mesh that holds the shards
+(written by hand and lowered from fusions), and with sends and receives that the
+ranks outside their buffers' mesh skip. Every rank runs every case in one spawn; the
+parent compares each rank's output with its piece of plain torch on the unsharded data.
 Inputs are random, allocations are poisoned with NaN, inputs are checked unchanged.
 """
 
@@ -39,6 +41,8 @@ class Case:
     """Unsharded inputs."""
     expected: list[torch.Tensor]
     """Unsharded outputs."""
+    pipeline: str | None = None
+    """What lowers `program` first, if it is a fusion."""
 
 
 def one_collective(kind: str, input: str, output: str, team, attributes: str = "") -> str:
@@ -48,6 +52,16 @@ def one_collective(kind: str, input: str, output: str, team, attributes: str = "
       %w = hir.{kind} %x into %y team {list(team)}{attributes} backend nccl : {input}, {output}
       hir.wait %w
       func.return %y : {output}
+    }}"""
+
+
+def resharding(op: str, source: str, target: str) -> str:
+    """A fusion of one `fusion.set` (or `fusion.sum` over axis 0) from `source` to `target`."""
+    reduced = " [0]" if op == "sum" else ""
+    return f"""
+    func.func @main(%x: {source}) -> {target} {{
+      %y = fusion.{op} %x{reduced} : {source} -> {target}
+      func.return %y : {target}
     }}"""
 
 
@@ -62,8 +76,8 @@ def collective_cases(n: int) -> list[Case]:
     reversed_team = everyone[::-1]
     cases = []
 
-    def case(name, program, inputs, expected):
-        cases.append(Case(name, program, inputs, expected))
+    def case(name, program, inputs, expected, pipeline=None):
+        cases.append(Case(name, program, inputs, expected, pipeline))
 
     x = randn(n, 3)
     case("allgather outermost", one_collective(
@@ -234,6 +248,19 @@ def collective_cases(n: int) -> list[Case]:
       func.return %y : {slot}
     }}""", [x], [x])
     if n >= 4:
+        # The same through fusion-to-hir, whose teams put the root last.
+        x = randn(3, 2)
+        case("fusion: gather from [0, 1] onto device 2", resharding(
+            "set", tensor([3, 2], mesh=[0, 1], axes="_ didx"), tensor([3, 2], mesh=[2])
+        ), [x], [x], "hir-lowering")
+        x = randn(2, 4)
+        case("fusion: sum over [0, 1] onto device 3", resharding(
+            "sum", tensor([2, 4], mesh=[0, 1], axes="didx _"), tensor([4], mesh=[3])
+        ), [x], [x.sum(0)], "hir-lowering")
+        x = randn(2, 4)
+        case("fusion: scatter from device 3 over [0, 1]", resharding(
+            "set", tensor([2, 4], mesh=[3]), tensor([2, 4], mesh=[0, 1], axes="didx _")
+        ), [x], [x], "hir-lowering")
         x = randn(3, 2)
         case("gather from a sub-mesh to a root outside it and its team", one_collective(
             "gather", tensor([3, 2], mesh=[0, 1], axes="_ didx"), tensor([3, 2], mesh=[3]), [0, 1, 3], " root 3"
@@ -254,7 +281,7 @@ def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
     communicator = Communicator.from_env()
     results = []
     for case in collective_cases(n):
-        program = Program.compile(case.program, pipeline=None)
+        program = Program.compile(case.program, pipeline=case.pipeline)
         inputs = [
             shard(full, type, communicator.rank).to(communicator.device)
             for full, type in zip(case.inputs, program.input_types)
@@ -274,7 +301,7 @@ def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
 def test_every_collective_matches_plain_torch(n):
     results = run_on_local_ranks(run_collective_cases, n, n, timeout_s=120)
     for i, case in enumerate(collective_cases(n)):
-        output_types = Program.compile(case.program, pipeline=None).output_types
+        output_types = Program.compile(case.program, pipeline=case.pipeline).output_types
         for rank in range(n):
             for output, full, type in zip(results[rank][i], case.expected, output_types):
                 torch.testing.assert_close(
