@@ -125,11 +125,7 @@ class Extents:
     def sizes(self, value: SSAValue) -> list[SSAValue]:
         """The size operands of an `hir.allocate` of `value`'s type: one per `?` extent."""
         shape = tensor_type(value).get_shape()
-        return [
-            self._index(self.of(value, axis))
-            for axis in range(len(shape))
-            if shape[axis] == DYNAMIC
-        ]
+        return [self._index(self.of(value, axis)) for axis in range(len(shape)) if shape[axis] == DYNAMIC]
 
     def _infer(self, value: SSAValue, axis: int) -> Extent:
         """The dynamic extent of `axis` of `value`."""
@@ -226,9 +222,7 @@ class OutlinePointwiseRun(RewritePattern):
         constants = list(dict.fromkeys(v.owner for v in read if is_recomputed(v.owner)))
         inputs = list(dict.fromkeys(v for v in read if v.owner not in constants))
         outputs = [
-            o.results[0]
-            for o in moved
-            if any(use.operation not in in_segment for use in o.results[0].uses)
+            o.results[0] for o in moved if any(use.operation not in in_segment for use in o.results[0].uses)
         ]
 
         body = Block(arg_types=[value.type for value in inputs])
@@ -262,9 +256,7 @@ class OutlinePointwiseRun(RewritePattern):
 
 def is_recomputed(op: Operation | Block) -> bool:
     """A constant that only pointwise ops use: every segment that reads it computes it again."""
-    return isinstance(op, fusion.ConstantOp) and all(
-        is_pointwise(use.operation) for use in op.result.uses
-    )
+    return isinstance(op, fusion.ConstantOp) and all(is_pointwise(use.operation) for use in op.result.uses)
 
 
 def segment_name(function: func.FuncOp) -> str:

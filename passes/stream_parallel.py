@@ -144,11 +144,7 @@ def _disagreeing_stream_axes(op: Operation, maps: AxisMaps) -> str | None:
 def _reduced_output_axis(op: Operation, maps: AxisMaps) -> str | None:
     output = tensor_type(output_of(op))
     stream = output.stream_axis
-    if (
-        stream is None
-        or not isinstance(op, REDUCING_OPS)
-        or operand_axis(maps[0][1], stream) is not None
-    ):
+    if stream is None or not isinstance(op, REDUCING_OPS) or operand_axis(maps[0][1], stream) is not None:
         return None
     return (
         f"the stream axis {stream} of the output {output} of {op.name} is an axis it "
@@ -305,9 +301,7 @@ def _insert_stream_loops(
         insert_loop(lambda stream: [hir.SynchronizeStreamOp(main)])
     back_to_main = hir.SetCurrentStreamOp(main)
     sync_in_loop = [] if separate_sync_loop else [hir.SynchronizeStreamOp(main)]
-    work = insert_loop(
-        lambda stream: [*sync_in_loop, back_to_main, hir.SynchronizeStreamOp(stream)]
-    )
+    work = insert_loop(lambda stream: [*sync_in_loop, back_to_main, hir.SynchronizeStreamOp(stream)])
     return work.body.block.args[0], InsertPoint.before(back_to_main)
 
 
@@ -391,9 +385,7 @@ def _extent(value: SSAValue) -> object:
 
 def _only_defines_values(op: Operation) -> bool:
     """Ops that may move before a loop without changing what the program does."""
-    return isinstance(op, hir.DimOp | hir.AllocateOp) or (
-        not op.regions and is_side_effect_free(op)
-    )
+    return isinstance(op, hir.DimOp | hir.AllocateOp) or (not op.regions and is_side_effect_free(op))
 
 
 # --------------------------------------------------------------------------- #
@@ -433,9 +425,7 @@ def _renumber_axis_properties(
                     f"segment @{function.sym_name.data} reduces axis {sliced[op.input]} of "
                     f"{tensor_type(op.input)} in {op.name}, which is its stream axis",
                 )
-            op.axes = DenseArrayBase.from_list(
-                i64, _without_axis(op.reduced_axes, sliced[op.input])
-            )
+            op.axes = DenseArrayBase.from_list(i64, _without_axis(op.reduced_axes, sliced[op.input]))
         elif isinstance(op, fusion.BroadcastOp) and op.result in sliced:
             rank = tensor_type(op.result).rank
             new_axes = fusion.normalize_axes(op.new_axes.get_values(), rank, "broadcast")
@@ -480,10 +470,7 @@ def _erase_if_unused(rewriter: PatternRewriter, segment: func.FuncOp) -> None:
     module = segment.parent_op()
     assert module is not None
     name = segment.sym_name.data
-    used = any(
-        isinstance(op, hir.SegmentCallOp) and op.callee.string_value() == name
-        for op in module.walk()
-    )
+    used = any(isinstance(op, hir.SegmentCallOp) and op.callee.string_value() == name for op in module.walk())
     if not used and segment.sym_visibility == StringAttr("private"):
         rewriter.erase(segment)
 
@@ -549,9 +536,7 @@ def _select(buffer: SSAValue, axis: int, index: SSAValue) -> hir.AliasSelectOp:
 def _renumber_reduced_axes(op: hir.ReductionOp, removed: int | None) -> None:
     """The reduced axes of `op` once its input has lost axis `removed`."""
     if removed is not None:
-        reduced = fusion.normalize_axes(
-            op.axes.get_values(), tensor_type(op.ins[0]).rank, "reduction"
-        )
+        reduced = fusion.normalize_axes(op.axes.get_values(), tensor_type(op.ins[0]).rank, "reduction")
         op.axes = DenseArrayBase.from_list(i64, _without_axis(reduced, removed))
 
 
@@ -649,9 +634,7 @@ class MergeStreamLoops(RewritePattern):
         rewriter.erase(block.last_op)
         for stream_op in reversed((*second.prologue, *second.epilogue)):
             rewriter.erase(stream_op)
-        rewriter.inline_block(
-            block, InsertPoint.before(first.epilogue[0]), [first.loop.body.block.args[0]]
-        )
+        rewriter.inline_block(block, InsertPoint.before(first.epilogue[0]), [first.loop.body.block.args[0]])
         extent = op.ub
         rewriter.erase(op)
         if isinstance(extent.owner, hir.DimOp) and not extent.uses:

@@ -34,7 +34,6 @@ from runtime.interpreter import (
     storing,
 )
 
-
 Issue = Callable[[Communicator, torch.Tensor | None, torch.Tensor | None], Work]
 
 
@@ -218,9 +217,7 @@ def _recv(op: hir.RecvOp, prep: Preparation) -> Step:
         return _p2p_step(op, prep, lambda comm, env: comm.recv(env[buffer], env[peer]))
     source = prep.slot(_partner(op, hir.SendOp).buffer)
     backend = op.backend.data
-    return _p2p_step(
-        op, prep, lambda comm, env: comm.recv(env[buffer], env[peer], backend, env[source])
-    )
+    return _p2p_step(op, prep, lambda comm, env: comm.recv(env[buffer], env[peer], backend, env[source]))
 
 
 @handles(hir.StartCoalescingOp)
@@ -242,4 +239,3 @@ def _wait(op: hir.WaitOp, prep: Preparation) -> Step:
         env[work].wait()
 
     return step
-

@@ -157,16 +157,14 @@ class Communicator:
             if missing:
                 raise HostirError(
                     "Communicator.from_env needs torchrun's environment variables "
-                    + ", ".join(TORCHRUN_VARIABLES) + "; missing: " + ", ".join(missing)
+                    + ", ".join(TORCHRUN_VARIABLES)
+                    + "; missing: "
+                    + ", ".join(missing)
                 )
             if cuda:
                 torch.cuda.set_device(device)
-            dist.init_process_group(
-                "nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s)
-            )
-        cls._from_env = cls(
-            dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), timeout_s
-        )
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+        cls._from_env = cls(dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), timeout_s)
         return cls._from_env
 
     @classmethod
@@ -220,9 +218,7 @@ class Communicator:
             chunks = list(buffer.unbind(0))
             if input is None:
                 input = torch.empty_like(shard)
-        work = dist.gather(
-            input.contiguous(), chunks, dst=root, group=self.group(team), async_op=True
-        )
+        work = dist.gather(input.contiguous(), chunks, dst=root, group=self.group(team), async_op=True)
         return Work([work], finishes)
 
     @collective

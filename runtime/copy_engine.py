@@ -17,12 +17,14 @@ Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
 * *written*: a member reads a peer's buffer only after the peer signalled that its data
   is there (a barrier of the team for an allgather; a signal from the peer for a pair
   of send and recv);
-* *read*: after its copies, a member tells its peers it is done reading theirs; a
-  buffer's `released` event is recorded once every reader is done, and the next
-  allocation of that symmetric buffer (the next run) makes its stream wait for it, so
-  no member overwrites what a peer still reads;
-* the work of the transfer is an event recorded after the copies: `hir.wait` makes the
-  current stream wait for it.
+* *read*: after its copies, a member tells its peers it is done reading theirs, and
+  waits until they are done reading its own;
+* the work of the transfer is an event recorded after that: `hir.wait` makes the
+  current stream wait for it. Past it, the member's data has arrived and no peer reads
+  its buffer any more, so whatever the program does next on the waiting stream (the
+  next run included, which starts on the stream the run ended on) may overwrite it.
+  All the copy stream's work ends in an event that a wait joins back to the current
+  stream, as a CUDA graph capture requires.
 
 Signals are torch's (`barrier`, `put_signal`, `wait_signal` of the buffer's handle);
 each waits at most the communicator's timeout, after which the GPU kernel traps: the
@@ -65,8 +67,6 @@ class SymmetricBuffer:
     """The symmetric-memory handle (GPU, mesh of more than one device, at least one element)."""
     peers: dict[int, torch.Tensor] = field(default_factory=dict)
     """Device -> its copy of the buffer as a flat tensor this device can read (GPU)."""
-    released: torch.cuda.Event | None = None
-    """Recorded on the copy stream once every peer is done reading the buffer (GPU)."""
 
     def peer_view(self, view: torch.Tensor, device: int) -> torch.Tensor:
         """The part of `device`'s copy that `view` is of this device's."""
@@ -122,9 +122,6 @@ class CopyEngine(ABC):
         self, shape: Sequence[int], dtype: torch.dtype, group_ranks: dict[int, int]
     ) -> SymmetricBuffer: ...
 
-    def acquire(self, buffer: SymmetricBuffer) -> None:
-        """Orders what the current stream does next after every peer's reads of `buffer`."""
-
     @abstractmethod
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
         """`Communicator.allgather` by the copy engines: (works, finishes) of a `Work`."""
@@ -159,20 +156,16 @@ class SymmetricMemoryEngine(CopyEngine):
     def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
         from torch.distributed import _symmetric_memory as symm_mem
 
-        released = torch.cuda.Event()
         if len(group_ranks) == 1 or 0 in shape:
             # Nothing for a peer to read: no mapping needed.
             tensor = torch.empty(shape, dtype=dtype, device=self.device)
-            return SymmetricBuffer(tensor, group_ranks, released=released)
+            return SymmetricBuffer(tensor, group_ranks)
         tensor = symm_mem.empty(shape, dtype=dtype, device=self.device)
         group = self.communicator.group(list(group_ranks)) or dist.group.WORLD
         handle = symm_mem.rendezvous(tensor, group)
         flat = (tensor.numel(),)
         peers = {device: handle.get_buffer(rank, flat, dtype) for device, rank in group_ranks.items()}
-        return SymmetricBuffer(tensor, group_ranks, handle, peers, released)
-
-    def acquire(self, buffer: SymmetricBuffer) -> None:
-        torch.cuda.current_stream(self.device).wait_event(buffer.released)
+        return SymmetricBuffer(tensor, group_ranks, handle, peers)
 
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
@@ -188,12 +181,9 @@ class SymmetricMemoryEngine(CopyEngine):
             for step in range(len(team)):
                 k = (position + step) % len(team)
                 slots[k].copy_(source.peer_view(input, team[k]))
-            done = torch.cuda.Event()
-            done.record(copies)
             source.handle.barrier(channel=READ_CHANNEL, timeout_ms=self.timeout_ms)
-            source.released.record(copies)
         output.record_stream(copies)
-        return [StreamWait(done, self.device)], []
+        return [self._done()], []
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         offered = [(self.symmetric_of(offer.buffer, [offer.peer]), offer.peer) for offer in offers]
@@ -208,14 +198,17 @@ class SymmetricMemoryEngine(CopyEngine):
                 source.handle.wait_signal(peer, WRITTEN_CHANNEL, self.timeout_ms)
                 pull.buffer.copy_(source.peer_view(pull.source, pull.peer).reshape(pull.buffer.shape))
                 source.handle.put_signal(peer, READ_CHANNEL, self.timeout_ms)
-            done = torch.cuda.Event()
-            done.record(copies)
             for buffer, peer in offered:
                 buffer.handle.wait_signal(buffer.group_ranks[peer], READ_CHANNEL, self.timeout_ms)
-                buffer.released.record(copies)
         for pull in pulls:
             pull.buffer.record_stream(copies)
-        return [StreamWait(done, self.device)], []
+        return [self._done()], []
+
+    def _done(self) -> StreamWait:
+        """The work of what the copy stream has been given so far."""
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        return StreamWait(done, self.device)
 
 
 class PointToPointEngine(CopyEngine):
@@ -265,8 +258,7 @@ class SymmetricAllocation:
 
     Making a symmetric buffer is collective (every device of the mesh maps the others')
     and slow, so each run of the program gets the same buffer back; it lives as long as
-    the prepared program. Before handing it out, the current stream waits until the
-    peers are done reading what the previous run left in it.
+    the prepared program.
     """
 
     def __init__(self, mesh: Sequence[int], dtype: torch.dtype):
@@ -275,10 +267,8 @@ class SymmetricAllocation:
         self.buffers: dict[tuple[Communicator, tuple[int, ...]], SymmetricBuffer] = {}
 
     def __call__(self, communicator: Communicator, shape: Sequence[int]) -> torch.Tensor:
-        engine = communicator.copy_engine
         key = (communicator, tuple(shape))
         buffer = self.buffers.get(key)
         if buffer is None:
-            buffer = self.buffers[key] = engine.allocate(shape, self.dtype, self.mesh)
-        engine.acquire(buffer)
+            buffer = self.buffers[key] = communicator.copy_engine.allocate(shape, self.dtype, self.mesh)
         return buffer.tensor

@@ -34,7 +34,16 @@ from runtime.communicator import Communicator
 from runtime.launch import run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import shard
-from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world, rank_environment  # noqa: F401
+from test_e2e import (
+    DEVICE,
+    DTYPES,
+    TOLERANCE,
+    identity,
+    linear,
+    matmul,
+    needs_world,
+    rank_environment,
+)  # noqa: F401
 from test_interpreter import poisoned_allocations, tensor
 
 COPY_ENGINE = "hir-lowering{backend=cuda}"
@@ -81,7 +90,10 @@ class Case:
         """Two sets of random unsharded inputs, one per run, the same in every process."""
         generator = torch.Generator().manual_seed(sum(map(ord, self.id)))
         return [
-            [torch.randn(shape, generator=generator).to(DTYPES[self.dtype]) for shape in self.fusion.shapes(self.world)]
+            [
+                torch.randn(shape, generator=generator).to(DTYPES[self.dtype])
+                for shape in self.fusion.shapes(self.world)
+            ]
             for _ in range(2)
         ]
 
@@ -231,7 +243,13 @@ SEND = f"%t = hir.send %s to %peer backend cuda : {SHARD}"
             "hir.send with backend cuda pairs with exactly one hir.recv",
         ),
     ],
-    ids=["allgather-not-symmetric", "recv-outside-a-batch", "recv-without-send", "send-not-symmetric", "send-alone"],
+    ids=[
+        "allgather-not-symmetric",
+        "recv-outside-a-batch",
+        "recv-without-send",
+        "send-not-symmetric",
+        "send-alone",
+    ],
 )
 def test_preparing_refuses_what_the_copy_engines_cannot_do(program, message):
     with pytest.raises(HostirError, match=r"^<string>:\d+:\d+: error: ") as error:
@@ -308,14 +326,19 @@ def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms():
         assert len(copy_streams) == 1, f"rank {rank}: symmetric-memory barriers on streams {copy_streams}"
         (copy_stream,) = copy_streams
         pulls = [m for m in memcpys if m[1] == copy_stream]
-        assert len(pulls) >= 4, f"rank {rank}: {len(pulls)} memcpys on the copy stream, expected one per chunk"
+        assert (
+            len(pulls) >= 4
+        ), f"rank {rank}: {len(pulls)} memcpys on the copy stream, expected one per chunk"
         on_copy_stream = {name for name, stream, *_ in kernels if stream == copy_stream}
-        assert all("signal" in name or "barrier" in name for name in on_copy_stream), (
-            f"rank {rank}: the copy stream ran kernels besides signals: {on_copy_stream}"
-        )
+        assert all(
+            "signal" in name or "barrier" in name for name in on_copy_stream
+        ), f"rank {rank}: the copy stream ran kernels besides signals: {on_copy_stream}"
         assert not any("nccl" in name.lower() for name in on_copy_stream)
         compute = [k for k in kernels if k[1] != copy_stream and k[3] - k[2] >= 10]
         overlapping = [
-            (pull, kernel) for pull in pulls for kernel in compute if pull[2] < kernel[3] and kernel[2] < pull[3]
+            (pull, kernel)
+            for pull in pulls
+            for kernel in compute
+            if pull[2] < kernel[3] and kernel[2] < pull[3]
         ]
         assert overlapping, f"rank {rank}: no copy overlapped a kernel of the compute streams"
