@@ -318,7 +318,9 @@ def profile_ag_matmul() -> dict:
     }
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch symmetric memory)")
+@pytest.mark.skipif(
+    DEVICE != "cuda" or torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch symmetric memory)"
+)
 def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms():
     for rank, trace in enumerate(run_on_local_ranks(profile_ag_matmul, 2)):
         kernels, memcpys = trace["kernel"], trace["gpu_memcpy"]
