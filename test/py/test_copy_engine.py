@@ -34,16 +34,8 @@ from runtime.communicator import Communicator
 from runtime.launch import run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import shard
-from test_e2e import (
-    DEVICE,
-    DTYPES,
-    TOLERANCE,
-    identity,
-    linear,
-    matmul,
-    needs_world,
-    rank_environment,
-)  # noqa: F401
+from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world
+from test_e2e import rank_environment  # noqa: F401 (the ranks' environment, an autouse fixture)
 from test_interpreter import poisoned_allocations, tensor
 
 COPY_ENGINE = "hir-lowering{backend=cuda}"
