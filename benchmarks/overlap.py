@@ -75,6 +75,7 @@ from runtime.cost_model import (
 from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import compare, shard
+from runtime.streams import hold_current_stream
 
 ISSUE_SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
 """M, K, N of issue 6's table."""
@@ -255,12 +256,6 @@ class CudaClock:
     def __init__(self, device: torch.device):
         self.device = device
         self.token = torch.zeros(1, device=device)
-        start, end = self._events()
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        self.cycles_per_ms = 10_000_000 / start.elapsed_time(end)
 
     def _events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -277,7 +272,7 @@ class CudaClock:
         times = []
         for _ in range(reps):
             start, end = self._events()
-            torch.cuda._sleep(int(sleep_ms * self.cycles_per_ms))
+            hold_current_stream(self.device, sleep_ms)
             dist.all_reduce(self.token)
             start.record()
             run()

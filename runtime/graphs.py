@@ -69,6 +69,19 @@ class CapturedRun:
         return [output.clone() for output in self.outputs]
 
 
+def _end_generator_capture(device: torch.device) -> None:
+    """Leaves the device's default random generator as it was before a capture that failed.
+
+    A capture registers the generator, and torch ends that registration only when the
+    capture ends without error; after a failed one every later random op on the
+    device raises "Offset increment outside graph capture". A clone of the generator's
+    state (same seed and offset, not capturing) replaces the stuck one.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    generator.graphsafe_set_state(generator.clone_state())
+
+
 class GraphReplayer:
     """Runs a `Program` on one rank by replaying CUDA graphs, or eagerly where it cannot."""
 
@@ -149,6 +162,7 @@ class GraphReplayer:
                 failure = f"{type(error).__name__}: {error}"
                 # torch.cuda.graph leaves its stream current when ending a failed capture raises.
                 torch.cuda.set_stream(caller)
+                _end_generator_capture(device)
         failed_ranks = self._ranks_that_failed(failure is not None)
         if failed_ranks:
             self._run_eagerly(

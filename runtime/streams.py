@@ -107,3 +107,27 @@ def stream_pool(device: torch.device, size: int) -> StreamPool:
     if device.type == "cuda":
         return CudaStreamPool(device, size)
     return SequentialStreamPool(size)
+
+
+@functools.cache
+def _sleep_cycles_per_ms(device: torch.device) -> float:
+    """How many cycles of `torch.cuda._sleep` take a millisecond on `device` (measured once)."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(device):
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return cycles / start.elapsed_time(end)
+
+
+def hold_current_stream(device: torch.device, ms: float) -> None:
+    """Keeps the current stream of `device` idle for about `ms` before the work issued next.
+
+    Work issued during the hold waits behind it, so a host slower at issuing than the
+    GPU at running no longer shapes what the GPU does: timings and timelines then show
+    the schedule of the streams, not the host's pace.
+    """
+    with torch.cuda.device(device):
+        torch.cuda._sleep(int(ms * _sleep_cycles_per_ms(device)))

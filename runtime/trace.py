@@ -42,7 +42,7 @@ from hostir_dialect.text import HostirError, operation_location
 from runtime.communicator import Communicator
 from runtime.interpreter import Environment, RunContext, Step
 from runtime.program import Program
-from runtime.streams import configured_num_streams, stream_pool
+from runtime.streams import configured_num_streams, hold_current_stream, stream_pool
 
 KINDS = ("compute", "communication", "wait", "other", "control", "in flight")
 """What an interval is: an op that computes, issues a communication, waits (for a work or
@@ -177,11 +177,16 @@ class CudaClock(HostClock):
     """CUDA: a mark is the host time and an event recorded on the op's stream.
 
     The origin is an event recorded on the idle device right after the host origin, so
-    device times and host times share one origin (to the microsecond or so).
+    device times and host times share one origin (to the microsecond or so); after a
+    hold of `hold_ms`, the device's origin is the end of the hold instead.
     """
 
-    def __init__(self, device: torch.device, pool_streams: Sequence[torch.cuda.Stream]) -> None:
+    def __init__(
+        self, device: torch.device, pool_streams: Sequence[torch.cuda.Stream], hold_ms: float = 0.0
+    ) -> None:
         torch.cuda.synchronize(device)
+        if hold_ms > 0:
+            hold_current_stream(device, hold_ms)
         super().__init__()
         self.reference = torch.cuda.Event(enable_timing=True)
         self.reference.record(torch.cuda.current_stream(device))
@@ -304,18 +309,46 @@ def trace_run(
     inputs: Sequence[torch.Tensor],
     communicator: Communicator,
     num_streams: int | None = None,
+    hold_ms: float | None = None,
 ) -> tuple[list[torch.Tensor], list[Interval]]:
     """Runs `program` once on this rank, traced; returns its outputs and this rank's intervals.
 
     Every rank of a world of several calls it together: it starts with a barrier so that
     the ranks' timelines share their origin.
+
+    On CUDA, tracing costs the host time per op (two events and a clock read), enough to
+    leave the GPU waiting for the host on small ops and hide the overlap the program has
+    untraced. So the caller's stream is first held idle for `hold_ms` (`None`: twice the
+    host time of a first traced run, whose timeline is dropped), and the GPU starts once
+    the host has issued the run: the stream lanes show the schedule the streams follow
+    when the host keeps ahead, from the end of the hold; the host lane shows the host's
+    own pace from the start. `hold_ms=0` traces without a hold.
     """
+    device = communicator.device
+    if device.type == "cuda" and hold_ms is None:
+        first = _traced(program, inputs, communicator, num_streams, 0.0)[1]
+        issued_ms = max((i.end_us for i in first if i.lane == HOST_LANE), default=0.0) / 1e3
+        hold_ms = min(MAX_HOLD_MS, 2 * issued_ms + 1.0)
+    return _traced(program, inputs, communicator, num_streams, hold_ms or 0.0)
+
+
+MAX_HOLD_MS = 10_000.0
+"""The longest automatic hold: beyond it a run's timeline starts before the host has issued it all."""
+
+
+def _traced(
+    program: Program,
+    inputs: Sequence[torch.Tensor],
+    communicator: Communicator,
+    num_streams: int | None,
+    hold_ms: float,
+) -> tuple[list[torch.Tensor], list[Interval]]:
     device = communicator.device
     if communicator.world_size > 1 and dist.is_initialized():
         dist.barrier()
     if device.type == "cuda":
         size = configured_num_streams() if num_streams is None else num_streams
-        clock = CudaClock(device, stream_pool(device, size).streams)
+        clock = CudaClock(device, stream_pool(device, size).streams, hold_ms)
     else:
         clock = HostClock()
     tracer = Tracer(clock)

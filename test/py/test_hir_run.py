@@ -168,7 +168,8 @@ def test_no_graph_runs_eagerly_without_a_reason(files, capsys):
     status, out, err = run_main(capsys, str(files["matmul"]), "--no-graph", "--check", "--repeat", "2")
     assert status == 0, err
     lines = out.splitlines()
-    assert lines[0] == "@matmul: 1 rank(s), gloo on cpu, 4 stream(s), eager"
+    where = "nccl on cuda:0" if torch.cuda.is_available() else "gloo on cpu"
+    assert lines[0] == f"@matmul: 1 rank(s), {where}, 4 stream(s), eager"
     assert lines[1].startswith("output #0 f32 [8, 8]: max relative error ")
 
 
