@@ -177,19 +177,27 @@ class CudaClock(HostClock):
     """CUDA: a mark is the host time and an event recorded on the op's stream.
 
     The origin is an event recorded on the idle device right after the host origin, so
-    device times and host times share one origin (to the microsecond or so); after a
-    hold of `hold_ms`, the device's origin is the end of the hold instead.
+    device times and host times share one origin (to the microsecond or so). With a
+    hold of `hold_ms`, every stream of the pool waits for the held caller's stream, the
+    ranks' devices meet in a one-element all-reduce after their holds, and the device's
+    origin is the end of that: the host origin comes a hold earlier.
     """
 
     def __init__(
         self, device: torch.device, pool_streams: Sequence[torch.cuda.Stream], hold_ms: float = 0.0
     ) -> None:
         torch.cuda.synchronize(device)
+        caller = torch.cuda.current_stream(device)
         if hold_ms > 0:
             hold_current_stream(device, hold_ms)
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                # The ranks' holds differ; their devices start together after this.
+                dist.all_reduce(torch.zeros(1, device=device))
+            for stream in pool_streams:
+                stream.wait_stream(caller)
         super().__init__()
         self.reference = torch.cuda.Event(enable_timing=True)
-        self.reference.record(torch.cuda.current_stream(device))
+        self.reference.record(caller)
         self.lanes = {s.cuda_stream: f"stream {i}" for i, s in enumerate(pool_streams)}
         self.lanes.setdefault(torch.cuda.current_stream(device).cuda_stream, MAIN_LANE)
 
