@@ -130,10 +130,28 @@ def _matmul(op: hir.MatmulOp, prep: Preparation) -> Step:
     return _compute_step(op, prep, compute)
 
 
+def linear_into(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """`torch.nn.functional.linear(x, w, bias)` written into `out`.
+
+    Where `x` folds into a matrix and `out` is contiguous, this is what `linear` itself
+    runs for such inputs (one `addmm`, bias added in the GEMM's epilogue), with `out=`
+    so the result lands in place; anywhere else, `linear`'s result is copied in.
+    """
+    if out.is_contiguous() and x.dim() >= 1 and (x.dim() <= 2 or x.is_contiguous()):
+        rows = x.reshape(-1, x.shape[-1])
+        out_rows = out.view(-1, out.shape[-1])
+        if bias is None:
+            torch.mm(rows, w.t(), out=out_rows)
+        else:
+            torch.addmm(bias, rows, w.t(), out=out_rows)
+        return
+    out.copy_(torch.nn.functional.linear(x, w, bias))
+
+
 @handles(hir.LinearOp)
 def _linear(op: hir.LinearOp, prep: Preparation) -> Step:
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        outs[0].copy_(torch.nn.functional.linear(*ins))
+        linear_into(*ins, *([None] if len(ins) == 2 else []), outs[0])
 
     return _compute_step(op, prep, compute)
 

@@ -512,6 +512,33 @@ def test_matmul_into_a_strided_view_neither_resizes_nor_loses_data(lhs, rhs, axi
     assert result.select(axis, 0).isnan().all() and result.select(axis, 2).isnan().all()
 
 
+@pytest.mark.parametrize("x_shape", [[5], [3, 5], [2, 3, 5], [2, 2, 3, 5]])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("axis", [0, -1], ids=["contiguous-view", "strided-view"])
+def test_linear_into_a_view_matches_torch(x_shape, bias, axis, rng):
+    """hir.linear writes x @ w^T + b into its output in place (a slice of a poisoned buffer),
+    contiguous or strided, with any batch, with or without a bias."""
+    x, w, b = torch.randn(x_shape, generator=rng), torch.randn(4, 5, generator=rng), torch.randn(4, generator=rng)
+    expected = torch.nn.functional.linear(x.double(), w.double(), b.double() if bias else None).float()
+    shape = list(expected.shape)
+    axis = axis % (len(shape) + 1)
+    big = [*shape[:axis], 3, *shape[axis:]]
+    types = [tensor(x_shape), tensor([4, 5])] + ([tensor([4])] if bias else [])
+    names = ["%x", "%w"] + (["%b"] if bias else [])
+    arguments = ", ".join(f"{name}: {type}" for name, type in zip(names, types))
+    program = f"""
+    func.func @main({arguments}) -> {tensor(big)} {{
+      %c1 = arith.constant 1 : index
+      %big = hir.allocate() : {tensor(big)}
+      %out = hir.alias_select %big[{axis} = %c1] : {tensor(big)} -> {tensor(shape)}
+      hir.linear ins({", ".join(names)} : {", ".join(types)}) outs(%out : {tensor(shape)})
+      func.return %big : {tensor(big)}
+    }}"""
+    (result,) = run_host(program, [x, w] + ([b] if bias else []))
+    torch.testing.assert_close(result.select(axis, 1), expected)
+    assert result.select(axis, 0).isnan().all() and result.select(axis, 2).isnan().all()
+
+
 REDUCTIONS = f"""
 func.func @main(%x: {tensor([4, 5, 6])}) -> ({tensor([4, 6])}, {tensor([1, 5, 1])}, {tensor([5])}) {{
   %s = hir.allocate() : {tensor([4, 6])}
