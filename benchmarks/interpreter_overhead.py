@@ -33,12 +33,13 @@ from collections.abc import Callable
 
 import torch
 
+from gpu_timing import gpu_median_ms
 from runtime.communicator import Communicator
 from runtime.graphs import GraphReplayer
 from runtime.program import Program
 
-SLEEP_CYCLES = 20_000_000
-"""About 10 ms of GPU time queued before each GPU-timed run: longer than a replay takes to launch."""
+HOLD_MS = 10.0
+"""GPU time queued before each GPU-timed run: longer than a replay takes to launch."""
 
 TARGET_US_PER_OP = 10.0
 TARGET_REPLAY_RATIO = 1.02
@@ -111,22 +112,6 @@ def wall_ms(run: Callable[[], object], repeat: int, device: torch.device) -> flo
     return statistics.median(times)
 
 
-def gpu_ms(run: Callable[[], object], repeat: int) -> float:
-    """Median GPU time of `run` (CUDA events, its launch hidden behind a queued sleep)."""
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _same(what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
     if not torch.equal(actual, expected):
         sys.exit(f"{what} differs from the hand-written loop: the comparison would be meaningless")
@@ -176,11 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = {
         "hand-written CUDA graph": (
             wall_ms(lambda: graph(x), repeat, device),
-            gpu_ms(lambda: graph(x), repeat),
+            gpu_median_ms(lambda: graph(x), repeat, HOLD_MS),
         ),
         "hostir GraphReplayer.run": (
             wall_ms(lambda: replayer.run([x]), repeat, device),
-            gpu_ms(lambda: replayer.run([x]), repeat),
+            gpu_median_ms(lambda: replayer.run([x]), repeat, HOLD_MS),
         ),
     }
     print(f"{'variant':<36}{'wall ms':>12}{'GPU ms':>12}")

@@ -14,18 +14,18 @@ copy (`dst.copy_(src)`) moving the same number of bytes, measured in the same ru
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
 
 import torch
 from xdsl.dialects import func
 
+from gpu_timing import gpu_median_ms
 from hostir_dialect.builder import FusionBuilder
 from runtime import fusion_eval, kernels
 
-SLEEP_CYCLES = 2_000_000
-"""About 1 ms of GPU time queued before each timed run: longer than Python takes to launch."""
+HOLD_MS = 1.0
+"""GPU time queued before each timed run: longer than Python takes to launch one."""
 
 
 def segment() -> func.FuncOp:
@@ -42,22 +42,6 @@ def segment() -> func.FuncOp:
 def eager(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The segment in torch, op by op, as a user would write it."""
     return torch.abs(torch.maximum(x * torch.sigmoid(x * 1.702), torch.tanh(y - x))) + y
-
-
-def median_ms(run: Callable[[], object], repeats: int) -> float:
-    """GPU time of `run`: median over `repeats` event-timed runs after three warm-ups."""
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -95,7 +79,7 @@ def main() -> None:
         "torch eager": lambda: eager(x, y),
         "torch.compile": lambda: compiled(x, y),
     }
-    times = {name: median_ms(run, args.repeats) for name, run in methods.items()}
+    times = {name: gpu_median_ms(run, args.repeats, HOLD_MS) for name, run in methods.items()}
     copy_bandwidth = moved / times["device-to-device copy"] / 1e6
 
     device = torch.cuda.get_device_name()
