@@ -101,7 +101,7 @@ def machine(communicator: Communicator) -> dict[str, object]:
 def _commit() -> str | None:
     try:
         completed = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", "describe", "--always", "--dirty"],
             cwd=Path(__file__).resolve().parent,
             capture_output=True,
             text=True,
