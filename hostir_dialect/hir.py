@@ -402,6 +402,10 @@ class CommunicationOp(IRDLOperation, ABC):
     HAS_ROOT: ClassVar[bool] = False
     HAS_REDUCE_OP: ClassVar[bool] = False
     HAS_COPY_ENGINE_FORM: ClassVar[bool] = False
+    """Whether `backend cuda` can move it: every member pulls what it needs out of its
+    peers' copies of the (symmetric) input, and a reduction then reduces the pulled
+    pieces locally. The rooted collectives have none: their data flows to or from one
+    device, which may sit outside the mesh of the buffer the others would read."""
 
     input = operand_def(TensorType)
     output = operand_def(TensorType)
@@ -530,12 +534,14 @@ class AllgatherOp(CommunicationOp):
 class AllreduceOp(CommunicationOp):
     name = "hir.allreduce"
     HAS_REDUCE_OP: ClassVar[bool] = True
+    HAS_COPY_ENGINE_FORM: ClassVar[bool] = True
 
 
 @irdl_op_definition
 class ReduceScatterOp(CommunicationOp):
     name = "hir.reduce_scatter"
     HAS_REDUCE_OP: ClassVar[bool] = True
+    HAS_COPY_ENGINE_FORM: ClassVar[bool] = True
 
 
 @irdl_op_definition

@@ -3,10 +3,12 @@
 `parse_backend` reads a pass's backend option.
 
 A copy-engine transfer is pulled: each device copies its peers' data straight out of
-their memory, so a buffer that a peer reads (an allgather's input, the buffer of a
-send) must come from `hir.allocate symmetric`, memory that every device of the mesh
-has mapped. The lowerings that emit such a transfer (`fusion-to-hir{backend=cuda}`,
-`stream-parallel{p2p_backend=cuda}`) call `peer_readable` on the buffer it reads:
+their memory, so a buffer that a peer reads (the input of an allgather, of an
+allreduce or of a reduce_scatter: the partial sums that each device pulls and reduces
+locally; the buffer of a send) must come from `hir.allocate symmetric`, memory that
+every device of the mesh has mapped. The lowerings that emit such a transfer
+(`fusion-to-hir{backend=cuda}`, `stream-parallel{p2p_backend=cuda}`) call
+`peer_readable` on the buffer it reads:
 
 * a buffer that the program allocates in its body and does not return becomes
   symmetric where it is allocated, at no cost;

@@ -1,8 +1,13 @@
-// RUN: hir-opt %s -p hir-lowering | filecheck %s
+// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefixes=CHECK,NCCL
+// RUN: hir-opt %s -p 'hir-lowering{backend=cuda}' | filecheck %s --check-prefixes=CHECK,CUDA
+// RUN: hir-opt %s -p 'hir-lowering{backend=cuda}' | filecheck %s --check-prefix=NOCOPY
 
 // pr4387's matmul_AR on a mesh of 8: a matmul sharded along K whose partial sums are
 // allreduced chunk by chunk. Both run in one loop: the allreduce of chunk i reads
 // the slice the matmul of chunk i just wrote. The partial sums are freed after it.
+// With the copy engines (backend=cuda) peers read the partial sums: the program
+// computes them and does not return them, so they are allocated symmetric in place,
+// with no copy, and each chunk's allreduce reads a slice of that symmetric buffer.
 // A [S, DIDx(8), M, K/8] @ B [DIDx(8), K/8, N] -> [Stream(S), DIDx(8), M, N]
 // -> sum(1) -> [Stream(S), M, N].
 
@@ -17,9 +22,11 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
   func.return %out : !out
 }
 
+// NOCOPY-NOT:   hir.copy
 // CHECK-LABEL: func.func @matmul_ar(
 // CHECK-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
-// CHECK:         %[[P:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _, _]>
+// NCCL:          %[[P:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _, _]>
+// CUDA:          %[[P:[^ ]+]] = hir.allocate({{.*}}) symmetric : !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _, _]>
 // CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[P]], 0
 // CHECK-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
@@ -30,7 +37,8 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // CHECK-NEXT:      %[[P_I:[^ ]+]] = hir.alias_select %[[P]][0 = %[[I]]]
 // CHECK-NEXT:      hir.matmul ins(%[[A_I]], %[[B]] : {{.*}}) outs(%[[P_I]] :
 // CHECK-NEXT:      %[[OUT_I:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[I]]]
-// CHECK-NEXT:      %[[W:[^ ]+]] = hir.allreduce %[[P_I]] into %[[OUT_I]] team [0, 1, 2, 3, 4, 5, 6, 7] op sum backend nccl
+// NCCL-NEXT:       %[[W:[^ ]+]] = hir.allreduce %[[P_I]] into %[[OUT_I]] team [0, 1, 2, 3, 4, 5, 6, 7] op sum backend nccl
+// CUDA-NEXT:       %[[W:[^ ]+]] = hir.allreduce %[[P_I]] into %[[OUT_I]] team [0, 1, 2, 3, 4, 5, 6, 7] op sum backend cuda
 // CHECK-NEXT:      hir.wait %[[W]]
 // CHECK-NEXT:      hir.set_current_stream
 // CHECK-NEXT:      hir.synchronize_stream

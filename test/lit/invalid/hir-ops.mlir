@@ -29,9 +29,17 @@ func.func @symmetric_allocate_in_loop(%n: index) {
 
 // -----
 
-func.func @allreduce_copy_engine(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[], f32, mesh = [0, 1]>) {
-  // expected-error@+1 {{hir.allreduce has no copy-engine form, so it cannot take backend cuda; the copy engines move the bytes of hir.allgather and of send/recv}}
-  %w = hir.allreduce %x into %y team [0, 1] op sum backend cuda : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[], f32, mesh = [0, 1]>
+func.func @reduce_copy_engine(%x: !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, %y: !fusion.tensor<[], f32, mesh = [0]>) {
+  // expected-error@+1 {{hir.reduce has no copy-engine form, so it cannot take backend cuda; the copy engines move the bytes of hir.allgather, hir.allreduce, hir.reduce_scatter and of send/recv}}
+  %w = hir.reduce %x into %y team [0, 1] root 0 op sum backend cuda : !fusion.tensor<[2], f32, mesh = [0, 1], axes = [didx]>, !fusion.tensor<[], f32, mesh = [0]>
+  func.return
+}
+
+// -----
+
+func.func @gather_copy_engine(%x: !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, %y: !fusion.tensor<[2, 4], f32, mesh = [0]>) {
+  // expected-error@+1 {{hir.gather has no copy-engine form, so it cannot take backend cuda}}
+  %w = hir.gather %x into %y team [0, 1] root 0 backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 4], f32, mesh = [0]>
   func.return
 }
 

@@ -164,6 +164,22 @@ func.func @collectives(%sharded: !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes
   func.return
 }
 
+// The reductions with a copy-engine form (backend cuda): each member pulls its peers' partials.
+// CHECK-LABEL: func.func @copy_engine_reductions(
+// CHECK-NEXT: %w0 = hir.allreduce %partial into %row team [0, 1] op sum backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
+// CHECK-NEXT: %w1 = hir.reduce_scatter %partials into %shard team [1, 0] op max backend cuda {tag} : !fusion.tensor<[2, 2, 4], bf16, mesh = [0, 1], axes = [didx, _, _]>, !fusion.tensor<[2, 4], bf16, mesh = [0, 1], axes = [didx, _]>
+// GENERIC-LABEL: sym_name = "copy_engine_reductions"
+// GENERIC: %w0 = "hir.allreduce"(%partial, %row) <{team = #fusion.mesh<[0, 1]>, reduce_op = #shard<partial sum>, backend = #hir<backend cuda>}> : (!fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>) -> !hir.work
+// GENERIC-NEXT: %w1 = "hir.reduce_scatter"(%partials, %shard) <{team = #fusion.mesh<[1, 0]>, reduce_op = #shard<partial max>, backend = #hir<backend cuda>}> {tag} : (!fusion.tensor<[2, 2, 4], bf16, mesh = [0, 1], axes = [didx, _, _]>, !fusion.tensor<[2, 4], bf16, mesh = [0, 1], axes = [didx, _]>) -> !hir.work
+func.func @copy_engine_reductions(%partial: !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>,
+                                  %row: !fusion.tensor<[4], f32, mesh = [0, 1]>,
+                                  %partials: !fusion.tensor<[2, 2, 4], bf16, mesh = [0, 1], axes = [didx, _, _]>,
+                                  %shard: !fusion.tensor<[2, 4], bf16, mesh = [0, 1], axes = [didx, _]>) {
+  %w0 = hir.allreduce %partial into %row team [0, 1] op sum backend cuda : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[4], f32, mesh = [0, 1]>
+  %w1 = hir.reduce_scatter %partials into %shard team [1, 0] op max backend cuda {tag} : !fusion.tensor<[2, 2, 4], bf16, mesh = [0, 1], axes = [didx, _, _]>, !fusion.tensor<[2, 4], bf16, mesh = [0, 1], axes = [didx, _]>
+  func.return
+}
+
 // The point-to-point allgather step: a coalesced recv+send with a peer, then a wait.
 // CHECK-LABEL: func.func @point_to_point(
 // CHECK-NEXT: hir.start_coalescing
