@@ -109,8 +109,10 @@ def _scatter(op: hir.ScatterOp, prep: Preparation) -> Step:
 
 @handles(hir.AllreduceOp)
 def _allreduce(op: hir.AllreduceOp, prep: Preparation) -> Step:
-    team, reduce_op = op.team_ids, _reduce_op(op)
-    return _collective_step(op, prep, lambda comm, x, y: comm.allreduce(x, y, team, reduce_op))
+    team, reduce_op, backend = op.team_ids, _reduce_op(op), op.backend.data
+    if _is_copy_engine(op):
+        _check_symmetric(op, op.input, "input")
+    return _collective_step(op, prep, lambda comm, x, y: comm.allreduce(x, y, team, reduce_op, backend))
 
 
 @handles(hir.ReduceOp)
@@ -126,9 +128,11 @@ def _reduce_scatter(op: hir.ReduceScatterOp, prep: Preparation) -> Step:
     scattered = _didx_axis(op, op.output, "output")
     if fusion.tensor_type(op.output).rank < fusion.tensor_type(op.input).rank and scattered >= reduced:
         scattered += 1
-    team, reduce_op = op.team_ids, _reduce_op(op)
+    team, reduce_op, backend = op.team_ids, _reduce_op(op), op.backend.data
+    if _is_copy_engine(op):
+        _check_symmetric(op, op.input, "input")
     return _collective_step(
-        op, prep, lambda comm, x, y: comm.reduce_scatter(x, y, team, reduce_op, scattered)
+        op, prep, lambda comm, x, y: comm.reduce_scatter(x, y, team, reduce_op, scattered, backend)
     )
 
 

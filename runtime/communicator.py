@@ -15,10 +15,11 @@ its collectives are local copies and need no process group (this is all a
 all of a gather, sends all of a scatter, and adds the identity of the reduction to a
 reduce.
 
-`backend cuda` hands allgather and batched send/recv to the communicator's copy
-engine (`runtime/copy_engine.py`). Every other team maps to a process group, created
-once per team with `dist.new_group` (a collective call: `create_groups` makes all of a
-program's groups up front, in program order, on every rank).
+`backend cuda` hands allgather, allreduce, reduce_scatter and batched send/recv to
+the communicator's copy engine (`runtime/copy_engine.py`). Every other team maps to a
+process group, created once per team with `dist.new_group` (a collective call:
+`create_groups` makes all of a program's groups up front, in program order, on every
+rank).
 
 gloo has every collective used here since torch 2.2 (`all_gather_into_tensor` and
 `reduce_scatter_tensor` on CPU: pytorch#112144), max/min/product reductions included,
@@ -244,8 +245,12 @@ class Communicator:
         return Work([work], finishes)
 
     @collective
-    def allreduce(self, input, output, team, op: dist.ReduceOp.RedOpType) -> Work:
+    def allreduce(
+        self, input, output, team, op: dist.ReduceOp.RedOpType, backend=CommunicatorBackend.NCCL
+    ) -> Work:
         """Every member's `output` is the reduction of all `input`s (same elements, any extent-1 axes)."""
+        if backend == CommunicatorBackend.CUDA:
+            return Work(*self.copy_engine.allreduce(input, output, team, op))
         target, finishes = writable(output)
         target.copy_(input.reshape(target.shape))
         work = dist.all_reduce(target, op, group=self.group(team), async_op=True)
@@ -267,8 +272,12 @@ class Communicator:
         return Work([work], finishes)
 
     @collective
-    def reduce_scatter(self, input, output, team, op: dist.ReduceOp.RedOpType, axis: int) -> Work:
+    def reduce_scatter(
+        self, input, output, team, op: dist.ReduceOp.RedOpType, axis: int, backend=CommunicatorBackend.NCCL
+    ) -> Work:
         """Member i's `output` is slice i along `axis` of the reduction of all `input`s."""
+        if backend == CommunicatorBackend.CUDA:
+            return Work(*self.copy_engine.reduce_scatter(input, output, team, op, axis))
         stacked = input.movedim(axis, 0)
         order = _positions_by_group_rank(team)
         if order is not None:

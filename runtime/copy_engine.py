@@ -10,6 +10,16 @@ streams. Allgather pulls in ring order: at step `s` a member at team position `p
 reads from position `p + s`, so that at every step each member reads from a different
 peer and every link is busy.
 
+Reductions pull the same way and then reduce locally (copies cannot add): a
+reduce_scatter member pulls, from every member's partial, the piece it owns; an
+allreduce member pulls every member's whole partial. The pieces land in a staging
+buffer, one slot per team position, and `hir.wait` reduces the slots, in team order,
+into the output on the waiting stream: one memory-bound torch reduction per transfer,
+the only SM work of the backend besides the signals. The copy stream thus never waits
+for SMs (a reduction queued there behind a busy GEMM would hold up the next chunk's
+copies), and every member of an allreduce adds the same numbers in the same order, so
+the replicas are bitwise equal, as NCCL's are.
+
 Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
 
 * the copy stream first waits for the current stream, so that a member's own data is
@@ -32,8 +42,9 @@ device is then in an error state and the next CUDA call on it raises, so a dead 
 fails the program instead of hanging it.
 
 On the CPU (gloo) the same schedule runs over torch.distributed point-to-point
-messages: the ring allgather receives from `p + s` what that peer sends to `p - s`,
-and a pair of send and recv is an isend and an irecv in the communicator's batch.
+messages: the ring allgather (and a reduction's pulls) receives from `p + s` what that
+peer sends to `p - s`, and a pair of send and recv is an isend and an irecv in the
+communicator's batch.
 Symmetric buffers are then plain tensors, made and reused exactly as on GPUs, and
 every transfer checks that the buffer its peers read is one of them.
 """
@@ -41,7 +52,7 @@ every transfer checks that the buffer its peers read is one of them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +65,24 @@ WRITTEN_CHANNEL = 0
 """The signal channel on which a member says its data is in its symmetric buffer."""
 READ_CHANNEL = 1
 """The signal channel on which a member says it is done reading a peer's buffer."""
+
+REDUCTIONS: dict[dist.ReduceOp.RedOpType, Callable[..., torch.Tensor]] = {
+    dist.ReduceOp.SUM: lambda staging, out: torch.sum(staging, 0, dtype=out.dtype, out=out),
+    dist.ReduceOp.PRODUCT: lambda staging, out: torch.prod(staging, 0, dtype=out.dtype, out=out),
+    dist.ReduceOp.MAX: lambda staging, out: torch.amax(staging, 0, out=out),
+    dist.ReduceOp.MIN: lambda staging, out: torch.amin(staging, 0, out=out),
+}
+"""Each reduction as one torch op over the staging buffer's first axis into `out` (float
+types accumulate in float32 and round once; `dtype` keeps integer sums in their type)."""
+
+
+def ring(position: int, size: int) -> list[int]:
+    """The team positions that the member at `position` reads, one per step: `p + s` at step `s`.
+
+    At every step the members read from different peers, so every link carries one
+    transfer and none is shared; step 0 is the member's own data.
+    """
+    return [(position + step) % size for step in range(size)]
 
 
 @dataclass(eq=False)
@@ -106,16 +135,44 @@ class CopyEngine(ABC):
             )
         return buffer
 
-    def _gathered(self, input: torch.Tensor, team: Sequence[int]) -> SymmetricBuffer:
-        """The symmetric buffer of an allgather's input, whose mesh must be the team (all of it
+    def _team_input(self, input: torch.Tensor, team: Sequence[int], collective: str) -> SymmetricBuffer:
+        """The symmetric buffer of a collective's input, whose mesh must be the team (all of it
         takes part in the barriers)."""
         source = self.symmetric_of(input, team)
         if len(source.group_ranks) != len(team):
             raise HostirError(
-                f"an allgather with backend cuda in the team {list(team)} reads a symmetric buffer "
+                f"{collective} with backend cuda in the team {list(team)} reads a symmetric buffer "
                 f"of the mesh {sorted(source.group_ranks)}: the team must be the buffer's mesh"
             )
         return source
+
+    def reduce_scatter(self, input, output, team, op, axis: int) -> tuple[list, list]:
+        """`Communicator.reduce_scatter` by the copy engines: each member pulls the piece of every
+        member's `input` that it owns (its position along `axis`) and reduces them into `output`."""
+        pieces = [input.narrow(axis, k, 1) for k in range(len(team))]
+        return self._pull_and_reduce(input, pieces, output, team, op, "a reduce_scatter")
+
+    def allreduce(self, input, output, team, op) -> tuple[list, list]:
+        """`Communicator.allreduce` by the copy engines: each member pulls every member's whole
+        `input` and reduces them into `output` (D - 1 inputs over the links per member)."""
+        return self._pull_and_reduce(input, [input] * len(team), output, team, op, "an allreduce")
+
+    def _staging(self, piece: torch.Tensor, size: int) -> torch.Tensor:
+        """A contiguous buffer of one slot per team position, each with `piece`'s shape."""
+        return torch.empty((size, *piece.shape), dtype=piece.dtype, device=self.communicator.device)
+
+    def _reduction(self, staging: torch.Tensor, output: torch.Tensor, op) -> Callable[[], object]:
+        """What `hir.wait` runs once the pieces have landed: the slots, in team order, reduced
+        into `output` on the then current stream."""
+        reduce = REDUCTIONS[op]
+        return lambda: reduce(staging.view(len(staging), *output.shape), output)
+
+    @abstractmethod
+    def _pull_and_reduce(
+        self, input, pieces: Sequence[torch.Tensor], output, team, op, collective: str
+    ) -> tuple[list, list]:
+        """Each member reads `pieces[p]` of every member's `input`, `p` its own position, into
+        a staging slot per member, and reduces the slots into `output`: (works, finishes)."""
 
     @abstractmethod
     def _allocate(
@@ -171,19 +228,46 @@ class SymmetricMemoryEngine(CopyEngine):
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
         if input.numel() == 0:
             return [], []
-        source = self._gathered(input, team)
-        position = team.index(self.rank)
+        source = self._team_input(input, team, "an allgather")
         slots = [output.narrow(axis, k, 1) for k in range(len(team))]
         copies = self.stream
         copies.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(copies):
             source.handle.barrier(channel=WRITTEN_CHANNEL, timeout_ms=self.timeout_ms)
-            for step in range(len(team)):
-                k = (position + step) % len(team)
+            for k in ring(team.index(self.rank), len(team)):
                 slots[k].copy_(source.peer_view(input, team[k]))
             source.handle.barrier(channel=READ_CHANNEL, timeout_ms=self.timeout_ms)
         output.record_stream(copies)
         return [self._done()], []
+
+    def _pull_and_reduce(self, input, pieces, output, team, op, collective) -> tuple[list, list]:
+        """The pulls on the copy stream between the barriers, as the allgather's; the reduction
+        is left to `hir.wait` on the waiting stream, so that the copy stream goes on with the
+        next transfer instead of waiting for SMs."""
+        if output.numel() == 0:
+            return [], []
+        source = self._team_input(input, team, collective)
+        piece = pieces[team.index(self.rank)]
+        copies = self.stream
+        copies.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(copies):
+            staging = self._staging(piece, len(team))
+            source.handle.barrier(channel=WRITTEN_CHANNEL, timeout_ms=self.timeout_ms)
+            for k in ring(team.index(self.rank), len(team)):
+                staging[k].copy_(source.peer_view(piece, team[k]))
+            source.handle.barrier(channel=READ_CHANNEL, timeout_ms=self.timeout_ms)
+        return [self._done()], [self._reduction(staging, output, op)]
+
+    def _reduction(self, staging, output, op) -> Callable[[], object]:
+        """The reduction, after which the staging buffer (made on the copy stream) is kept from
+        the copy stream's next allocations until the waiting stream has read it."""
+        reduce = super()._reduction(staging, output, op)
+
+        def finish() -> None:
+            reduce()
+            staging.record_stream(torch.cuda.current_stream(self.device))
+
+        return finish
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         offered = [(self.symmetric_of(offer.buffer, [offer.peer]), offer.peer) for offer in offers]
@@ -220,7 +304,7 @@ class PointToPointEngine(CopyEngine):
 
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
-        self._gathered(input, team)
+        self._team_input(input, team, "an allgather")
         position, size = team.index(self.rank), len(team)
         output.narrow(axis, position, 1).copy_(input)
         shard = input.contiguous()
@@ -232,6 +316,22 @@ class PointToPointEngine(CopyEngine):
             operations.append(dist.P2POp(dist.isend, shard, team[(position - step) % size]))
             finishes += finish
         return dist.batch_isend_irecv(operations), finishes
+
+    def _pull_and_reduce(self, input, pieces, output, team, op, collective) -> tuple[list, list]:
+        """The ring of the GPU's pulls as messages: at step `s` receive from `p + s` the piece
+        it holds for this member, and send `p - s` the piece it owns; the reduction at the wait."""
+        if output.numel() == 0:
+            return [], []
+        self._team_input(input, team, collective)
+        position, size = team.index(self.rank), len(team)
+        staging = self._staging(pieces[position], size)
+        staging[position].copy_(pieces[position])
+        operations = []
+        for step in range(1, size):
+            reading, sending = (position + step) % size, (position - step) % size
+            operations.append(dist.P2POp(dist.irecv, staging[reading], team[reading]))
+            operations.append(dist.P2POp(dist.isend, pieces[sending].contiguous(), team[sending]))
+        return dist.batch_isend_irecv(operations), [self._reduction(staging, output, op)]
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         operations, finishes = [], []

@@ -10,9 +10,16 @@ ranks (gloo, CI) the copy engines' schedule runs over torch.distributed messages
 machine with enough GPUs the ranks use torch symmetric memory and copies on the copy
 stream (HOSTIR_TEST_DEVICE as in test_e2e.py).
 
+The reductions run the same way: every reference fusion that lowers to an allreduce or a
+reduce-scatter (the allreduce, the reduce-scatter, matmul+allreduce and
+matmul+reduce-scatter, all stream-parallel) with `hir-lowering{backend=cuda}`, f32 and
+bf16, worlds of 2 and 4; and hand-written host programs run the copy-engine allreduce and
+reduce-scatter with every reduction op (sum, product, max, min).
+
 Single-process tests check what the runtime refuses while preparing a program, and how
-long a symmetric buffer lives. A GPU-only test profiles an AG+matmul on 2 GPUs to see
-the copies run as memcpys on their own stream, overlapping the GEMMs.
+long a symmetric buffer lives. GPU-only tests profile an AG+matmul and a
+matmul+reduce-scatter on 2 GPUs to see the copies run as memcpys on their own stream,
+overlapping the GEMMs.
 """
 
 from __future__ import annotations
@@ -53,6 +60,20 @@ class Fusion:
     """The unsharded input shapes on a mesh of D devices."""
     expected: Callable[..., torch.Tensor]
     pipelines: tuple[str, ...]
+    reduces: bool = False
+    """Whether it lowers to a reduction, whose sums the copy engines and NCCL may order differently."""
+
+
+def matmul_ar(a, b):
+    return torch.einsum("sdmk,dkn->smn", a, b)
+
+
+def matmul_rs(a, b):
+    return torch.einsum("sdemk,dkn->semn", a, b)
+
+
+def sum_over_devices(x):
+    return x.sum(1)
 
 
 FUSIONS = [
@@ -61,6 +82,16 @@ FUSIONS = [
     Fusion("allgather", lambda D: [(S, D)], identity, (COPY_ENGINE,)),
     Fusion("ag_matmul", lambda D: [(S, D, M, K), (K, N)], matmul, (COPY_ENGINE,)),
     Fusion("ag_linear", lambda D: [(S, D, M, K), (N, K), (N,)], linear, (COPY_ENGINE,)),
+    Fusion("allreduce", lambda D: [(S, D, M)], sum_over_devices, (COPY_ENGINE,), reduces=True),
+    Fusion("reduce_scatter", lambda D: [(S, D, D, M)], sum_over_devices, (COPY_ENGINE,), reduces=True),
+    Fusion("matmul_ar", lambda D: [(S, D, M, K), (D, K, N)], matmul_ar, (COPY_ENGINE,), reduces=True),
+    Fusion(
+        "matmul_rs_through_bcast",
+        lambda D: [(S, D, D, M, K), (D, K, N)],
+        matmul_rs,
+        (COPY_ENGINE,),
+        reduces=True,
+    ),
 ]
 
 
@@ -160,11 +191,134 @@ def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
             torch.testing.assert_close(
                 copy_engine.double(), piece, rtol=0, atol=tolerance, msg=lambda m: f"{where}: {m}"
             )
-            if DEVICE == "cpu":
+            if DEVICE == "cpu" and not case.fusion.reduces:
                 # The same bytes move, and the same compute runs on them.
                 assert torch.equal(copy_engine, nccl), f"{where}: the copy engines and NCCL differ"
+            elif case.fusion.reduces:
+                # The copy engines add the pulled pieces in one torch reduction (rounded once);
+                # NCCL and gloo order and round their sums their own way.
+                torch.testing.assert_close(
+                    copy_engine.double(), nccl.double(), rtol=0, atol=tolerance, msg=lambda m: f"{where}: {m}"
+                )
             else:
                 torch.testing.assert_close(copy_engine, nccl, msg=lambda m: f"{where}: {m}")
+
+
+# --------------------------------------------------------------------------- #
+# Every reduction op, in hand-written host programs                            #
+# --------------------------------------------------------------------------- #
+
+TORCH_REDUCTIONS = {"sum": torch.sum, "product": torch.prod, "max": torch.amax, "min": torch.amin}
+
+
+@dataclass(frozen=True)
+class ReductionCase:
+    """A copy-engine allreduce or reduce-scatter of one reduction op over a world.
+
+    `layout` says where the reduce-scatter's scattered axis lies: `outer` right after
+    the reduced axis (each piece a contiguous block), `inner` the last axis (each piece
+    strided).
+    """
+
+    collective: str
+    op: str
+    world: int
+    layout: str = "outer"
+
+    @property
+    def id(self) -> str:
+        return f"{self.collective}-{self.op}-{self.layout}-w{self.world}"
+
+    def types(self) -> tuple[str, str]:
+        mesh = list(range(self.world))
+        if self.collective == "allreduce":
+            return tensor([self.world, 3], mesh=mesh, axes="didx _"), tensor([3], mesh=mesh)
+        if self.layout == "outer":
+            return (
+                tensor([self.world, self.world, 3], mesh=mesh, axes="didx _ _"),
+                tensor([self.world, 3], mesh=mesh, axes="didx _"),
+            )
+        return (
+            tensor([self.world, 3, self.world], mesh=mesh, axes="didx _ _"),
+            tensor([3, self.world], mesh=mesh, axes="_ didx"),
+        )
+
+    def program(self, symmetric: str = "symmetric") -> str:
+        partial, result = self.types()
+        team = list(range(self.world))
+        return f"""
+        func.func @main(%x: {partial}) -> {result} {{
+          %s = hir.allocate() {symmetric} : {partial}
+          hir.copy ins(%x : {partial}) outs(%s : {partial})
+          %y = hir.allocate() : {result}
+          %w = hir.{self.collective} %s into %y team {team} op {self.op} backend cuda : {partial}, {result}
+          hir.wait %w
+          func.return %y : {result}
+        }}"""
+
+    def input(self) -> torch.Tensor:
+        """The unsharded partials (the reduced axis first), the same in every process."""
+        generator = torch.Generator().manual_seed(sum(map(ord, self.id)))
+        if self.collective == "allreduce":
+            shape = (self.world, 3)
+        elif self.layout == "outer":
+            shape = (self.world, self.world, 3)
+        else:
+            shape = (self.world, 3, self.world)
+        return torch.randn(shape, generator=generator)
+
+    def expected(self) -> torch.Tensor:
+        return TORCH_REDUCTIONS[self.op](self.input().double(), 0)
+
+
+REDUCTION_CASES = [
+    ReductionCase(collective, op, world, layout)
+    for world in (2, 4)
+    for collective, layouts in (("allreduce", ("outer",)), ("reduce_scatter", ("outer", "inner")))
+    for layout in layouts
+    for op in TORCH_REDUCTIONS
+]
+
+
+def run_reductions(cases: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """On one rank: each program run on this rank's shard of its input, allocations poisoned."""
+    communicator = Communicator.from_env()
+    outputs = []
+    for text, whole in cases:
+        program = Program.compile(text, pipeline=None)
+        local = shard(whole, program.input_types[0], communicator.rank).to(communicator.device)
+        with poisoned_allocations():
+            (output,) = program.run([local], communicator)
+        outputs.append(output.cpu())
+    return outputs
+
+
+@functools.cache
+def reductions_of_world(world: int) -> dict[str, list[torch.Tensor]]:
+    """Every reduction case of a world size, run in one spawn; case id -> per-rank outputs."""
+    cases = [c for c in REDUCTION_CASES if c.world == world]
+    per_rank = run_on_local_ranks(run_reductions, world, [(c.program(), c.input()) for c in cases])
+    return {case.id: [outputs[i] for outputs in per_rank] for i, case in enumerate(cases)}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=needs_world(c.world)) for c in REDUCTION_CASES]
+)
+def test_copy_engine_reductions_of_every_op(case: ReductionCase):
+    output_type = Program.compile(case.program(), pipeline=None).output_types[0]
+    for rank, output in enumerate(reductions_of_world(case.world)[case.id]):
+        piece = shard(case.expected(), output_type, rank)
+        torch.testing.assert_close(output.double(), piece, msg=lambda m: f"rank {rank}: {m}")
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+def test_preparing_refuses_a_reduction_whose_partials_are_not_symmetric(collective):
+    with pytest.raises(HostirError, match=r"^<string>:\d+:\d+: error: ") as error:
+        Program.compile(ReductionCase(collective, "sum", 2).program(symmetric=""), pipeline=None)
+    assert (
+        f"hir.{collective} with backend cuda lets its peers read its input, which must therefore be "
+        "(a view of) a buffer of 'hir.allocate symmetric'"
+    ) in str(error.value)
 
 
 # --------------------------------------------------------------------------- #
@@ -278,16 +432,24 @@ def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
 # --------------------------------------------------------------------------- #
 
 
-def profile_ag_matmul() -> dict:
-    """On one GPU rank: the kernels and memcpys of one profiled run of a large AG+matmul."""
+CHUNKS = 4
+
+PROFILED = {
+    "ag_matmul": [(CHUNKS, 1, 2048, 4096), (4096, 4096)],
+    "matmul_rs_through_bcast": [(CHUNKS, 1, 2, 2048, 2048), (1, 2048, 4096)],
+}
+"""Each rank's input shapes on 2 GPUs: CHUNKS chunks whose GEMMs take long enough to see overlap."""
+
+
+def profile(name: str) -> dict:
+    """On one GPU rank: the kernels and memcpys of one profiled run of a large copy-engine fusion."""
     communicator = Communicator.from_env()
-    chunks, rows, k, n = 4, 2048, 4096, 4096
-    module = REFERENCE_FUSIONS["ag_matmul"](num_devices=2, dtype="bf16")
+    module = REFERENCE_FUSIONS[name](num_devices=2, dtype="bf16")
     program = Program.compile(module, pipeline=COPY_ENGINE)
     generator = torch.Generator().manual_seed(communicator.rank)
     inputs = [
-        torch.randn(chunks, 1, rows, k, generator=generator).bfloat16().to(communicator.device),
-        torch.randn(k, n, generator=generator).bfloat16().to(communicator.device),
+        torch.randn(shape, generator=generator).bfloat16().to(communicator.device)
+        for shape in PROFILED[name]
     ]
     program.run(inputs, communicator)  # warm-up: rendezvous, cuBLAS handles
     torch.cuda.synchronize()
@@ -313,15 +475,18 @@ def profile_ag_matmul() -> dict:
 @pytest.mark.skipif(
     DEVICE != "cuda" or torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch symmetric memory)"
 )
-def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms():
-    for rank, trace in enumerate(run_on_local_ranks(profile_ag_matmul, 2)):
+@pytest.mark.parametrize("name", list(PROFILED))
+def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms(name):
+    """The pulls are memcpys on the copy stream, which runs no kernel but the signals (a
+    reduce-scatter's reduction runs on the waiting stream), and they overlap the GEMMs."""
+    for rank, trace in enumerate(run_on_local_ranks(profile, 2, name)):
         kernels, memcpys = trace["kernel"], trace["gpu_memcpy"]
         copy_streams = {stream for name, stream, *_ in kernels if "barrier_kernel" in name}
         assert len(copy_streams) == 1, f"rank {rank}: symmetric-memory barriers on streams {copy_streams}"
         (copy_stream,) = copy_streams
         pulls = [m for m in memcpys if m[1] == copy_stream]
         assert (
-            len(pulls) >= 4
+            len(pulls) >= CHUNKS
         ), f"rank {rank}: {len(pulls)} memcpys on the copy stream, expected one per chunk"
         on_copy_stream = {name for name, stream, *_ in kernels if stream == copy_stream}
         assert all(
