@@ -221,7 +221,23 @@ HOSTIR_VARIANTS = [
     HostirVariant(
         "hostir (nccl)", OverlapKind.MATMUL_REDUCE_SCATTER, matmul_reduce_scatter, _reduce_scatter_layout
     ),
+    HostirVariant(
+        "hostir (cuda)",
+        OverlapKind.MATMUL_REDUCE_SCATTER,
+        matmul_reduce_scatter,
+        _reduce_scatter_layout,
+        pipeline="hir-lowering{backend=cuda}",
+        copy_engine=True,
+    ),
     HostirVariant("hostir (nccl)", OverlapKind.MATMUL_ALLREDUCE, matmul_allreduce, _allreduce_layout),
+    HostirVariant(
+        "hostir (cuda)",
+        OverlapKind.MATMUL_ALLREDUCE,
+        matmul_allreduce,
+        _allreduce_layout,
+        pipeline="hir-lowering{backend=cuda}",
+        copy_engine=True,
+    ),
 ]
 
 

@@ -113,6 +113,27 @@ def test_what_cannot_run_says_why(cpu_run):
         assert copy_engine["status"].startswith("unavailable: this runtime has no copy-engine transport")
 
 
+@pytest.mark.skipif(not COPY_ENGINE, reason="this runtime has no copy-engine transport")
+def test_the_copy_engine_pipelines_of_every_problem_ran_and_passed_their_check(cpu_run):
+    """`hostir (cuda) S=s`: AG+GEMM, GEMM+RS and GEMM+AR lowered with hir-lowering{backend=cuda}."""
+    _, out = cpu_run
+    by_label = {(r["problem"], r["m"], r["label"]): r for r in results_of(out)}
+    for problem in ("allgather_matmul", "matmul_reduce_scatter", "matmul_allreduce"):
+        for m in (64, 36):
+            for chunks in (1, 2, 4):
+                result = by_label[(problem, m, f"hostir (cuda) S={chunks}")]
+                if result["status"].startswith("skipped"):
+                    # 18 rows of a rank that 4 chunks do not divide, as for every contender.
+                    assert (problem, m, chunks) in {
+                        ("allgather_matmul", 36, 4),
+                        ("matmul_reduce_scatter", 36, 4),
+                    }, result["status"]
+                    continue
+                where = f"{problem} M={m} S={chunks}"
+                assert result["status"] == "ok", f"{where}: {result['status']}"
+                assert result["check_ok"] and result["check_error"] is not None, where
+
+
 def test_the_table_and_the_plot(cpu_run):
     completed, out = cpu_run
     table = (out / "overlap.md").read_text()
@@ -152,8 +173,12 @@ def test_on_two_gpus_every_contender_runs_and_every_check_passes(tmp_path):
         else:
             assert r["status"] == "ok", r
             assert r["ms"] > 0 and r["check_ok"] in (True, None)
-    pipelined = [r for r in results if r["contender"] == "hostir (nccl)" and r["chunks"] == 4]
-    assert len(pipelined) == 6 and all(r["check_ok"] for r in pipelined)
+    for contender in ("hostir (nccl)", "hostir (cuda)"):
+        if contender == "hostir (cuda)" and not COPY_ENGINE:
+            continue
+        # Three problems at two sizes, each with 4 chunks.
+        pipelined = [r for r in results if r["contender"] == contender and r["chunks"] == 4]
+        assert len(pipelined) == 6 and all(r["check_ok"] for r in pipelined), contender
 
 
 def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_path):
