@@ -16,6 +16,7 @@ Python have no location and are reported by name.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
@@ -23,6 +24,7 @@ from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 
 from hostir_dialect import hostir_context
 
@@ -39,6 +41,21 @@ class SourceLocation:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}"
+
+    @classmethod
+    def at_offset(
+        cls, text: str, file: str, offset: int, length: int = 1, line_offset: int = 0
+    ) -> SourceLocation:
+        """The place of character `offset` of `text`, whose first line is `line_offset + 1`."""
+        line_start = text.rfind("\n", 0, offset) + 1
+        line_end = text.find("\n", offset)
+        return cls(
+            file,
+            text.count("\n", 0, offset) + 1 + line_offset,
+            offset - line_start + 1,
+            text[line_start : len(text) if line_end < 0 else line_end],
+            length,
+        )
 
 
 class HostirError(Exception):
@@ -94,6 +111,17 @@ class LocatingParser(Parser):
         super().__init__(hostir_context(), text, filename)
         self.line_offset = line_offset
 
+    def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
+        """The module; input without any operation (empty, only comments) is an empty one."""
+        try:
+            return super().parse_module(allow_implicit_module)
+        except ParseError as e:
+            # xDSL raises this at the end of the input only when it found no operation.
+            at_end = self._current_token.kind == MLIRTokenKind.EOF
+            if at_end and e.msg == "Could not parse entire input!":
+                return ModuleOp([])
+            raise
+
     def parse_operation(self) -> Operation:
         start_span = self._current_token.span
         start = start_span.get_location()
@@ -118,13 +146,50 @@ def _remember_source(filename: str, text: str, line_offset: int) -> None:
     lines[line_offset : line_offset + len(chunk)] = chunk
 
 
+MAX_NESTING = 64
+"""How many brackets (`{`, `[`, `(`, `<`) the text may nest.
+
+xDSL's parser, verifier and printer recurse once per level, so deeper text would
+overflow Python's stack; raising the recursion limit instead can crash the
+interpreter. Real IR nests fewer than ten.
+"""
+
+_BRACKETS = re.compile(r'//[^\n]*|"(?:[^"\\\n]|\\.)*"|->|[{\[(<]|[}\])>]')
+"""Comments and strings (skipped), `->` (not a bracket), and opening and closing brackets."""
+
+
+def _check_nesting(text: str, filename: str, line_offset: int) -> None:
+    """Refuses text nested deeper than `MAX_NESTING`, at the bracket that goes too deep."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "{[(<":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise _too_deep(text, filename, line_offset, match.start())
+        elif token in "}])>":
+            depth = max(0, depth - 1)
+
+
+def _too_deep(text: str, filename: str, line_offset: int, offset: int) -> HostirError:
+    return HostirError(
+        f"nesting too deep: more than {MAX_NESTING} levels of nested brackets (the parser's limit)",
+        SourceLocation.at_offset(text, filename, offset, line_offset=line_offset),
+    )
+
+
 def parse_module(
     text: str, filename: str = "<stdin>", verify: bool = True, line_offset: int = 0
 ) -> ModuleOp:
-    """Parses (and verifies) a module; raises `HostirError` with the failing location."""
+    """Parses (and verifies) a module; raises `HostirError` with the failing location.
+
+    Text without any operation is an empty module, as in mlir-opt.
+    """
     _remember_source(filename, text, line_offset)
+    _check_nesting(text, filename, line_offset)
+    parser = LocatingParser(text, filename, line_offset)
     try:
-        module = LocatingParser(text, filename, line_offset).parse_module()
+        module = parser.parse_module()
     except ParseError as e:
         loc = e.span.get_location()
         line = loc.line + line_offset
@@ -133,6 +198,9 @@ def parse_module(
             e.msg,
             SourceLocation(filename, line, loc.col, lines[line - 1] if line <= len(lines) else "", max(1, e.span.len)),
         ) from None
+    except RecursionError:
+        # `_check_nesting` should prevent it; the parser's place is still the best one.
+        raise _too_deep(text, filename, line_offset, parser._current_token.span.start) from None
     if verify:
         verify_module(module)
     return module

@@ -1,0 +1,26 @@
+// Input nested deeper than 64 brackets is refused with a located error at the
+// bracket that goes too deep, not a RecursionError traceback; 64 levels are read.
+// RUN: %python -c "print('builtin.module {' * 150 + '}' * 150)" | not hir-opt 2>&1 | filecheck %s --check-prefix=OPS
+// RUN: %python -c "print('func.func @f() attributes {a = ' + '[' * 400 + ']' * 400 + '} {\n func.return\n}')" | not hir-opt 2>&1 | filecheck %s --check-prefix=ARRAY
+// RUN: %python -c "print('func.func @f() attributes {a = ' + '{a = ' * 100 + '1' + '}' * 100 + '} {\n func.return\n}')" | not hir-opt 2>&1 | filecheck %s --check-prefix=DICT
+// RUN: %python -c "print('builtin.module {' * 64 + '}' * 64)" | hir-opt -p hir-lowering,cse,canonicalize,dce --print-op-generic | filecheck %s --check-prefix=DEEPEST
+// Brackets in comments and strings do not count.
+// RUN: %python -c "print('// ' + '[' * 100 + '\nfunc.func @f() attributes {s = \"' + '{' * 100 + '\"} {\n func.return\n}')" | hir-opt | filecheck %s --check-prefix=TEXT
+
+// 65 `builtin.module {` of 16 characters each: the 65th brace is at column 65 * 16.
+// OPS: <stdin>:1:1040: error: nesting too deep: more than 64 levels of nested brackets (the parser's limit)
+// OPS-NEXT: {{^}}builtin.module {builtin.module {
+// OPS-NEXT: {{^ +\^$}}
+// OPS-NOT: Traceback
+
+// `{a = ` opens level 1, the 64th `[` is at column 31 + 63.
+// ARRAY: <stdin>:1:95: error: nesting too deep: more than 64 levels of nested brackets (the parser's limit)
+// ARRAY-NOT: Traceback
+
+// DICT: <stdin>:1:{{[0-9]+}}: error: nesting too deep
+// DICT-NOT: Traceback
+
+// DEEPEST-COUNT-64: "builtin.module"() ({
+// DEEPEST-NOT: "builtin.module"
+
+// TEXT: func.func @f() attributes {s = "{{[{]+}}"}
