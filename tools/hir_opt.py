@@ -17,10 +17,13 @@ error reported, and `--verify-diagnostics` checks the errors against MLIR's
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import re
 import sys
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from io import BytesIO
 from typing import IO, Any
 
@@ -28,7 +31,13 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.targets import get_all_targets
 from xdsl.transforms import get_all_passes
-from xdsl.utils.arg_spec import ArgSpec, parse_pipeline
+from xdsl.utils.arg_spec import (
+    ArgSpec,
+    PipelineLexer,
+    SpecTokenKind,
+    _convert_arg_to_type,
+    parse_pipeline,
+)
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
@@ -98,6 +107,12 @@ class HirOptMain(xDSLOptMain):
         options["--verify-diagnostics"].help = (
             "Check the errors against the input's `// expected-error {{...}}` annotations"
         )
+        options["--passes"].help = (
+            "Comma-separated pass pipeline; options as name{key=value ...}, "
+            "e.g. 'stream-parallel{p2p-backend=cuda},cse'. See --list-passes"
+        )
+        options["--disable-verify"].help = "Skip verification after parsing and after each pass"
+        options["--version"].help = "Print the xDSL version hir-opt is built on and exit"
         for flag in UNSUPPORTED_XDSL_OPTIONS.values():
             options[flag].help = argparse.SUPPRESS
         arg_parser.add_argument(
@@ -116,23 +131,25 @@ class HirOptMain(xDSLOptMain):
     # -- the pass pipeline ---------------------------------------------------- #
 
     def setup_pipeline(self) -> None:
-        """Checks the pipeline first, so that a bad one is an error naming the pass.
+        """Checks the pipeline first, so that a bad one is an error on the `-p` text.
 
         xDSL then builds it with its own callback (`--print-between-passes`,
         `--time-passes`), which hostir's runs before: located verification after every
         pass and `--print-ir-after-all`.
         """
-        for spec in self.pass_specs():
+        text = self.args.passes
+        for spec, place in zip(self.pass_specs(), pipeline_places(text)):
             if spec.name not in self.available_passes:
-                raise HostirError(
+                raise place.error(
+                    text,
                     f"unknown pass '{spec.name}'; known passes: "
-                    + ", ".join(sorted(self.available_passes))
+                    + ", ".join(sorted(self.available_passes)),
                 )
-            pass_class = load_pass(spec.name, self.available_passes[spec.name])
             try:
-                pass_class.from_spec(spec)
-            except ValueError as error:
-                raise HostirError(f"bad options for pass '{spec.name}': {error}") from None
+                pass_class = load_pass(spec.name, self.available_passes[spec.name])
+            except HostirError as error:
+                raise place.error(text, error.message) from None
+            check_pass_options(pass_class, spec, place, text, self.ctx)
         super().setup_pipeline()
         xdsl_callback = self.pipeline.callback
         assert xdsl_callback is not None
@@ -221,15 +238,14 @@ class HirOptMain(xDSLOptMain):
                 f"cannot open output file '{self.args.output_file}': {error.strerror}"
             ) from None
 
-    def read_chunk(self, chunk: IO[bytes]) -> str:
+    def read_chunk(self, chunk: IO[bytes], line_offset: int = 0) -> str:
+        """The chunk's text; bytes that are not UTF-8 are an error at the first of them."""
         with chunk:
             data = chunk.read()
         try:
             return data.decode()
         except UnicodeDecodeError as error:
-            raise HostirError(
-                f"{self.get_input_name()} is not UTF-8 text ({error.reason} at byte {error.start})"
-            ) from None
+            raise not_utf8_error(self.get_input_name(), data, error, line_offset) from None
 
     def process_chunk(self, source: str, line_offset: int) -> str:
         """Parses, verifies and transforms one chunk; returns its output text."""
@@ -252,10 +268,10 @@ class HirOptMain(xDSLOptMain):
             for i, (chunk, line_offset) in enumerate(chunks):
                 if i > 0:
                     output.write(CHUNK_SEPARATOR)
-                source = self.read_chunk(chunk)
-                if verifier is not None:
-                    verifier.expect(self.get_input_name(), source, line_offset)
                 try:
+                    source = self.read_chunk(chunk, line_offset)
+                    if verifier is not None:
+                        verifier.expect(self.get_input_name(), source, line_offset)
                     output.write(self.process_chunk(source, line_offset))
                 except HostirError as error:
                     errors.append(error)
@@ -272,6 +288,212 @@ class HirOptMain(xDSLOptMain):
 # --------------------------------------------------------------------------- #
 # Passes                                                                       #
 # --------------------------------------------------------------------------- #
+
+
+@dataclass
+class PassPlace:
+    """Where one pass of a `-p` pipeline is written: offsets into the pipeline text."""
+
+    name_start: int
+    name_end: int
+    end: int
+    """The end of the pass with its options."""
+    options: list[tuple[str, int, int]] = field(default_factory=list)
+    """Each option as written (`p2p-backend`), with the offsets of `key=value`."""
+
+    def error(
+        self, text: str, message: str, start: int | None = None, end: int | None = None
+    ) -> HostirError:
+        """An error on the pass name, or on `text[start:end]`."""
+        start = self.name_start if start is None else start
+        end = self.name_end if end is None else end
+        return pipeline_error(text, message, start, end)
+
+
+def pipeline_error(text: str, message: str, start: int, end: int) -> HostirError:
+    """An error on `text[start:end]` of the `-p` pipeline, `pass-pipeline:line:col` as xDSL's."""
+    line_end = text.find("\n", start)
+    length = max(1, min(end, len(text) if line_end < 0 else line_end) - start)
+    return HostirError(message, SourceLocation.at_offset(text, "pass-pipeline", start, length))
+
+
+def pipeline_places(text: str) -> list[PassPlace]:
+    """Where each pass and each option of a pipeline xDSL has parsed is written.
+
+    xDSL's `ArgSpec` keeps no positions, so the pipeline's tokens are walked again.
+    """
+    places: list[PassPlace] = []
+    state = "pass"
+    lexer = PipelineLexer(text)
+    while (token := lexer.lex()).kind is not SpecTokenKind.EOF:
+        kind, span = token.kind, token.span
+        if state == "pass" and kind is SpecTokenKind.IDENT:
+            places.append(PassPlace(span.start, span.end, span.end))
+            state = "after pass"
+            continue
+        if not places:
+            continue
+        place = places[-1]
+        if state == "after pass" and kind is SpecTokenKind.COMMA:
+            state = "pass"
+            continue
+        place.end = span.end
+        if state == "after pass":
+            if kind is SpecTokenKind.L_BRACE:
+                state = "key"
+        elif state == "key" and kind is SpecTokenKind.IDENT:
+            place.options.append((span.text, span.start, span.end))
+            state = "option"
+        elif kind is SpecTokenKind.R_BRACE:
+            state = "after pass"
+        elif kind is SpecTokenKind.SPACE:
+            state = "key"
+        elif state == "option":
+            name, start, _ = place.options[-1]
+            place.options[-1] = (name, start, span.end)
+    return places
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _describe_type(hint: Any) -> str:
+    """`bool` -> 'true or false', `int | None` -> 'an integer', ...: what an option takes."""
+    if hint in _TYPE_NAMES:
+        return _TYPE_NAMES[hint]
+    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) is tuple and args:
+        element = _describe_type(args[0]).removeprefix("an ").removeprefix("a ")
+        return f"a comma-separated list of {element}s"
+    if args:
+        return " or ".join(_describe_type(arg) for arg in args)
+    return str(hint)
+
+
+def _in_users_words(message: str, pass_class: type[ModulePass], spellings: dict[str, str]) -> str:
+    """A pass's message with its option fields spelt as the user wrote them (or with dashes)."""
+    for field_name in _option_fields(pass_class):
+        spelling = spellings.get(field_name, field_name.replace("_", "-"))
+        message = re.sub(rf"(?<![\w-]){re.escape(field_name)}(?![\w-])", spelling, message)
+    return message
+
+
+def _option_fields(pass_class: type[ModulePass]) -> dict[str, dataclasses.Field[Any]]:
+    return {
+        f.name: f
+        for f in dataclasses.fields(pass_class)  # type: ignore[arg-type]
+        if f.init and f.name != "name"
+    }
+
+
+def check_pass_options(
+    pass_class: type[ModulePass], spec: ArgSpec, place: PassPlace, text: str, ctx: Any
+) -> None:
+    """Refuses an option the pass lacks, a value of the wrong type or one the pass rejects.
+
+    Each error points at the option as written in the pipeline. A pass checks some
+    values only when it runs (`backend=...`): if the pass runs on an empty module
+    without options, it is also applied to one with each option alone and then with
+    all of them, and what it then refuses is the options' fault.
+    """
+    name = spec.name
+    fields = _option_fields(pass_class)
+    hints = typing.get_type_hints(pass_class)
+    dry_runs = bool(place.options) and _runs_without_options(pass_class, ctx)
+    spellings: dict[str, str] = {}
+    for key, start, end in place.options:
+        field_name = key.replace("-", "_")
+        if field_name not in fields:
+            known = ", ".join(f.replace("_", "-") for f in fields)
+            raise place.error(
+                text,
+                f"pass '{name}' has no option '{key}'; "
+                + (f"its options are {known}" if known else "it takes no options"),
+                start,
+                start + len(key),
+            )
+        if field_name in spellings:
+            raise place.error(text, f"option '{key}' of pass '{name}' is given twice", start, end)
+        spellings[field_name] = key
+        value = spec.parameters[key]
+        value_text = text[start + len(key) + 1 : end] if end > start + len(key) else ""
+        try:
+            _convert_arg_to_type(value, hints[field_name])
+        except ValueError:
+            got = f"'{value_text}'" if value_text else "no value"
+            raise place.error(
+                text,
+                f"option '{key}' of pass '{name}' takes "
+                f"{_describe_type(hints[field_name])}, got {got}",
+                start,
+                end,
+            ) from None
+        if dry_runs:
+            problem = _dry_run(pass_class, ArgSpec(name, {key: value}), ctx)
+            if problem is not None:
+                raise place.error(
+                    text, f"{name}: {_in_users_words(problem, pass_class, spellings)}", start, end
+                )
+    problem = _dry_run(pass_class, spec, ctx) if dry_runs else None
+    if problem is not None:
+        raise place.error(
+            text,
+            f"{name}: {_in_users_words(problem, pass_class, spellings)}",
+            place.name_start,
+            place.end,
+        )
+
+
+def _runs_without_options(pass_class: type[ModulePass], ctx: Any) -> bool:
+    """Whether the pass, built with its defaults, runs on an empty module without an error."""
+    if pass_class.required_fields():
+        return False
+    try:
+        pass_class().apply(ctx.clone(), ModuleOp([]))
+    except Exception:
+        return False
+    return True
+
+
+def _dry_run(pass_class: type[ModulePass], spec: ArgSpec, ctx: Any) -> str | None:
+    """Why the pass refuses these options, or None: it is built and applied to an empty module.
+
+    Only errors that refuse a value count; anything else is left to the real run.
+    """
+    try:
+        pass_class.from_spec(spec).apply(ctx.clone(), ModuleOp([]))
+    except HostirError as error:
+        message = error.message
+    except (ValueError, DiagnosticException) as error:
+        message = str(error)
+    except Exception:
+        return None
+    else:
+        return None
+    # A pass names itself ("stream-parallel: unknown ..."), or the pass it runs inside;
+    # the caller names the pass the user wrote.
+    return re.sub(r"^[\w-]+: ", "", message)
+
+
+def not_utf8_error(
+    filename: str, data: bytes, error: UnicodeDecodeError, line_offset: int
+) -> HostirError:
+    """An error at the first byte of `data` that is not UTF-8, shown in its line."""
+    start = error.start
+    line_start = data.rfind(b"\n", 0, start) + 1
+    line_end = data.find(b"\n", start)
+    line = data[line_start : len(data) if line_end < 0 else line_end].decode(errors="replace")
+    # Control bytes of a binary file would garble the terminal; one character each keeps the caret.
+    line = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
+    return HostirError(
+        f"input is not UTF-8 text ({error.reason}: byte 0x{data[start]:02x})",
+        SourceLocation(
+            filename,
+            data.count(b"\n", 0, start) + 1 + line_offset,
+            len(data[line_start:start].decode()) + 1,
+            line,
+        ),
+    )
 
 
 def load_pass(name: str, factory: Callable[[], type[ModulePass]]) -> type[ModulePass]:
@@ -311,6 +533,7 @@ class ListPassesAction(argparse.Action):
         width = max(map(len, self.passes))
         for name in sorted(self.passes):
             print(f"{name:<{width}}  {pass_summary(name, self.passes[name])}")
+        sys.stdout.flush()  # a closed pipe is then main's BrokenPipeError, not one at exit
         parser.exit()
 
 
@@ -398,10 +621,41 @@ class DiagnosticVerifier:
         )
 
 
+BROKEN_PIPE_STATUS = 141
+"""The status of a command a closed pipe ends (128 + SIGPIPE), as in `seq 1000 | head -1`."""
+
+
 def main(args: list[str] | None = None) -> int:
-    """The `hir-opt` command; returns the exit status."""
+    """The `hir-opt` command; returns the exit status.
+
+    Output into a pipe that the reader has closed (`hir-opt --list-passes | head -1`)
+    ends the command quietly, as it ends other command-line tools.
+    """
     try:
-        return HirOptMain(args).run()
-    except HostirError as error:
-        print(error, file=sys.stderr)
-        return 1
+        try:
+            status = HirOptMain(args).run()
+        except HostirError as error:
+            print(error, file=sys.stderr)
+            status = 1
+        except RecursionError:
+            # The parser refuses text nested deeper than text.MAX_NESTING, so this is a
+            # pass or a printer recursing through IR a pass made deeper.
+            print("error: nesting too deep: the IR nests too deeply to process", file=sys.stderr)
+            status = 1
+        except SystemExit:
+            sys.stdout.flush()  # --help, --version, --list-passes
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        _discard_stdout()
+        return BROKEN_PIPE_STATUS
+
+
+def _discard_stdout() -> None:
+    """Points stdout at /dev/null, so that Python's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
