@@ -49,6 +49,8 @@ def test_mesh_from_a_list_or_an_array_attr():
         ([], "at least one device"),
         ([0, -1], "non-negative"),
         ([0, 2, 2, 1, 1], "lists device(s) [1, 2] more than once"),
+        ([0, 2**63], f"device id {2**63} is too large: a device id must fit in a signed 64-bit"),
+        ([10**30], "(at most 9223372036854775807)"),
     ],
 )
 def test_mesh_verifier(devices, message):
@@ -176,6 +178,10 @@ def test_without_axis_drops_the_axis_and_its_parallel_type(axis, expected):
     [
         (lambda: TensorType([4, 4], f32, [0], ["serial"]), "rank 2 has 1 parallel types"),
         (lambda: TensorType([4, -3], f32), "axis 1 has negative extent -3"),
+        (
+            lambda: TensorType([4, 2**63], f32),
+            re.escape(f"axis 1 has extent {2**63}, too large: an extent must fit in a signed"),
+        ),
         (lambda: TensorType([4], IntegerType(16)), "element type i16 is not supported"),
         (lambda: TensorType([4], IndexType()), "element type index is not supported"),
         (lambda: TensorType([2, 2], f32, [0, 1], ["didx", "didx"]), r"axes \[0, 1\] are both didx"),
@@ -192,6 +198,11 @@ def test_without_axis_drops_the_axis_and_its_parallel_type(axis, expected):
 def test_tensor_verifier(build, message):
     with pytest.raises(VerifyException, match=message):
         build()
+
+
+def test_the_largest_int64_is_a_valid_extent_and_device_id():
+    largest = 2**63 - 1
+    assert TensorType([largest, DYNAMIC], f32, [largest]).get_shape() == (largest, DYNAMIC)
 
 
 @pytest.mark.parametrize("extent", [DYNAMIC, 4])
