@@ -35,7 +35,13 @@ from xdsl.pattern_rewriter import (
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import SERIAL, FusionOp, TensorType, reduction_shape, tensor_type
-from passes.sharding import local_operand_type, reduces_didx_axis, resharded_operands
+from hostir_dialect.text import HostirError
+from passes.sharding import (
+    local_operand_type,
+    plan_resharding,
+    reduces_didx_axis,
+    resharded_operands,
+)
 
 
 class SplitShardedReduction(RewritePattern):
@@ -70,6 +76,11 @@ class InsertReshardingSets(RewritePattern):
 
     Sets and reductions over a `didx` axis are communications themselves and keep
     their operands. One set serves every use of a value in the same layout.
+
+    A set has the location of the op it is inserted for, and so do the hir ops
+    `fusion-to-hir` lowers it to. A set that no communication implements is refused
+    here, naming the user's op and the operand, rather than later as a `fusion.set`
+    the user never wrote.
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
@@ -79,14 +90,37 @@ class InsertReshardingSets(RewritePattern):
         if not resharded:
             return
         sets: dict[tuple[SSAValue, TensorType], fusion.SetOp] = {}
+        served: dict[tuple[SSAValue, TensorType], list[int]] = {}
         operands = list(op.operands)
         for index in resharded:
             key = (operands[index], local_operand_type(op, index))
             if key not in sets:
-                sets[key] = rewriter.insert(fusion.SetOp(*key))
+                sets[key] = fusion.SetOp(*key)
+                sets[key].location = op.location
+            served.setdefault(key, []).append(index)
             operands[index] = sets[key].result
+        for key, inserted in sets.items():
+            check_lowerable(op, served[key], inserted)
+        rewriter.insert(list(sets.values()))
         op.operands = operands
         rewriter.notify_op_modified(op)
+
+
+def check_lowerable(op: Operation, indices: list[int], inserted: fusion.SetOp) -> None:
+    """Refuses, at `op`, the set for its operands `indices` if no communication implements it."""
+    try:
+        plan_resharding(inserted)
+    except HostirError as error:
+        source, target = tensor_type(inserted.input), tensor_type(inserted.result)
+        # plan_resharding says "fusion.set: cannot lower the change from A to B: <reason>".
+        reason = error.message.partition(f"{target.sharding_str()}: ")[2] or error.message
+        which = ("operand " if len(indices) == 1 else "operands ") + ", ".join(map(str, indices))
+        raise HostirError.at(
+            op,
+            f"{op.name}: {which} must be resharded from {source.sharding_str()} to "
+            f"{target.sharding_str()} (by a fusion.set that insert-reshardings inserts), "
+            f"and no communication does that: {reason}",
+        ) from None
 
 
 @dataclass(frozen=True)

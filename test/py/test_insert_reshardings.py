@@ -12,7 +12,7 @@ from examples import reference_fusions
 from hostir_dialect import fusion, hostir_context
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.fusion import DYNAMIC, TensorType, tensor_type
-from hostir_dialect.text import print_module, verify_module
+from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
 from passes.insert_reshardings import InsertReshardings
 from passes.sharding import resharded_operands
 
@@ -178,3 +178,51 @@ def test_a_reduction_over_the_didx_axis_and_others_is_split(keepdim):
     assert total.result.type == y.type
     assert partial.keeps_dims == total.keeps_dims == keepdim
     assert_all_local(module)
+
+
+# --------------------------------------------------------------------------- #
+# Locations and refusals                                                       #
+# --------------------------------------------------------------------------- #
+
+TRANSPOSED_ADD = """\
+!rows = !fusion.tensor<[4, 4], f32, mesh = [0, 1, 2, 3], axes = [didx, _]>
+!cols = !fusion.tensor<[4, 4], f32, mesh = [0, 1, 2, 3], axes = [_, didx]>
+func.func @f(%a: !rows, %b: !cols) -> !rows {
+  %c = fusion.add %a, %b : (!rows, !cols) -> !rows
+  func.return %c : !rows
+}
+"""
+
+
+GATHERED_LINEAR = """\
+!in = !fusion.tensor<[?, 4, ?, ?], bf16, mesh = [0, 1, 2, 3], axes = [_, didx, _, _]>
+!w = !fusion.tensor<[?, ?], bf16, mesh = [0, 1, 2, 3]>
+!b = !fusion.tensor<[?], bf16, mesh = [0, 1, 2, 3]>
+!out = !fusion.tensor<[?, 4, ?, ?], bf16, mesh = [0, 1, 2, 3], axes = [stream, _, _, _]>
+func.func @ag_linear(%in: !in, %w: !w, %b: !b) -> !out {
+  %out = fusion.linear %in, %w, %b : (!in, !w, !b) -> !out
+  func.return %out : !out
+}
+"""
+
+
+def test_an_inserted_set_has_the_location_of_the_op_it_serves():
+    module = insert_reshardings(parse_module(GATHERED_LINEAR, "gathered.mlir"))
+    gather, linear = body(module)[:2]
+    assert isinstance(gather, fusion.SetOp) and isinstance(linear, fusion.LinearOp)
+    assert gather.location == linear.location
+    assert (gather.location.filename.data, gather.location.line.data) == ("gathered.mlir", 6)
+
+
+def test_a_resharding_no_communication_does_is_an_error_at_the_users_op():
+    module = parse_module(TRANSPOSED_ADD, "transposed.mlir")
+    with pytest.raises(HostirError) as error:
+        InsertReshardings().apply(hostir_context(), module)
+    assert error.value.op_name == "fusion.add"
+    assert (error.value.location.file, error.value.location.line) == ("transposed.mlir", 4)
+    assert error.value.message.startswith(
+        "fusion.add: operand 1 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] "
+        "to mesh = [0, 1, 2, 3], axes = [didx, _]"
+    )
+    assert error.value.message.endswith("no communication moves a didx axis to another axis")
+
