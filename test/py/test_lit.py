@@ -183,7 +183,8 @@ def test_a_missing_pass_module_breaks_only_its_pass(fusion_file: Path, extra_pas
     status, _, err = _run([fusion_file, "-p", "cse,not-written-yet"], capsys)
     assert status == 1
     assert err.startswith(
-        "error: pass 'not-written-yet' is not available: No module named 'passes.no_such_module'"
+        "pass-pipeline:1:5: error: pass 'not-written-yet' is not available: "
+        "No module named 'passes.no_such_module'\ncse,not-written-yet\n    ^^^^^^^^^^^^^^^\n"
     )
     status, out, err = _run([fusion_file, "-p", "cse,record-options"], capsys)
     assert (status, err) == (0, "")
@@ -223,12 +224,15 @@ ERROR_CASES = {
     "unknown pass": (
         FUSION,
         ["-p", "cse,fold-everything"],
-        "error: unknown pass 'fold-everything'; known passes: {known}\n",
+        "pass-pipeline:1:5: error: unknown pass 'fold-everything'; known passes: {known}\n"
+        "cse,fold-everything\n"
+        "    ^^^^^^^^^^^^^^^\n",
     ),
     "bad pass option": (
         FUSION,
         ["-p", "record-options{count=many}"],
-        "error: bad options for pass 'record-options': Incompatible types",
+        "pass-pipeline:1:16: error: option 'count' of pass 'record-options' takes an integer, "
+        "got 'many'\nrecord-options{{count=many}}\n               ^^^^^^^^^^\n",
     ),
     "pipeline syntax": (
         FUSION,
@@ -257,7 +261,11 @@ ERROR_CASES = {
         [],
         "error: cannot open input file '{file}': No such file or directory",
     ),
-    "not UTF-8": (b"\xff\xfe", [], "error: {file} is not UTF-8 text"),
+    "not UTF-8": (
+        b"// ok\n  \xff\xfe",
+        [],
+        "{file}:2:3: error: input is not UTF-8 text (invalid start byte: byte 0xff)\n",
+    ),
     "unwritable output": (
         FUSION,
         ["-o", "/nonexistent/out.mlir"],
