@@ -30,7 +30,8 @@ class HirLowering(ModulePass):
     """Lowers a fusion to a host program.
 
     `backend` goes to `fusion-to-hir` (who moves the bytes of the collectives), the
-    other options to `stream-parallel`.
+    other options to `stream-parallel` (`p2p_order=device` reproduces pr4515's
+    point-to-point allgather; the default is the ring order).
     """
 
     name = "hir-lowering"
@@ -38,13 +39,14 @@ class HirLowering(ModulePass):
     backend: str = "nccl"
     p2p_backend: str = "nccl"
     separate_sync_loop: bool = True
+    p2p_order: str = "ring"
 
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
         PassPipeline(
             (
                 InsertReshardings(),
                 FusionToHir(self.backend),
-                StreamParallelLowering(self.p2p_backend, self.separate_sync_loop),
+                StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
                 InsertDeallocations(),
                 CanonicalizePass(),
                 CommonSubexpressionElimination(),

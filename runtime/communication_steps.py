@@ -169,23 +169,27 @@ def _batch(op: hir.P2POp) -> list[Operation]:
 
 
 def _partner(op: hir.P2POp, partner_type: type[hir.P2POp]) -> hir.P2POp:
-    """The copy-engine transfer of the other direction with the same peer in `op`'s batch.
+    """The copy-engine transfer of the other direction in `op`'s batch: the one with the
+    same peer, or else the only one of the batch.
 
-    The copy engines pull: a recv reads, on the peer, the buffer that this rank sends the
-    peer in the same batch (every rank runs the same program, so the peer's send of the
-    pair is of that same buffer), and a send lets the peer read it.
+    The copy engines pull: a recv reads, on the peer, the buffer that this rank sends in
+    the same batch (every rank runs the same program, so the peer's send of the pair is
+    of that same buffer), and a send lets the peer read it. In a pairwise exchange the
+    send of the batch goes to the same peer; in a ring (the point-to-point allgather's
+    default order) it goes to another one, whose recv of that batch reads it.
     """
-    partners = [
-        other
-        for other in _batch(op)
-        if isinstance(other, partner_type) and other.peer == op.peer and _is_copy_engine(other)
+    candidates = [
+        other for other in _batch(op) if isinstance(other, partner_type) and _is_copy_engine(other)
     ]
+    same_peer = [other for other in candidates if other.peer == op.peer]
+    partners = same_peer or candidates
     if len(partners) != 1:
         raise HostirError.at(
             op,
             f"{op.name} with backend cuda pairs with exactly one {partner_type.name} with backend "
-            f"cuda of the same peer in its batch (the copy engines read, on the peer, the buffer "
-            f"this rank sends it); the batch has {len(partners)}",
+            f"cuda of the same peer in its batch, or else with the only one of its batch (the "
+            f"copy engines read, on the peer, the buffer this rank sends in the batch); the batch "
+            f"has {len(same_peer)} of the same peer and {len(candidates)} in all",
         )
     return partners[0]
 

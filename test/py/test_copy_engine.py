@@ -1,14 +1,16 @@
 """The copy-engine backend (`backend cuda`, docs/copy-engine.md), from the fusion to the outputs.
 
 Each case lowers a reference fusion with the copy engines chosen (`hir-lowering{backend=cuda}`
-or `{p2p_backend=cuda}`): the point-to-point allgather, the allgather, AG+matmul and
-AG+linear, in f32 and bf16. Every rank of a world of 2 and of 4 runs it twice, on new
-random inputs each time (the second run reuses the symmetric buffers of the first), with
-every allocation poisoned, and the parent compares each rank's output with its piece of
-plain torch on the unsharded inputs and with the same fusion lowered for NCCL. On CPU
-ranks (gloo, CI) the copy engines' schedule runs over torch.distributed messages; on a
-machine with enough GPUs the ranks use torch symmetric memory and copies on the copy
-stream (HOSTIR_TEST_DEVICE as in test_e2e.py).
+or `{p2p_backend=cuda}`): the point-to-point allgather (in ring order, and in pr4515's
+device order), the allgather, AG+matmul and AG+linear, in f32 and bf16, and the
+point-to-point AG+matmul on a mesh that leaves out device 0. Every rank of a world of 2
+and of 4 runs it twice, on new random inputs each time (the second run reuses the
+symmetric buffers of the first), with every allocation poisoned, and the parent
+compares each rank's output with its piece of plain torch on the unsharded inputs and
+with the same fusion lowered for NCCL. On CPU ranks (gloo, CI) the copy engines'
+schedule runs over torch.distributed messages; on a machine with enough GPUs the ranks
+use torch symmetric memory and copies on the copy stream (HOSTIR_TEST_DEVICE as in
+test_e2e.py).
 
 The reductions run the same way: every reference fusion that lowers to an allreduce or a
 reduce-scatter (the allreduce, the reduce-scatter, matmul+allreduce and
@@ -33,9 +35,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir
+from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from runtime.communicator import Communicator
 from runtime.launch import run_on_local_ranks
@@ -47,6 +51,7 @@ from test_interpreter import poisoned_allocations, tensor
 
 COPY_ENGINE = "hir-lowering{backend=cuda}"
 P2P_COPY_ENGINE = "hir-lowering{p2p_backend=cuda}"
+P2P_COPY_ENGINE_DEVICE_ORDER = "hir-lowering{p2p_backend=cuda p2p_order=device}"
 NCCL = "hir-lowering"
 
 S, M, K, N = 2, 3, 4, 5
@@ -64,6 +69,23 @@ class Fusion:
     """Whether it lowers to a reduction, whose sums the copy engines and NCCL may order differently."""
 
 
+def ag_matmul_p2p_upper(num_devices: int, dtype: str) -> ModuleOp:
+    """A [DIDx(D-1), M, K] on devices 1 .. D-1 @ B [K, N] -> [Stream(D-1), M, N]: the ring
+    on a mesh that leaves out device 0, whose ranks hold placeholders (static extents)."""
+    mesh = range(1, num_devices)
+    fb = FusionBuilder("ag_matmul_p2p_upper")
+    a = fb.input([len(mesh), M, K], dtype, mesh=mesh, axes=["didx", "_", "_"])
+    out = fb.matmul(a, fb.input([K, N], dtype, mesh=mesh))
+    fb.parallelize(out, 0, "stream")
+    fb.output(out)
+    return fb.build()
+
+
+BUILDERS = {**REFERENCE_FUSIONS, "ag_matmul_p2p_upper": ag_matmul_p2p_upper}
+
+P2P_PIPELINES = (COPY_ENGINE, P2P_COPY_ENGINE, P2P_COPY_ENGINE_DEVICE_ORDER)
+"""The point-to-point allgather on the copy engines, in ring order and in pr4515's order."""
+
 def matmul_ar(a, b):
     return torch.einsum("sdmk,dkn->smn", a, b)
 
@@ -77,8 +99,9 @@ def sum_over_devices(x):
 
 
 FUSIONS = [
-    Fusion("allgather_p2p", lambda D: [(D, M)], identity, (COPY_ENGINE, P2P_COPY_ENGINE)),
-    Fusion("ag_matmul_p2p", lambda D: [(D, M, K), (K, N)], matmul, (COPY_ENGINE, P2P_COPY_ENGINE)),
+    Fusion("allgather_p2p", lambda D: [(D, M)], identity, P2P_PIPELINES),
+    Fusion("ag_matmul_p2p", lambda D: [(D, M, K), (K, N)], matmul, P2P_PIPELINES),
+    Fusion("ag_matmul_p2p_upper", lambda D: [(D - 1, M, K), (K, N)], matmul, (P2P_COPY_ENGINE,)),
     Fusion("allgather", lambda D: [(S, D)], identity, (COPY_ENGINE,)),
     Fusion("ag_matmul", lambda D: [(S, D, M, K), (K, N)], matmul, (COPY_ENGINE,)),
     Fusion("ag_linear", lambda D: [(S, D, M, K), (N, K), (N,)], linear, (COPY_ENGINE,)),
@@ -107,7 +130,7 @@ class Case:
         return f"{self.fusion.name}-{self.pipeline}-{self.dtype}-w{self.world}"
 
     def module(self):
-        return REFERENCE_FUSIONS[self.fusion.name](num_devices=self.world, dtype=self.dtype)
+        return BUILDERS[self.fusion.name](num_devices=self.world, dtype=self.dtype)
 
     def inputs(self) -> list[list[torch.Tensor]]:
         """Two sets of random unsharded inputs, one per run, the same in every process."""
@@ -136,7 +159,7 @@ def run_cases(cases: list[tuple[str, str, str, int, list]]) -> list:
     assert communicator.device.type == DEVICE, f"rank runs on {communicator.device}, expected {DEVICE}"
     results = []
     for name, pipeline, dtype, world, runs in cases:
-        module = REFERENCE_FUSIONS[name](num_devices=world, dtype=dtype)
+        module = BUILDERS[name](num_devices=world, dtype=dtype)
         programs = [Program.compile(module, pipeline=p) for p in (pipeline, NCCL)]
         per_run = []
         for inputs in runs:
@@ -358,6 +381,7 @@ def exchange_program(batch: str) -> str:
 
 RECV = f"%r = hir.recv %slot from %peer backend cuda : {ROW}"
 SEND = f"%t = hir.send %s to %peer backend cuda : {SHARD}"
+SEND_TO_DEVICE_0 = f"%t = hir.send %s to %c0 backend cuda : {SHARD}"
 
 
 @pytest.mark.parametrize(
@@ -388,6 +412,15 @@ SEND = f"%t = hir.send %s to %peer backend cuda : {SHARD}"
             exchange_program(f"hir.start_coalescing\n{SEND}\n%e = hir.end_coalescing"),
             "hir.send with backend cuda pairs with exactly one hir.recv",
         ),
+        (
+            exchange_program(
+                f"hir.start_coalescing\n{RECV}\n{SEND_TO_DEVICE_0}\n"
+                f"%u = hir.send %s to %c0 backend cuda : {SHARD}\n%e = hir.end_coalescing"
+            ),
+            "hir.recv with backend cuda pairs with exactly one hir.send with backend cuda of the same "
+            "peer in its batch, or else with the only one of its batch (the copy engines read, on the "
+            "peer, the buffer this rank sends in the batch); the batch has 0 of the same peer and 2 in all",
+        ),
     ],
     ids=[
         "allgather-not-symmetric",
@@ -395,12 +428,20 @@ SEND = f"%t = hir.send %s to %peer backend cuda : {SHARD}"
         "recv-without-send",
         "send-not-symmetric",
         "send-alone",
+        "recv-between-two-sends-to-another-peer",
     ],
 )
 def test_preparing_refuses_what_the_copy_engines_cannot_do(program, message):
     with pytest.raises(HostirError, match=r"^<string>:\d+:\d+: error: ") as error:
         Program.compile(program, pipeline=None)
     assert message in str(error.value)
+
+
+def test_a_recv_pairs_with_the_send_of_its_batch_to_another_peer():
+    """The ring order of the point-to-point allgather: a batch receives from one peer and
+    sends to another; the recv reads, on its peer, the buffer this rank sends."""
+    program = exchange_program(f"hir.start_coalescing\n{RECV}\n{SEND_TO_DEVICE_0}\n%e = hir.end_coalescing")
+    Program.compile(program, pipeline=None)
 
 
 def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():

@@ -116,7 +116,20 @@ def send_recv(num_devices: int, dtype: str, shape: list[int]) -> ModuleOp:
     return fb.build()
 
 
-COMMUNICATION_FUSIONS = {f.__name__: f for f in (scatter, broadcast, gather, reduce, send_recv)}
+def allgather_p2p_upper(num_devices: int, dtype: str, shape: list[int]) -> ModuleOp:
+    """[DIDx(D-1), M] on devices 1 .. D-1 -> set -> [Stream(D-1), M]: the point-to-point
+    allgather (ring order) on a mesh that does not start at device 0; device 0 skips it."""
+    fb = FusionBuilder("allgather_p2p_upper")
+    x = fb.input(shape, dtype, mesh=range(1, num_devices), axes=["didx", "_"])
+    out = fb.set(x)
+    fb.parallelize(out, 0, "stream")
+    fb.output(out)
+    return fb.build()
+
+
+COMMUNICATION_FUSIONS = {
+    f.__name__: f for f in (scatter, broadcast, gather, reduce, send_recv, allgather_p2p_upper)
+}
 
 
 def build(fusion: str, **arguments) -> ModuleOp:
@@ -192,6 +205,7 @@ COMMUNICATIONS = [
     Fusion("gather", lambda D, e: [(D, e.M)], identity),
     Fusion("reduce", lambda D, e: [(D, e.M, e.N)], lambda x: x.sum(0)),
     Fusion("send_recv", lambda D, e: [(D // 2, e.M)], identity, static_shape=True),
+    Fusion("allgather_p2p_upper", lambda D, e: [(D - 1, e.M)], identity, static_shape=True),
 ]
 
 

@@ -21,7 +21,17 @@ from hostir_dialect import hir, hostir_context
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
 from passes import HOSTIR_PASSES
 from passes.pipeline import HirLowering
-from test_stream_parallel import ALLOC, P2P, SLICE, expand, host, loop, outline
+from test_stream_parallel import (
+    ALLOC,
+    P2P,
+    P2P_DEVICE_ORDER,
+    RING_SETUP,
+    SLICE,
+    expand,
+    host,
+    loop,
+    outline,
+)
 
 FREE = "hir.deallocate"
 
@@ -74,8 +84,8 @@ EXPECTED_OUTLINES = {
         FREE,
         FREE,
     ],
-    ("allgather_p2p",): [ALLOC, loop(SLICE, *P2P)],
-    ("ag_matmul_p2p",): [ALLOC, ALLOC, loop(SLICE, *P2P, SLICE, "hir.matmul"), FREE],
+    ("allgather_p2p",): [ALLOC, RING_SETUP, loop(*P2P)],
+    ("ag_matmul_p2p",): [ALLOC, RING_SETUP, ALLOC, loop(*P2P, SLICE, "hir.matmul"), FREE],
 }
 
 MULTI_DEVICE = {
@@ -137,7 +147,16 @@ def test_options_reach_stream_parallel():
     assert lowering == HirLowering(p2p_backend="cuda", separate_sync_loop=False)
     function = host(lower(build(("ag_matmul_p2p",), 8), lowering))
     # The copy engines read the shard of A from a symmetric copy made before the loops.
-    staged = [ALLOC, ALLOC, "hir.copy", ALLOC, loop(SLICE, *P2P, SLICE, "hir.matmul"), FREE, FREE]
+    staged = [
+        ALLOC,
+        ALLOC,
+        "hir.copy",
+        RING_SETUP,
+        ALLOC,
+        loop(*P2P, SLICE, "hir.matmul"),
+        FREE,
+        FREE,
+    ]
     assert outline(function.body.block) == expand(staged, separate_sync_loop=False)
     p2p = [op for op in function.walk() if isinstance(op, hir.SendOp | hir.RecvOp)]
     assert len(p2p) == 2 and {op.backend.data.value for op in p2p} == {"cuda"}
@@ -145,9 +164,19 @@ def test_options_reach_stream_parallel():
     assert send.buffer.owner.symmetric is not None
 
 
+def test_device_order_reaches_stream_parallel():
+    lowering = PassPipeline.parse_spec(HOSTIR_PASSES, "hir-lowering{p2p_order=device}").passes[0]
+    assert lowering == HirLowering(p2p_order="device")
+    function = host(lower(build(("ag_matmul_p2p",), 8), lowering))
+    pr4515 = [ALLOC, ALLOC, loop(*P2P_DEVICE_ORDER, SLICE, "hir.matmul"), FREE]
+    assert outline(function.body.block) == expand(pr4515, separate_sync_loop=True)
+
+
 def test_bad_option_is_an_error():
     with pytest.raises(HostirError, match="unknown p2p_backend 'mpi'"):
         lower(build(("allgather_p2p",), 8), HirLowering(p2p_backend="mpi"))
+    with pytest.raises(HostirError, match="unknown p2p_order 'random'"):
+        lower(build(("allgather_p2p",), 8), HirLowering(p2p_order="random"))
 
 
 def effectful_ops(module: ModuleOp) -> Counter:

@@ -5,8 +5,12 @@ the axis that its map gives for an output axis (at index 0 on an extent-1 axis) 
 computing the op gives that slice of the whole output, which is the rewrite
 stream-parallel makes. The pass runs on the reference fusions built with the Python
 builder (after insert-reshardings and fusion-to-hir); the tests check the loops and
-what they hold, both options, idempotence, and that the pipelined programs compute
+what they hold, the options, idempotence, and that the pipelined programs compute
 what plain torch computes on the unsharded random inputs, every allocation poisoned.
+The point-to-point allgather's ring is checked from its IR (the slot and the peers of
+every device and iteration: every link busy, every send met by a recv in the same
+iteration, merged work on the slot), with the loops it merges and refuses to merge,
+and run in both orders on CPU ranks.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from xdsl.dialects import func
+from xdsl.dialects import arith, func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir, hostir_context
+from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError, print_module, verify_module
 from passes import axis_mapping
 from passes.axis_mapping import operand_axis
@@ -269,23 +274,27 @@ def expand(expected: list, separate_sync_loop: bool) -> list:
 
 SLICE = "hir.alias_select"
 ALLOC = "hir.allocate"
+EXCHANGE = [
+    "hir.start_coalescing",
+    "hir.recv",
+    "hir.send",
+    "hir.end_coalescing",
+    "hir.wait",
+    "scf.yield",
+]
+OWN_COPY = [SLICE, "hir.copy", "scf.yield"]
 P2P = (
-    "arith.cmpi",
-    (
-        "scf.if",
-        [
-            [SLICE, "hir.copy", "scf.yield"],
-            [
-                "hir.start_coalescing",
-                "hir.recv",
-                "hir.send",
-                "hir.end_coalescing",
-                "hir.wait",
-                "scf.yield",
-            ],
-        ],
-    ),
+    "arith.addi",  # position + i
+    "arith.remui",  # the slot, mod D
+    SLICE,
+    "arith.cmpi",  # i == 0
+    ("scf.if", [OWN_COPY, ["arith.subi", "arith.remui", *EXCHANGE]]),  # send peer (p + D - i) mod D
 )
+"""The ring point-to-point allgather in its loop (on a mesh that starts at device 0)."""
+RING_SETUP = "arith.addi"
+"""position + D, before the loops of a ring."""
+P2P_DEVICE_ORDER = (SLICE, "arith.cmpi", ("scf.if", [OWN_COPY, EXCHANGE]))
+"""pr4515's point-to-point allgather in its loop."""
 
 EXPECTED_OUTLINES = {
     ("single_set", 0): [ALLOC, loop(SLICE, SLICE, "hir.copy")],
@@ -329,8 +338,8 @@ EXPECTED_OUTLINES = {
         ALLOC,
         loop(SLICE, SLICE, SLICE, "hir.matmul", SLICE, "hir.reduce_scatter", "hir.wait"),
     ],
-    ("allgather_p2p",): [ALLOC, loop(SLICE, *P2P)],
-    ("ag_matmul_p2p",): [ALLOC, ALLOC, loop(SLICE, *P2P, SLICE, "hir.matmul")],
+    ("allgather_p2p",): [ALLOC, RING_SETUP, loop(*P2P)],
+    ("ag_matmul_p2p",): [ALLOC, RING_SETUP, ALLOC, loop(*P2P, SLICE, "hir.matmul")],
 }
 
 
@@ -419,6 +428,163 @@ def test_unknown_backend_is_refused():
         stream_parallel(host_program("allgather_p2p"), p2p_backend="ucc")
 
 
+def test_device_order_is_pr4515s_loop():
+    for name, outline_of_loop in [
+        ("allgather_p2p", [ALLOC, loop(*P2P_DEVICE_ORDER)]),
+        ("ag_matmul_p2p", [ALLOC, ALLOC, loop(*P2P_DEVICE_ORDER, SLICE, "hir.matmul")]),
+    ]:
+        module = stream_parallel(host_program(name), p2p_order="device")
+        function = host(module)
+        assert outline(function.body.block) == expand(outline_of_loop, separate_sync_loop=True)
+        (recv,), (send,) = loop_ops(module, hir.RecvOp), loop_ops(module, hir.SendOp)
+        index = recv.parent_op().parent_block().args[0]
+        assert recv.peer is index and send.peer is index
+
+
+def test_unknown_order_is_refused():
+    with pytest.raises(HostirError, match="unknown p2p_order 'tree'; expected one of ring, device"):
+        stream_parallel(host_program("allgather_p2p"), p2p_order="tree")
+
+
+# The ring's schedule, computed from the IR: the index arithmetic of the loop evaluated
+# for each device and iteration.
+
+
+def evaluate(value, rank: int, index: int) -> int:
+    """The value of an index `value` of a stream loop on device `rank` at iteration `index`."""
+    owner = value.owner
+    if isinstance(owner, Block):
+        return index
+    if isinstance(owner, hir.DeviceIndexOp):
+        return rank
+    if isinstance(owner, arith.ConstantOp):
+        return owner.value.value.data
+    lhs, rhs = (evaluate(operand, rank, index) for operand in owner.operands)
+    operations = {arith.AddiOp: int.__add__, arith.SubiOp: int.__sub__, arith.RemUIOp: int.__mod__}
+    result = operations[type(owner)](lhs, rhs)
+    assert result >= 0, f"{owner.name} is negative on device {rank} at iteration {index}"
+    return result
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a device does in one iteration of the point-to-point allgather."""
+
+    slot: int
+    own: bool
+    recv_from: int
+    send_to: int
+    matmul_slot: int | None
+
+
+def schedule(module: ModuleOp, mesh: range) -> dict[tuple[int, int], Step]:
+    """(device, iteration) -> its step, for every device of `mesh`."""
+    (recv,), (send,) = loop_ops(module, hir.RecvOp), loop_ops(module, hir.SendOp)
+    exchange = recv.parent_op()
+    (is_own,) = exchange.operands
+    slot = recv.buffer.owner.index
+    matmuls = loop_ops(module, hir.MatmulOp)
+    steps = {}
+    for rank in mesh:
+        for i in range(len(mesh)):
+            steps[rank, i] = Step(
+                slot=evaluate(slot, rank, i),
+                own=bool(evaluate(is_own.owner.lhs, rank, i) == evaluate(is_own.owner.rhs, rank, i)),
+                recv_from=evaluate(recv.peer, rank, i),
+                send_to=evaluate(send.peer, rank, i),
+                matmul_slot=evaluate(matmuls[0].outs[0].owner.index, rank, i) if matmuls else None,
+            )
+    return steps
+
+
+def p2p_on_mesh(name: str, mesh: range) -> ModuleOp:
+    """A point-to-point allgather fusion on `mesh` (static extents): `allgather_p2p` or `ag_matmul_p2p`."""
+    fb = FusionBuilder(name)
+    a = fb.input([len(mesh), 3, 5], "f32", mesh=mesh, axes=["didx", "_", "_"])
+    if name == "ag_matmul_p2p":
+        out = fb.matmul(a, fb.input([5, 4], "f32", mesh=mesh))
+    else:
+        out = fb.set(a)
+    fb.parallelize(out, 0, "stream")
+    fb.output(out)
+    return fb.build()
+
+
+@pytest.mark.parametrize("mesh", [range(8), range(4, 8), range(1, 4), range(2)], ids=str)
+@pytest.mark.parametrize("name", ["allgather_p2p", "ag_matmul_p2p"])
+def test_ring_keeps_every_link_busy_and_pairs_every_send_with_a_recv(name, mesh):
+    module = REFERENCE_FUSIONS[name](num_devices=8) if mesh == range(8) else p2p_on_mesh(name, mesh)
+    context = hostir_context()
+    InsertReshardings().apply(context, module)
+    FusionToHir().apply(context, module)
+    steps = schedule(stream_parallel(module), mesh)
+    D = len(mesh)
+    for rank in mesh:
+        p = rank - mesh[0]
+        # Each device fills every slot once, its own first, and the matmul works on that slot.
+        assert sorted(steps[rank, i].slot for i in range(D)) == list(range(D))
+        for i in range(D):
+            step = steps[rank, i]
+            assert step.slot == (p + i) % D and step.own == (i == 0)
+            assert step.matmul_slot in (None, step.slot)
+            if i:
+                # It receives slot s from the device holding shard s, which sends to it in
+                # the same iteration.
+                assert step.recv_from == mesh[step.slot]
+                assert steps[step.recv_from, i].send_to == rank
+                assert steps[step.send_to, i].recv_from == rank
+    for i in range(1, D):
+        # Every step: each device sends to one peer and receives from another, all distinct.
+        assert sorted(steps[rank, i].send_to for rank in mesh) == list(mesh)
+        assert sorted(steps[rank, i].recv_from for rank in mesh) == list(mesh)
+        assert all(steps[rank, i].send_to != rank for rank in mesh)
+
+
+def test_merged_matmul_reads_the_slice_that_arrived():
+    module = stream_parallel(host_program("ag_matmul_p2p"))
+    (recv,), (matmul,) = loop_ops(module, hir.RecvOp), loop_ops(module, hir.MatmulOp)
+    slot = recv.buffer.owner.index
+    assert slot.name_hint == "slot" and isinstance(slot.owner, arith.RemUIOp)
+    assert matmul.ins[0] is recv.buffer
+    assert matmul.outs[0].owner.index is slot
+
+
+def plain_then_ring(num_devices: int = 4, dtype: str = "f32") -> ModuleOp:
+    """-x [Stream(D), M] (a plain loop), then the ring allgather of A [DIDx(D), M], then their sum.
+
+    The sum merges into the ring's loop (at the slot); the ring does not merge into the
+    plain loop, whose iteration i works on slot i.
+    """
+    fb = FusionBuilder("plain_then_ring")
+    x = fb.input([num_devices, None], dtype, mesh=range(num_devices))
+    negated = fb.neg(x)
+    fb.parallelize(negated, 0, "stream")
+    a = fb.input([num_devices, None], dtype, mesh=range(num_devices), axes=["didx", "_"])
+    gathered = fb.set(a)
+    fb.parallelize(gathered, 0, "stream")
+    out = fb.add(negated, gathered)
+    fb.parallelize(out, 0, "stream")
+    fb.output(out)
+    return fb.build()
+
+
+def test_a_ring_loop_does_not_merge_into_a_plain_loop():
+    module = plain_then_ring()
+    context = hostir_context()
+    InsertReshardings().apply(context, module)
+    FusionToHir().apply(context, module)
+    function = host(stream_parallel(module))
+    ring = loop(*P2P, SLICE, SLICE, "hir.launch_kernel")
+    expected = [ALLOC, loop(SLICE, SLICE, "hir.launch_kernel"), ALLOC, RING_SETUP, ALLOC, ring]
+    assert outline(function.body.block) == expand(expected, separate_sync_loop=True)
+    (recv,) = loop_ops(module, hir.RecvOp)
+    plain, merged = loop_ops(module, hir.LaunchKernelOp)
+    slot = recv.buffer.owner.index
+    assert all(operand.owner.index is plain.parent_block().args[0] for operand in plain.operands)
+    assert all(operand.owner.index is slot for operand in merged.operands)
+    assert print_module(stream_parallel(module)) == print_module(module)
+
+
 # --------------------------------------------------------------------------- #
 # What the pipelined programs compute                                          #
 # --------------------------------------------------------------------------- #
@@ -484,6 +650,54 @@ def run_without_separate_sync_loop(n: int) -> list[torch.Tensor]:
             (output,) = program.run(local, communicator, num_streams=2)
         outputs.append(output.cpu())
     return outputs
+
+
+def point_to_point_cases(n: int) -> list[tuple[str, str, ModuleOp, list, torch.Tensor, range]]:
+    """(what, p2p_order, fusion, unsharded inputs, unsharded output, the devices that hold it):
+    the point-to-point cases in both orders, the plain loop then the ring, and AG+matmul
+    on a mesh that leaves out device 0 (devices 1 .. n-1)."""
+    generator = torch.Generator().manual_seed(n)
+    x, a = torch.randn(n, 6, generator=generator), torch.randn(n, 6, generator=generator)
+    u, b = torch.randn(n - 1, 3, 5, generator=generator), torch.randn(5, 4, generator=generator)
+    everywhere, upper = range(n), range(1, n)
+    cases = [
+        (name, order, REFERENCE_FUSIONS[name](num_devices=n), inputs, expected, everywhere)
+        for name, inputs, expected in multi_device_cases(n)[:2]
+        for order in ("ring", "device")
+    ]
+    cases.append(("plain_then_ring", "ring", plain_then_ring(n), [x, a], a - x, everywhere))
+    for order in ("ring", "device"):
+        upper_matmul = p2p_on_mesh("ag_matmul_p2p", upper)
+        cases.append(("ag_matmul_p2p on 1 ..", order, upper_matmul, [u, b], u @ b, upper))
+    return cases
+
+
+def run_point_to_point_cases(n: int) -> list[torch.Tensor]:
+    """One rank: the output of each of `point_to_point_cases(n)`, lowered with its order."""
+    communicator = Communicator.from_env()
+    outputs = []
+    for _, order, module, inputs, _, _ in point_to_point_cases(n):
+        program = Program.compile(module, pipeline=f"hir-lowering{{p2p_order={order}}}")
+        local = [
+            shard(value, t, communicator.rank).to(communicator.device)
+            for value, t in zip(inputs, program.input_types)
+        ]
+        with poisoned_allocations():
+            (output,) = program.run(local, communicator, num_streams=2)
+        outputs.append(output.cpu())
+    return outputs
+
+
+@pytest.mark.parametrize("n", [pytest.param(n, marks=needs_ranks(n)) for n in (2, 4)])
+def test_point_to_point_orders_compute_what_torch_computes(n):
+    cases = point_to_point_cases(n)
+    for rank, outputs in enumerate(run_on_local_ranks(run_point_to_point_cases, n, n, timeout_s=120)):
+        for output, (what, order, _, _, expected, holders) in zip(outputs, cases, strict=True):
+            where = f"{what} in {order} order, rank {rank}"
+            if rank in holders:
+                torch.testing.assert_close(output, expected, msg=lambda m: f"{where}: {m}")
+            else:
+                assert output.numel() == 0, where
 
 
 @needs_ranks(2)
