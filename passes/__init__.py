@@ -27,6 +27,12 @@ def _stream_parallel() -> type[ModulePass]:
     return StreamParallelLowering
 
 
+def _per_stream_buffers() -> type[ModulePass]:
+    from passes.per_stream_buffers import PerStreamBuffers
+
+    return PerStreamBuffers
+
+
 def _insert_deallocations() -> type[ModulePass]:
     from passes.insert_deallocations import InsertDeallocations
 
@@ -43,6 +49,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "insert-reshardings": _insert_reshardings,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
+    "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,
     "hir-lowering": _hir_lowering,
 }

@@ -1,7 +1,7 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
-insert-reshardings, fusion-to-hir, stream-parallel, insert-deallocations, then
-xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
+insert-reshardings, fusion-to-hir, stream-parallel, per-stream-buffers,
+insert-deallocations, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
 loops compute twice. Those two only touch ops whose effects are known: arith, scf,
 and the hir ops marked `Pure` (`hir.dim`, `hir.device_index`,
 `hir.number_of_streams`, `hir.stream`); every other hir op has effects they leave alone.
@@ -22,6 +22,7 @@ from xdsl.transforms.common_subexpression_elimination import (
 from passes.fusion_to_hir import FusionToHir
 from passes.insert_deallocations import InsertDeallocations
 from passes.insert_reshardings import InsertReshardings
+from passes.per_stream_buffers import PerStreamBuffers
 from passes.stream_parallel import StreamParallelLowering
 
 
@@ -32,6 +33,9 @@ class HirLowering(ModulePass):
     `backend` goes to `fusion-to-hir` (who moves the bytes of the collectives), the
     other options to `stream-parallel` (`p2p_order=device` reproduces pr4515's
     point-to-point allgather; the default is the ring order).
+    `per_stream_buffers=false` leaves out `per-stream-buffers`, so that the
+    intermediate buffers of stream loops keep one slice per iteration, as in the
+    reference programs.
     """
 
     name = "hir-lowering"
@@ -40,6 +44,7 @@ class HirLowering(ModulePass):
     p2p_backend: str = "nccl"
     separate_sync_loop: bool = True
     p2p_order: str = "ring"
+    per_stream_buffers: bool = True
 
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
         PassPipeline(
@@ -47,6 +52,7 @@ class HirLowering(ModulePass):
                 InsertReshardings(),
                 FusionToHir(self.backend),
                 StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
+                *([PerStreamBuffers()] if self.per_stream_buffers else []),
                 InsertDeallocations(),
                 CanonicalizePass(),
                 CommonSubexpressionElimination(),

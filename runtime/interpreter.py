@@ -269,6 +269,7 @@ ARITH_BINARY: dict[type[Operation], Callable[[int, int], int]] = {
     arith.RemUIOp: operator.mod,
     arith.DivUIOp: operator.floordiv,
     arith.MaxUIOp: max,
+    arith.MinUIOp: min,
 }
 """Index arithmetic on Python ints (indices are non-negative, so unsigned ops are the plain ones)."""
 

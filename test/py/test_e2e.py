@@ -312,11 +312,14 @@ def results_of_world(world: int) -> dict[str, list]:
 @pytest.fixture(scope="module", autouse=True)
 def rank_environment():
     """What the spawned ranks inherit: no GPUs when the suite runs on the CPU of a GPU machine,
-    and a communication timeout that fails a hanging case in seconds rather than minutes."""
+    a communication timeout that fails a hanging case in seconds rather than minutes, and
+    2 streams: fewer than the 3 chunks of the "odd" extents, so that iterations share a
+    stream and the buffers of per-stream-buffers hand a slice to a second iteration."""
     with pytest.MonkeyPatch.context() as patch:
         if DEVICE == "cpu":
             patch.setenv("CUDA_VISIBLE_DEVICES", "")
         patch.setenv("HOSTIR_TIMEOUT_S", "30")
+        patch.setenv("HOSTIR_NUM_STREAMS", "2")
         yield
 
 

@@ -34,11 +34,13 @@ from test_stream_parallel import (
 )
 
 FREE = "hir.deallocate"
+PER_STREAM = "arith.minui"
+"""min(extent, number_of_streams): the slices of a buffer that per-stream-buffers shares."""
 
 EXPECTED_OUTLINES = {
     ("single_set", 0): [ALLOC, loop(SLICE, SLICE, "hir.copy")],
     ("single_set", 1): [ALLOC, loop(SLICE, SLICE, "hir.copy")],
-    ("two_sets",): [ALLOC, ALLOC, loop(SLICE, SLICE, "hir.copy", SLICE, "hir.copy"), FREE],
+    ("two_sets",): [PER_STREAM, ALLOC, ALLOC, loop(SLICE, SLICE, "hir.copy", SLICE, "hir.copy"), FREE],
     ("three_sets",): [
         ALLOC,
         loop(SLICE, SLICE, "hir.copy"),
@@ -55,6 +57,7 @@ EXPECTED_OUTLINES = {
     ("matmul", 1): [ALLOC, loop(SLICE, SLICE, "hir.matmul")],
     ("linear",): [ALLOC, loop(SLICE, SLICE, "hir.linear")],
     ("ag_linear",): [
+        PER_STREAM,
         ALLOC,
         ALLOC,
         loop(SLICE, SLICE, "hir.allgather", "hir.wait", SLICE, "hir.linear"),
@@ -64,12 +67,14 @@ EXPECTED_OUTLINES = {
     ("allreduce",): [ALLOC, loop(SLICE, SLICE, "hir.allreduce", "hir.wait")],
     ("reduce_scatter",): [ALLOC, loop(SLICE, SLICE, "hir.reduce_scatter", "hir.wait")],
     ("ag_matmul",): [
+        PER_STREAM,
         ALLOC,
         ALLOC,
         loop(SLICE, SLICE, "hir.allgather", "hir.wait", SLICE, "hir.matmul"),
         FREE,
     ],
     ("matmul_ar",): [
+        PER_STREAM,
         ALLOC,
         ALLOC,
         loop(SLICE, SLICE, "hir.matmul", SLICE, "hir.allreduce", "hir.wait"),
@@ -78,6 +83,7 @@ EXPECTED_OUTLINES = {
     ("matmul_rs_through_bcast",): [
         ALLOC,
         "hir.post_on_stream",
+        PER_STREAM,
         ALLOC,
         ALLOC,
         loop(SLICE, SLICE, SLICE, "hir.matmul", SLICE, "hir.reduce_scatter", "hir.wait"),
@@ -85,7 +91,7 @@ EXPECTED_OUTLINES = {
         FREE,
     ],
     ("allgather_p2p",): [ALLOC, RING_SETUP, loop(*P2P)],
-    ("ag_matmul_p2p",): [ALLOC, RING_SETUP, ALLOC, loop(*P2P, SLICE, "hir.matmul"), FREE],
+    ("ag_matmul_p2p",): [PER_STREAM, ALLOC, RING_SETUP, ALLOC, loop(*P2P, SLICE, "hir.matmul"), FREE],
 }
 
 MULTI_DEVICE = {
@@ -146,8 +152,10 @@ def test_options_reach_stream_parallel():
     ).passes[0]
     assert lowering == HirLowering(p2p_backend="cuda", separate_sync_loop=False)
     function = host(lower(build(("ag_matmul_p2p",), 8), lowering))
-    # The copy engines read the shard of A from a symmetric copy made before the loops.
+    # The copy engines read the shard of A from a symmetric copy made before the loops;
+    # the shards received, which no peer reads, still take one slice per stream.
     staged = [
+        PER_STREAM,
         ALLOC,
         ALLOC,
         "hir.copy",
@@ -164,9 +172,10 @@ def test_options_reach_stream_parallel():
     assert send.buffer.owner.symmetric is not None
 
 
-def test_device_order_reaches_stream_parallel():
-    lowering = PassPipeline.parse_spec(HOSTIR_PASSES, "hir-lowering{p2p_order=device}").passes[0]
-    assert lowering == HirLowering(p2p_order="device")
+def test_device_order_without_per_stream_buffers_is_pr4515s_program():
+    spec = "hir-lowering{p2p_order=device per_stream_buffers=false}"
+    lowering = PassPipeline.parse_spec(HOSTIR_PASSES, spec).passes[0]
+    assert lowering == HirLowering(p2p_order="device", per_stream_buffers=False)
     function = host(lower(build(("ag_matmul_p2p",), 8), lowering))
     pr4515 = [ALLOC, ALLOC, loop(*P2P_DEVICE_ORDER, SLICE, "hir.matmul"), FREE]
     assert outline(function.body.block) == expand(pr4515, separate_sync_loop=True)

@@ -1,5 +1,6 @@
-// RUN: hir-opt %s -p hir-lowering | filecheck %s
-// RUN: hir-opt %s -p 'hir-lowering{separate_sync_loop=false}' | filecheck %s --check-prefix=NOSEP
+// RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s
+// RUN: hir-opt %s -p 'hir-lowering{separate_sync_loop=false per_stream_buffers=false}' | filecheck %s --check-prefix=NOSEP
+// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
 
 // pr4387's AG_matmul on a mesh of 8: A [S, DIDx(8), M, K] @ B [K, N]. insert-reshardings
 // gathers A into a stream-parallel buffer; the allgather of chunk i and the matmul
@@ -64,3 +65,16 @@ func.func @ag_matmul(%a: !a, %b: !b) -> !out {
 // NOSEP-NEXT:    }
 // NOSEP-NOT:     scf.for
 // NOSEP:         func.return
+
+// The default pipeline gives the gathered chunks one slice per stream (per-stream-buffers,
+// pr4147's suggested optimisation): iteration i uses slice i mod number_of_streams.
+
+// PER-LABEL: func.func @ag_matmul(
+// PER:         %[[SLOTS:[^ ]+]] = arith.minui %{{[^ ]+}}, %{{[^ ]+}} : index
+// PER-NEXT:    %[[BUF:[^ ]+]] = hir.allocate(%[[SLOTS]],
+// PER:         scf.for
+// PER:         scf.for
+// PER-NEXT:      %[[SI:[^ ]+]] = arith.remui
+// PER:           %[[BUF_I:[^ ]+]] = hir.alias_select %[[BUF]][0 = %[[SI]]]
+// PER-NEXT:      hir.allgather %{{[^ ]+}} into %[[BUF_I]]
+// PER:           hir.matmul ins(%[[BUF_I]],

@@ -1,6 +1,7 @@
-// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefixes=CHECK,NCCL
-// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda}' | filecheck %s --check-prefixes=CHECK,CUDA
-// RUN: hir-opt %s -p 'hir-lowering{p2p_order=device}' | filecheck %s --check-prefix=DEVICE
+// RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,NCCL
+// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,CUDA
+// RUN: hir-opt %s -p 'hir-lowering{p2p_order=device per_stream_buffers=false}' | filecheck %s --check-prefix=DEVICE
+// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
 
 // pr4515's AG_matmul_P2p on a mesh of 8: A [DIDx(8), M, K] @ B [K, N] -> [Stream(8), M, N].
 // insert-reshardings gathers A into a stream-parallel buffer, which is the
@@ -97,3 +98,18 @@ func.func @ag_matmul_p2p(%a: !a, %b: !b) -> !out {
 // DEVICE-NEXT:    }
 // DEVICE-NEXT:    hir.deallocate %[[G]]
 // DEVICE-NEXT:    func.return %[[OUT]]
+
+// The default pipeline gives the received shards one slice per stream (per-stream-buffers,
+// pr4147's suggested optimisation): iteration i uses slice i mod number_of_streams.
+
+// PER-LABEL: func.func @ag_matmul_p2p(
+// PER:         %[[SLOTS:[^ ]+]] = arith.minui %{{[^ ]+}}, %{{[^ ]+}} : index
+// PER-NEXT:    %[[BUF:[^ ]+]] = hir.allocate(%[[SLOTS]],
+// PER:         scf.for
+// PER:         scf.for
+// PER-NEXT:      %[[SI:[^ ]+]] = arith.remui
+// PER:           %[[SLOT:[^ ]+]] = arith.remui
+// PER-NEXT:      %[[BUF_I:[^ ]+]] = hir.alias_select %[[BUF]][0 = %[[SI]]]
+// PER:           hir.recv %[[BUF_I]] from %[[SLOT]]
+// PER:           hir.alias_select %{{[^ ]+}}[0 = %[[SLOT]]]
+// PER-NEXT:      hir.matmul ins(%[[BUF_I]],

@@ -1,6 +1,7 @@
-// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefixes=CHECK,NCCL
-// RUN: hir-opt %s -p 'hir-lowering{backend=cuda}' | filecheck %s --check-prefixes=CHECK,CUDA
-// RUN: hir-opt %s -p 'hir-lowering{backend=cuda}' | filecheck %s --check-prefix=NOCOPY
+// RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,NCCL
+// RUN: hir-opt %s -p 'hir-lowering{backend=cuda per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,CUDA
+// RUN: hir-opt %s -p 'hir-lowering{backend=cuda per_stream_buffers=false}' | filecheck %s --check-prefix=NOCOPY
+// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
 
 // pr4387's matmul_AR on a mesh of 8: a matmul sharded along K whose partial sums are
 // allreduced chunk by chunk. Both run in one loop: the allreduce of chunk i reads
@@ -45,3 +46,16 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // CHECK-NEXT:    }
 // CHECK-NEXT:    hir.deallocate %[[P]]
 // CHECK-NEXT:    func.return %[[OUT]]
+
+// The default pipeline gives the partial sums one slice per stream (per-stream-buffers,
+// pr4147's suggested optimisation): iteration i uses slice i mod number_of_streams.
+
+// PER-LABEL: func.func @matmul_ar(
+// PER:         %[[SLOTS:[^ ]+]] = arith.minui %{{[^ ]+}}, %{{[^ ]+}} : index
+// PER-NEXT:    %[[BUF:[^ ]+]] = hir.allocate(%[[SLOTS]],
+// PER:         scf.for
+// PER:         scf.for
+// PER-NEXT:      %[[SI:[^ ]+]] = arith.remui
+// PER:           %[[BUF_I:[^ ]+]] = hir.alias_select %[[BUF]][0 = %[[SI]]]
+// PER-NEXT:      hir.matmul ins({{.*}}) outs(%[[BUF_I]] :
+// PER:           hir.allreduce %[[BUF_I]] into

@@ -1,4 +1,5 @@
-// RUN: hir-opt %s -p hir-lowering | filecheck %s
+// RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s
+// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
 
 // pr4387's matmul_RS_through_bcast on a mesh of 8. The broadcast of the weight is not
 // stream-parallel: it runs once, before the loops (nvFuser's PostOnStream of a
@@ -47,3 +48,16 @@ func.func @matmul_rs_through_bcast(%a: !a, %b: !b) -> !out {
 // CHECK-DAG:     hir.deallocate %[[P]]
 // CHECK-DAG:     hir.deallocate %[[BB]]
 // CHECK-NEXT:    func.return %[[OUT]]
+
+// The default pipeline gives the partial sums one slice per stream (per-stream-buffers,
+// pr4147's suggested optimisation): iteration i uses slice i mod number_of_streams.
+
+// PER-LABEL: func.func @matmul_rs_through_bcast(
+// PER:         %[[SLOTS:[^ ]+]] = arith.minui %{{[^ ]+}}, %{{[^ ]+}} : index
+// PER-NEXT:    %[[BUF:[^ ]+]] = hir.allocate(%[[SLOTS]],
+// PER:         scf.for
+// PER:         scf.for
+// PER-NEXT:      %[[SI:[^ ]+]] = arith.remui
+// PER:           %[[BUF_I:[^ ]+]] = hir.alias_select %[[BUF]][0 = %[[SI]]]
+// PER-NEXT:      hir.matmul ins({{.*}}) outs(%[[BUF_I]] :
+// PER:           hir.reduce_scatter %[[BUF_I]] into
