@@ -53,7 +53,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+import weakref
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -358,13 +360,24 @@ class SymmetricAllocation:
 
     Making a symmetric buffer is collective (every device of the mesh maps the others')
     and slow, so each run of the program gets the same buffer back; it lives as long as
-    the prepared program.
+    the op. Every preparation of the program shares it (`of`): a traced copy that made
+    its own would rendezvous again, a collective that also waits for the GPU.
     """
+
+    _of_op: ClassVar[weakref.WeakKeyDictionary[object, SymmetricAllocation]] = weakref.WeakKeyDictionary()
 
     def __init__(self, mesh: Sequence[int], dtype: torch.dtype):
         self.mesh = tuple(mesh)
         self.dtype = dtype
         self.buffers: dict[tuple[Communicator, tuple[int, ...]], SymmetricBuffer] = {}
+
+    @classmethod
+    def of(cls, op: object, mesh: Sequence[int], dtype: torch.dtype) -> SymmetricAllocation:
+        """The allocations of the op `op` (an `hir.allocate symmetric`), made on first use."""
+        allocation = cls._of_op.get(op)
+        if allocation is None:
+            allocation = cls._of_op[op] = cls(mesh, dtype)
+        return allocation
 
     def __call__(self, communicator: Communicator, shape: Sequence[int]) -> torch.Tensor:
         key = (communicator, tuple(shape))

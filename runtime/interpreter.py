@@ -330,7 +330,7 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     dtype = fusion_eval.torch_dtype(buffer_type.element_type)
     mesh = mesh_of(op.result)
     result = prep.slot(op.result)
-    symmetric = SymmetricAllocation(buffer_type.mesh.ids, dtype) if op.symmetric else None
+    symmetric = SymmetricAllocation.of(op, buffer_type.mesh.ids, dtype) if op.symmetric else None
     # The local shape, its dynamic extents filled in each run from the size operands;
     # a didx axis is 1 whatever its logical size.
     shape = list(buffer_type.local_shape())

@@ -46,6 +46,7 @@ from runtime.launch import run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import shard
 from runtime.streams import hold_current_stream
+from runtime.trace import trace_run
 from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world
 from test_e2e import rank_environment  # noqa: F401 (the ranks' environment, an autouse fixture)
 from test_interpreter import poisoned_allocations, tensor
@@ -467,6 +468,10 @@ def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
     assert c.data_ptr() != a.data_ptr() and torch.equal(c, other_shape)
     (again,) = program.run([other_shape * 2], communicator)
     assert again.data_ptr() == c.data_ptr()
+    # A traced run prepares a copy of the program; it gets the same buffer too (making
+    # another would rendezvous again, a collective that waits for the GPU).
+    (traced,), _ = trace_run(program, [first], communicator)
+    assert traced.data_ptr() == a.data_ptr() and torch.equal(traced, first)
 
 
 # --------------------------------------------------------------------------- #
