@@ -435,6 +435,10 @@ class FusionToHir(ModulePass):
 
     backend: str = "nccl"
 
+    def __post_init__(self) -> None:
+        # A backend the pass cannot use is refused when the pass is built, before it runs.
+        parse_backend(self.name, "backend", self.backend)
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         backend = parse_backend(self.name, "backend", self.backend)
         dce(op)

@@ -46,15 +46,19 @@ class HirLowering(ModulePass):
     p2p_order: str = "ring"
     per_stream_buffers: bool = True
 
+    def __post_init__(self) -> None:
+        self.passes()  # the passes refuse what they cannot use when they are built
+
+    def passes(self) -> tuple[ModulePass, ...]:
+        return (
+            InsertReshardings(),
+            FusionToHir(self.backend),
+            StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
+            *([PerStreamBuffers()] if self.per_stream_buffers else []),
+            InsertDeallocations(),
+            CanonicalizePass(),
+            CommonSubexpressionElimination(),
+        )
+
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PassPipeline(
-            (
-                InsertReshardings(),
-                FusionToHir(self.backend),
-                StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
-                *([PerStreamBuffers()] if self.per_stream_buffers else []),
-                InsertDeallocations(),
-                CanonicalizePass(),
-                CommonSubexpressionElimination(),
-            )
-        ).apply(ctx, op)
+        PassPipeline(self.passes()).apply(ctx, op)

@@ -861,6 +861,11 @@ class StreamParallelLowering(ModulePass):
     separate_sync_loop: bool = True
     p2p_order: str = "ring"
 
+    def __post_init__(self) -> None:
+        # A value the pass cannot use is refused when the pass is built, before it runs.
+        parse_backend(self.name, "p2p_backend", self.p2p_backend)
+        parse_p2p_order(self.name, self.p2p_order)
+
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
         p2p_backend = parse_backend(self.name, "p2p_backend", self.p2p_backend)
         p2p_order = parse_p2p_order(self.name, self.p2p_order)

@@ -149,7 +149,7 @@ class HirOptMain(xDSLOptMain):
                 pass_class = load_pass(spec.name, self.available_passes[spec.name])
             except HostirError as error:
                 raise place.error(text, error.message) from None
-            check_pass_options(pass_class, spec, place, text, self.ctx)
+            check_pass_options(pass_class, spec, place, text)
         super().setup_pipeline()
         xdsl_callback = self.pipeline.callback
         assert xdsl_callback is not None
@@ -386,20 +386,16 @@ def _option_fields(pass_class: type[ModulePass]) -> dict[str, dataclasses.Field[
     }
 
 
-def check_pass_options(
-    pass_class: type[ModulePass], spec: ArgSpec, place: PassPlace, text: str, ctx: Any
-) -> None:
+def check_pass_options(pass_class: type[ModulePass], spec: ArgSpec, place: PassPlace, text: str) -> None:
     """Refuses an option the pass lacks, a value of the wrong type or one the pass rejects.
 
-    Each error points at the option as written in the pipeline. A pass checks some
-    values only when it runs (`backend=...`): if the pass runs on an empty module
-    without options, it is also applied to one with each option alone and then with
-    all of them, and what it then refuses is the options' fault.
+    Each error points at the option as written in the pipeline. A pass refuses a value
+    it cannot use when it is built (hostir's passes check their values in
+    `__post_init__`), so each option is tried alone, then all of them together.
     """
     name = spec.name
     fields = _option_fields(pass_class)
     hints = typing.get_type_hints(pass_class)
-    dry_runs = bool(place.options) and _runs_without_options(pass_class, ctx)
     spellings: dict[str, str] = {}
     for key, start, end in place.options:
         field_name = key.replace("-", "_")
@@ -428,13 +424,10 @@ def check_pass_options(
                 start,
                 end,
             ) from None
-        if dry_runs:
-            problem = _dry_run(pass_class, ArgSpec(name, {key: value}), ctx)
-            if problem is not None:
-                raise place.error(
-                    text, f"{name}: {_in_users_words(problem, pass_class, spellings)}", start, end
-                )
-    problem = _dry_run(pass_class, spec, ctx) if dry_runs else None
+        problem = _refusal(pass_class, ArgSpec(name, {key: value}))
+        if problem is not None:
+            raise place.error(text, f"{name}: {_in_users_words(problem, pass_class, spellings)}", start, end)
+    problem = _refusal(pass_class, spec) if place.options else None
     if problem is not None:
         raise place.error(
             text,
@@ -444,34 +437,18 @@ def check_pass_options(
         )
 
 
-def _runs_without_options(pass_class: type[ModulePass], ctx: Any) -> bool:
-    """Whether the pass, built with its defaults, runs on an empty module without an error."""
-    if pass_class.required_fields():
-        return False
+def _refusal(pass_class: type[ModulePass], spec: ArgSpec) -> str | None:
+    """Why the pass refuses to be built with these options, or None."""
     try:
-        pass_class().apply(ctx.clone(), ModuleOp([]))
-    except Exception:
-        return False
-    return True
-
-
-def _dry_run(pass_class: type[ModulePass], spec: ArgSpec, ctx: Any) -> str | None:
-    """Why the pass refuses these options, or None: it is built and applied to an empty module.
-
-    Only errors that refuse a value count; anything else is left to the real run.
-    """
-    try:
-        pass_class.from_spec(spec).apply(ctx.clone(), ModuleOp([]))
+        pass_class.from_spec(spec)
     except HostirError as error:
         message = error.message
-    except (ValueError, DiagnosticException) as error:
+    except ValueError as error:
         message = str(error)
-    except Exception:
-        return None
     else:
         return None
-    # A pass names itself ("stream-parallel: unknown ..."), or the pass it runs inside;
-    # the caller names the pass the user wrote.
+    # A pass names itself ("stream-parallel: unknown ..."), or the pass it builds (a
+    # pipeline); the caller names the pass the user wrote.
     return re.sub(r"^[\w-]+: ", "", message)
 
 
