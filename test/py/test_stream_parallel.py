@@ -636,20 +636,25 @@ def multi_device_cases(n: int) -> list[tuple[str, list[torch.Tensor], torch.Tens
     ]
 
 
+def run_on_this_rank(program: Program, inputs: list[torch.Tensor], communicator: Communicator) -> torch.Tensor:
+    """This rank's output of `program` on its shards of the unsharded `inputs`: 2 streams,
+    every allocation poisoned."""
+    local = [
+        shard(value, t, communicator.rank).to(communicator.device)
+        for value, t in zip(inputs, program.input_types)
+    ]
+    with poisoned_allocations():
+        (output,) = program.run(local, communicator, num_streams=2)
+    return output.cpu()
+
+
 def run_without_separate_sync_loop(n: int) -> list[torch.Tensor]:
     """One rank: each multi-device case, pipelined without the separate synchronisation loop."""
     communicator = Communicator.from_env()
-    outputs = []
-    for name, inputs, _ in multi_device_cases(n):
-        program = pipelined(name, separate_sync_loop=False, num_devices=n)
-        local = [
-            shard(x, t, communicator.rank).to(communicator.device)
-            for x, t in zip(inputs, program.input_types)
-        ]
-        with poisoned_allocations():
-            (output,) = program.run(local, communicator, num_streams=2)
-        outputs.append(output.cpu())
-    return outputs
+    return [
+        run_on_this_rank(pipelined(name, separate_sync_loop=False, num_devices=n), inputs, communicator)
+        for name, inputs, _ in multi_device_cases(n)
+    ]
 
 
 def point_to_point_cases(n: int) -> list[tuple[str, str, ModuleOp, list, torch.Tensor, range]]:
@@ -675,17 +680,12 @@ def point_to_point_cases(n: int) -> list[tuple[str, str, ModuleOp, list, torch.T
 def run_point_to_point_cases(n: int) -> list[torch.Tensor]:
     """One rank: the output of each of `point_to_point_cases(n)`, lowered with its order."""
     communicator = Communicator.from_env()
-    outputs = []
-    for _, order, module, inputs, _, _ in point_to_point_cases(n):
-        program = Program.compile(module, pipeline=f"hir-lowering{{p2p_order={order}}}")
-        local = [
-            shard(value, t, communicator.rank).to(communicator.device)
-            for value, t in zip(inputs, program.input_types)
-        ]
-        with poisoned_allocations():
-            (output,) = program.run(local, communicator, num_streams=2)
-        outputs.append(output.cpu())
-    return outputs
+    return [
+        run_on_this_rank(
+            Program.compile(module, pipeline=f"hir-lowering{{p2p_order={order}}}"), inputs, communicator
+        )
+        for _, order, module, inputs, _, _ in point_to_point_cases(n)
+    ]
 
 
 @pytest.mark.parametrize("n", [pytest.param(n, marks=needs_ranks(n)) for n in (2, 4)])
