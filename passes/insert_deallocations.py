@@ -84,7 +84,7 @@ class DeallocateAfterLastUse(RewritePattern):
 
 
 class InsertDeallocations(ModulePass):
-    """Frees each buffer that `hir.allocate` made, after its last use (see the module docstring)."""
+    """Frees each buffer that `hir.allocate` made, after its last use."""
 
     name = "insert-deallocations"
 

@@ -135,7 +135,7 @@ class OneSlicePerStream(RewritePattern):
 
 
 class PerStreamBuffers(ModulePass):
-    """Gives buffers that stream loops use slice by slice one slice per stream (module docstring)."""
+    """Gives a buffer that a stream loop uses slice by slice one slice per stream, not per iteration."""
 
     name = "per-stream-buffers"
 

@@ -846,7 +846,7 @@ def _reuse_slices(rewriter: PatternRewriter, block: Block) -> None:
 
 @dataclass(frozen=True)
 class StreamParallelLowering(ModulePass):
-    """Pipelines stream-parallel ops over CUDA streams (see the module docstring).
+    """Pipelines stream-parallel ops over CUDA streams, one loop iteration per slice of the stream axis.
 
     `p2p_backend` moves the bytes of the point-to-point allgather (nccl, or cuda for
     the copy engines, also used for an allgather that has backend cuda itself);
