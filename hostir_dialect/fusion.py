@@ -67,6 +67,9 @@ from xdsl.utils.str_enum import StrEnum
 DYNAMIC = -1
 """The extent of an axis whose size is only known at run time (`?` in text)."""
 
+INT64_MAX = 2**63 - 1
+"""The largest extent or device id: the runtime holds them in int64 (torch's sizes)."""
+
 Shape = tuple[int, ...]
 
 SUPPORTED_ELEMENT_TYPES = (
@@ -187,12 +190,11 @@ class DeviceMeshAttr(ParametrizedAttribute):
             raise VerifyException("a device mesh needs at least one device")
         if any(d < 0 for d in ids):
             raise VerifyException(f"device ids must be non-negative, got {list(ids)}")
-        int64_max = 2**63 - 1
         for d in ids:
-            if d > int64_max:
+            if d > INT64_MAX:
                 raise VerifyException(
                     f"device id {d} is too large: a device id must fit in a signed 64-bit "
-                    f"integer (at most {int64_max})"
+                    f"integer (at most {INT64_MAX})"
                 )
         if len(set(ids)) != len(ids):
             duplicates = sorted({d for d in ids if ids.count(d) > 1})
@@ -321,14 +323,13 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
                 f"tensor of rank {len(self.shape.data)} has {len(self.axes.data)} parallel "
                 "types; give one per axis"
             )
-        int64_max = 2**63 - 1
         for i, d in enumerate(self.get_shape()):
             if d < 0 and d != DYNAMIC:
                 raise VerifyException(f"axis {i} has negative extent {d}")
-            if d > int64_max:
+            if d > INT64_MAX:
                 raise VerifyException(
                     f"axis {i} has extent {d}, too large: an extent must fit in a signed "
-                    f"64-bit integer (at most {int64_max})"
+                    f"64-bit integer (at most {INT64_MAX})"
                 )
         element_type_name(self.element_type)
         didx = self.axes_of(ParallelType.DIDX)
