@@ -37,6 +37,7 @@ from hostir_dialect import fusion
 from hostir_dialect.fusion import SERIAL, FusionOp, TensorType, reduction_shape, tensor_type
 from hostir_dialect.text import HostirError
 from passes.sharding import (
+    UnsupportedResharding,
     local_operand_type,
     plan_resharding,
     reduces_didx_axis,
@@ -110,16 +111,14 @@ def check_lowerable(op: Operation, indices: list[int], inserted: fusion.SetOp) -
     """Refuses, at `op`, the set for its operands `indices` if no communication implements it."""
     try:
         plan_resharding(inserted)
-    except HostirError as error:
+    except UnsupportedResharding as error:
         source, target = tensor_type(inserted.input), tensor_type(inserted.result)
-        # plan_resharding says "fusion.set: cannot lower the change from A to B: <reason>".
-        reason = error.message.partition(f"{target.sharding_str()}: ")[2] or error.message
         which = ("operand " if len(indices) == 1 else "operands ") + ", ".join(map(str, indices))
         raise HostirError.at(
             op,
             f"{op.name}: {which} must be resharded from {source.sharding_str()} to "
             f"{target.sharding_str()} (by a fusion.set that insert-reshardings inserts), "
-            f"and no communication does that: {reason}",
+            f"and no communication does that: {error.reason}",
         ) from None
 
 

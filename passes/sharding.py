@@ -121,13 +121,21 @@ def plan_resharding(op: fusion.SetOp | fusion.ReductionOp) -> Plan:
     return _plan_reduction(op)
 
 
-def _cannot_lower(op: FusionOp, reason: str) -> HostirError:
+class UnsupportedResharding(HostirError):
+    """No communication implements a change of sharding; `reason` says why, in words."""
+
+    reason: str = ""
+
+
+def _cannot_lower(op: FusionOp, reason: str) -> UnsupportedResharding:
     source, target = tensor_type(op.operands[0]), tensor_type(op.results[0])
-    return HostirError.at(
+    error = UnsupportedResharding.at(
         op,
         f"{op.name}: cannot lower the change from {source.sharding_str()} to "
         f"{target.sharding_str()}: {reason}",
     )
+    error.reason = reason
+    return error
 
 
 def _team(mesh: fusion.DeviceMeshAttr, root: int) -> tuple[int, ...]:
