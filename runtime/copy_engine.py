@@ -51,9 +51,9 @@ every transfer checks that the buffer its peers read is one of them.
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-import weakref
 from dataclasses import dataclass, field
 from typing import ClassVar
 
