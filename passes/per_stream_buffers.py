@@ -28,7 +28,7 @@ next writer of a shared slice waits for the last reader of it.
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, func, scf
+from xdsl.dialects import arith, builtin, func
 from xdsl.dialects.builtin import IndexType, IntegerAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -42,15 +42,7 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
-
-
-def iteration_stream_index(loop: scf.ForOp) -> arith.RemUIOp | None:
-    """The `i mod number_of_streams` that picks the stream of `loop`'s iterations, if it is a stream loop."""
-    for op in loop.body.block.ops:
-        if isinstance(op, hir.StreamOp) and isinstance(index := op.index.owner, arith.RemUIOp):
-            if index.lhs is loop.body.block.args[0]:
-                return index
-    return None
+from passes.stream_parallel import StreamLoop
 
 
 def _extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:
@@ -81,12 +73,12 @@ def _shared_slices(op: hir.AllocateOp) -> tuple[arith.RemUIOp, list[hir.AliasSel
     allowed = (hir.AliasSelectOp, hir.DimOp, hir.DeallocateOp)
     if not slices or any(not isinstance(user, allowed) for user in users):
         return None
-    loop = slices[0].parent_op()
-    if not isinstance(loop, scf.ForOp) or (stream_index := iteration_stream_index(loop)) is None:
+    loop = StreamLoop.match(slices[0].parent_op())
+    if loop is None or loop.is_sync_loop:
         return None
-    index = slices[0].index
+    index, stream_index = slices[0].index, loop.stream_index
     if index is stream_index.result or any(
-        s.parent_op() is not loop or s.axis.data != axis or s.index is not index for s in slices
+        s.parent_op() is not loop.loop or s.axis.data != axis or s.index is not index for s in slices
     ):
         return None
     return stream_index, slices

@@ -343,6 +343,13 @@ class StreamLoop:
     def is_sync_loop(self) -> bool:
         return not self.epilogue
 
+    @property
+    def stream_index(self) -> arith.RemUIOp:
+        """`i mod number_of_streams`, which picks the stream of an iteration."""
+        stream_index = self.prologue[0]
+        assert isinstance(stream_index, arith.RemUIOp)
+        return stream_index
+
     @staticmethod
     def match(op: Operation | None) -> StreamLoop | None:
         if not isinstance(op, scf.ForOp) or op.iter_args:
