@@ -456,20 +456,14 @@ def not_utf8_error(
     filename: str, data: bytes, error: UnicodeDecodeError, line_offset: int
 ) -> HostirError:
     """An error at the first byte of `data` that is not UTF-8, shown in its line."""
-    start = error.start
-    line_start = data.rfind(b"\n", 0, start) + 1
-    line_end = data.find(b"\n", start)
-    line = data[line_start : len(data) if line_end < 0 else line_end].decode(errors="replace")
+    location = SourceLocation.at_offset(
+        data.decode(errors="replace"), filename, len(data[: error.start].decode()), line_offset=line_offset
+    )
     # Control bytes of a binary file would garble the terminal; one character each keeps the caret.
-    line = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
+    shown = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in location.text)
     return HostirError(
-        f"input is not UTF-8 text ({error.reason}: byte 0x{data[start]:02x})",
-        SourceLocation(
-            filename,
-            data.count(b"\n", 0, start) + 1 + line_offset,
-            len(data[line_start:start].decode()) + 1,
-            line,
-        ),
+        f"input is not UTF-8 text ({error.reason}: byte 0x{data[error.start]:02x})",
+        dataclasses.replace(location, text=shown),
     )
 
 
