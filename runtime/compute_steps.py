@@ -137,7 +137,7 @@ def linear_into(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out
     runs for such inputs (one `addmm`, bias added in the GEMM's epilogue), with `out=`
     so the result lands in place; anywhere else, `linear`'s result is copied in.
     """
-    if out.is_contiguous() and x.dim() >= 1 and (x.dim() <= 2 or x.is_contiguous()):
+    if out.is_contiguous() and (x.dim() <= 2 or x.is_contiguous()):
         rows = x.reshape(-1, x.shape[-1])
         out_rows = out.view(-1, out.shape[-1])
         if bias is None:
@@ -151,7 +151,7 @@ def linear_into(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out
 @handles(hir.LinearOp)
 def _linear(op: hir.LinearOp, prep: Preparation) -> Step:
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        linear_into(*ins, *([None] if len(ins) == 2 else []), outs[0])
+        linear_into(ins[0], ins[1], ins[2] if len(ins) == 3 else None, outs[0])
 
     return _compute_step(op, prep, compute)
 
