@@ -36,10 +36,13 @@ Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
   All the copy stream's work ends in an event that a wait joins back to the current
   stream, as a CUDA graph capture requires.
 
-Signals are torch's (`barrier`, `put_signal`, `wait_signal` of the buffer's handle);
-each waits at most the communicator's timeout, after which the GPU kernel traps: the
-device is then in an error state and the next CUDA call on it raises, so a dead peer
-fails the program instead of hanging it.
+Signals are stream memory operations (runtime/signals.py): a flag written into the
+peer's signal pad and a wait on one's own, done by the GPU's front end and not by a
+kernel, so that a GEMM holding every SM holds up neither the signals nor the copies
+behind them. They wait on the GPU without a timeout; a watchdog thread
+(runtime/watchdog.py) fails the device when a transfer has waited for its peers longer
+than the communicator's timeout: the device is then in an error state and every later
+CUDA call on it raises, so a dead peer fails the program instead of hanging it.
 
 On the CPU (gloo) the same schedule runs over torch.distributed point-to-point
 messages: the ring allgather (and a reduction's pulls) receives from `p + s` what that
@@ -51,6 +54,7 @@ every transfer checks that the buffer its peers read is one of them.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -62,11 +66,14 @@ import torch.distributed as dist
 
 from hostir_dialect.text import HostirError
 from runtime.communicator import Communicator, Offer, Pull, collective, writable
+from runtime.signals import StreamSignals
+from runtime.watchdog import Watchdog, fail_device
 
 WRITTEN_CHANNEL = 0
 """The signal channel on which a member says its data is in its symmetric buffer."""
 READ_CHANNEL = 1
 """The signal channel on which a member says it is done reading a peer's buffer."""
+CHANNELS = 2
 
 REDUCTIONS: dict[dist.ReduceOp.RedOpType, Callable[..., torch.Tensor]] = {
     dist.ReduceOp.SUM: lambda staging, out: torch.sum(staging, 0, dtype=out.dtype, out=out),
@@ -94,8 +101,8 @@ class SymmetricBuffer:
     tensor: torch.Tensor
     group_ranks: dict[int, int]
     """Device -> its rank in the process group of the buffer's mesh (the group sorts devices)."""
-    handle: object | None = None
-    """The symmetric-memory handle (GPU, mesh of more than one device, at least one element)."""
+    signals: StreamSignals | None = None
+    """The flags in the members' signal pads (GPU, mesh of more than one device, at least one element)."""
     peers: dict[int, torch.Tensor] = field(default_factory=dict)
     """Device -> its copy of the buffer as a flat tensor this device can read (GPU)."""
 
@@ -204,13 +211,16 @@ class StreamWait:
 
 
 class SymmetricMemoryEngine(CopyEngine):
-    """GPUs: peers' buffers through torch symmetric memory, copies on a dedicated stream."""
+    """GPUs: peers' buffers through torch symmetric memory, copies and signals on a dedicated
+    stream, none of it a kernel (runtime/signals.py)."""
 
     def __init__(self, communicator: Communicator):
         super().__init__(communicator)
         self.device = communicator.device
         self.stream = torch.cuda.Stream(self.device)
-        self.timeout_ms = max(1, round(communicator.timeout_s * 1000))
+        self.watchdog = Watchdog(communicator.timeout_s, functools.partial(fail_device, self.device, self.rank))
+        self.transfers = 0
+        """How many transfers this engine has issued (captured ones included)."""
 
     def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
         from torch.distributed import _symmetric_memory as symm_mem
@@ -224,7 +234,27 @@ class SymmetricMemoryEngine(CopyEngine):
         handle = symm_mem.rendezvous(tensor, group)
         flat = (tensor.numel(),)
         peers = {device: handle.get_buffer(rank, flat, dtype) for device, rank in group_ranks.items()}
-        return SymmetricBuffer(tensor, group_ranks, handle, peers)
+        return SymmetricBuffer(tensor, group_ranks, StreamSignals(handle, CHANNELS), peers)
+
+    def _begin(self) -> torch.cuda.Event | None:
+        """Starts a transfer: the copy stream waits for the current stream's work so far. The
+        event the watchdog starts the transfer's clock with (none while a graph is captured:
+        `GraphReplayer` watches the replays)."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        started = torch.cuda.Event()
+        started.record(self.stream)
+        return started
+
+    def _end(self, started: torch.cuda.Event | None, what: str) -> StreamWait:
+        """The work of the transfer begun at `started`: what the copy stream has been given so far."""
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        self.transfers += 1
+        if started is not None:
+            self.watchdog.watch(started, done, f"{what} (backend cuda)")
+        return StreamWait(done, self.device)
 
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
@@ -232,15 +262,14 @@ class SymmetricMemoryEngine(CopyEngine):
             return [], []
         source = self._team_input(input, team, "an allgather")
         slots = [output.narrow(axis, k, 1) for k in range(len(team))]
-        copies = self.stream
-        copies.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(copies):
-            source.handle.barrier(channel=WRITTEN_CHANNEL, timeout_ms=self.timeout_ms)
+        started = self._begin()
+        with torch.cuda.stream(self.stream):
+            source.signals.barrier(WRITTEN_CHANNEL)
             for k in ring(team.index(self.rank), len(team)):
                 slots[k].copy_(source.peer_view(input, team[k]))
-            source.handle.barrier(channel=READ_CHANNEL, timeout_ms=self.timeout_ms)
-        output.record_stream(copies)
-        return [self._done()], []
+            source.signals.barrier(READ_CHANNEL)
+        output.record_stream(self.stream)
+        return [self._end(started, f"an allgather in the team {list(team)}")], []
 
     def _pull_and_reduce(self, input, pieces, output, team, op, collective) -> tuple[list, list]:
         """The pulls on the copy stream between the barriers, as the allgather's; the reduction
@@ -250,15 +279,15 @@ class SymmetricMemoryEngine(CopyEngine):
             return [], []
         source = self._team_input(input, team, collective)
         piece = pieces[team.index(self.rank)]
-        copies = self.stream
-        copies.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(copies):
+        started = self._begin()
+        with torch.cuda.stream(self.stream):
             staging = self._staging(piece, len(team))
-            source.handle.barrier(channel=WRITTEN_CHANNEL, timeout_ms=self.timeout_ms)
+            source.signals.barrier(WRITTEN_CHANNEL)
             for k in ring(team.index(self.rank), len(team)):
                 staging[k].copy_(source.peer_view(piece, team[k]))
-            source.handle.barrier(channel=READ_CHANNEL, timeout_ms=self.timeout_ms)
-        return [self._done()], [self._reduction(staging, output, op)]
+            source.signals.barrier(READ_CHANNEL)
+        work = self._end(started, f"{collective} in the team {list(team)}")
+        return [work], [self._reduction(staging, output, op)]
 
     def _reduction(self, staging, output, op) -> Callable[[], object]:
         """The reduction, after which the staging buffer (made on the copy stream) is kept from
@@ -273,28 +302,22 @@ class SymmetricMemoryEngine(CopyEngine):
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         offered = [(self.symmetric_of(offer.buffer, [offer.peer]), offer.peer) for offer in offers]
-        copies = self.stream
-        copies.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(copies):
+        started = self._begin()
+        with torch.cuda.stream(self.stream):
             for buffer, peer in offered:
-                buffer.handle.put_signal(buffer.group_ranks[peer], WRITTEN_CHANNEL, self.timeout_ms)
+                buffer.signals.signal(buffer.group_ranks[peer], WRITTEN_CHANNEL)
             for pull in pulls:
                 source = self.symmetric_of(pull.source, [pull.peer])
                 peer = source.group_ranks[pull.peer]
-                source.handle.wait_signal(peer, WRITTEN_CHANNEL, self.timeout_ms)
+                source.signals.wait(peer, WRITTEN_CHANNEL)
                 pull.buffer.copy_(source.peer_view(pull.source, pull.peer).reshape(pull.buffer.shape))
-                source.handle.put_signal(peer, READ_CHANNEL, self.timeout_ms)
+                source.signals.signal(peer, READ_CHANNEL)
             for buffer, peer in offered:
-                buffer.handle.wait_signal(buffer.group_ranks[peer], READ_CHANNEL, self.timeout_ms)
+                buffer.signals.wait(buffer.group_ranks[peer], READ_CHANNEL)
         for pull in pulls:
-            pull.buffer.record_stream(copies)
-        return [self._done()], []
-
-    def _done(self) -> StreamWait:
-        """The work of what the copy stream has been given so far."""
-        done = torch.cuda.Event()
-        done.record(self.stream)
-        return StreamWait(done, self.device)
+            pull.buffer.record_stream(self.stream)
+        peers = sorted({offer.peer for offer in offers} | {pull.peer for pull in pulls})
+        return [self._end(started, f"a batch of sends and recvs with device(s) {peers}")], []
 
 
 class PointToPointEngine(CopyEngine):

@@ -30,8 +30,9 @@ has no graphs) or when a capture failed on some rank.
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,11 +62,21 @@ class CapturedRun:
     graph: torch.cuda.CUDAGraph
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
+    watch: Callable[[torch.cuda.Event, torch.cuda.Event], None] | None = None
+    """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
+    timeout of its own: the copy engines' signals (runtime/watchdog.py)."""
 
     def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         for static, value in zip(self.inputs, inputs):
             static.copy_(value)
-        self.graph.replay()
+        if self.watch is None:
+            self.graph.replay()
+        else:
+            started, finished = torch.cuda.Event(), torch.cuda.Event()
+            started.record()
+            self.graph.replay()
+            finished.record()
+            self.watch(started, finished)
         return [output.clone() for output in self.outputs]
 
 
@@ -151,6 +162,7 @@ class GraphReplayer:
                 input_extents=program.check(static_inputs, communicator),
             )
             torch.cuda.synchronize(device)
+            transfers = communicator.copy_engine.transfers
             graph = torch.cuda.CUDAGraph()
             caller, failure = torch.cuda.current_stream(device), None
             try:
@@ -170,7 +182,13 @@ class GraphReplayer:
                 + (f" (here: {failure})" if failure else "")
             )
             return None
-        self.captured[key] = CapturedRun(graph, static_inputs, static_outputs)
+        watch = None
+        if communicator.copy_engine.transfers > transfers:
+            watch = functools.partial(
+                communicator.copy_engine.watchdog.watch,
+                what=f"a replay of @{program.host.sym_name.data} (backend cuda transfers)",
+            )
+        self.captured[key] = CapturedRun(graph, static_inputs, static_outputs, watch)
         return self.captured[key]
 
     def _ranks_that_failed(self, failed: bool) -> list[int]:
