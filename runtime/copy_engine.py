@@ -40,9 +40,8 @@ Signals are stream memory operations (runtime/signals.py): a flag written into t
 peer's signal pad and a wait on one's own, done by the GPU's front end and not by a
 kernel, so that a GEMM holding every SM holds up neither the signals nor the copies
 behind them. They wait on the GPU without a timeout; a watchdog thread
-(runtime/watchdog.py) fails the device when a transfer has waited for its peers longer
-than the communicator's timeout: the device is then in an error state and every later
-CUDA call on it raises, so a dead peer fails the program instead of hanging it.
+(runtime/watchdog.py) ends the process when a transfer has waited for its peers longer
+than the communicator's timeout, so a dead peer fails the program instead of hanging it.
 
 On the CPU (gloo) the same schedule runs over torch.distributed point-to-point
 messages: the ring allgather (and a reduction's pulls) receives from `p + s` what that
@@ -67,7 +66,7 @@ import torch.distributed as dist
 from hostir_dialect.text import HostirError
 from runtime.communicator import Communicator, Offer, Pull, collective, writable
 from runtime.signals import StreamSignals
-from runtime.watchdog import Watchdog, fail_device
+from runtime.watchdog import Watchdog, end_process
 
 WRITTEN_CHANNEL = 0
 """The signal channel on which a member says its data is in its symmetric buffer."""
@@ -218,7 +217,7 @@ class SymmetricMemoryEngine(CopyEngine):
         super().__init__(communicator)
         self.device = communicator.device
         self.stream = torch.cuda.Stream(self.device)
-        self.watchdog = Watchdog(communicator.timeout_s, functools.partial(fail_device, self.device, self.rank))
+        self.watchdog = Watchdog(communicator.timeout_s, functools.partial(end_process, self.rank))
         self.transfers = 0
         """How many transfers this engine has issued (captured ones included)."""
 
@@ -262,14 +261,16 @@ class SymmetricMemoryEngine(CopyEngine):
             return [], []
         source = self._team_input(input, team, "an allgather")
         slots = [output.narrow(axis, k, 1) for k in range(len(team))]
+        own, *peers = ring(team.index(self.rank), len(team))
         started = self._begin()
         with torch.cuda.stream(self.stream):
             source.signals.barrier(WRITTEN_CHANNEL)
-            for k in ring(team.index(self.rank), len(team)):
+            for k in peers:
                 slots[k].copy_(source.peer_view(input, team[k]))
             source.signals.barrier(READ_CHANNEL)
         output.record_stream(self.stream)
-        return [self._end(started, f"an allgather in the team {list(team)}")], []
+        work = self._end(started, f"an allgather in the team {list(team)}")
+        return [work], [lambda: slots[own].copy_(input)]
 
     def _pull_and_reduce(self, input, pieces, output, team, op, collective) -> tuple[list, list]:
         """The pulls on the copy stream between the barriers, as the allgather's; the reduction
@@ -278,27 +279,27 @@ class SymmetricMemoryEngine(CopyEngine):
         if output.numel() == 0:
             return [], []
         source = self._team_input(input, team, collective)
-        piece = pieces[team.index(self.rank)]
+        own, *peers = ring(team.index(self.rank), len(team))
+        piece = pieces[own]
         started = self._begin()
         with torch.cuda.stream(self.stream):
             staging = self._staging(piece, len(team))
             source.signals.barrier(WRITTEN_CHANNEL)
-            for k in ring(team.index(self.rank), len(team)):
+            for k in peers:
                 staging[k].copy_(source.peer_view(piece, team[k]))
             source.signals.barrier(READ_CHANNEL)
         work = self._end(started, f"{collective} in the team {list(team)}")
-        return [work], [self._reduction(staging, output, op)]
-
-    def _reduction(self, staging, output, op) -> Callable[[], object]:
-        """The reduction, after which the staging buffer (made on the copy stream) is kept from
-        the copy stream's next allocations until the waiting stream has read it."""
-        reduce = super()._reduction(staging, output, op)
+        reduce = self._reduction(staging, output, op)
 
         def finish() -> None:
+            """The member's own piece into its slot, then the reduction; after them the staging
+            buffer (made on the copy stream) is kept from the copy stream's next allocations
+            until the waiting stream has read it."""
+            staging[own].copy_(piece)
             reduce()
             staging.record_stream(torch.cuda.current_stream(self.device))
 
-        return finish
+        return [work], [finish]
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         offered = [(self.symmetric_of(offer.buffer, [offer.peer]), offer.peer) for offer in offers]

@@ -1,4 +1,4 @@
-"""Fails a device whose transfers wait for their peers longer than the timeout.
+"""Ends a process whose transfers wait for their peers longer than the timeout.
 
 The copy-engine backend waits for its peers' signals with stream memory operations
 (runtime/signals.py), which wait on the GPU for as long as it takes: a dead peer would
@@ -7,24 +7,23 @@ watchdog is a host thread that looks at the transfers in flight every `period_s`
 is a pair of CUDA events, recorded before its waits and after its copies. A transfer's
 clock starts when its first event has passed on the GPU (the work queued before it
 takes as long as it takes), and one still unfinished `timeout_s` later expires: the
-watchdog calls `on_expiry` with a message that says which transfer, on which rank.
+watchdog calls `on_expiry` with a message that says which transfer.
 
-On GPUs `on_expiry` is `fail_device`: it writes the message to stderr and puts the
-device in an error state with a failing device-side assert, as torch's signal kernels
-trap when they time out. Every later CUDA call of the process raises, a synchronisation
-blocked on the transfer included, so the program fails instead of hanging; the process
-cannot use the device again. torch's NCCL watchdog does the same for NCCL's collectives.
+On GPUs `on_expiry` is `end_process`: it writes the message to stderr and ends the
+process with status 1, as torch's NCCL watchdog ends a process whose collective timed
+out. Nothing less works: a stream blocked in a memory wait stays blocked, and a failing
+device-side assert launched beside it did not release a synchronisation blocked behind
+the wait (tried on 2 H200).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
 
 
 @dataclass
@@ -96,8 +95,7 @@ class Watchdog:
                 return
 
 
-def fail_device(device: torch.device, rank: int, message: str) -> None:
-    """Says `message` on stderr and puts `device` in an error state (a failed device-side assert)."""
-    print(f"hostir: rank {rank}: {message}; the device is put in an error state", file=sys.stderr, flush=True)
-    with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
-        torch._assert_async(torch.zeros((), dtype=torch.bool, device=device), message)
+def end_process(rank: int, message: str) -> None:
+    """Says `message` on stderr and ends the process with status 1."""
+    print(f"hostir: rank {rank}: {message}; ending the process", file=sys.stderr, flush=True)
+    os._exit(1)
