@@ -27,6 +27,12 @@ def _stream_parallel() -> type[ModulePass]:
     return StreamParallelLowering
 
 
+def _copy_engine_pipelining() -> type[ModulePass]:
+    from passes.copy_engine_pipelining import CopyEnginePipelining
+
+    return CopyEnginePipelining
+
+
 def _per_stream_buffers() -> type[ModulePass]:
     from passes.per_stream_buffers import PerStreamBuffers
 
@@ -49,6 +55,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "insert-reshardings": _insert_reshardings,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
+    "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,
     "hir-lowering": _hir_lowering,

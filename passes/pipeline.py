@@ -1,7 +1,7 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
-insert-reshardings, fusion-to-hir, stream-parallel, per-stream-buffers,
-insert-deallocations, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
+insert-reshardings, fusion-to-hir, stream-parallel, copy-engine-pipelining,
+per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
 loops compute twice. Those two only touch ops whose effects are known: arith, scf,
 and the hir ops marked `Pure` (`hir.dim`, `hir.device_index`,
 `hir.number_of_streams`, `hir.stream`); every other hir op has effects they leave alone.
@@ -19,6 +19,7 @@ from xdsl.transforms.common_subexpression_elimination import (
     CommonSubexpressionElimination,
 )
 
+from passes.copy_engine_pipelining import CopyEnginePipelining
 from passes.fusion_to_hir import FusionToHir
 from passes.insert_deallocations import InsertDeallocations
 from passes.insert_reshardings import InsertReshardings
@@ -35,7 +36,9 @@ class HirLowering(ModulePass):
     point-to-point allgather; the default is the ring order).
     `per_stream_buffers=false` leaves out `per-stream-buffers`, so that the
     intermediate buffers of stream loops keep one slice per iteration, as in the
-    reference programs.
+    reference programs. `copy_engine_pipelining=false` leaves out
+    `copy-engine-pipelining`, so that the loops of copy-engine transfers stay spread
+    over the pool streams as `stream-parallel` made them.
     """
 
     name = "hir-lowering"
@@ -45,6 +48,7 @@ class HirLowering(ModulePass):
     separate_sync_loop: bool = True
     p2p_order: str = "ring"
     per_stream_buffers: bool = True
+    copy_engine_pipelining: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
@@ -54,6 +58,7 @@ class HirLowering(ModulePass):
             InsertReshardings(),
             FusionToHir(self.backend),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
+            *([CopyEnginePipelining()] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),
             CanonicalizePass(),

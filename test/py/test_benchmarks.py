@@ -10,6 +10,7 @@ and outputs that are wrong or never written fail their check.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -115,23 +116,23 @@ def test_what_cannot_run_says_why(cpu_run):
 
 @pytest.mark.skipif(not COPY_ENGINE, reason="this runtime has no copy-engine transport")
 def test_the_copy_engine_pipelines_of_every_problem_ran_and_passed_their_check(cpu_run):
-    """`hostir (cuda) S=s`: AG+GEMM, GEMM+RS and GEMM+AR lowered with hir-lowering{backend=cuda}."""
+    """`hostir (cuda) S=s` and `hostir (cuda, pool streams) S=s`: AG+GEMM, GEMM+RS and GEMM+AR
+    lowered with hir-lowering{backend=cuda}, software-pipelined or not."""
     _, out = cpu_run
     by_label = {(r["problem"], r["m"], r["label"]): r for r in results_of(out)}
     for problem in ("allgather_matmul", "matmul_reduce_scatter", "matmul_allreduce"):
-        for m in (64, 36):
-            for chunks in (1, 2, 4):
-                result = by_label[(problem, m, f"hostir (cuda) S={chunks}")]
-                if result["status"].startswith("skipped"):
-                    # 18 rows of a rank that 4 chunks do not divide, as for every contender.
-                    assert (problem, m, chunks) in {
-                        ("allgather_matmul", 36, 4),
-                        ("matmul_reduce_scatter", 36, 4),
-                    }, result["status"]
-                    continue
-                where = f"{problem} M={m} S={chunks}"
-                assert result["status"] == "ok", f"{where}: {result['status']}"
-                assert result["check_ok"] and result["check_error"] is not None, where
+        for m, chunks, name in itertools.product((64, 36), (1, 2, 4), overlap.COPY_ENGINE_PIPELINES):
+            result = by_label[(problem, m, f"{name} S={chunks}")]
+            where = f"{problem} M={m} {name} S={chunks}"
+            if result["status"].startswith("skipped"):
+                # 18 rows of a rank that 4 chunks do not divide, as for every contender.
+                assert (problem, m, chunks) in {
+                    ("allgather_matmul", 36, 4),
+                    ("matmul_reduce_scatter", 36, 4),
+                }, f"{where}: {result['status']}"
+                continue
+            assert result["status"] == "ok", f"{where}: {result['status']}"
+            assert result["check_ok"] and result["check_error"] is not None, where
 
 
 def test_the_table_and_the_plot(cpu_run):

@@ -1,6 +1,6 @@
 // RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,NCCL
-// RUN: hir-opt %s -p 'hir-lowering{backend=cuda per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,CUDA
-// RUN: hir-opt %s -p 'hir-lowering{backend=cuda per_stream_buffers=false}' | filecheck %s --check-prefix=NOCOPY
+// RUN: hir-opt %s -p 'hir-lowering{backend=cuda per_stream_buffers=false copy_engine_pipelining=false}' | filecheck %s --check-prefixes=CHECK,CUDA
+// RUN: hir-opt %s -p 'hir-lowering{backend=cuda}' | filecheck %s --check-prefixes=NOCOPY,PIPE
 // RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
 
 // pr4387's matmul_AR on a mesh of 8: a matmul sharded along K whose partial sums are
@@ -8,7 +8,10 @@
 // the slice the matmul of chunk i just wrote. The partial sums are freed after it.
 // With the copy engines (backend=cuda) peers read the partial sums: the program
 // computes them and does not return them, so they are allocated symmetric in place,
-// with no copy, and each chunk's allreduce reads a slice of that symmetric buffer.
+// with no copy, and each chunk's allreduce reads a slice of that symmetric buffer. By
+// default (copy-engine-pipelining) that loop runs on the caller's stream: iteration i
+// computes chunk i and issues its allreduce, then waits for chunk i - 1's (PIPE), so
+// the GEMMs run one after the other while the previous chunk is in flight.
 // A [S, DIDx(8), M, K/8] @ B [DIDx(8), K/8, N] -> [Stream(S), DIDx(8), M, N]
 // -> sum(1) -> [Stream(S), M, N].
 
@@ -59,3 +62,31 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // PER:           %[[BUF_I:[^ ]+]] = hir.alias_select %[[BUF]][0 = %[[SI]]]
 // PER-NEXT:      hir.matmul ins({{.*}}) outs(%[[BUF_I]] :
 // PER:           hir.allreduce %[[BUF_I]] into
+
+// PIPE-LABEL: func.func @matmul_ar(
+// PIPE-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
+// PIPE:         %[[P:[^ ]+]] = hir.allocate({{.*}}) symmetric
+// PIPE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[P]], 0
+// PIPE-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
+// PIPE-NEXT:    %[[C1:[^ ]+]] = arith.constant 1 : index
+// PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0:[^ ]+]] : index
+// PIPE-NEXT:    scf.if %[[NONEMPTY]] {
+// PIPE-NEXT:      %[[A_0:[^ ]+]] = hir.alias_select %[[A]][0 = %[[C0]]]
+// PIPE-NEXT:      %[[P_0:[^ ]+]] = hir.alias_select %[[P]][0 = %[[C0]]]
+// PIPE-NEXT:      hir.matmul ins(%[[A_0]], %[[B]] : {{.*}}) outs(%[[P_0]] :
+// PIPE-NEXT:      %[[OUT_0:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[C0]]]
+// PIPE-NEXT:      %[[W0:[^ ]+]] = hir.allreduce %[[P_0]] into %[[OUT_0]] {{.*}} backend cuda
+// PIPE-NEXT:      %[[LAST:[^ ]+]] = scf.for %[[I:[^ ]+]] = %[[C1]] to %[[N]] step %[[C1]] iter_args(%[[PREVIOUS:[^ ]+]] = %[[W0]]) -> (!hir.work) {
+// PIPE-NEXT:        %[[A_I:[^ ]+]] = hir.alias_select %[[A]][0 = %[[I]]]
+// PIPE-NEXT:        %[[P_I:[^ ]+]] = hir.alias_select %[[P]][0 = %[[I]]]
+// PIPE-NEXT:        hir.matmul ins(%[[A_I]], %[[B]] : {{.*}}) outs(%[[P_I]] :
+// PIPE-NEXT:        %[[OUT_I:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[I]]]
+// PIPE-NEXT:        %[[W:[^ ]+]] = hir.allreduce %[[P_I]] into %[[OUT_I]] {{.*}} backend cuda
+// PIPE-NEXT:        hir.wait %[[PREVIOUS]]
+// PIPE-NEXT:        scf.yield %[[W]] : !hir.work
+// PIPE-NEXT:      }
+// PIPE-NEXT:      hir.wait %[[LAST]]
+// PIPE-NEXT:    } else {
+// PIPE-NEXT:    }
+// PIPE-NEXT:    hir.deallocate %[[P]]
+// PIPE-NEXT:    func.return %[[OUT]]

@@ -16,7 +16,7 @@
 // RUN: hir-opt %s -p 'stream-parallel{p2p-backend=cuda separate_sync_loop=false}' | filecheck %s --check-prefix=OK
 // RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda separate-sync-loop=false}' | filecheck %s --check-prefix=OK
 
-// UNKNOWN: {{^}}pass-pipeline:1:1: error: unknown pass 'bogus'; known passes: canonicalize, cse, dce, fusion-to-hir, hir-lowering,
+// UNKNOWN: {{^}}pass-pipeline:1:1: error: unknown pass 'bogus'; known passes: canonicalize, copy-engine-pipelining, cse, dce, fusion-to-hir, hir-lowering,
 // UNKNOWN-NEXT: {{^}}bogus{{$}}
 // UNKNOWN-NEXT: {{^}}^^^^^{{$}}
 // UNKNOWN-NOT: Traceback
