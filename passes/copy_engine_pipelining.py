@@ -195,8 +195,9 @@ class PipelineCopyEngineLoop(RewritePattern):
 
 
 class CopyEnginePipelining(ModulePass):
-    """Runs each stream loop whose transfer the copy engines make on the caller's stream,
-    software-pipelined: the transfer of one iteration in flight while another computes."""
+    """Software-pipelines each stream loop of copy-engine transfers on the caller's stream.
+
+    The transfer of one iteration is in flight while the one before is finished."""
 
     name = "copy-engine-pipelining"
 
