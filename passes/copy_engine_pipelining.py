@@ -39,18 +39,35 @@ B uses values of A (an iteration's slices): their defining views and index arith
 are cloned for `i - 1`. A loop is rewritten only where that is all B uses of A, where
 its one communication is a direct op of the body with `backend cuda` and its wait the
 only one, and where the body does not use the pool stream it was given.
+
+The ring loop of the point-to-point allgather with `p2p_backend=cuda` (stream-parallel's
+module docstring) is rewritten the same way, its iteration 0 (the own shard, no
+transfer) peeled: over a mesh of D devices,
+
+    A(1)                                   the exchange of iteration 1
+    own(0)                                 the own shard's copy, and B(0): its GEMM
+    %last = scf.for %i = 2 to D iter_args(%previous = %w of A(1)) {
+      A(i); hir.wait %previous; B(i - 1)
+    }
+    hir.wait %last; B(D - 1)
+
+A(i) is the ring body up to its `scf.if` and the exchange of its `else` without the
+wait, so the peer's shard is in flight while the own shard's GEMM runs, and the GEMMs
+run one after the other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, builtin, scf
-from xdsl.dialects.builtin import IndexType, IntegerAttr
+from xdsl.dialects.builtin import IndexType, IntegerAttr, LocationAttr
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
     PatternRewriter,
     PatternRewriteWalker,
     RewritePattern,
@@ -59,56 +76,43 @@ from xdsl.pattern_rewriter import (
 from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import hir
+from hostir_dialect.fusion import DYNAMIC, tensor_type
 from passes.stream_parallel import StreamLoop
 
+TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
 
-def _is_constant(value: SSAValue, number: int) -> bool:
-    return (
-        isinstance(value.owner, arith.ConstantOp)
-        and isinstance(value.owner.value, IntegerAttr)
-        and value.owner.value.value.data == number
-    )
+
+def _constant(value: SSAValue) -> int | None:
+    """The value of an index constant, None for anything else."""
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
+        return owner.value.value.data
+    return None
+
+
+def _static_extent(value: SSAValue) -> int | None:
+    """The value of a loop bound known before the program runs: an index constant, or the
+    `hir.dim` of a static axis (the mesh size of a ring loop); None otherwise."""
+    owner = value.owner
+    if isinstance(owner, hir.DimOp):
+        extent = tensor_type(owner.buffer).get_shape()[owner.axis.data]
+        return None if extent == DYNAMIC else extent
+    return _constant(value)
+
+
+def _index(number: int, name: str) -> arith.ConstantOp:
+    constant = arith.ConstantOp(IntegerAttr(number, IndexType()))
+    constant.result.name_hint = name
+    return constant
 
 
 def _recomputable(op: Operation) -> bool:
-    """Ops that B may read from A: they only name a view or an index, so cloning them is free."""
-    return isinstance(op, hir.AliasSelectOp) or (is_side_effect_free(op) and not op.regions)
-
-
-def _split(loop: StreamLoop) -> tuple[list[Operation], list[Operation], list[Operation]] | None:
-    """The work of `loop` as (A, the views B reads from A, B), if the loop qualifies."""
-    work = list(loop.loop.body.block.ops)[len(loop.prologue) : -len(loop.epilogue) - 1]
-    waits = [op for op in work if isinstance(op, hir.WaitOp)]
-    if len(waits) != 1:
-        return None
-    (wait,) = waits
-    communication = wait.work.owner
-    if (
-        not isinstance(communication, hir.CommunicationOp)
-        or communication.backend.data != hir.CommunicatorBackend.CUDA
-        or communication not in work
-    ):
-        return None
-    nested = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
-    if sum(isinstance(op, nested) for top in work for op in top.walk()) != 2:
-        return None
-    given = {result for op in loop.prologue for result in op.results}
-    if any(operand in given for top in work for op in top.walk() for operand in op.operands):
-        return None
-    position = work.index(wait)
-    issue, finish = work[:position], work[position + 1 :]
-    defined_in_issue = {result: op for op in issue for result in op.results}
-    needed: set[Operation] = set()
-    pending = [operand for op in finish for inner in op.walk() for operand in inner.operands]
-    while pending:
-        definer = defined_in_issue.get(pending.pop())
-        if definer is None or definer in needed:
-            continue
-        if not _recomputable(definer):
-            return None
-        needed.add(definer)
-        pending.extend(definer.operands)
-    return issue, [op for op in issue if op in needed], finish
+    """Ops that B may read from A: they only name a view or an index, so cloning them is free.
+    (arith's divisions are not side-effect free for xDSL, as they may trap on zero; cloned
+    for another iteration, they divide by the same divisor.)"""
+    if op.regions:
+        return False
+    return isinstance(op, hir.AliasSelectOp) or op.dialect_name() == "arith" or is_side_effect_free(op)
 
 
 def _clone(ops: Sequence[Operation], mapping: dict[SSAValue, SSAValue], block: Block) -> None:
@@ -117,81 +121,230 @@ def _clone(ops: Sequence[Operation], mapping: dict[SSAValue, SSAValue], block: B
         block.add_op(op.clone(mapping))
 
 
-class PipelineCopyEngineLoop(RewritePattern):
-    """Rewrites one qualifying work loop (and its synchronisation loop) as the module says."""
+def _transfers(ops: Sequence[Operation]) -> list[Operation]:
+    """The communications, batches and waits in `ops`, nested ones included."""
+    return [inner for op in ops for inner in op.walk() if isinstance(inner, TRANSFER_OPS)]
+
+
+@dataclass
+class Stages:
+    """A stream loop's body split for software pipelining: A issues the iteration's transfer,
+    B is what follows its wait."""
+
+    induction: SSAValue
+    issue: list[Operation]
+    """A(i), whose op `work` is the transfer's work."""
+    work: SSAValue
+    views: list[Operation]
+    """The ops of A that B reads: views and index arithmetic, cloned for B's iteration."""
+    finish: list[Operation]
+    """B(i)."""
+    location: LocationAttr
+    """The wait's."""
+
+    @staticmethod
+    def split(
+        induction: SSAValue, issue: list[Operation], work: SSAValue, finish: list[Operation], location: LocationAttr
+    ) -> Stages | None:
+        """The stages, if B reads nothing of A but views and index arithmetic."""
+        defined = {result: op for op in issue for result in op.results}
+        needed: set[Operation] = set()
+        pending = [operand for op in finish for inner in op.walk() for operand in inner.operands]
+        while pending:
+            definer = defined.get(pending.pop())
+            if definer is None or definer in needed:
+                continue
+            if not _recomputable(definer):
+                return None
+            needed.add(definer)
+            pending.extend(definer.operands)
+        views = [op for op in issue if op in needed]
+        return Stages(induction, issue, work, views, finish, location)
+
+    def issue_at(self, index: SSAValue, block: Block) -> SSAValue:
+        """Appends A(index) to `block`; its work."""
+        mapping: dict[SSAValue, SSAValue] = {self.induction: index}
+        _clone(self.issue, mapping, block)
+        return mapping[self.work]
+
+    def finish_at(self, index: SSAValue, work: SSAValue, block: Block) -> None:
+        """Appends, for iteration `index`: B's views of A, the wait for `work`, and B."""
+        mapping: dict[SSAValue, SSAValue] = {self.induction: index}
+        _clone(self.views, mapping, block)
+        wait = hir.WaitOp(work)
+        wait.location = self.location
+        block.add_op(wait)
+        _clone(self.finish, mapping, block)
+
+    def pipeline(
+        self, start: SSAValue, end: SSAValue, first_work: SSAValue, one: SSAValue, block: Block
+    ) -> list[Operation]:
+        """Appends `for i = start to end {A(i); finish i - 1}` and the finish of `end - 1`, given
+        the work of iteration `start - 1`; the ops made here (to give them a location)."""
+        body = Block(arg_types=[IndexType(), hir.WorkType()])
+        index, previous = body.args
+        index.name_hint = self.induction.name_hint
+        previous.name_hint = "previous_work"
+        work = self.issue_at(index, body)
+        before = self._minus_one(index, one, body)
+        self.finish_at(before, previous, body)
+        body.add_op(yield_work := scf.YieldOp(work))
+        loop = scf.ForOp(start, end, one, [first_work], body)
+        loop.results[0].name_hint = "last_work"
+        block.add_op(loop)
+        last = self._minus_one(end, one, block)
+        self.finish_at(last, loop.results[0], block)
+        made = [yield_work, loop]
+        return made + [value.owner for value in (before, last) if isinstance(value.owner, arith.SubiOp)]
+
+    def _minus_one(self, index: SSAValue, one: SSAValue, block: Block) -> SSAValue:
+        """`index - 1` for B's iteration, appended to `block` where B reads the iteration index."""
+        if not any(
+            operand is self.induction
+            for op in (*self.views, *self.finish)
+            for inner in op.walk()
+            for operand in inner.operands
+        ):
+            return index
+        subtraction = arith.SubiOp(index, one)
+        block.add_op(subtraction)
+        return subtraction.result
+
+
+def _work_ops(loop: StreamLoop) -> list[Operation] | None:
+    """The body of `loop` between its prologue and epilogue, if it does not use the pool
+    stream it was given."""
+    work = list(loop.loop.body.block.ops)[len(loop.prologue) : -len(loop.epilogue) - 1]
+    given = {result for op in loop.prologue for result in op.results}
+    if any(operand in given for top in work for op in top.walk() for operand in op.operands):
+        return None
+    return work
+
+
+class StreamLoopPattern(RewritePattern):
+    """A pattern on the work loops of stream-parallel that start at 0 by steps of 1; the
+    rewrite replaces the loop and its synchronisation loop by ops on the caller's stream."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: scf.ForOp, rewriter: PatternRewriter, /) -> None:
         loop = StreamLoop.match(op)
-        if loop is None or loop.is_sync_loop:
+        if loop is None or loop.is_sync_loop or _constant(op.lb) != 0 or _constant(op.step) != 1:
             return
-        if not (_is_constant(op.lb, 0) and _is_constant(op.step, 1)):
+        work = _work_ops(loop)
+        new_ops = None if work is None else self.rewrite(op, work)
+        if new_ops is None:
             return
-        split = _split(loop)
-        if split is None:
-            return
-        issue, views, finish = split
-        (wait,) = (o for o in op.body.block.ops if isinstance(o, hir.WaitOp))
-        induction = op.body.block.args[0]
+        replaced = [op] + ([] if (sync_loop := loop.sync_loop()) is None else [sync_loop.loop])
+        outside = list(
+            dict.fromkeys(
+                operand.owner
+                for loop_op in replaced
+                for inner in loop_op.walk()
+                for operand in inner.operands
+                if isinstance(operand.owner, Operation) and not loop_op.is_ancestor(operand.owner)
+            )
+        )
+        rewriter.replace_op(op, new_ops)
+        for loop_op in replaced[1:]:
+            rewriter.erase_op(loop_op)
+        # What only the stream loops used (the caller's stream, the number of streams, the
+        # loops' bounds) goes with them, so that a second run of the pass changes nothing.
+        for definer in outside:
+            if not any(result.uses for result in definer.results) and (
+                is_side_effect_free(definer) or isinstance(definer, hir.GetCurrentStreamOp)
+            ):
+                rewriter.erase_op(definer)
 
-        one = arith.ConstantOp(IntegerAttr(1, IndexType()))
-        one.result.name_hint = "c1"
+    def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
+        """The ops that replace `op`, whose body without the stream ops is `work`; None to leave it."""
+        raise NotImplementedError
+
+
+class PipelineCollectiveLoop(StreamLoopPattern):
+    """A loop whose one transfer is a copy-engine collective, directly in its body."""
+
+    def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
+        waits = [o for o in work if isinstance(o, hir.WaitOp)]
+        if len(waits) != 1 or len(_transfers(work)) != 2:
+            return None
+        (wait,) = waits
+        communication = wait.work.owner
+        if (
+            not isinstance(communication, hir.CommunicationOp)
+            or communication.backend.data != hir.CommunicatorBackend.CUDA
+            or communication not in work
+        ):
+            return None
+        position = work.index(wait)
+        stages = Stages.split(
+            op.body.block.args[0], work[:position], wait.work, work[position + 1 :], wait.location
+        )
+        if stages is None:
+            return None
+        one = _index(1, "c1")
         nonempty = arith.CmpiOp(op.ub, op.lb, "ugt")
         nonempty.result.name_hint = "nonempty"
         then = Block()
-        first: dict[SSAValue, SSAValue] = {induction: op.lb}
-        _clone(issue, first, then)
-
-        body = Block(arg_types=[IndexType(), hir.WorkType()])
-        index, previous = body.args
-        index.name_hint = induction.name_hint
-        previous.name_hint = "previous_work"
-        current: dict[SSAValue, SSAValue] = {induction: index}
-        _clone(issue, current, body)
-        before = arith.SubiOp(index, one.result)
-        body.add_op(before)
-        waits = [self._finish(views, finish, before.result, previous, induction, body)]
-        body_yield = scf.YieldOp(current[wait.work])
-        body.add_op(body_yield)
-        pipelined = scf.ForOp(one.result, op.ub, one.result, [first[wait.work]], body)
-        pipelined.results[0].name_hint = "last_work"
-        then.add_op(pipelined)
-
-        last = arith.SubiOp(op.ub, one.result)
-        then.add_op(last)
-        waits.append(self._finish(views, finish, last.result, pipelined.results[0], induction, then))
-        then_yield = scf.YieldOp()
-        then.add_op(then_yield)
+        first_work = stages.issue_at(op.lb, then)
+        made = stages.pipeline(one.result, op.ub, first_work, one.result, then)
+        then.add_op(then_yield := scf.YieldOp())
         otherwise = scf.YieldOp()
         guard = scf.IfOp(nonempty.result, [], Region(then), Region(Block([otherwise])))
-        for new_op in (one, nonempty, before, body_yield, pipelined, last, then_yield, otherwise, guard):
+        for new_op in (one, nonempty, *made, then_yield, otherwise, guard):
             new_op.location = op.location
-        for new_wait in waits:
-            new_wait.location = wait.location
-        sync_loop = loop.sync_loop()
-        caller_stream = loop.epilogue[0].stream
-        rewriter.replace_op(op, [one, nonempty, guard])
-        if sync_loop is not None:
-            rewriter.erase_op(sync_loop.loop)
-        if not caller_stream.uses and isinstance(caller_stream.owner, hir.GetCurrentStreamOp):
-            rewriter.erase_op(caller_stream.owner)
+        return [one, nonempty, guard]
 
-    @staticmethod
-    def _finish(
-        views: Sequence[Operation],
-        finish: Sequence[Operation],
-        index: SSAValue,
-        work: SSAValue,
-        induction: SSAValue,
-        block: Block,
-    ) -> hir.WaitOp:
-        """Appends, for iteration `index`: B's views of A, the wait for `work`, and B."""
-        mapping: dict[SSAValue, SSAValue] = {induction: index}
-        _clone(views, mapping, block)
-        wait = hir.WaitOp(work)
-        block.add_op(wait)
-        _clone(finish, mapping, block)
-        return wait
+
+class PipelineRingLoop(StreamLoopPattern):
+    """The ring loop of a copy-engine point-to-point allgather over a mesh of 2 or more."""
+
+    def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
+        induction = op.body.block.args[0]
+        branches = [o for o in work if isinstance(o, scf.IfOp)]
+        size = _static_extent(op.ub)
+        if len(branches) != 1 or size is None or size < 2:
+            return None
+        (branch,) = branches
+        condition = branch.cond.owner
+        if not (
+            isinstance(condition, arith.CmpiOp)
+            and condition.predicate.value.data == 0  # eq
+            and condition.lhs is induction
+            and _constant(condition.rhs) == 0
+        ):
+            return None
+        own = list(branch.true_region.block.ops)[:-1]
+        exchange = list(branch.false_region.block.ops)[:-1]
+        wait = exchange[-1] if exchange else None
+        if (
+            _transfers(own)
+            or not isinstance(wait, hir.WaitOp)
+            or not isinstance(wait.work.owner, hir.EndCoalescingOp)
+            or wait.work.owner not in exchange
+            or len(_transfers(work)) != len(_transfers(exchange))
+            or any(
+                o.backend.data != hir.CommunicatorBackend.CUDA
+                for o in exchange
+                if isinstance(o, hir.P2POp)
+            )
+        ):
+            return None
+        position = work.index(branch)
+        # The branch's condition goes with the branch, unless something else reads it.
+        before = [o for o in work[:position] if not (o is condition and condition.result.has_one_use())]
+        after = work[position + 1 :]
+        stages = Stages.split(induction, before + exchange[:-1], wait.work, after, wait.location)
+        if stages is None:
+            return None
+        one, two = _index(1, "c1"), _index(2, "c2")
+        block = Block([one, two])
+        first_work = stages.issue_at(one.result, block)
+        mapping: dict[SSAValue, SSAValue] = {induction: op.lb}
+        _clone(before + own + after, mapping, block)
+        made = stages.pipeline(two.result, op.ub, first_work, one.result, block)
+        for new_op in (one, two, *made):
+            new_op.location = op.location
+        return [block.detach_op(new_op) for new_op in list(block.ops)]
 
 
 class CopyEnginePipelining(ModulePass):
@@ -202,4 +355,7 @@ class CopyEnginePipelining(ModulePass):
     name = "copy-engine-pipelining"
 
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PatternRewriteWalker(PipelineCopyEngineLoop(), apply_recursively=False).rewrite_module(op)
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier([PipelineCollectiveLoop(), PipelineRingLoop()]),
+            apply_recursively=False,
+        ).rewrite_module(op)

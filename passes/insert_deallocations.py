@@ -6,14 +6,16 @@ views of views too). Its `hir.deallocate` goes right after the last of them in t
 allocation's own block: a use inside an `scf.for` or `scf.if` counts as a use by
 that op, so a buffer that a loop slices is freed after the whole loop. A
 communication reads or writes its buffers until the `hir.wait` of its work (of its
-batch, for a coalesced send or receive), so that wait is a use too. A buffer that
+batch, for a coalesced send or receive), so that wait is a use too, where an `scf.for`
+carries the work to it (copy-engine-pipelining waits for a transfer in the next
+iteration, or after the loop). A buffer that
 the function returns, directly or through a view, is not freed.
 """
 
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects import builtin, func
+from xdsl.dialects import builtin, func, scf
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -37,12 +39,35 @@ def _batch_end(op: hir.P2POp) -> hir.EndCoalescingOp | None:
     return None
 
 
+def _work_users(work: SSAValue) -> list[Operation]:
+    """The ops that use `work`, followed through the iteration arguments and results of the
+    `scf.for` loops that carry it (copy-engine-pipelining waits in the next iteration)."""
+    users, pending, seen = [], [work], set()
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for use in value.uses:
+            user = use.operation
+            loop = user.parent_op() if isinstance(user, scf.YieldOp) else user
+            if isinstance(user, scf.YieldOp) and isinstance(loop, scf.ForOp):
+                carried = use.index
+            elif isinstance(user, scf.ForOp) and use.index >= len(user.operands) - len(user.iter_args):
+                carried = use.index - (len(user.operands) - len(user.iter_args))
+            else:
+                users.append(user)
+                continue
+            pending += [loop.results[carried], loop.body.block.args[carried + 1]]
+    return users
+
+
 def _completions(op: Operation) -> list[Operation]:
     """The hir.wait ops until which an asynchronous `op` still uses its buffers."""
     works = [result for result in op.results if isinstance(result.type, hir.WorkType)]
     if isinstance(op, hir.P2POp) and (batch_end := _batch_end(op)) is not None:
         works.append(batch_end.work)
-    return [use.operation for work in works for use in work.uses]
+    return [user for work in works for user in _work_users(work)]
 
 
 def buffer_users(buffer: SSAValue) -> list[Operation]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from xdsl.dialects import scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
 from xdsl.traits import is_side_effect_free
@@ -148,9 +149,9 @@ def test_lowering_twice_is_lowering_once(name):
 
 def test_options_reach_stream_parallel():
     lowering = PassPipeline.parse_spec(
-        HOSTIR_PASSES, "hir-lowering{p2p_backend=cuda separate_sync_loop=false}"
+        HOSTIR_PASSES, "hir-lowering{p2p_backend=cuda separate_sync_loop=false copy_engine_pipelining=false}"
     ).passes[0]
-    assert lowering == HirLowering(p2p_backend="cuda", separate_sync_loop=False)
+    assert lowering == HirLowering(p2p_backend="cuda", separate_sync_loop=False, copy_engine_pipelining=False)
     function = host(lower(build(("ag_matmul_p2p",), 8), lowering))
     # The copy engines read the shard of A from a symmetric copy made before the loops;
     # the shards received, which no peer reads, still take one slice per stream.
@@ -170,6 +171,19 @@ def test_options_reach_stream_parallel():
     assert len(p2p) == 2 and {op.backend.data.value for op in p2p} == {"cuda"}
     (send,) = (op for op in p2p if isinstance(op, hir.SendOp))
     assert send.buffer.owner.symmetric is not None
+
+
+def test_copy_engine_rings_are_software_pipelined_on_the_callers_stream_by_default():
+    """copy-engine-pipelining runs in hir-lowering: the ring of a copy-engine point-to-point
+    allgather leaves the pool streams, and its transfers' work is carried by the loop."""
+    function = host(lower(build(("ag_matmul_p2p",), 8), HirLowering(p2p_backend="cuda")))
+    ops = list(function.walk())
+    assert not any(isinstance(op, hir.SetCurrentStreamOp | hir.SynchronizeStreamOp) for op in ops)
+    (loop,) = (op for op in ops if isinstance(op, scf.ForOp))
+    assert [arg.type for arg in loop.iter_args] == [hir.WorkType()]
+    waits = [op for op in ops if isinstance(op, hir.WaitOp)]
+    assert len(waits) == 2, "one in the loop, one after it"
+    assert sum(isinstance(op, hir.EndCoalescingOp) for op in ops) == 2, "iteration 1's, and the loop's"
 
 
 def test_device_order_without_per_stream_buffers_is_pr4515s_program():

@@ -1,7 +1,8 @@
 // RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,NCCL
-// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,CUDA
+// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda per_stream_buffers=false copy_engine_pipelining=false}' | filecheck %s --check-prefixes=CHECK,CUDA
 // RUN: hir-opt %s -p 'hir-lowering{p2p_order=device per_stream_buffers=false}' | filecheck %s --check-prefix=DEVICE
 // RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
+// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda}' | filecheck %s --check-prefix=PIPE
 
 // pr4515's AG_matmul_P2p on a mesh of 8: A [DIDx(8), M, K] @ B [K, N] -> [Stream(8), M, N].
 // insert-reshardings gathers A into a stream-parallel buffer, which is the
@@ -113,3 +114,31 @@ func.func @ag_matmul_p2p(%a: !a, %b: !b) -> !out {
 // PER:           hir.recv %[[BUF_I]] from %[[SLOT]]
 // PER:           hir.alias_select %{{[^ ]+}}[0 = %[[SLOT]]]
 // PER-NEXT:      hir.matmul ins(%[[BUF_I]],
+
+// With the copy engines the default pipeline also runs copy-engine-pipelining: the ring
+// runs on the caller's stream, the exchange of iteration 1 first, then the own shard's
+// copy and matmul (iteration 0, while the exchange is in flight), then iteration i
+// issues its exchange before waiting for that of i - 1 and running its matmul.
+
+// PIPE-LABEL: func.func @ag_matmul_p2p(
+// PIPE-NOT:     hir.set_current_stream
+// PIPE:         %[[SYM:[^ ]+]] = hir.allocate({{.*}}) symmetric
+// PIPE:         %[[C1:[^ ]+]] = arith.constant 1 : index
+// PIPE-NEXT:    %[[C2:[^ ]+]] = arith.constant 2 : index
+// PIPE:         hir.start_coalescing
+// PIPE-NEXT:    hir.recv %{{.*}} from %{{.*}} backend cuda
+// PIPE-NEXT:    hir.send %[[SYM]] to %{{.*}} backend cuda
+// PIPE-NEXT:    %[[W1:[^ ]+]] = hir.end_coalescing
+// PIPE:         %[[OWN:[^ ]+]] = hir.alias_select %[[SYM]][0 = %{{.*}}]
+// PIPE-NEXT:    hir.copy ins(%[[OWN]] : {{.*}}) outs(%[[OWN_SLOT:[^ ]+]] :
+// PIPE:         hir.matmul ins(%[[OWN_SLOT]], {{.*}})
+// PIPE-NEXT:    %[[LAST:[^ ]+]] = scf.for %[[I:[^ ]+]] = %[[C2]] to %{{.*}} step %[[C1]] iter_args(%[[PREVIOUS:[^ ]+]] = %[[W1]]) -> (!hir.work) {
+// PIPE:           hir.start_coalescing
+// PIPE:           %[[W:[^ ]+]] = hir.end_coalescing
+// PIPE-NEXT:      %[[BEFORE:[^ ]+]] = arith.subi %[[I]], %[[C1]] : index
+// PIPE:           hir.wait %[[PREVIOUS]]
+// PIPE:           hir.matmul
+// PIPE-NEXT:      scf.yield %[[W]] : !hir.work
+// PIPE-NEXT:    }
+// PIPE:         hir.wait %[[LAST]]
+// PIPE:         hir.matmul

@@ -1,5 +1,5 @@
 // RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefixes=CHECK,NCCL
-// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda}' | filecheck %s --check-prefixes=CHECK,CUDA
+// RUN: hir-opt %s -p 'hir-lowering{p2p_backend=cuda copy_engine_pipelining=false}' | filecheck %s --check-prefixes=CHECK,CUDA
 // RUN: hir-opt %s -p 'hir-lowering{p2p_order=device}' | filecheck %s --check-prefix=DEVICE
 
 // pr4515's AllgatherP2p on a mesh of 8: [DIDx(8), M] -> [Stream(8), M], in ring order.

@@ -140,3 +140,39 @@ func.func @communications(%in: !c, %peer: index) -> (!g, !c) {
 // CHECK-DAG:     hir.deallocate %[[Y]]
 // CHECK-DAG:     hir.deallocate %[[R]]
 // CHECK-NEXT:    func.return
+
+// A transfer whose work an scf.for carries to a later iteration or past the loop
+// (copy-engine-pipelining) uses its buffer until the wait that ends it: the buffer the
+// peers read is freed after the last wait, not after the loop.
+
+!s = !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
+!o = !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [stream, _]>
+!r = !fusion.tensor<[?], f32, mesh = [0, 1]>
+
+func.func @carried_work(%x: !s) -> !o {
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %n = hir.dim %x, 1 : !s
+  %shards = hir.allocate(%n) symmetric : !s
+  hir.copy ins(%x : !s) outs(%shards : !s)
+  %y = hir.allocate(%n) : !o
+  %peer = hir.alias_select %y[0 = %c1] : !o -> !r
+  hir.start_coalescing
+  %r = hir.recv %peer from %c1 backend cuda : !r
+  %s = hir.send %shards to %c1 backend cuda : !s
+  %first = hir.end_coalescing
+  %last = scf.for %i = %c2 to %c2 step %c1 iter_args(%previous = %first) -> (!hir.work) {
+    hir.wait %previous
+    scf.yield %previous : !hir.work
+  }
+  hir.wait %last
+  func.return %y : !o
+}
+
+// CHECK-LABEL: func.func @carried_work(
+// CHECK:         %[[SHARDS:[^ ]+]] = hir.allocate(%{{.*}}) symmetric
+// CHECK:         scf.for
+// CHECK:         }
+// CHECK-NEXT:    hir.wait
+// CHECK-NEXT:    hir.deallocate %[[SHARDS]]
+// CHECK-NEXT:    func.return
