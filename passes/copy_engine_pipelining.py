@@ -53,7 +53,10 @@ transfer) peeled: over a mesh of D devices,
 
 A(i) is the ring body up to its `scf.if` and the exchange of its `else` without the
 wait, so the peer's shard is in flight while the own shard's GEMM runs, and the GEMMs
-run one after the other.
+run one after the other. Where the gathered buffer is an intermediate that only the
+ring's view of it uses (AG+GEMM, not an allgather whose result is returned), own(0)
+reads the own shard in place instead of copying it into its slot first: that slot is
+read by B(0) alone.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, scf
+from xdsl.dialects import arith, builtin, func, scf
 from xdsl.dialects.builtin import IndexType, IntegerAttr, LocationAttr
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
@@ -336,15 +339,52 @@ class PipelineRingLoop(StreamLoopPattern):
         stages = Stages.split(induction, before + exchange[:-1], wait.work, after, wait.location)
         if stages is None:
             return None
+        in_place = _own_shard_in_place(before, own)
         one, two = _index(1, "c1"), _index(2, "c2")
         block = Block([one, two])
         first_work = stages.issue_at(one.result, block)
         mapping: dict[SSAValue, SSAValue] = {induction: op.lb}
-        _clone(before + own + after, mapping, block)
+        if in_place is None:
+            _clone(before + own + after, mapping, block)
+        else:
+            slot, shard = in_place
+            _clone([o for o in before if o is not slot] + [shard], mapping, block)
+            mapping[slot.result] = mapping[shard.result]
+            _clone(after, mapping, block)
         made = stages.pipeline(two.result, op.ub, first_work, one.result, block)
         for new_op in (one, two, *made):
             new_op.location = op.location
         return [block.detach_op(new_op) for new_op in list(block.ops)]
+
+
+def _own_shard_in_place(
+    before: Sequence[Operation], own: Sequence[Operation]
+) -> tuple[hir.AliasSelectOp, hir.AliasSelectOp] | None:
+    """(the slot's view, the own shard's view) where the own shard's iteration may read the
+    shard in place instead of copying it into its slot: the own branch is that copy of a
+    view, and the buffer of the slot is an intermediate that nothing but the ring's view of
+    it uses (its slot of the own shard is then never read again)."""
+    if len(own) != 2 or not isinstance(shard := own[0], hir.AliasSelectOp):
+        return None
+    copy = own[1]
+    if not isinstance(copy, hir.CopyOp) or copy.ins[0] is not shard.result:
+        return None
+    slot = copy.outs[0].owner
+    if not isinstance(slot, hir.AliasSelectOp) or slot not in before or slot.result.type != shard.result.type:
+        return None
+    allocation = slot.input.owner
+    if (
+        not isinstance(allocation, hir.AllocateOp)
+        or not isinstance(allocation.parent_op(), func.FuncOp)
+        or allocation.symmetric is not None
+    ):
+        return None
+    if any(
+        use.operation is not slot and not isinstance(use.operation, hir.DimOp | hir.DeallocateOp)
+        for use in allocation.result.uses
+    ):
+        return None
+    return slot, shard
 
 
 class CopyEnginePipelining(ModulePass):
