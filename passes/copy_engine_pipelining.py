@@ -31,9 +31,11 @@ becomes, on the caller's stream,
 AG+GEMM: A is the chunk's allgather and B its GEMM, so the transfer of chunk `i` is in
 flight during the GEMM of chunk `i - 1`. GEMM+RS and GEMM+AR: A is the chunk's GEMM and
 its transfer, and the GEMM of chunk `i` runs while chunk `i - 1` is in flight, whose
-reduction (at its wait) follows. A transfer's copy stream waits for what the caller's
-stream was given before it, that is A(0..i-1) and B(0..i-2), so transfer `i` starts
-once B(i-2) is done with the memory it shares (a per-stream buffer's slot), never later.
+reduction (at its wait) follows. The iterations of a stream loop are independent (they
+run at once on the pool streams), so A(i) may run before B(i - 1). A transfer's copy
+stream waits for what the caller's stream was given before it, A(0..i-1) and
+B(0..i-2): transfer `i` starts once B(i-2) is done. (`per-stream-buffers` leaves the
+rewritten loop alone, so no two iterations share a slice of a buffer.)
 
 B uses values of A (an iteration's slices): their defining views and index arithmetic
 are cloned for `i - 1`. A loop is rewritten only where that is all B uses of A, where
@@ -61,6 +63,7 @@ read by B(0) alone.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -258,9 +261,9 @@ class StreamLoopPattern(RewritePattern):
             ):
                 rewriter.erase_op(definer)
 
+    @abstractmethod
     def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
         """The ops that replace `op`, whose body without the stream ops is `work`; None to leave it."""
-        raise NotImplementedError
 
 
 class PipelineCollectiveLoop(StreamLoopPattern):

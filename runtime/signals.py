@@ -5,15 +5,16 @@ or that it is done reading the peer's, by setting a flag in the peer's signal pa
 peer's copy stream waits until the flag is set and clears it. torch's signals
 (`barrier`, `put_signal`, `wait_signal` of a symmetric-memory handle) are one-block
 kernels that spin on the flag, and a kernel needs an SM: beside a GEMM that holds
-every SM (cuBLAS's persistent kernels do), the signal of chunk i+1 waits for GEMM i
-to end, and with it every copy behind it. A stream memory operation
+every SM (cuBLAS's persistent kernels do), it may have to wait for the GEMM to end,
+and every copy queued behind it with it. A stream memory operation
 (`cuStreamWriteValue32`, `cuStreamWaitValue32`) is done by the GPU's front end, not by
-an SM, so the copy stream signals, waits and copies while the GEMMs run.
+an SM: on 2 H200, four chunks of signal, 32 MiB pull, signal took as long beside four
+GEMMs as without them (docs/benchmarks.md).
 
 torch exposes the write (`_SymmetricMemory.stream_write_value32`, which needs a flat
 uint32 tensor); the wait it does not, so `wait_value32` calls the driver's
 `cuStreamWaitValue32_v2` through ctypes. Neither has a timeout: runtime/watchdog.py
-fails the device when a transfer waits longer than the communicator's timeout.
+ends the process when a transfer waits longer than the communicator's timeout.
 
 A flag is set only after the last use of it has been cleared, so one flag per
 (channel, sender) suffices and every run leaves the pads as it found them (all
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+
 import torch
 
 from hostir_dialect.text import HostirError
