@@ -34,8 +34,13 @@ its transfer, and the GEMM of chunk `i` runs while chunk `i - 1` is in flight, w
 reduction (at its wait) follows. The iterations of a stream loop are independent (they
 run at once on the pool streams), so A(i) may run before B(i - 1). A transfer's copy
 stream waits for what the caller's stream was given before it, A(0..i-1) and
-B(0..i-2): transfer `i` starts once B(i-2) is done. (`per-stream-buffers` leaves the
-rewritten loop alone, so no two iterations share a slice of a buffer.)
+B(0..i-2): transfer `i` starts once B(i-2) is done. So a buffer that only the loop
+slices, at its iteration, needs two slices, not one per iteration: iteration `i` uses
+slice `i mod 2`, whose last reader B(i-2) the caller's stream ran before (the rewritten
+loop is no stream loop for `per-stream-buffers`, so this pass does it, with
+`per-stream-buffers`' re-allocation; `share_slices=false` keeps one slice per
+iteration). The ring below keeps one slice per mesh device: its slices are slots
+`(p + i) mod D`, not iterations.
 
 B uses values of A (an iteration's slices): their defining views and index arithmetic
 are cloned for `i - 1`. A loop is rewritten only where that is all B uses of A, where
@@ -79,10 +84,12 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
+from xdsl.rewriter import InsertPoint
 from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
+from passes.per_stream_buffers import fewer_slices
 from passes.stream_parallel import StreamLoop
 
 TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
@@ -227,9 +234,13 @@ def _work_ops(loop: StreamLoop) -> list[Operation] | None:
     return work
 
 
+@dataclass
 class StreamLoopPattern(RewritePattern):
     """A pattern on the work loops of stream-parallel that start at 0 by steps of 1; the
     rewrite replaces the loop and its synchronisation loop by ops on the caller's stream."""
+
+    share_slices: bool = True
+    """Whether the buffers that only the loop slices get two slices (`_chunk_buffers`)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: scf.ForOp, rewriter: PatternRewriter, /) -> None:
@@ -237,7 +248,11 @@ class StreamLoopPattern(RewritePattern):
         if loop is None or loop.is_sync_loop or _constant(op.lb) != 0 or _constant(op.step) != 1:
             return
         work = _work_ops(loop)
-        new_ops = None if work is None else self.rewrite(op, work)
+        if work is None:
+            return
+        # Found before the rewrite clones their views.
+        chunk_buffers = _chunk_buffers(op, work) if self.share_slices else []
+        new_ops = self.rewrite(op, work)
         if new_ops is None:
             return
         replaced = [op] + ([] if (sync_loop := loop.sync_loop()) is None else [sync_loop.loop])
@@ -260,6 +275,16 @@ class StreamLoopPattern(RewritePattern):
                 is_side_effect_free(definer) or isinstance(definer, hir.GetCurrentStreamOp)
             ):
                 rewriter.erase_op(definer)
+        for allocation in chunk_buffers:
+            two = _index(2, "c2")
+            buffer = fewer_slices(allocation, two.result, [two], rewriter)
+            for use in list(buffer.uses):
+                if isinstance(view := use.operation, hir.AliasSelectOp):
+                    slot = arith.RemUIOp(view.index, two.result)
+                    slot.location = view.location
+                    rewriter.insert_op(slot, InsertPoint.before(view))
+                    view.operands = [view.input, slot.result]
+                    rewriter.notify_op_modified(view)
 
     @abstractmethod
     def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
@@ -360,6 +385,32 @@ class PipelineRingLoop(StreamLoopPattern):
         return [block.detach_op(new_op) for new_op in list(block.ops)]
 
 
+def _chunk_buffers(op: scf.ForOp, work: Sequence[Operation]) -> list[hir.AllocateOp]:
+    """The buffers that only the loop `op` slices, each iteration its own slice along the
+    stream axis: once the loop is pipelined two slices do, slice `i mod 2` for iteration
+    `i`. The caller's stream runs B(i - 2), the last to read slice `i mod 2`, before A(i)
+    and before the transfer of A(i) (whose copy stream waits for the caller's), so the
+    next writer of a slice waits for its last reader, as in `per-stream-buffers`."""
+    induction = op.body.block.args[0]
+    views = [o for o in work if isinstance(o, hir.AliasSelectOp) and o.index is induction]
+    buffers = []
+    for allocation in dict.fromkeys(view.input.owner for view in views):
+        if (
+            not isinstance(allocation, hir.AllocateOp)
+            or allocation.symmetric is not None
+            or not isinstance(allocation.parent_op(), func.FuncOp)
+            or (axis := tensor_type(allocation.result).stream_axis) is None
+        ):
+            continue
+        if all(
+            isinstance(user := use.operation, hir.DimOp)
+            or (user in views and user.axis.data == axis)
+            for use in allocation.result.uses
+        ):
+            buffers.append(allocation)
+    return buffers
+
+
 def _own_shard_in_place(
     before: Sequence[Operation], own: Sequence[Operation]
 ) -> tuple[hir.AliasSelectOp, hir.AliasSelectOp] | None:
@@ -390,6 +441,7 @@ def _own_shard_in_place(
     return slot, shard
 
 
+@dataclass(frozen=True)
 class CopyEnginePipelining(ModulePass):
     """Software-pipelines each stream loop of copy-engine transfers on the caller's stream.
 
@@ -397,8 +449,10 @@ class CopyEnginePipelining(ModulePass):
 
     name = "copy-engine-pipelining"
 
+    share_slices: bool = True
+    """Give a buffer that only a pipelined collective loop slices two slices, not one per
+    iteration (`false`: as `per-stream-buffers=false` keeps the reference allocations)."""
+
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PatternRewriteWalker(
-            GreedyRewritePatternApplier([PipelineCollectiveLoop(), PipelineRingLoop()]),
-            apply_recursively=False,
-        ).rewrite_module(op)
+        patterns = [PipelineCollectiveLoop(self.share_slices), PipelineRingLoop(self.share_slices)]
+        PatternRewriteWalker(GreedyRewritePatternApplier(patterns), apply_recursively=False).rewrite_module(op)

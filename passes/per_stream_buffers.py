@@ -84,6 +84,38 @@ def _shared_slices(op: hir.AllocateOp) -> tuple[arith.RemUIOp, list[hir.AliasSel
     return stream_index, slices
 
 
+def fewer_slices(
+    op: hir.AllocateOp, count: SSAValue, new_ops: list[Operation], rewriter: PatternRewriter
+) -> SSAValue:
+    """Re-allocates `op`'s buffer with `min(extent, count)` slices along its stream axis, after
+    inserting `new_ops` (which define `count` if `op` does not see it); its `hir.dim` of that
+    axis become the old extent, which the loops still walk. The new buffer; its slices keep
+    their index, which the caller maps onto the fewer slices."""
+    buffer_type = tensor_type(op.result)
+    axis = buffer_type.stream_axis
+    extent_ops, extent = _extent(op, axis)
+    slots = arith.MinUIOp(extent, count)
+    slots.result.name_hint = "stream_slots"
+    sizes, shape = list(op.dynamic_sizes), list(buffer_type.get_shape())
+    position = shape[:axis].count(DYNAMIC)
+    if shape[axis] == DYNAMIC:
+        sizes[position] = slots.result
+    else:
+        sizes.insert(position, slots.result)
+        shape[axis] = DYNAMIC
+    allocation = hir.AllocateOp(buffer_type.with_(shape=shape), sizes)
+    allocation.result.name_hint = op.result.name_hint
+    inserted = [*extent_ops, *new_ops, slots, allocation]
+    for new_op in inserted:
+        new_op.location = op.location
+    rewriter.insert(inserted, InsertPoint.before(op))
+    for use in list(op.result.uses):
+        if isinstance(dim := use.operation, hir.DimOp) and dim.axis.data == axis:
+            rewriter.replace(dim, [], [extent])
+    rewriter.replace(op, [], [allocation.result])
+    return allocation.result
+
+
 class OneSlicePerStream(RewritePattern):
     """Re-allocates a qualifying buffer with `min(extent, number_of_streams)` slices along its
     stream axis, and slices it at the iteration's stream index."""
@@ -93,37 +125,14 @@ class OneSlicePerStream(RewritePattern):
         if (shared := _shared_slices(op)) is None:
             return
         stream_index, slices = shared
-        buffer_type = tensor_type(op.result)
-        axis = buffer_type.stream_axis
-        new_ops, extent = _extent(op, axis)
-        num_streams = stream_index.rhs
+        new_ops, num_streams = [], stream_index.rhs
         if not _defined_before(num_streams, op):
-            number_of_streams = hir.NumberOfStreamsOp()
-            new_ops.append(number_of_streams)
+            new_ops.append(number_of_streams := hir.NumberOfStreamsOp())
             num_streams = number_of_streams.result
-        slots = arith.MinUIOp(extent, num_streams)
-        slots.result.name_hint = "stream_slots"
-        sizes, shape = list(op.dynamic_sizes), list(buffer_type.get_shape())
-        position = shape[:axis].count(DYNAMIC)
-        if shape[axis] == DYNAMIC:
-            sizes[position] = slots.result
-        else:
-            sizes.insert(position, slots.result)
-            shape[axis] = DYNAMIC
-        allocation = hir.AllocateOp(buffer_type.with_(shape=shape), sizes)
-        allocation.result.name_hint = op.result.name_hint
-        for new_op in (*new_ops, slots, allocation):
-            new_op.location = op.location
-        rewriter.insert([*new_ops, slots, allocation], InsertPoint.before(op))
-
-        # The loops walk the whole extent, which the buffer no longer has.
-        for use in list(op.result.uses):
-            if isinstance(dim := use.operation, hir.DimOp) and dim.axis.data == axis:
-                rewriter.replace(dim, [], [extent])
+        fewer_slices(op, num_streams, new_ops, rewriter)
         for view in slices:
             view.operands = [view.input, stream_index.result]
             rewriter.notify_op_modified(view)
-        rewriter.replace(op, [], [allocation.result])
 
 
 class PerStreamBuffers(ModulePass):

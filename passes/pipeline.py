@@ -36,7 +36,8 @@ class HirLowering(ModulePass):
     point-to-point allgather; the default is the ring order).
     `per_stream_buffers=false` leaves out `per-stream-buffers`, so that the
     intermediate buffers of stream loops keep one slice per iteration, as in the
-    reference programs. `copy_engine_pipelining=false` leaves out
+    reference programs (and `copy-engine-pipelining` gives the buffers of its loops one
+    slice per iteration too). `copy_engine_pipelining=false` leaves out
     `copy-engine-pipelining`, so that the loops of copy-engine transfers stay spread
     over the pool streams as `stream-parallel` made them.
     """
@@ -58,7 +59,7 @@ class HirLowering(ModulePass):
             InsertReshardings(),
             FusionToHir(self.backend),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
-            *([CopyEnginePipelining()] if self.copy_engine_pipelining else []),
+            *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),
             CanonicalizePass(),

@@ -1,4 +1,5 @@
-// RUN: hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining | filecheck %s
+// RUN: hir-opt %s --split-input-file -p 'stream-parallel,copy-engine-pipelining{share_slices=false}' | filecheck %s
+// RUN: hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining | filecheck %s --check-prefix=SHARED
 // RUN: hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining > %t && hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining,copy-engine-pipelining | diff %t -
 
 // AG+GEMM on the copy engines. The stream loops of stream-parallel become one loop on
@@ -57,6 +58,27 @@ func.func @ag_matmul(%a: !a, %b: !b) -> !g {
 // CHECK-NEXT:    } else {
 // CHECK-NEXT:    }
 // CHECK-NEXT:    func.return %[[OUT]]
+
+// By default the gathered buffer, which only the loop slices, gets two slices: the
+// allgather of chunk i fills slice i mod 2, which the matmul of chunk i - 2 has read
+// before on the same stream. The returned output keeps one slice per chunk.
+
+// SHARED-LABEL: func.func @ag_matmul(
+// SHARED:         %[[S:[^ ]+]] = hir.dim %{{.*}}, 0
+// SHARED:         %[[C2:[^ ]+]] = arith.constant 2 : index
+// SHARED-NEXT:    %[[SLOTS:[^ ]+]] = arith.minui %[[S]], %[[C2]] : index
+// SHARED-NEXT:    %[[G:[^ ]+]] = hir.allocate(%[[SLOTS]], %{{.*}}, %{{.*}}) : !fusion.tensor<[?, 2, ?, ?], f32, mesh = [0, 1], axes = [stream, _, _, _]>
+// SHARED-NEXT:    %[[OUT:[^ ]+]] = hir.allocate(%[[S]],
+// SHARED:         scf.for %[[I:[^ ]+]] =
+// SHARED:           %[[SLOT:[^ ]+]] = arith.remui %[[I]], %[[C2]] : index
+// SHARED-NEXT:      %[[G_I:[^ ]+]] = hir.alias_select %[[G]][0 = %[[SLOT]]]
+// SHARED-NEXT:      hir.allgather %{{.*}} into %[[G_I]]
+// SHARED-NEXT:      %[[BEFORE:[^ ]+]] = arith.subi %[[I]]
+// SHARED-NEXT:      %[[SLOT_BEFORE:[^ ]+]] = arith.remui %[[BEFORE]], %[[C2]] : index
+// SHARED-NEXT:      %[[G_BEFORE:[^ ]+]] = hir.alias_select %[[G]][0 = %[[SLOT_BEFORE]]]
+// SHARED-NEXT:      hir.wait
+// SHARED-NEXT:      %[[OUT_BEFORE:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[BEFORE]]]
+// SHARED-NEXT:      hir.matmul ins(%[[G_BEFORE]],
 
 // -----
 
