@@ -50,11 +50,10 @@ def _work_users(work: SSAValue) -> list[Operation]:
         seen.add(value)
         for use in value.uses:
             user = use.operation
-            loop = user.parent_op() if isinstance(user, scf.YieldOp) else user
-            if isinstance(user, scf.YieldOp) and isinstance(loop, scf.ForOp):
+            if isinstance(user, scf.YieldOp) and isinstance(loop := user.parent_op(), scf.ForOp):
                 carried = use.index
-            elif isinstance(user, scf.ForOp) and use.index >= len(user.operands) - len(user.iter_args):
-                carried = use.index - (len(user.operands) - len(user.iter_args))
+            elif isinstance(user, scf.ForOp) and use.index >= (first := len(user.operands) - len(user.iter_args)):
+                loop, carried = user, use.index - first
             else:
                 users.append(user)
                 continue

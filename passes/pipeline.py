@@ -1,8 +1,8 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
 insert-reshardings, fusion-to-hir, stream-parallel, copy-engine-pipelining,
-per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
-loops compute twice. Those two only touch ops whose effects are known: arith, scf,
+per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold
+the index arithmetic and share what the loops compute twice. Those two only touch ops whose effects are known: arith, scf,
 and the hir ops marked `Pure` (`hir.dim`, `hir.device_index`,
 `hir.number_of_streams`, `hir.stream`); every other hir op has effects they leave alone.
 """
