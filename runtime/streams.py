@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 
 from hostir_dialect.text import HostirError
 
@@ -131,3 +132,12 @@ def hold_current_stream(device: torch.device, ms: float) -> None:
     """
     with torch.cuda.device(device):
         torch.cuda._sleep(int(ms * _sleep_cycles_per_ms(device)))
+
+
+def start_together(device: torch.device, hold_ms: float) -> None:
+    """Holds the current stream of `device` for `hold_ms`, then lets the ranks' current streams
+    meet in a one-element all-reduce: the holds of the ranks differ, and after this their
+    devices start what is issued next together."""
+    hold_current_stream(device, hold_ms)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(torch.zeros(1, device=device))

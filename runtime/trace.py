@@ -42,7 +42,7 @@ from hostir_dialect.text import HostirError, operation_location
 from runtime.communicator import Communicator
 from runtime.interpreter import Environment, RunContext, Step
 from runtime.program import Program
-from runtime.streams import configured_num_streams, hold_current_stream, stream_pool
+from runtime.streams import configured_num_streams, start_together, stream_pool
 
 KINDS = ("compute", "communication", "wait", "other", "control", "in flight")
 """What an interval is: an op that computes, issues a communication, waits (for a work or
@@ -189,10 +189,7 @@ class CudaClock(HostClock):
         torch.cuda.synchronize(device)
         caller = torch.cuda.current_stream(device)
         if hold_ms > 0:
-            hold_current_stream(device, hold_ms)
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                # The ranks' holds differ; their devices start together after this.
-                dist.all_reduce(torch.zeros(1, device=device))
+            start_together(device, hold_ms)
             for stream in pool_streams:
                 stream.wait_stream(caller)
         super().__init__()
