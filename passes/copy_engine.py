@@ -1,7 +1,5 @@
 """What the lowerings do for the copy-engine backend (`backend cuda`, docs/copy-engine.md).
 
-`parse_backend` reads a pass's backend option.
-
 A copy-engine transfer is pulled: each device copies its peers' data straight out of
 their memory, so a buffer that a peer reads (the input of an allgather, of an
 allreduce or of a reduce_scatter: the partial sums that each device pulls and reduces
@@ -30,17 +28,6 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
-from hostir_dialect.text import HostirError
-
-
-def parse_backend(pass_name: str, option: str, value: str) -> hir.CommunicatorBackend:
-    """The backend a pass option names; a `HostirError` naming the pass and the choices otherwise."""
-    if value not in set(hir.CommunicatorBackend):
-        raise HostirError(
-            f"{pass_name}: unknown {option} '{value}'; expected one of "
-            + ", ".join(backend.value for backend in hir.CommunicatorBackend)
-        )
-    return hir.CommunicatorBackend(value)
 
 
 def _symmetric_in_place(buffer: SSAValue) -> hir.AllocateOp | None:

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, builtin, func, scf
-from xdsl.dialects.builtin import IndexType, IntegerAttr, LocationAttr
+from xdsl.dialects.builtin import IndexType, LocationAttr
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -88,44 +88,17 @@ from xdsl.rewriter import InsertPoint
 from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import DYNAMIC, tensor_type
+from hostir_dialect.fusion import tensor_type
 from passes.per_stream_buffers import fewer_slices
-from passes.stream_parallel import StreamLoop
+from passes.stream_parallel import StreamLoop, index_constant, is_index_arithmetic, known_extent
 
 TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
 
 
-def _constant(value: SSAValue) -> int | None:
-    """The value of an index constant, None for anything else."""
-    owner = value.owner
-    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
-        return owner.value.value.data
-    return None
-
-
-def _static_extent(value: SSAValue) -> int | None:
-    """The value of a loop bound known before the program runs: an index constant, or the
-    `hir.dim` of a static axis (the mesh size of a ring loop); None otherwise."""
-    owner = value.owner
-    if isinstance(owner, hir.DimOp):
-        extent = tensor_type(owner.buffer).get_shape()[owner.axis.data]
-        return None if extent == DYNAMIC else extent
-    return _constant(value)
-
-
-def _index(number: int, name: str) -> arith.ConstantOp:
-    constant = arith.ConstantOp(IntegerAttr(number, IndexType()))
-    constant.result.name_hint = name
-    return constant
-
-
 def _recomputable(op: Operation) -> bool:
-    """Ops that B may read from A: they only name a view or an index, so cloning them is free.
-    (arith's divisions are not side-effect free for xDSL, as they may trap on zero; cloned
-    for another iteration, they divide by the same divisor.)"""
-    if op.regions:
-        return False
-    return isinstance(op, hir.AliasSelectOp) or op.dialect_name() == "arith" or is_side_effect_free(op)
+    """Ops that B may read from A: they only name a view or compute an index, so cloning
+    them for another iteration is free."""
+    return isinstance(op, hir.AliasSelectOp) or is_index_arithmetic(op)
 
 
 def _clone(ops: Sequence[Operation], mapping: dict[SSAValue, SSAValue], block: Block) -> None:
@@ -245,14 +218,14 @@ class StreamLoopPattern(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: scf.ForOp, rewriter: PatternRewriter, /) -> None:
         loop = StreamLoop.match(op)
-        if loop is None or loop.is_sync_loop or _constant(op.lb) != 0 or _constant(op.step) != 1:
+        if loop is None or loop.is_sync_loop or known_extent(op.lb) != 0 or known_extent(op.step) != 1:
             return
         work = _work_ops(loop)
         if work is None:
             return
         # Found before the rewrite clones their views.
         chunk_buffers = _chunk_buffers(op, work) if self.share_slices else []
-        new_ops = self.rewrite(op, work)
+        new_ops = self.rewrite(op, work, rewriter)
         if new_ops is None:
             return
         replaced = [op] + ([] if (sync_loop := loop.sync_loop()) is None else [sync_loop.loop])
@@ -276,25 +249,25 @@ class StreamLoopPattern(RewritePattern):
             ):
                 rewriter.erase_op(definer)
         for allocation in chunk_buffers:
-            two = _index(2, "c2")
-            buffer = fewer_slices(allocation, two.result, [two], rewriter)
+            two = index_constant(rewriter, allocation, 2)
+            buffer = fewer_slices(allocation, two, [], rewriter)
             for use in list(buffer.uses):
                 if isinstance(view := use.operation, hir.AliasSelectOp):
-                    slot = arith.RemUIOp(view.index, two.result)
+                    slot = arith.RemUIOp(view.index, two)
                     slot.location = view.location
                     rewriter.insert_op(slot, InsertPoint.before(view))
                     view.operands = [view.input, slot.result]
                     rewriter.notify_op_modified(view)
 
     @abstractmethod
-    def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
+    def rewrite(self, op: scf.ForOp, work: list[Operation], rewriter: PatternRewriter) -> list[Operation] | None:
         """The ops that replace `op`, whose body without the stream ops is `work`; None to leave it."""
 
 
 class PipelineCollectiveLoop(StreamLoopPattern):
     """A loop whose one transfer is a copy-engine collective, directly in its body."""
 
-    def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
+    def rewrite(self, op: scf.ForOp, work: list[Operation], rewriter: PatternRewriter) -> list[Operation] | None:
         waits = [o for o in work if isinstance(o, hir.WaitOp)]
         if len(waits) != 1 or len(_transfers(work)) != 2:
             return None
@@ -312,28 +285,28 @@ class PipelineCollectiveLoop(StreamLoopPattern):
         )
         if stages is None:
             return None
-        one = _index(1, "c1")
+        one = index_constant(rewriter, op, 1)
         nonempty = arith.CmpiOp(op.ub, op.lb, "ugt")
         nonempty.result.name_hint = "nonempty"
         then = Block()
         first_work = stages.issue_at(op.lb, then)
-        made = stages.pipeline(one.result, op.ub, first_work, one.result, then)
+        made = stages.pipeline(one, op.ub, first_work, one, then)
         then.add_op(then_yield := scf.YieldOp())
         otherwise = scf.YieldOp()
         guard = scf.IfOp(nonempty.result, [], Region(then), Region(Block([otherwise])))
-        for new_op in (one, nonempty, *made, then_yield, otherwise, guard):
+        for new_op in (nonempty, *made, then_yield, otherwise, guard):
             new_op.location = op.location
-        return [one, nonempty, guard]
+        return [nonempty, guard]
 
 
 class PipelineRingLoop(StreamLoopPattern):
     """The ring loop of a copy-engine point-to-point allgather over a mesh of 2 or more."""
 
-    def rewrite(self, op: scf.ForOp, work: list[Operation]) -> list[Operation] | None:
+    def rewrite(self, op: scf.ForOp, work: list[Operation], rewriter: PatternRewriter) -> list[Operation] | None:
         induction = op.body.block.args[0]
         branches = [o for o in work if isinstance(o, scf.IfOp)]
-        size = _static_extent(op.ub)
-        if len(branches) != 1 or size is None or size < 2:
+        size = known_extent(op.ub)
+        if len(branches) != 1 or not isinstance(size, int) or size < 2:
             return None
         (branch,) = branches
         condition = branch.cond.owner
@@ -341,7 +314,7 @@ class PipelineRingLoop(StreamLoopPattern):
             isinstance(condition, arith.CmpiOp)
             and condition.predicate.value.data == 0  # eq
             and condition.lhs is induction
-            and _constant(condition.rhs) == 0
+            and known_extent(condition.rhs) == 0
         ):
             return None
         own = list(branch.true_region.block.ops)[:-1]
@@ -368,9 +341,9 @@ class PipelineRingLoop(StreamLoopPattern):
         if stages is None:
             return None
         in_place = _own_shard_in_place(before, own)
-        one, two = _index(1, "c1"), _index(2, "c2")
-        block = Block([one, two])
-        first_work = stages.issue_at(one.result, block)
+        one, two = index_constant(rewriter, op, 1), index_constant(rewriter, op, 2)
+        block = Block()
+        first_work = stages.issue_at(one, block)
         mapping: dict[SSAValue, SSAValue] = {induction: op.lb}
         if in_place is None:
             _clone(before + own + after, mapping, block)
@@ -379,8 +352,8 @@ class PipelineRingLoop(StreamLoopPattern):
             _clone([o for o in before if o is not slot] + [shard], mapping, block)
             mapping[slot.result] = mapping[shard.result]
             _clone(after, mapping, block)
-        made = stages.pipeline(two.result, op.ub, first_work, one.result, block)
-        for new_op in (one, two, *made):
+        made = stages.pipeline(two, op.ub, first_work, one, block)
+        for new_op in made:
             new_op.location = op.location
         return [block.detach_op(new_op) for new_op in list(block.ops)]
 

@@ -46,7 +46,8 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, POINTWISE_OPS, FusionOp, tensor_type
 from hostir_dialect.text import HostirError
 from passes.axis_mapping import operand_axis_maps
-from passes.copy_engine import parse_backend, peer_readable
+from passes.copy_engine import peer_readable
+from passes.options import check_choice
 from passes.sharding import (
     LocalCopy,
     LocalSlice,
@@ -437,10 +438,10 @@ class FusionToHir(ModulePass):
 
     def __post_init__(self) -> None:
         # A backend the pass cannot use is refused when the pass is built, before it runs.
-        parse_backend(self.name, "backend", self.backend)
+        check_choice(self.name, "backend", self.backend, hir.CommunicatorBackend)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        backend = parse_backend(self.name, "backend", self.backend)
+        backend = hir.CommunicatorBackend(self.backend)
         dce(op)
         PatternRewriteWalker(OutlinePointwiseRun(), apply_recursively=False).rewrite_module(op)
         PatternRewriteWalker(

@@ -92,7 +92,8 @@ from passes.axis_mapping import (
     output_of,
     segment_function,
 )
-from passes.copy_engine import parse_backend, peer_readable
+from passes.copy_engine import peer_readable
+from passes.options import check_choice
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
@@ -273,7 +274,7 @@ def _function_value(
     return new_op.results[0]
 
 
-def _index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> SSAValue:
+def index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> SSAValue:
     attr = IntegerAttr(value, IndexType())
     return _function_value(
         rewriter,
@@ -306,8 +307,8 @@ def _insert_stream_loops(
     extent = hir.DimOp(output_of(op), axis)
     extent.result.name_hint = "extent"
     rewriter.insert(extent, InsertPoint.before(op))
-    lower = _index_constant(rewriter, op, 0)
-    step = _index_constant(rewriter, op, 1)
+    lower = index_constant(rewriter, op, 0)
+    step = index_constant(rewriter, op, 1)
     main = _runtime_value(rewriter, op, hir.GetCurrentStreamOp, "main_stream")
     num_streams = _runtime_value(rewriter, op, hir.NumberOfStreamsOp, "num_streams")
 
@@ -397,7 +398,7 @@ class StreamLoop:
         return sync.loop if sync else self.loop
 
 
-def _extent(value: SSAValue) -> object:
+def known_extent(value: SSAValue) -> object:
     """What a loop extent is known to equal: a number, or the axis of an argument it was read from."""
     owner = value.owner
     if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
@@ -408,7 +409,7 @@ def _extent(value: SSAValue) -> object:
         if shape[axis] != DYNAMIC:
             return shape[axis]
         if isinstance(buffer.owner, hir.AllocateOp):
-            return _extent(buffer.owner.dynamic_sizes[shape[:axis].count(DYNAMIC)])
+            return known_extent(buffer.owner.dynamic_sizes[shape[:axis].count(DYNAMIC)])
         return (buffer, axis)
     return value
 
@@ -536,7 +537,7 @@ class PipelineStreamParallelOp(RewritePattern):
             return
         maps = operand_axis_maps(op)
         index, work = _insert_stream_loops(rewriter, op, axis, self.separate_sync_loop)
-        first = _index_constant(rewriter, op, 0)
+        first = index_constant(rewriter, op, 0)
         operands: list[SSAValue] = []
         for operand, axis_map in maps:
             source_axis = operand_axis(axis_map, axis)
@@ -586,16 +587,6 @@ class P2POrder(StrEnum):
     to device `i` at once."""
 
 
-def parse_p2p_order(pass_name: str, value: str) -> P2POrder:
-    """The order a pass option names; a `HostirError` naming the pass and the choices otherwise."""
-    if value not in set(P2POrder):
-        raise HostirError(
-            f"{pass_name}: unknown p2p_order '{value}'; expected one of "
-            + ", ".join(order.value for order in P2POrder)
-        )
-    return P2POrder(value)
-
-
 def _named(op: Operation, name: str) -> Operation:
     op.results[0].name_hint = name
     return op
@@ -614,8 +605,8 @@ class _Exchange:
     def __init__(self, rewriter: PatternRewriter, op: Operation, mesh: Sequence[int], index: SSAValue):
         self.rewriter, self.op, self.mesh, self.index = rewriter, op, mesh, index
         self.rank = _runtime_value(rewriter, op, hir.DeviceIndexOp, "rank")
-        self.zero = _index_constant(rewriter, op, 0)
-        self.first = _index_constant(rewriter, op, mesh[0]) if mesh[0] else None
+        self.zero = index_constant(rewriter, op, 0)
+        self.first = index_constant(rewriter, op, mesh[0]) if mesh[0] else None
         self.slot_ops: list[Operation] = []
         self.peer_ops: list[Operation] = []
 
@@ -635,7 +626,7 @@ class _Exchange:
     def in_ring_order(self, output: SSAValue, axis: int) -> None:
         """Iteration i fills slot (p + i) mod D from mesh device (p + i) mod D, and sends
         the own shard to mesh device (p + D - i) mod D; p is the position of this device."""
-        index, size = self.index, _index_constant(self.rewriter, self.op, len(self.mesh))
+        index, size = self.index, index_constant(self.rewriter, self.op, len(self.mesh))
         invariant: list[Operation] = []
         position = self.rank
         if self.first is not None:
@@ -744,6 +735,13 @@ def _p2p_slot(loop: StreamLoop) -> SSAValue | None:
     return None
 
 
+def is_index_arithmetic(op: Operation) -> bool:
+    """An op that only computes a value from its operands: arith's (whose divisions xDSL does
+    not count as side-effect free, as they may trap on zero), or any other without effects
+    or regions. Computing it again from the same operands gives the same value."""
+    return not op.regions and (op.dialect_name() == "arith" or is_side_effect_free(op))
+
+
 def _expression(value: SSAValue, induction: SSAValue) -> object:
     """What `value` computes from the loop's `induction` variable, comparable across loops:
     the tree of the arith and side-effect-free ops that compute it, with the induction
@@ -753,9 +751,7 @@ def _expression(value: SSAValue, induction: SSAValue) -> object:
     owner = value.owner
     if isinstance(owner, arith.ConstantOp):
         return ("constant", owner.value)
-    if not isinstance(owner, Operation) or owner.regions:
-        return value
-    if owner.dialect_name() != "arith" and not is_side_effect_free(owner):
+    if not isinstance(owner, Operation) or not is_index_arithmetic(owner):
         return value
     return (
         owner.name,
@@ -790,7 +786,7 @@ class MergeStreamLoops(RewritePattern):
             between.append(previous)
             previous = previous.prev_op
         first = StreamLoop.match(previous)
-        if first is None or first.is_sync_loop or _extent(first.loop.ub) != _extent(op.ub):
+        if first is None or first.is_sync_loop or known_extent(first.loop.ub) != known_extent(op.ub):
             return
         first_index, second_index = first.loop.body.block.args[0], op.body.block.args[0]
         first_slot = _p2p_slot(first)
@@ -870,12 +866,12 @@ class StreamParallelLowering(ModulePass):
 
     def __post_init__(self) -> None:
         # A value the pass cannot use is refused when the pass is built, before it runs.
-        parse_backend(self.name, "p2p_backend", self.p2p_backend)
-        parse_p2p_order(self.name, self.p2p_order)
+        check_choice(self.name, "p2p_backend", self.p2p_backend, hir.CommunicatorBackend)
+        check_choice(self.name, "p2p_order", self.p2p_order, P2POrder)
 
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        p2p_backend = parse_backend(self.name, "p2p_backend", self.p2p_backend)
-        p2p_order = parse_p2p_order(self.name, self.p2p_order)
+        p2p_backend = hir.CommunicatorBackend(self.p2p_backend)
+        p2p_order = P2POrder(self.p2p_order)
         for hir_op in op.walk():
             if isinstance(hir_op, PIPELINED_OPS):
                 check_stream_axes(hir_op)

@@ -75,6 +75,15 @@ def _is_copy_engine(op: hir.CommunicationOp | hir.P2POp) -> bool:
     return op.backend.data == hir.CommunicatorBackend.CUDA
 
 
+def copy_engine_transfers(function: Operation) -> list[hir.CommunicationOp | hir.P2POp]:
+    """The communications of `function` that the copy engines make (`backend cuda`)."""
+    return [
+        op
+        for op in function.walk()
+        if isinstance(op, hir.CommunicationOp | hir.P2POp) and _is_copy_engine(op)
+    ]
+
+
 def _check_symmetric(op: Operation, buffer: SSAValue, role: str) -> None:
     """Refuses a copy-engine op whose peers would read a buffer that is not symmetric."""
     root, _ = _buffer_root(buffer)

@@ -15,10 +15,10 @@ reduce_scatter member pulls, from every member's partial, the piece it owns; an
 allreduce member pulls every member's whole partial. The pieces land in a staging
 buffer, one slot per team position, and `hir.wait` reduces the slots, in team order,
 into the output on the waiting stream: one memory-bound torch reduction per transfer,
-the only SM work of the backend besides the signals. The copy stream thus never waits
-for SMs (a reduction queued there behind a busy GEMM would hold up the next chunk's
-copies), and every member of an allreduce adds the same numbers in the same order, so
-the replicas are bitwise equal, as NCCL's are.
+which with the copy of the member's own piece is the only SM work of the backend. The
+copy stream thus never waits for SMs (a reduction queued there behind a busy GEMM
+would hold up the next chunk's copies), and every member of an allreduce adds the same
+numbers in the same order, so the replicas are bitwise equal, as NCCL's are.
 
 Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
 
@@ -218,8 +218,6 @@ class SymmetricMemoryEngine(CopyEngine):
         self.device = communicator.device
         self.stream = torch.cuda.Stream(self.device)
         self.watchdog = Watchdog(communicator.timeout_s, functools.partial(end_process, self.rank))
-        self.transfers = 0
-        """How many transfers this engine has issued (captured ones included)."""
 
     def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
         from torch.distributed import _symmetric_memory as symm_mem
@@ -250,10 +248,22 @@ class SymmetricMemoryEngine(CopyEngine):
         """The work of the transfer begun at `started`: what the copy stream has been given so far."""
         done = torch.cuda.Event()
         done.record(self.stream)
-        self.transfers += 1
         if started is not None:
             self.watchdog.watch(started, done, f"{what} (backend cuda)")
         return StreamWait(done, self.device)
+
+    def _pull(self, source: SymmetricBuffer, view, targets, team, what: str) -> StreamWait:
+        """Each peer's part `view` of `source` into `targets[k]`, `k` its team position, in
+        ring order between the team's barriers, on the copy stream: the transfer's work.
+        The member's own part is left to the wait (docs/copy-engine.md, *Own data*)."""
+        _, *peers = ring(team.index(self.rank), len(team))
+        started = self._begin()
+        with torch.cuda.stream(self.stream):
+            source.signals.barrier(WRITTEN_CHANNEL)
+            for k in peers:
+                targets[k].copy_(source.peer_view(view, team[k]))
+            source.signals.barrier(READ_CHANNEL)
+        return self._end(started, f"{what} in the team {list(team)}")
 
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
@@ -261,15 +271,9 @@ class SymmetricMemoryEngine(CopyEngine):
             return [], []
         source = self._team_input(input, team, "an allgather")
         slots = [output.narrow(axis, k, 1) for k in range(len(team))]
-        own, *peers = ring(team.index(self.rank), len(team))
-        started = self._begin()
-        with torch.cuda.stream(self.stream):
-            source.signals.barrier(WRITTEN_CHANNEL)
-            for k in peers:
-                slots[k].copy_(source.peer_view(input, team[k]))
-            source.signals.barrier(READ_CHANNEL)
+        work = self._pull(source, input, slots, team, "an allgather")
         output.record_stream(self.stream)
-        work = self._end(started, f"an allgather in the team {list(team)}")
+        own = team.index(self.rank)
         return [work], [lambda: slots[own].copy_(input)]
 
     def _pull_and_reduce(self, input, pieces, output, team, op, collective) -> tuple[list, list]:
@@ -279,16 +283,11 @@ class SymmetricMemoryEngine(CopyEngine):
         if output.numel() == 0:
             return [], []
         source = self._team_input(input, team, collective)
-        own, *peers = ring(team.index(self.rank), len(team))
+        own = team.index(self.rank)
         piece = pieces[own]
-        started = self._begin()
         with torch.cuda.stream(self.stream):
             staging = self._staging(piece, len(team))
-            source.signals.barrier(WRITTEN_CHANNEL)
-            for k in peers:
-                staging[k].copy_(source.peer_view(piece, team[k]))
-            source.signals.barrier(READ_CHANNEL)
-        work = self._end(started, f"{collective} in the team {list(team)}")
+        work = self._pull(source, piece, staging, team, collective)
         reduce = self._reduction(staging, output, op)
 
         def finish() -> None:

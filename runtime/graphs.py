@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from runtime.communication_steps import copy_engine_transfers
 from runtime.communicator import Communicator
 from runtime.interpreter import RunContext
 from runtime.program import Program
@@ -162,7 +163,6 @@ class GraphReplayer:
                 input_extents=program.check(static_inputs, communicator),
             )
             torch.cuda.synchronize(device)
-            transfers = communicator.copy_engine.transfers
             graph = torch.cuda.CUDAGraph()
             caller, failure = torch.cuda.current_stream(device), None
             try:
@@ -183,7 +183,7 @@ class GraphReplayer:
             )
             return None
         watch = None
-        if communicator.copy_engine.transfers > transfers:
+        if copy_engine_transfers(program.host):
             watch = functools.partial(
                 communicator.copy_engine.watchdog.watch,
                 what=f"a replay of @{program.host.sym_name.data} (backend cuda transfers)",

@@ -44,6 +44,7 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
+from runtime.communication_steps import copy_engine_transfers
 from runtime.communicator import Communicator
 from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
@@ -193,18 +194,10 @@ def results_of_world(world: int) -> dict[str, list]:
     return {case.id: [rank_results[i] for rank_results in per_rank] for i, case in enumerate(cases)}
 
 
-def copy_engine_ops(program: Program) -> list:
-    return [
-        op
-        for op in program.host.walk()
-        if isinstance(op, hir.CommunicationOp | hir.P2POp) and op.backend.data == hir.CommunicatorBackend.CUDA
-    ]
-
-
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=needs_world(c.world)) for c in CASES])
 def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
     program = Program.compile(case.module(), pipeline=case.pipeline)
-    assert copy_engine_ops(program), "the lowering chose no copy-engine transfer"
+    assert copy_engine_transfers(program.host), "the lowering chose no copy-engine transfer"
     (output_type,) = program.output_types
     dtype = DTYPES[case.dtype]
     for run, inputs in enumerate(case.inputs()):

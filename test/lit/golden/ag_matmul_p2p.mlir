@@ -124,9 +124,9 @@ func.func @ag_matmul_p2p(%a: !a, %b: !b) -> !out {
 
 // PIPE-LABEL: func.func @ag_matmul_p2p(
 // PIPE-NOT:     hir.set_current_stream
+// PIPE-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
+// PIPE-DAG:     %[[C2:[^ ]+]] = arith.constant 2 : index
 // PIPE:         %[[SYM:[^ ]+]] = hir.allocate({{.*}}) symmetric
-// PIPE:         %[[C1:[^ ]+]] = arith.constant 1 : index
-// PIPE-NEXT:    %[[C2:[^ ]+]] = arith.constant 2 : index
 // PIPE:         hir.start_coalescing
 // PIPE-NEXT:    hir.recv %{{.*}} from %{{.*}} backend cuda
 // PIPE-NEXT:    hir.send %[[SYM]] to %{{.*}} backend cuda

@@ -65,11 +65,12 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 
 // PIPE-LABEL: func.func @matmul_ar(
 // PIPE-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
+// PIPE-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
+// PIPE-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
 // PIPE:         %[[P:[^ ]+]] = hir.allocate({{.*}}) symmetric
 // PIPE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[P]], 0
 // PIPE-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
-// PIPE-NEXT:    %[[C1:[^ ]+]] = arith.constant 1 : index
-// PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0:[^ ]+]] : index
+// PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0]] : index
 // PIPE-NEXT:    scf.if %[[NONEMPTY]] {
 // PIPE-NEXT:      %[[A_0:[^ ]+]] = hir.alias_select %[[A]][0 = %[[C0]]]
 // PIPE-NEXT:      %[[P_0:[^ ]+]] = hir.alias_select %[[P]][0 = %[[C0]]]

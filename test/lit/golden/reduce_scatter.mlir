@@ -42,11 +42,12 @@ func.func @reduce_scatter(%in: !in) -> !out {
 // CUDA-NEXT:     func.return %[[OUT]]
 
 // PIPE-LABEL: func.func @reduce_scatter(
+// PIPE-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
+// PIPE-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
 // PIPE:         %[[STAGED:[^ ]+]] = hir.allocate({{.*}}) symmetric
 // PIPE:         %[[OUT:[^ ]+]] = hir.allocate
 // PIPE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
-// PIPE-NEXT:    %[[C1:[^ ]+]] = arith.constant 1 : index
-// PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0:[^ ]+]] : index
+// PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0]] : index
 // PIPE-NEXT:    scf.if %[[NONEMPTY]] {
 // PIPE-NEXT:      %[[IN_0:[^ ]+]] = hir.alias_select %[[STAGED]][0 = %[[C0]]]
 // PIPE-NEXT:      %[[OUT_0:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[C0]]]

@@ -30,11 +30,12 @@ func.func @ag_matmul(%a: !a, %b: !b) -> !g {
 // CHECK-LABEL: func.func @ag_matmul(
 // CHECK-NOT:     hir.get_current_stream
 // CHECK-NOT:     hir.set_current_stream
+// CHECK-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
+// CHECK-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
 // CHECK:         %[[SHARDS:[^ ]+]] = hir.allocate({{.*}}) symmetric
 // CHECK:         %[[G:[^ ]+]] = hir.allocate
 // CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK:         %[[C1:[^ ]+]] = arith.constant 1 : index
-// CHECK-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N:[^ ]+]], %[[C0:[^ ]+]] : index
+// CHECK-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N:[^ ]+]], %[[C0]] : index
 // CHECK-NEXT:    scf.if %[[NONEMPTY]] {
 // CHECK-NEXT:      %[[SHARDS_0:[^ ]+]] = hir.alias_select %[[SHARDS]][0 = %[[C0]]]
 // CHECK-NEXT:      %[[G_0:[^ ]+]] = hir.alias_select %[[G]][0 = %[[C0]]]
@@ -64,9 +65,9 @@ func.func @ag_matmul(%a: !a, %b: !b) -> !g {
 // before on the same stream. The returned output keeps one slice per chunk.
 
 // SHARED-LABEL: func.func @ag_matmul(
+// SHARED-DAG:     %[[C2:[^ ]+]] = arith.constant 2 : index
 // SHARED:         %[[S:[^ ]+]] = hir.dim %{{.*}}, 0
-// SHARED:         %[[C2:[^ ]+]] = arith.constant 2 : index
-// SHARED-NEXT:    %[[SLOTS:[^ ]+]] = arith.minui %[[S]], %[[C2]] : index
+// SHARED:         %[[SLOTS:[^ ]+]] = arith.minui %[[S]], %[[C2]] : index
 // SHARED-NEXT:    %[[G:[^ ]+]] = hir.allocate(%[[SLOTS]], %{{.*}}, %{{.*}}) : !fusion.tensor<[?, 2, ?, ?], f32, mesh = [0, 1], axes = [stream, _, _, _]>
 // SHARED-NEXT:    %[[OUT:[^ ]+]] = hir.allocate(%[[S]],
 // SHARED:         scf.for %[[I:[^ ]+]] =

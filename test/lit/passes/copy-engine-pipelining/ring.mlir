@@ -22,7 +22,7 @@ func.func @ring(%x: !in) -> !out {
 // CHECK-LABEL: func.func @ring(
 // CHECK-NOT:     hir.set_current_stream
 // CHECK:         %[[C1:[^ ]+]] = arith.constant 1 : index
-// CHECK-NEXT:    %[[C2:[^ ]+]] = arith.constant 2 : index
+// CHECK:         %[[C2:[^ ]+]] = arith.constant 2 : index
 // CHECK:         hir.start_coalescing
 // CHECK-NEXT:    hir.recv {{.*}} backend cuda
 // CHECK-NEXT:    hir.send {{.*}} backend cuda
