@@ -252,12 +252,12 @@ class SymmetricMemoryEngine(CopyEngine):
             self.watchdog.watch(started, done, f"{what} (backend cuda)")
         return StreamWait(done, self.device)
 
-    def _pull(self, source: SymmetricBuffer, view, targets, team, what: str) -> StreamWait:
+    def _pull(self, started, source: SymmetricBuffer, view, targets, team, what: str) -> StreamWait:
         """Each peer's part `view` of `source` into `targets[k]`, `k` its team position, in
-        ring order between the team's barriers, on the copy stream: the transfer's work.
-        The member's own part is left to the wait (docs/copy-engine.md, *Own data*)."""
+        ring order between the team's barriers, on the copy stream: the work of the transfer
+        begun at `started`. The member's own part is left to the wait (docs/copy-engine.md,
+        *Own data*)."""
         _, *peers = ring(team.index(self.rank), len(team))
-        started = self._begin()
         with torch.cuda.stream(self.stream):
             source.signals.barrier(WRITTEN_CHANNEL)
             for k in peers:
@@ -271,7 +271,7 @@ class SymmetricMemoryEngine(CopyEngine):
             return [], []
         source = self._team_input(input, team, "an allgather")
         slots = [output.narrow(axis, k, 1) for k in range(len(team))]
-        work = self._pull(source, input, slots, team, "an allgather")
+        work = self._pull(self._begin(), source, input, slots, team, "an allgather")
         output.record_stream(self.stream)
         own = team.index(self.rank)
         return [work], [lambda: slots[own].copy_(input)]
@@ -285,9 +285,12 @@ class SymmetricMemoryEngine(CopyEngine):
         source = self._team_input(input, team, collective)
         own = team.index(self.rank)
         piece = pieces[own]
+        # The copy stream joins the caller's first: under graph capture, a buffer made on a
+        # stream that is not yet capturing is not the graph's, and invalidates the capture.
+        started = self._begin()
         with torch.cuda.stream(self.stream):
             staging = self._staging(piece, len(team))
-        work = self._pull(source, piece, staging, team, collective)
+        work = self._pull(started, source, piece, staging, team, collective)
         reduce = self._reduction(staging, output, op)
 
         def finish() -> None:
