@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -43,12 +42,6 @@ class RankFailed(Exception):
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable, args: tuple) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -57,6 +50,8 @@ def _rank_main(rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable
         LOCAL_WORLD_SIZE=str(nproc),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        # Every rank joins the launcher's store as a client, as under torchrun's agent.
+        TORCHELASTIC_USE_AGENT_STORE=str(True),
     )
     try:
         Communicator.from_env()
@@ -87,7 +82,10 @@ def run_on_local_ranks(
     """
     context = mp.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    # The launcher hosts the ranks' rendezvous store on a port the system picks while it
+    # listens, so no other process can take the port between choosing and binding it.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port
     processes = [
         context.Process(target=_rank_main, args=(rank, nproc, port, results, fn, args), daemon=True)
         for rank in range(nproc)
