@@ -238,16 +238,16 @@ class StreamLoopPattern(RewritePattern):
                 if isinstance(operand.owner, Operation) and not loop_op.is_ancestor(operand.owner)
             )
         )
-        rewriter.replace_op(op, new_ops)
+        rewriter.replace(op, new_ops)
         for loop_op in replaced[1:]:
-            rewriter.erase_op(loop_op)
+            rewriter.erase(loop_op)
         # What only the stream loops used (the caller's stream, the number of streams, the
         # loops' bounds) goes with them, so that a second run of the pass changes nothing.
         for definer in outside:
             if not any(result.uses for result in definer.results) and (
                 is_side_effect_free(definer) or isinstance(definer, hir.GetCurrentStreamOp)
             ):
-                rewriter.erase_op(definer)
+                rewriter.erase(definer)
         for allocation in chunk_buffers:
             two = index_constant(rewriter, allocation, 2)
             buffer = fewer_slices(allocation, two, [], rewriter)
@@ -255,7 +255,7 @@ class StreamLoopPattern(RewritePattern):
                 if isinstance(view := use.operation, hir.AliasSelectOp):
                     slot = arith.RemUIOp(view.index, two)
                     slot.location = view.location
-                    rewriter.insert_op(slot, InsertPoint.before(view))
+                    rewriter.insert(slot, InsertPoint.before(view))
                     view.operands = [view.input, slot.result]
                     rewriter.notify_op_modified(view)
 
