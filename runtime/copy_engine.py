@@ -83,6 +83,15 @@ REDUCTIONS: dict[dist.ReduceOp.RedOpType, Callable[..., torch.Tensor]] = {
 """Each reduction as one torch op over the staging buffer's first axis into `out` (float
 types accumulate in float32 and round once; `dtype` keeps integer sums in their type)."""
 
+PAIRWISE: dict[dist.ReduceOp.RedOpType, Callable[..., torch.Tensor]] = {
+    dist.ReduceOp.SUM: torch.add,
+    dist.ReduceOp.PRODUCT: torch.mul,
+    dist.ReduceOp.MAX: torch.maximum,
+    dist.ReduceOp.MIN: torch.minimum,
+}
+"""Each reduction of two operands as one elementwise torch op: it computes in float32 and
+rounds once, as `REDUCTIONS` does, and is commutative, so both members get the same bits."""
+
 
 def ring(position: int, size: int) -> list[int]:
     """The team positions that the member at `position` reads, one per step: `p + s` at step `s`.
@@ -169,11 +178,23 @@ class CopyEngine(ABC):
         """A contiguous buffer of one slot per team position, each with `piece`'s shape."""
         return torch.empty((size, *piece.shape), dtype=piece.dtype, device=self.communicator.device)
 
-    def _reduction(self, staging: torch.Tensor, output: torch.Tensor, op) -> Callable[[], object]:
-        """What `hir.wait` runs once the pieces have landed: the slots, in team order, reduced
-        into `output` on the then current stream."""
-        reduce = REDUCTIONS[op]
-        return lambda: reduce(staging.view(len(staging), *output.shape), output)
+    def _reduction(
+        self, staging: torch.Tensor, own: int, piece: torch.Tensor, output: torch.Tensor, op
+    ) -> Callable[[], object]:
+        """What `hir.wait` runs once the peers' pieces have landed in `staging`: every member's
+        piece, in team order, reduced into `output` on the then current stream. The member's
+        own `piece` is read in place where there are two (one pass reading both, a third of
+        the traffic of copying it into its slot and reducing the slots, measured in
+        docs/copy-engine.md), and copied into slot `own` where there are more."""
+        if len(staging) == 2:
+            peer = staging[1 - own].view(output.shape)
+            return lambda: PAIRWISE[op](piece.reshape(output.shape), peer, out=output)
+
+        def reduce() -> None:
+            staging[own].copy_(piece)
+            REDUCTIONS[op](staging.view(len(staging), *output.shape), output)
+
+        return reduce
 
     @abstractmethod
     def _pull_and_reduce(
@@ -291,13 +312,11 @@ class SymmetricMemoryEngine(CopyEngine):
         with torch.cuda.stream(self.stream):
             staging = self._staging(piece, len(team))
         work = self._pull(started, source, piece, staging, team, collective)
-        reduce = self._reduction(staging, output, op)
+        reduce = self._reduction(staging, own, piece, output, op)
 
         def finish() -> None:
-            """The member's own piece into its slot, then the reduction; after them the staging
-            buffer (made on the copy stream) is kept from the copy stream's next allocations
-            until the waiting stream has read it."""
-            staging[own].copy_(piece)
+            """The reduction; after it the staging buffer (made on the copy stream) is kept from
+            the copy stream's next allocations until the waiting stream has read it."""
             reduce()
             staging.record_stream(torch.cuda.current_stream(self.device))
 
@@ -353,13 +372,13 @@ class PointToPointEngine(CopyEngine):
         self._team_input(input, team, collective)
         position, size = team.index(self.rank), len(team)
         staging = self._staging(pieces[position], size)
-        staging[position].copy_(pieces[position])
         operations = []
         for step in range(1, size):
             reading, sending = (position + step) % size, (position - step) % size
             operations.append(dist.P2POp(dist.irecv, staging[reading], team[reading]))
             operations.append(dist.P2POp(dist.isend, pieces[sending].contiguous(), team[sending]))
-        return dist.batch_isend_irecv(operations), [self._reduction(staging, output, op)]
+        reduce = self._reduction(staging, position, pieces[position], output, op)
+        return dist.batch_isend_irecv(operations), [reduce]
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         operations, finishes = [], []
