@@ -26,9 +26,12 @@ import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     AnyFloat,
+    ArrayAttr,
+    DictionaryAttr,
     FloatAttr,
     IntegerAttr,
     ModuleOp,
+    UnitAttr,
     bf16,
     f16,
     f32,
@@ -80,6 +83,7 @@ from hostir_dialect.fusion import (
     normalize_axes,
     reduction_shape,
 )
+from hostir_dialect.hir import SYMMETRIC_INPUT
 from hostir_dialect.text import HostirError, verify_module
 
 ELEMENT_TYPES: dict[str, Attribute] = {
@@ -279,6 +283,7 @@ class FusionBuilder:
     def __init__(self, name: str):
         self.name = name
         self.inputs: list[Tensor] = []
+        self.symmetric_inputs: set[Tensor] = set()
         self.outputs: list[Tensor] = []
         self.computed: list[Tensor] = []
         """The tensors that ops compute, in the order they were defined."""
@@ -291,8 +296,12 @@ class FusionBuilder:
         dtype: DType,
         mesh: MeshLike = SINGLE_DEVICE,
         axes: Sequence[ParallelTypeLike] | None = None,
+        symmetric: bool = False,
     ) -> Tensor:
-        """A fusion input; `None` in `shape` is a dynamic extent, `axes` default to serial."""
+        """A fusion input; `None` in `shape` is a dynamic extent, `axes` default to serial.
+
+        `symmetric`: the caller passes it in symmetric memory of its mesh
+        (`Program.symmetric_empty`), which the copy engines read in place (`hir.symmetric`)."""
         extents = [DYNAMIC if d is None else d for d in shape]
         if axes is not None and len(axes) != len(extents):
             raise HostirError(
@@ -308,6 +317,8 @@ class FusionBuilder:
             )
         tensor = Tensor(self, type)
         self.inputs.append(tensor)
+        if symmetric:
+            self.symmetric_inputs.add(tensor)
         return tensor
 
     def output(self, tensor: Tensor) -> None:
@@ -333,6 +344,14 @@ class FusionBuilder:
             self.name,
             ([t.type for t in self.inputs], [t.type for t in self.outputs]),
             Region(body),
+            arg_attrs=ArrayAttr(
+                [
+                    DictionaryAttr({SYMMETRIC_INPUT: UnitAttr()} if t in self.symmetric_inputs else {})
+                    for t in self.inputs
+                ]
+            )
+            if self.symmetric_inputs
+            else None,
         )
         module = ModuleOp([function])
         verify_module(module)

@@ -32,8 +32,10 @@ from xdsl.dialects.shard import ReductionKind, ReductionKindAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import (
     Attribute,
+    BlockArgument,
     Dialect,
     Operation,
+    OpResult,
     ParametrizedAttribute,
     SpacedOpaqueSyntaxAttribute,
     SSAValue,
@@ -165,6 +167,38 @@ class AllocateOp(IRDLOperation):
                 "a symmetric buffer is allocated once per program and reused by every run, so "
                 f"its allocation must sit in the function body, not in '{self.parent_op().name}'"
             )
+
+
+SYMMETRIC_INPUT = "hir.symmetric"
+"""The argument attribute of a program input that the caller passes in symmetric memory of
+its mesh (`Program.symmetric_empty`): peers read it where it is, so the copy-engine
+lowerings do not copy it into a symmetric buffer first.
+
+`func.func @f(%x: !fusion.tensor<[2, ?, 8], bf16, mesh = [0, 1], axes = [didx, _, _]> {hir.symmetric})`
+"""
+
+
+def is_symmetric_input(value: SSAValue) -> bool:
+    """Whether `value` is an argument of a `func.func` marked `hir.symmetric`."""
+    if not isinstance(value, BlockArgument):
+        return False
+    function = value.block.parent_op()
+    return (
+        isinstance(function, func.FuncOp)
+        and value.block is function.body.blocks.first
+        and function.arg_attrs is not None
+        and SYMMETRIC_INPUT in function.arg_attrs.data[value.index].data
+    )
+
+
+def is_symmetric(buffer: SSAValue) -> bool:
+    """Whether `buffer` is (a view of) memory that the devices of its mesh have mapped: a
+    symmetric allocation or a symmetric input."""
+    while isinstance(buffer, OpResult) and isinstance(buffer.op, AliasSelectOp):
+        buffer = buffer.op.input
+    if isinstance(buffer, OpResult) and isinstance(buffer.op, AllocateOp):
+        return buffer.op.symmetric is not None
+    return is_symmetric_input(buffer)
 
 
 @irdl_op_definition

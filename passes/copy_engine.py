@@ -8,6 +8,8 @@ every device of the mesh has mapped. The lowerings that emit such a transfer
 (`fusion-to-hir{backend=cuda}`, `stream-parallel{p2p_backend=cuda}`) call
 `peer_readable` on the buffer it reads:
 
+* a buffer that already is symmetric (a view of a symmetric allocation, or of an input
+  that the caller passes in symmetric memory: `hir.symmetric`) is read where it is;
 * a buffer that the program allocates in its body and does not return becomes
   symmetric where it is allocated, at no cost;
 * any other buffer (a program input, a returned buffer, a view) is first copied into a
@@ -43,7 +45,9 @@ def _symmetric_in_place(buffer: SSAValue) -> hir.AllocateOp | None:
 
 
 def peer_readable(rewriter: PatternRewriter, buffer: SSAValue, before: Operation) -> SSAValue:
-    """`buffer` made symmetric, or a symmetric copy of it made right before `before` (in the body)."""
+    """`buffer` if symmetric or made so, or a symmetric copy of it made right before `before` (in the body)."""
+    if hir.is_symmetric(buffer):
+        return buffer
     allocation = _symmetric_in_place(buffer)
     if allocation is not None:
         if allocation.symmetric is None:

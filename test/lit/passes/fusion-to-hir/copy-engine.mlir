@@ -24,6 +24,21 @@ func.func @input(%x: !shard) -> !full {
 // CHECK-NEXT:    hir.wait %[[W]]
 // CHECK-NEXT:    func.return %[[Y]]
 
+// An input the caller passes in symmetric memory (`hir.symmetric`) is read in place.
+
+func.func @symmetric_input(%x: !shard {hir.symmetric}) -> !full {
+  %y = fusion.set %x : !shard -> !full
+  func.return %y : !full
+}
+
+// CHECK-LABEL: func.func @symmetric_input(
+// CHECK-SAME:      %x: !fusion.tensor<[4, ?], bf16, mesh = [0, 1, 2, 3], axes = [didx, _]> {hir.symmetric}
+// CHECK-NEXT:    %[[M:[^ ]+]] = hir.dim %x, 1
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate(%[[M]]) : !fusion.tensor<[4, ?], bf16, mesh = [0, 1, 2, 3]>
+// CHECK-NEXT:    %[[W:[^ ]+]] = hir.allgather %x into %[[Y]] team [0, 1, 2, 3] backend cuda
+// CHECK-NEXT:    hir.wait %[[W]]
+// CHECK-NEXT:    func.return %[[Y]]
+
 func.func @computed(%x: !shard) -> !full {
   %n = fusion.neg %x : !shard -> !shard
   %y = fusion.set %n : !shard -> !full

@@ -112,6 +112,26 @@ func.func @allgather_p2p(%in: !in) -> !out {
 // DEVICE-NEXT:    }
 // DEVICE-NEXT:    func.return %[[OUT]]
 
+// An input that the caller passes in symmetric memory (`hir.symmetric`) is what the
+// copy engines read: no symmetric copy of it before the loops.
+
+func.func @allgather_p2p_symmetric(%in: !in {hir.symmetric}) -> !out {
+  %m = hir.dim %in, 1 : !in
+  %out = hir.allocate(%m) : !out
+  %w = hir.allgather %in into %out team [0, 1, 2, 3, 4, 5, 6, 7] backend nccl : !in, !out
+  hir.wait %w
+  func.return %out : !out
+}
+
+// CUDA-LABEL: func.func @allgather_p2p_symmetric(
+// CUDA-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[8, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _]> {hir.symmetric})
+// CUDA-NOT:       hir.allocate({{.*}}) symmetric
+// CUDA:           %[[SHARD:[^ ]+]] = hir.alias_select %[[IN]][0 = %{{.*}}]
+// CUDA-NEXT:      hir.copy ins(%[[SHARD]] : {{.*}}) outs(
+// CUDA:           hir.send %[[IN]] to %{{.*}} backend cuda
+// CUDA-NOT:       hir.copy
+// CUDA:           func.return
+
 // pr4515's AG_matmul_P2p: the matmul of each gathered slice runs in the same loop, on
 // the slot that the iteration has just received (its loop merges into the ring's with
 // the slot for its induction variable). In device order, on row i.
