@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from xdsl.ir import Operation, OpResult, SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
@@ -28,7 +28,6 @@ from runtime.interpreter import (
     Preparation,
     RunContext,
     Step,
-    _buffer_root,
     handles,
     mesh_of,
     storing,
@@ -86,13 +85,12 @@ def copy_engine_transfers(function: Operation) -> list[hir.CommunicationOp | hir
 
 def _check_symmetric(op: Operation, buffer: SSAValue, role: str) -> None:
     """Refuses a copy-engine op whose peers would read a buffer that is not symmetric."""
-    root, _ = _buffer_root(buffer)
-    if not (isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp) and root.op.symmetric):
+    if not hir.is_symmetric(buffer):
         raise HostirError.at(
             op,
             f"{op.name} with backend cuda lets its peers read its {role}, which must therefore be "
-            "(a view of) a buffer of 'hir.allocate symmetric'; fusion-to-hir{backend=cuda} and "
-            "stream-parallel{p2p_backend=cuda} allocate it so",
+            "(a view of) a buffer of 'hir.allocate symmetric' or an input marked 'hir.symmetric'; "
+            "fusion-to-hir{backend=cuda} and stream-parallel{p2p_backend=cuda} make it so",
         )
 
 

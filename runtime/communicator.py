@@ -169,6 +169,11 @@ class Communicator:
         return cls._from_env
 
     @classmethod
+    def default(cls) -> Communicator:
+        """The process group torchrun describes when torch.distributed is initialised, else a world of one."""
+        return cls.from_env() if dist.is_initialized() else cls.single()
+
+    @classmethod
     def single(cls, device: torch.device | None = None) -> Communicator:
         """A world of one device, with no process group: the current CUDA device, else the CPU."""
         if device is None:

@@ -7,7 +7,8 @@ The interpreter costs some microseconds of Python per op (docs/runtime.md); a CU
 graph launches the kernels and NCCL calls of a whole run with one call. For each new
 input *signature* (the shape, strides, dtype and device of every input) the replayer
 
-1. copies the inputs into static input buffers that it owns;
+1. copies the inputs into static input buffers that it owns (from `Program.symmetric_empty`
+   for the inputs marked `hir.symmetric`, so a caller's input need not be symmetric);
 2. runs the program eagerly `warmup_runs` times on a side stream (torch's rule before
    capture: lazy initialisations, cuBLAS workspaces, NCCL communicators, the process
    groups and the stream pool, the CuPy kernels' compilation all happen here);
@@ -36,7 +37,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from runtime.communication_steps import copy_engine_transfers
 from runtime.communicator import Communicator
@@ -105,9 +105,7 @@ class GraphReplayer:
         warmup_runs: int = 2,
     ):
         self.program = program
-        self.communicator = communicator or (
-            Communicator.from_env() if dist.is_initialized() else Communicator.single()
-        )
+        self.communicator = communicator or Communicator.default()
         self.num_streams = configured_num_streams() if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
         self.captured: dict[Signature, CapturedRun] = {}
@@ -147,7 +145,7 @@ class GraphReplayer:
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
         """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
         program, communicator, device = self.program, self.communicator, self.communicator.device
-        static_inputs = [x.clone() for x in inputs]
+        static_inputs = program.with_symmetric_inputs([x.clone() for x in inputs], communicator)
         with torch.cuda.device(device):
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))

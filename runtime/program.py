@@ -86,6 +86,9 @@ class Program:
             if extent == DYNAMIC and parallel_type != ParallelType.DIDX
         ]
         """(input index, axis) of every input axis whose extent the inputs set (a didx axis's is the mesh size)."""
+        self.symmetric_inputs = [i for i, argument in enumerate(host.args) if hir.is_symmetric_input(argument)]
+        """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
+        mesh (`symmetric_empty`)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         self.interpreter = Interpreter(host)
         communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
@@ -94,10 +97,12 @@ class Program:
             dict.fromkeys(
                 [op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)]
                 + [op.result.type.mesh.ids for op in symmetric]
+                + [self.input_types[i].mesh.ids for i in self.symmetric_inputs]
             )
         )
         """The teams that need a process group, each once, in program order (send_recv is point
-        to point): those of the collectives, and the meshes of symmetric buffers (their rendezvous)."""
+        to point): those of the collectives, and the meshes of symmetric buffers and inputs
+        (their rendezvous)."""
         self.largest_device = max(
             (d for devices in (*self._meshes(), *(op.team_ids for op in communications)) for d in devices),
             default=0,
@@ -139,10 +144,7 @@ class Program:
         `wrap_step` runs a copy of the program prepared with every step wrapped (a
         tracer, say); the prepared program itself stays unwrapped.
         """
-        if communicator is None:
-            communicator = (
-                Communicator.from_env() if torch.distributed.is_initialized() else Communicator.single()
-            )
+        communicator = communicator or Communicator.default()
         input_extents = self.check(inputs, communicator)
         streams = stream_pool(
             communicator.device, configured_num_streams() if num_streams is None else num_streams
@@ -153,6 +155,44 @@ class Program:
         )
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
         return interpreter.run(inputs, context)
+
+    def symmetric_empty(
+        self, index: int, shape: Sequence[int], communicator: Communicator | None = None
+    ) -> torch.Tensor:
+        """An uninitialised tensor of `shape` for input `index` (marked `hir.symmetric`), in
+        memory that the devices of the input's mesh map, as the program expects it.
+
+        Collective, as `torch.distributed._symmetric_memory.empty` with its rendezvous: every
+        rank of the world calls it with the same arguments, in the same order (a rank
+        outside the input's mesh gets an empty placeholder). The memory belongs to the
+        communicator's copy engine for as long as it lives; fill it, pass it to `run` as
+        many times as wanted, and write it again only once the run that reads it is over
+        on the current stream (peers read it during the run, never after it).
+        """
+        communicator = communicator or Communicator.default()
+        if index not in self.symmetric_inputs:
+            raise HostirError(
+                f"input #{index} of @{self.host.sym_name.data} is not marked 'hir.symmetric'; "
+                f"its symmetric inputs are {self.symmetric_inputs}"
+            )
+        declared = self.input_types[index]
+        dtype = torch_dtype(declared.element_type)
+        if communicator.rank not in declared.mesh.ids:
+            return torch.empty(0, dtype=dtype, device=communicator.device)
+        communicator.create_groups(self.teams)
+        return communicator.copy_engine.allocate(tuple(shape), dtype, declared.mesh.ids).tensor
+
+    def with_symmetric_inputs(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator | None = None
+    ) -> list[torch.Tensor]:
+        """`inputs` (this rank's) as the program takes them: each input marked `hir.symmetric`
+        copied into a new tensor of `symmetric_empty` (collective, as that is), the others
+        as they are."""
+        communicator = communicator or Communicator.default()
+        return [
+            self.symmetric_empty(i, value.shape, communicator).copy_(value) if i in self.symmetric_inputs else value
+            for i, value in enumerate(inputs)
+        ]
 
     def check(self, inputs: Sequence[torch.Tensor], communicator: Communicator) -> dict[tuple[int, int], int]:
         """Raises `HostirError` if the world or any rank's inputs contradict the program.
@@ -190,6 +230,8 @@ class Program:
             return WRONG_INPUT_COUNT, f"@{name} takes {len(self.input_types)} input(s), got {len(inputs)}"
         for i, (value, declared) in enumerate(zip(inputs, self.input_types)):
             problem = _input_problem(value, declared, communicator)
+            if not problem and i in self.symmetric_inputs:
+                problem = _symmetric_input_problem(value, declared, communicator)
             if problem:
                 return i, f"input #{i} of @{name} on rank {communicator.rank}: {problem}"
         return None
@@ -267,6 +309,25 @@ def _exchange_group(communicator: Communicator) -> dist.ProcessGroup | None:
     if communicator.backend == "gloo":
         return None
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=communicator.timeout_s))
+
+
+def _symmetric_input_problem(value: torch.Tensor, declared: TensorType, communicator: Communicator) -> str | None:
+    """What is wrong with `value` as an input marked `hir.symmetric`, if anything: it must be
+    the whole of a tensor of `Program.symmetric_empty`, which every peer maps at the same
+    place (a view would have peers read their own buffer at another offset)."""
+    if communicator.rank not in declared.mesh.ids:
+        return None
+    try:
+        buffer = communicator.copy_engine.symmetric_of(value, declared.mesh.ids)
+    except HostirError:
+        buffer = None
+    if buffer is None or buffer.tensor.data_ptr() != value.data_ptr() or buffer.tensor.shape != value.shape:
+        return (
+            "it is marked 'hir.symmetric', so it must be a whole tensor of Program.symmetric_empty "
+            f"for the mesh {list(declared.mesh.ids)}, which peers read in place; got "
+            + ("a view of one" if buffer is not None else "memory that the peers have not mapped")
+        )
+    return None
 
 
 def _input_problem(value: object, declared: TensorType, communicator: Communicator) -> str | None:

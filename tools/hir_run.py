@@ -305,9 +305,10 @@ def run_rank(
     """Runs the program `options.repeat` times on this rank's pieces of `inputs`, timing each run;
     then traces one more run with `options.trace`."""
     device = communicator.device
-    local = [
-        shard(value, type, communicator.rank).to(device) for value, type in zip(inputs, program.input_types)
-    ]
+    local = program.with_symmetric_inputs(
+        [shard(value, type, communicator.rank).to(device) for value, type in zip(inputs, program.input_types)],
+        communicator,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GraphReplayFallback)  # the report says why, once
         replayer = GraphReplayer(program, communicator, options.num_streams) if options.graph else None

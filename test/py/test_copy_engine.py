@@ -475,6 +475,94 @@ def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
 
 
 # --------------------------------------------------------------------------- #
+# Inputs in symmetric memory (hir.symmetric), read in place                    #
+# --------------------------------------------------------------------------- #
+
+
+def symmetric_ag_matmul(world: int, dtype: str) -> ModuleOp:
+    """A [DIDx(D), M, K] in symmetric memory @ B [K, N] -> [Stream(D), M, N]: the point-to-point
+    AG+matmul whose gathered operand the caller passes symmetric."""
+    mesh = range(world)
+    fb = FusionBuilder("symmetric_ag_matmul")
+    a = fb.input([world, None, K], dtype, mesh=mesh, axes=["didx", "_", "_"], symmetric=True)
+    out = fb.matmul(a, fb.input([K, N], dtype, mesh=mesh))
+    fb.parallelize(out, 0, "stream")
+    fb.output(out)
+    return fb.build()
+
+
+SYMMETRIC_PIPELINES = (P2P_COPY_ENGINE, COPY_ENGINE, NCCL)
+"""The ring and the collective on the copy engines, and NCCL, which ignores `hir.symmetric`."""
+
+
+def run_symmetric_inputs(world: int, whole: list[torch.Tensor]) -> list[list[object]]:
+    """On one rank: per pipeline, two runs of `symmetric_ag_matmul` on inputs placed by
+    `with_symmetric_inputs`, each output, and whether the caller's inputs came back unchanged;
+    then, once, the error of a run given the symmetric input as a view of one."""
+    communicator = Communicator.from_env()
+    results = []
+    for pipeline in SYMMETRIC_PIPELINES:
+        program = Program.compile(symmetric_ag_matmul(world, "f32"), pipeline=pipeline)
+        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+        placed = program.with_symmetric_inputs(local, communicator)
+        before = [x.clone() for x in placed]
+        outputs = []
+        for _ in range(2):
+            with poisoned_allocations():
+                (output,) = program.run(placed, communicator)
+            outputs.append(output.cpu())
+        unchanged = all(torch.equal(a, b) for a, b in zip(placed, before))
+        results.append([outputs, unchanged])
+    program = Program.compile(symmetric_ag_matmul(world, "f32"), pipeline=P2P_COPY_ENGINE)
+    (x, w) = program.with_symmetric_inputs(
+        [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)],
+        communicator,
+    )
+    view = x.view(-1)[: x.numel() - K].view(x.shape[0], -1, K) if communicator.rank == 1 else x
+    try:
+        program.run([view, w], communicator)
+        results.append(None)
+    except HostirError as error:
+        results.append(str(error))
+    return results
+
+
+@needs_world(2)
+def test_an_input_in_symmetric_memory_is_read_in_place_by_the_copy_engines():
+    """`hir.symmetric`: the lowering copies nothing into symmetric memory, the runtime reads the
+    caller's tensor where it is (a view, which peers would read at another offset, is refused
+    on every rank before anything moves), and the result is plain torch's."""
+    world, rows = 2, 3
+    for pipeline in SYMMETRIC_PIPELINES[:2]:
+        host = Program.compile(symmetric_ag_matmul(world, "f32"), pipeline=pipeline).host
+        assert not any(isinstance(op, hir.CopyOp) for op in host.walk() if op.parent_op() is host), pipeline
+        assert not any(isinstance(op, hir.AllocateOp) and op.symmetric for op in host.walk()), pipeline
+    generator = torch.Generator().manual_seed(7)
+    whole = [torch.randn(world, rows, K, generator=generator), torch.randn(K, N, generator=generator)]
+    per_rank = run_on_local_ranks(run_symmetric_inputs, world, world, whole)
+    expected = matmul(*(x.double() for x in whole))
+    for rank, results in enumerate(per_rank):
+        for pipeline, (outputs, unchanged) in zip(SYMMETRIC_PIPELINES, results):
+            assert unchanged, f"rank {rank}, {pipeline}: the inputs changed"
+            for output in outputs:
+                torch.testing.assert_close(output.double(), expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+    assert per_rank[1][-1].startswith(
+        "error: input #0 of @symmetric_ag_matmul on rank 1: it is marked 'hir.symmetric', so it must be a whole "
+        "tensor of Program.symmetric_empty for the mesh [0, 1], which peers read in place; got a view of one"
+    )
+    assert per_rank[0][-1].startswith("error: the inputs of @symmetric_ag_matmul are wrong on another rank")
+
+
+def test_symmetric_empty_is_for_inputs_marked_symmetric():
+    program = Program.compile(symmetric_ag_matmul(1, "f32"), pipeline=P2P_COPY_ENGINE)
+    communicator = Communicator.single(torch.device("cpu"))
+    with pytest.raises(HostirError, match=r"input #1 of @symmetric_ag_matmul is not marked 'hir.symmetric'"):
+        program.symmetric_empty(1, (K, N), communicator)
+    with pytest.raises(HostirError, match=r"must be a whole tensor of Program.symmetric_empty .* got memory"):
+        program.run([torch.randn(1, 2, K), torch.randn(K, N)], communicator)
+
+
+# --------------------------------------------------------------------------- #
 # GPUs: the copies are memcpys on the copy stream, beside the GEMMs             #
 # --------------------------------------------------------------------------- #
 

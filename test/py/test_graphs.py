@@ -22,6 +22,7 @@ import torch
 from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
+from hostir_dialect.builder import FusionBuilder
 from runtime.communicator import Communicator
 from runtime.graphs import GraphReplayer, GraphReplayFallback, signature
 from runtime.launch import run_on_local_ranks
@@ -45,6 +46,16 @@ class Case:
     def inputs(self, seed: int, S: int) -> list[torch.Tensor]:
         generator = torch.Generator().manual_seed(seed)
         return [torch.randn(shape, generator=generator) for shape in self.shapes(S)]
+
+
+def allgather_p2p_symmetric_input() -> ModuleOp:
+    """`allgather_p2p` on 2 devices with its input marked `hir.symmetric`."""
+    fb = FusionBuilder("allgather_p2p_symmetric_input")
+    x = fb.input([2, None], "f32", mesh=[0, 1], axes=["didx", "_"], symmetric=True)
+    out = fb.set(x)
+    fb.parallelize(out, 0, "stream")
+    fb.output(out)
+    return fb.build()
 
 
 def _linear(x, w, b):
@@ -85,6 +96,14 @@ TWO_RANKS = [
     Case(
         "allgather_p2p_copy_engine",
         lambda: allgather_p2p(2, "f32"),
+        lambda S: [(2, S)],
+        lambda x: x,
+        "hir-lowering{p2p_backend=cuda}",
+    ),
+    # The caller's input need not be symmetric: the replayer's static copy of it is.
+    Case(
+        "allgather_p2p_symmetric_input",
+        allgather_p2p_symmetric_input,
         lambda S: [(2, S)],
         lambda x: x,
         "hir-lowering{p2p_backend=cuda}",

@@ -128,6 +128,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path):
+    """hir-run gives an input marked `hir.symmetric` to the program in symmetric memory, which
+    the copy engines read in place."""
+    path = tmp_path / "allgather_p2p_symmetric.mlir"
+    text = files["allgather_p2p"].read_text()
+    path.write_text(text.replace("axes = [didx, _]>)", "axes = [didx, _]> {hir.symmetric})", 1))
+    assert "{hir.symmetric}" in path.read_text()
+    result = run_script(str(path), "--nproc", "4", "--check", "--repeat", "2", "-p", "hir-lowering{p2p_backend=cuda}")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", result.stdout, re.MULTILINE)
+
+
 def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
     port = str(_free_port())
     trace = tmp_path / "matmul_ar.json"
