@@ -39,6 +39,7 @@ size). docs/benchmarks.md explains every column.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import math
 import os
@@ -98,25 +99,29 @@ MAX_SLEEP_MS = 100.0
 # --------------------------------------------------------------------------- #
 
 
-def _mesh_input(fb: FusionBuilder, world: int, shape: list[int | None], didx_axis: int | None):
+def _mesh_input(
+    fb: FusionBuilder, world: int, shape: list[int | None], didx_axis: int | None, symmetric: bool = False
+):
     axes = ["didx" if axis == didx_axis else "_" for axis in range(len(shape))]
-    return fb.input(shape, "bf16", mesh=range(world), axes=axes)
+    return fb.input(shape, "bf16", mesh=range(world), axes=axes, symmetric=symmetric)
 
 
-def allgather_matmul(world: int) -> ModuleOp:
-    """X [S, DIDx(D), m, K] @ W [K, N] -> [Stream(S), D, m, N]: chunk s of every rank allgathered, then multiplied."""
+def allgather_matmul(world: int, symmetric_x: bool = False) -> ModuleOp:
+    """X [S, DIDx(D), m, K] @ W [K, N] -> [Stream(S), D, m, N]: chunk s of every rank allgathered, then multiplied.
+    `symmetric_x`: X comes in symmetric memory (`hir.symmetric`)."""
     fb = FusionBuilder("allgather_matmul")
-    x = _mesh_input(fb, world, [None, world, None, None], 1)
+    x = _mesh_input(fb, world, [None, world, None, None], 1, symmetric_x)
     y = fb.matmul(x, _mesh_input(fb, world, [None, None], None))
     fb.parallelize(y, 0, "stream")
     fb.output(y)
     return fb.build()
 
 
-def p2p_allgather_matmul(world: int) -> ModuleOp:
-    """X [DIDx(D), M/D, K] @ W [K, N] -> [Stream(D), M/D, N]: rank d's rows received from d in step d."""
+def p2p_allgather_matmul(world: int, symmetric_x: bool = False) -> ModuleOp:
+    """X [DIDx(D), M/D, K] @ W [K, N] -> [Stream(D), M/D, N]: rank d's rows received from d in step d.
+    `symmetric_x`: X comes in symmetric memory (`hir.symmetric`)."""
     fb = FusionBuilder("p2p_allgather_matmul")
-    x = _mesh_input(fb, world, [world, None, None], 0)
+    x = _mesh_input(fb, world, [world, None, None], 0, symmetric_x)
     y = fb.matmul(x, _mesh_input(fb, world, [None, None], None))
     fb.parallelize(y, 0, "stream")
     fb.output(y)
@@ -225,6 +230,25 @@ HOSTIR_VARIANTS = [
         "hostir p2p (cuda)",
         OverlapKind.ALLGATHER_MATMUL,
         p2p_allgather_matmul,
+        _p2p_layout,
+        pipeline="hir-lowering{p2p_backend=cuda}",
+        point_to_point=True,
+        copy_engine=True,
+    ),
+    # X already in symmetric memory, as a model whose layer before writes its activations
+    # there would pass it: the copy engines read it in place, with no copy first.
+    HostirVariant(
+        "hostir (cuda, symmetric X)",
+        OverlapKind.ALLGATHER_MATMUL,
+        functools.partial(allgather_matmul, symmetric_x=True),
+        _allgather_layout,
+        pipeline=COPY_ENGINE_PIPELINES["hostir (cuda)"],
+        copy_engine=True,
+    ),
+    HostirVariant(
+        "hostir p2p (cuda, symmetric X)",
+        OverlapKind.ALLGATHER_MATMUL,
+        functools.partial(p2p_allgather_matmul, symmetric_x=True),
         _p2p_layout,
         pipeline="hir-lowering{p2p_backend=cuda}",
         point_to_point=True,
@@ -399,7 +423,7 @@ _programs: dict[tuple[str, str, int], Program] = {}
 
 def compiled(variant: HostirVariant, world: int) -> Program:
     """`variant`'s program for `world` ranks, compiled once (its extents are dynamic, so it serves every size)."""
-    key = (variant.fusion.__name__, variant.pipeline, world)
+    key = (variant.kind, variant.name, world)
     if key not in _programs:
         try:
             _programs[key] = Program.compile(variant.fusion(world), pipeline=variant.pipeline)
@@ -420,7 +444,10 @@ def hostir_build(
             raise Unavailable("this runtime has no copy-engine transport (runtime/copy_engine.py)")
         program = compiled(variant, bench.world)
         whole, output_shape = variant.layout(x, w, bench.world, shape.chunks)
-        local = [shard(tensor, type, bench.rank) for tensor, type in zip(whole, program.input_types)]
+        local = program.with_symmetric_inputs(
+            [shard(tensor, type, bench.rank) for tensor, type in zip(whole, program.input_types)],
+            bench.communicator,
+        )
         output_type = program.output_types[0]
 
         def run() -> torch.Tensor:

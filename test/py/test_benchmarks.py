@@ -135,6 +135,17 @@ def test_the_copy_engine_pipelines_of_every_problem_ran_and_passed_their_check(c
             assert result["check_ok"] and result["check_error"] is not None, where
 
 
+@pytest.mark.skipif(not COPY_ENGINE, reason="this runtime has no copy-engine transport")
+def test_the_ag_gemm_programs_with_x_in_symmetric_memory_ran_and_passed_their_check(cpu_run):
+    """`hostir (cuda, symmetric X)` and `hostir p2p (cuda, symmetric X)`: X passed in symmetric
+    memory (`hir.symmetric`), read in place by the copy engines."""
+    _, out = cpu_run
+    by_label = {(r["problem"], r["m"], r["label"]): r for r in results_of(out)}
+    for label in ("hostir (cuda, symmetric X) S=2", "hostir p2p (cuda, symmetric X) S=2"):
+        result = by_label[("allgather_matmul", 64, label)]
+        assert result["status"] == "ok" and result["check_ok"], f"{label}: {result['status']}"
+
+
 def test_the_table_and_the_plot(cpu_run):
     completed, out = cpu_run
     table = (out / "overlap.md").read_text()
