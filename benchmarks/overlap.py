@@ -235,25 +235,22 @@ HOSTIR_VARIANTS = [
         point_to_point=True,
         copy_engine=True,
     ),
+] + [
     # X already in symmetric memory, as a model whose layer before writes its activations
     # there would pass it: the copy engines read it in place, with no copy first.
     HostirVariant(
-        "hostir (cuda, symmetric X)",
+        f"{name} (cuda, symmetric X)",
         OverlapKind.ALLGATHER_MATMUL,
-        functools.partial(allgather_matmul, symmetric_x=True),
-        _allgather_layout,
-        pipeline=COPY_ENGINE_PIPELINES["hostir (cuda)"],
+        functools.partial(fusion, symmetric_x=True),
+        layout,
+        pipeline=pipeline,
+        point_to_point=point_to_point,
         copy_engine=True,
-    ),
-    HostirVariant(
-        "hostir p2p (cuda, symmetric X)",
-        OverlapKind.ALLGATHER_MATMUL,
-        functools.partial(p2p_allgather_matmul, symmetric_x=True),
-        _p2p_layout,
-        pipeline="hir-lowering{p2p_backend=cuda}",
-        point_to_point=True,
-        copy_engine=True,
-    ),
+    )
+    for name, fusion, layout, pipeline, point_to_point in [
+        ("hostir", allgather_matmul, _allgather_layout, COPY_ENGINE_PIPELINES["hostir (cuda)"], False),
+        ("hostir p2p", p2p_allgather_matmul, _p2p_layout, "hir-lowering{p2p_backend=cuda}", True),
+    ]
 ]
 
 
