@@ -187,7 +187,9 @@ class Program:
     ) -> list[torch.Tensor]:
         """`inputs` (this rank's) as the program takes them: each input marked `hir.symmetric`
         copied into a new tensor of `symmetric_empty` (collective, as that is), the others
-        as they are."""
+        as they are. Each call allocates anew, and the memory stays with the communicator:
+        place the inputs once and write new values into them, rather than calling this
+        for every run."""
         communicator = communicator or Communicator.default()
         return [
             self.symmetric_empty(i, value.shape, communicator).copy_(value) if i in self.symmetric_inputs else value
