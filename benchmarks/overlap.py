@@ -107,8 +107,8 @@ def _mesh_input(
 
 
 def allgather_matmul(world: int, symmetric_x: bool = False) -> ModuleOp:
-    """X [S, DIDx(D), m, K] @ W [K, N] -> [Stream(S), D, m, N]: chunk s of every rank allgathered, then multiplied.
-    `symmetric_x`: X comes in symmetric memory (`hir.symmetric`)."""
+    """X [S, DIDx(D), m, K] @ W [K, N] -> [Stream(S), D, m, N]: chunk s of every rank allgathered,
+    then multiplied. `symmetric_x`: X comes in symmetric memory (`hir.symmetric`)."""
     fb = FusionBuilder("allgather_matmul")
     x = _mesh_input(fb, world, [None, world, None, None], 1, symmetric_x)
     y = fb.matmul(x, _mesh_input(fb, world, [None, None], None))

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         print("pairwise_reduction: needs a CUDA GPU", file=sys.stderr)
         return 1
     generator = torch.Generator(device="cuda").manual_seed(0)
-    print(f"reduction of two bf16 pieces, {torch.cuda.get_device_name()}, median GPU time of {arguments.repeats}")
+    device = torch.cuda.get_device_name()
+    print(f"reduction of two bf16 pieces, {device}, median GPU time of {arguments.repeats}")
     print(f"{'piece':>14}  {'copy + reduce':>14}  {'pairwise':>10}  ratio")
     for rows in map(int, arguments.rows.split(",")):
         shape = (rows, arguments.cols)

@@ -184,9 +184,9 @@ class CopyEngine(ABC):
     ) -> Callable[[], object]:
         """What `hir.wait` runs once the peers' pieces have landed in `staging`: every member's
         piece, in team order, reduced into `output` on the then current stream. The member's
-        own `piece` is read in place where there are two (one pass reading both, a third of
-        the traffic of copying it into its slot and reducing the slots, measured in
-        docs/copy-engine.md), and copied into slot `own` where there are more."""
+        own `piece` is read in place where there are two (one pass reading both: three fifths
+        of the traffic of copying it into its slot and reducing the slots, and a third of
+        the time, docs/copy-engine.md), and copied into slot `own` where there are more."""
         if len(staging) == 2:
             peer = staging[1 - own].view(output.shape)
             return lambda: PAIRWISE[op](piece.reshape(output.shape), peer, out=output)

@@ -192,7 +192,9 @@ class Program:
         for every run."""
         communicator = communicator or Communicator.default()
         return [
-            self.symmetric_empty(i, value.shape, communicator).copy_(value) if i in self.symmetric_inputs else value
+            self.symmetric_empty(i, value.shape, communicator).copy_(value)
+            if i in self.symmetric_inputs
+            else value
             for i, value in enumerate(inputs)
         ]
 
@@ -313,7 +315,9 @@ def _exchange_group(communicator: Communicator) -> dist.ProcessGroup | None:
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=communicator.timeout_s))
 
 
-def _symmetric_input_problem(value: torch.Tensor, declared: TensorType, communicator: Communicator) -> str | None:
+def _symmetric_input_problem(
+    value: torch.Tensor, declared: TensorType, communicator: Communicator
+) -> str | None:
     """What is wrong with `value` as an input marked `hir.symmetric`, if anything: it must be
     the whole of a tensor of `Program.symmetric_empty`, which every peer maps at the same
     place (a view would have peers read their own buffer at another offset)."""
@@ -323,7 +327,12 @@ def _symmetric_input_problem(value: torch.Tensor, declared: TensorType, communic
         buffer = communicator.copy_engine.symmetric_of(value, declared.mesh.ids)
     except HostirError:
         buffer = None
-    if buffer is None or buffer.tensor.data_ptr() != value.data_ptr() or buffer.tensor.shape != value.shape:
+    whole = buffer is not None and (buffer.tensor.data_ptr(), buffer.tensor.shape, buffer.tensor.stride()) == (
+        value.data_ptr(),
+        value.shape,
+        value.stride(),
+    )
+    if not whole:
         return (
             "it is marked 'hir.symmetric', so it must be a whole tensor of Program.symmetric_empty "
             f"for the mesh {list(declared.mesh.ids)}, which peers read in place; got "

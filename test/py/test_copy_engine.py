@@ -503,7 +503,9 @@ def run_symmetric_inputs(world: int, whole: list[torch.Tensor]) -> list[list[obj
     results = []
     for pipeline in SYMMETRIC_PIPELINES:
         program = Program.compile(symmetric_ag_matmul(world, "f32"), pipeline=pipeline)
-        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+        local = [
+            shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)
+        ]
         placed = program.with_symmetric_inputs(local, communicator)
         before = [x.clone() for x in placed]
         outputs = []
@@ -545,7 +547,8 @@ def test_an_input_in_symmetric_memory_is_read_in_place_by_the_copy_engines():
         for pipeline, (outputs, unchanged) in zip(SYMMETRIC_PIPELINES, results):
             assert unchanged, f"rank {rank}, {pipeline}: the inputs changed"
             for output in outputs:
-                torch.testing.assert_close(output.double(), expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+                tolerance = 1e-5 * expected.abs().max().item()
+                torch.testing.assert_close(output.double(), expected, rtol=0, atol=tolerance)
     assert per_rank[1][-1].startswith(
         "error: input #0 of @symmetric_ag_matmul on rank 1: it is marked 'hir.symmetric', so it must be a whole "
         "tensor of Program.symmetric_empty for the mesh [0, 1], which peers read in place; got a view of one"

@@ -135,7 +135,8 @@ def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path)
     text = files["allgather_p2p"].read_text()
     path.write_text(text.replace("axes = [didx, _]>)", "axes = [didx, _]> {hir.symmetric})", 1))
     assert "{hir.symmetric}" in path.read_text()
-    result = run_script(str(path), "--nproc", "4", "--check", "--repeat", "2", "-p", "hir-lowering{p2p_backend=cuda}")
+    pipeline = "hir-lowering{p2p_backend=cuda}"
+    result = run_script(str(path), "--nproc", "4", "--check", "--repeat", "2", "-p", pipeline)
     assert result.returncode == 0, result.stderr
     assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", result.stdout, re.MULTILINE)
 

@@ -110,7 +110,8 @@ def test_communications_in_flight_span_issue_to_wait(traced_ag_linear):
         assert {e["name"] for e in begins.values()} == {"hir.allgather in flight"}
         spans = sorted((begins[i]["ts"], ends[i]["ts"]) for i in begins)
         # ts + dur is a sum of floats, exact to within rounding only.
-        assert [t for span in spans for t in span] == pytest.approx([t for pair in zip(issues, waits) for t in pair])
+        expected = [t for pair in zip(issues, waits) for t in pair]
+        assert [t for span in spans for t in span] == pytest.approx(expected)
         assert [tuple(begins[i]["args"]["iteration"]) for i in sorted(begins)] == [(0,), (1,), (2,)]
 
 
