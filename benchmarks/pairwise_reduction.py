@@ -6,7 +6,7 @@ A reduce-scatter or allreduce on the copy engines ends, at its `hir.wait`, with 
 memory-bound pass on the SMs between two GEMMs (docs/copy-engine.md). In a team of two
 the runtime runs `PAIRWISE` (the own piece read in place, the peer's from the staging
 buffer); in a larger team it copies the own piece into its staging slot and runs
-`REDUCTIONS` over the slots. This times both, as `runtime.copy_engine` runs them, on bf16
+`REDUCTIONS` over the slots. This times both, with `runtime.copy_engine.reduction`, on bf16
 pieces of `rows x cols` (1024 x 8192 is a chunk of GEMM+RS at 8192³ in 4 chunks on 2
 GPUs; 2048 x 8192 one of GEMM+AR), GPU time with CUDA events (benchmarks/gpu_timing.py).
 """
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_timing import gpu_median_ms
-from runtime.copy_engine import PAIRWISE, REDUCTIONS
+from runtime.copy_engine import reduction
 
 HOLD_MS = 1.0
 """GPU time queued before each timed run: longer than Python takes to launch one."""
@@ -45,13 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         piece = torch.randn(*shape, device="cuda", generator=generator).bfloat16()
         output = torch.empty_like(piece)
 
-        def slots():
-            staging[0].copy_(piece)
-            REDUCTIONS[dist.ReduceOp.SUM](staging, output)
-
-        def pairwise():
-            PAIRWISE[dist.ReduceOp.SUM](piece, staging[1], out=output)
-
+        slots, pairwise = (
+            reduction(staging, 0, piece, output, dist.ReduceOp.SUM, in_place=in_place) for in_place in (False, True)
+        )
         slow, fast = (gpu_median_ms(run, arguments.repeats, HOLD_MS) * 1e3 for run in (slots, pairwise))
         print(f"{rows:>6} x {arguments.cols:<6}  {slow:>11.1f} us  {fast:>7.1f} us  {slow / fast:.2f}x")
     return 0

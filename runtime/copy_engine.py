@@ -103,6 +103,35 @@ def ring(position: int, size: int) -> list[int]:
     return [(position + step) % size for step in range(size)]
 
 
+def ring_messages(position: int, size: int) -> list[tuple[int, int]]:
+    """`ring` as messages, one (reading, sending) pair per step after the first: at step `s`
+    the member receives from `p + s` what that member holds for it, and sends `p - s`
+    (whose step `s` reads from `p`) what it holds for that member."""
+    return [(reading, (position - step) % size) for step, reading in enumerate(ring(position, size)) if step]
+
+
+def reduction(
+    staging: torch.Tensor, own: int, piece: torch.Tensor, output: torch.Tensor, op, in_place: bool | None = None
+) -> Callable[[], object]:
+    """What `hir.wait` runs once the peers' pieces have landed in `staging`: every member's
+    piece, in team order, reduced into `output` on the then current stream. The member's
+    own `piece` is read in place where there are two (one pass reading both: three fifths
+    of the traffic of copying it into its slot and reducing the slots, and a third of the
+    time, docs/copy-engine.md), and copied into slot `own` where there are more;
+    `in_place` chooses for a team of two (benchmarks/pairwise_reduction.py times both)."""
+    if in_place is None:
+        in_place = len(staging) == 2
+    if in_place:
+        peer = staging[1 - own].view(output.shape)
+        return lambda: PAIRWISE[op](piece.reshape(output.shape), peer, out=output)
+
+    def reduce() -> None:
+        staging[own].copy_(piece)
+        REDUCTIONS[op](staging.view(len(staging), *output.shape), output)
+
+    return reduce
+
+
 @dataclass(eq=False)
 class SymmetricBuffer:
     """A buffer that the other members of its mesh read; on GPUs, mapped by all of them."""
@@ -178,24 +207,6 @@ class CopyEngine(ABC):
     def _staging(self, piece: torch.Tensor, size: int) -> torch.Tensor:
         """A contiguous buffer of one slot per team position, each with `piece`'s shape."""
         return torch.empty((size, *piece.shape), dtype=piece.dtype, device=self.communicator.device)
-
-    def _reduction(
-        self, staging: torch.Tensor, own: int, piece: torch.Tensor, output: torch.Tensor, op
-    ) -> Callable[[], object]:
-        """What `hir.wait` runs once the peers' pieces have landed in `staging`: every member's
-        piece, in team order, reduced into `output` on the then current stream. The member's
-        own `piece` is read in place where there are two (one pass reading both: three fifths
-        of the traffic of copying it into its slot and reducing the slots, and a third of
-        the time, docs/copy-engine.md), and copied into slot `own` where there are more."""
-        if len(staging) == 2:
-            peer = staging[1 - own].view(output.shape)
-            return lambda: PAIRWISE[op](piece.reshape(output.shape), peer, out=output)
-
-        def reduce() -> None:
-            staging[own].copy_(piece)
-            REDUCTIONS[op](staging.view(len(staging), *output.shape), output)
-
-        return reduce
 
     @abstractmethod
     def _pull_and_reduce(
@@ -313,7 +324,7 @@ class SymmetricMemoryEngine(CopyEngine):
         with torch.cuda.stream(self.stream):
             staging = self._staging(piece, len(team))
         work = self._pull(started, source, piece, staging, team, collective)
-        reduce = self._reduction(staging, own, piece, output, op)
+        reduce = reduction(staging, own, piece, output, op)
 
         def finish() -> None:
             """The reduction; after it the staging buffer (made on the copy stream) is kept from
@@ -357,11 +368,10 @@ class PointToPointEngine(CopyEngine):
         output.narrow(axis, position, 1).copy_(input)
         shard = input.contiguous()
         operations, finishes = [], []
-        for step in range(1, size):
-            reading = (position + step) % size
+        for reading, sending in ring_messages(position, size):
             target, finish = writable(output.narrow(axis, reading, 1))
             operations.append(dist.P2POp(dist.irecv, target, team[reading]))
-            operations.append(dist.P2POp(dist.isend, shard, team[(position - step) % size]))
+            operations.append(dist.P2POp(dist.isend, shard, team[sending]))
             finishes += finish
         return dist.batch_isend_irecv(operations), finishes
 
@@ -374,11 +384,10 @@ class PointToPointEngine(CopyEngine):
         position, size = team.index(self.rank), len(team)
         staging = self._staging(pieces[position], size)
         operations = []
-        for step in range(1, size):
-            reading, sending = (position + step) % size, (position - step) % size
+        for reading, sending in ring_messages(position, size):
             operations.append(dist.P2POp(dist.irecv, staging[reading], team[reading]))
             operations.append(dist.P2POp(dist.isend, pieces[sending].contiguous(), team[sending]))
-        reduce = self._reduction(staging, position, pieces[position], output, op)
+        reduce = reduction(staging, position, pieces[position], output, op)
         return dist.batch_isend_irecv(operations), [reduce]
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:

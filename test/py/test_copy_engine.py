@@ -45,7 +45,8 @@ from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from runtime.communication_steps import copy_engine_transfers
-from runtime.communicator import Communicator
+from runtime.communicator import REDUCE_OPS, Communicator
+from runtime.copy_engine import reduction
 from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import shard
@@ -334,6 +335,25 @@ def test_copy_engine_reductions_of_every_op(case: ReductionCase):
     if case.collective == "allreduce":
         # Every member reduces the same operands in the same order: the replicas are bitwise equal.
         assert all(torch.equal(output, outputs[0]) for output in outputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", list(REDUCE_OPS.values()), ids=list(REDUCE_OPS))
+def test_a_pair_reduces_in_place_to_the_same_bits_as_the_slots(op, dtype):
+    """A team of two reduces the own piece, read in place, with the peer's in one elementwise
+    op; that gives the bits of copying it into its slot and reducing the slots, in either
+    member's order."""
+    generator = torch.Generator().manual_seed(3)
+    pieces = (torch.randn(2, 4, 6, generator=generator) * 50).to(dtype)
+    outputs = []
+    for own in (0, 1):
+        staging = torch.full_like(pieces, 9)
+        staging[1 - own] = pieces[1 - own]
+        for in_place in (True, False):
+            output = torch.full((4, 6), 7, dtype=dtype)
+            reduction(staging.clone(), own, pieces[own], output, op, in_place=in_place)()
+            outputs.append(output)
+    assert all(torch.equal(output, outputs[0]) for output in outputs)
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
