@@ -44,7 +44,7 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
-from runtime.communication_steps import copy_engine_transfers
+from runtime.communication_steps import _partner, copy_engine_transfers
 from runtime.communicator import REDUCE_OPS, Communicator
 from runtime.copy_engine import reduction
 from runtime.launch import RankFailed, run_on_local_ranks
@@ -463,7 +463,11 @@ def test_a_recv_pairs_with_the_send_of_its_batch_to_another_peer():
     """The ring order of the point-to-point allgather: a batch receives from one peer and
     sends to another; the recv reads, on its peer, the buffer this rank sends."""
     program = exchange_program(f"hir.start_coalescing\n{RECV}\n{SEND_TO_DEVICE_0}\n%e = hir.end_coalescing")
-    Program.compile(program, pipeline=None)
+    host = Program.compile(program, pipeline=None).host
+    (recv,) = (op for op in host.walk() if isinstance(op, hir.RecvOp))
+    (send,) = (op for op in host.walk() if isinstance(op, hir.SendOp))
+    assert send.peer is not recv.peer
+    assert _partner(recv, hir.SendOp) is send and _partner(send, hir.RecvOp) is recv
 
 
 def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():

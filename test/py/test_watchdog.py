@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from runtime import watchdog as watchdog_module
 from runtime.watchdog import Watchdog
 
 
@@ -67,8 +68,26 @@ def test_the_thread_expires_a_stuck_transfer_on_its_own_and_then_ends():
     started, finished = Flag(), Flag()
     started.passed = True
     watchdog.watch(started, finished, "a stuck transfer")
-    assert expired.wait(timeout=10), "no expiry within 10 s of a 0.05 s timeout"
     thread = watchdog._thread
-    if thread is not None:
-        thread.join(timeout=10)
-    assert watchdog._thread is None, "the thread goes on with nothing to watch"
+    assert thread is not None and thread.is_alive()
+    assert expired.wait(timeout=10), "no expiry within 10 s of a 0.05 s timeout"
+    thread.join(timeout=10)
+    assert not thread.is_alive() and watchdog._thread is None, "the thread goes on with nothing to watch"
+    # A later transfer starts a thread of its own.
+    expired.clear()
+    watchdog.watch(started, finished, "another stuck transfer")
+    second = watchdog._thread
+    assert second is not None and second is not thread
+    assert expired.wait(timeout=10)
+    second.join(timeout=10)
+    assert not second.is_alive()
+
+
+def test_an_expiry_on_gpus_says_which_rank_and_ends_the_process_with_status_1(monkeypatch, capsys):
+    exits = []
+    monkeypatch.setattr(watchdog_module.os, "_exit", exits.append)
+    watchdog_module.end_process(3, "a transfer has waited more than 2 s for its peers")
+    assert exits == [1]
+    assert capsys.readouterr().err == (
+        "hostir: rank 3: a transfer has waited more than 2 s for its peers; ending the process\n"
+    )
