@@ -503,12 +503,13 @@ def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
 # --------------------------------------------------------------------------- #
 
 
-def symmetric_ag_matmul(world: int, dtype: str) -> ModuleOp:
-    """A [DIDx(D), M, K] in symmetric memory @ B [K, N] -> [Stream(D), M, N]: the point-to-point
-    AG+matmul whose gathered operand the caller passes symmetric."""
-    mesh = range(world)
+def symmetric_ag_matmul(world: int, dtype: str, first: int = 0) -> ModuleOp:
+    """A [DIDx(D), M, K] in symmetric memory @ B [K, N] -> [Stream(D), M, N] on devices
+    `first` .. `world - 1`: the point-to-point AG+matmul whose gathered operand the caller
+    passes symmetric."""
+    mesh = range(first, world)
     fb = FusionBuilder("symmetric_ag_matmul")
-    a = fb.input([world, None, K], dtype, mesh=mesh, axes=["didx", "_", "_"], symmetric=True)
+    a = fb.input([len(mesh), None, K], dtype, mesh=mesh, axes=["didx", "_", "_"], symmetric=True)
     out = fb.matmul(a, fb.input([K, N], dtype, mesh=mesh))
     fb.parallelize(out, 0, "stream")
     fb.output(out)
@@ -578,6 +579,35 @@ def test_an_input_in_symmetric_memory_is_read_in_place_by_the_copy_engines():
         "tensor of Program.symmetric_empty for the mesh [0, 1], which peers read in place; got a view of one"
     )
     assert per_rank[0][-1].startswith("error: the inputs of @symmetric_ag_matmul are wrong on another rank")
+
+
+def run_symmetric_input_on_upper_mesh(world: int, whole: list[torch.Tensor]) -> tuple[int, torch.Tensor]:
+    """On one rank: the placed symmetric input's size, and the output of a run on devices 1 .. D-1."""
+    communicator = Communicator.from_env()
+    program = Program.compile(symmetric_ag_matmul(world, "f32", first=1), pipeline=P2P_COPY_ENGINE)
+    local = [
+        shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)
+    ]
+    placed = program.with_symmetric_inputs(local, communicator)
+    with poisoned_allocations():
+        (output,) = program.run(placed, communicator)
+    return placed[0].numel(), output.cpu()
+
+
+@needs_world(3)
+def test_a_rank_outside_a_symmetric_inputs_mesh_holds_a_placeholder():
+    """A rank outside the mesh of an input marked `hir.symmetric` gets an empty placeholder
+    from `symmetric_empty`, which the input check accepts; the mesh's ranks compute torch's result."""
+    world, rows = 3, 2
+    generator = torch.Generator().manual_seed(11)
+    whole = [torch.randn(world - 1, rows, K, generator=generator), torch.randn(K, N, generator=generator)]
+    per_rank = run_on_local_ranks(run_symmetric_input_on_upper_mesh, world, world, whole)
+    expected = matmul(*(x.double() for x in whole))
+    assert per_rank[0][0] == 0 and all(size == rows * K for size, _ in per_rank[1:])
+    tolerance = 1e-5 * expected.abs().max().item()
+    for rank, (_, output) in enumerate(per_rank[1:], start=1):
+        where = f"rank {rank}"
+        torch.testing.assert_close(output.double(), expected, rtol=0, atol=tolerance, msg=lambda m: f"{where}: {m}")
 
 
 def test_symmetric_empty_is_for_inputs_marked_symmetric():
