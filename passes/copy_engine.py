@@ -50,9 +50,8 @@ def peer_readable(rewriter: PatternRewriter, buffer: SSAValue, before: Operation
         return buffer
     allocation = _symmetric_in_place(buffer)
     if allocation is not None:
-        if allocation.symmetric is None:
-            allocation.symmetric = UnitAttr()
-            rewriter.notify_op_modified(allocation)
+        allocation.symmetric = UnitAttr()
+        rewriter.notify_op_modified(allocation)
         return buffer
     buffer_type = tensor_type(buffer)
     extents = [

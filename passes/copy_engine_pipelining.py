@@ -73,7 +73,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, func, scf
+from xdsl.dialects import arith, builtin, scf
 from xdsl.dialects.builtin import IndexType, LocationAttr
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
@@ -89,7 +89,7 @@ from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from passes.per_stream_buffers import fewer_slices
+from passes.per_stream_buffers import fewer_slices, is_private_allocation
 from passes.stream_parallel import StreamLoop, index_constant, is_index_arithmetic, known_extent
 
 TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
@@ -250,7 +250,7 @@ class StreamLoopPattern(RewritePattern):
                 rewriter.erase(definer)
         for allocation in chunk_buffers:
             two = index_constant(rewriter, allocation, 2)
-            buffer = fewer_slices(allocation, two, [], rewriter)
+            buffer = fewer_slices(allocation, two, rewriter)
             for use in list(buffer.uses):
                 if isinstance(view := use.operation, hir.AliasSelectOp):
                     slot = arith.RemUIOp(view.index, two)
@@ -312,7 +312,7 @@ class PipelineRingLoop(StreamLoopPattern):
         condition = branch.cond.owner
         if not (
             isinstance(condition, arith.CmpiOp)
-            and condition.predicate.value.data == 0  # eq
+            and arith.CMPI_COMPARISON_OPERATIONS[condition.predicate.value.data] == "eq"
             and condition.lhs is induction
             and known_extent(condition.rhs) == 0
         ):
@@ -368,12 +368,7 @@ def _chunk_buffers(op: scf.ForOp, work: Sequence[Operation]) -> list[hir.Allocat
     views = [o for o in work if isinstance(o, hir.AliasSelectOp) and o.index is induction]
     buffers = []
     for allocation in dict.fromkeys(view.input.owner for view in views):
-        if (
-            not isinstance(allocation, hir.AllocateOp)
-            or allocation.symmetric is not None
-            or not isinstance(allocation.parent_op(), func.FuncOp)
-            or (axis := tensor_type(allocation.result).stream_axis) is None
-        ):
+        if not is_private_allocation(allocation) or (axis := tensor_type(allocation.result).stream_axis) is None:
             continue
         if all(
             isinstance(user := use.operation, hir.DimOp)
@@ -400,11 +395,7 @@ def _own_shard_in_place(
     if not isinstance(slot, hir.AliasSelectOp) or slot not in before or slot.result.type != shard.result.type:
         return None
     allocation = slot.input.owner
-    if (
-        not isinstance(allocation, hir.AllocateOp)
-        or not isinstance(allocation.parent_op(), func.FuncOp)
-        or allocation.symmetric is not None
-    ):
+    if not is_private_allocation(allocation):
         return None
     if any(
         use.operation is not slot and not isinstance(use.operation, hir.DimOp | hir.DeallocateOp)

@@ -62,11 +62,18 @@ def _defined_before(value: SSAValue, op: Operation) -> bool:
     )
 
 
+def is_private_allocation(op: Operation | None) -> bool:
+    """Whether `op` allocates, in the function body, a buffer that is not symmetric: one that
+    only this device's streams use, in the order of its program (peers read or write a
+    symmetric one in their own order)."""
+    return isinstance(op, hir.AllocateOp) and op.symmetric is None and isinstance(op.parent_op(), func.FuncOp)
+
+
 def _shared_slices(op: hir.AllocateOp) -> tuple[arith.RemUIOp, list[hir.AliasSelectOp]] | None:
     """The slices of `op`'s buffer and the stream index of the loop that makes them, if the
     buffer qualifies (see the module docstring)."""
     axis = tensor_type(op.result).stream_axis
-    if axis is None or op.symmetric is not None or not isinstance(op.parent_op(), func.FuncOp):
+    if axis is None or not is_private_allocation(op):
         return None
     users = [use.operation for use in op.result.uses]
     slices = [user for user in users if isinstance(user, hir.AliasSelectOp)]
@@ -84,12 +91,10 @@ def _shared_slices(op: hir.AllocateOp) -> tuple[arith.RemUIOp, list[hir.AliasSel
     return stream_index, slices
 
 
-def fewer_slices(
-    op: hir.AllocateOp, count: SSAValue, new_ops: list[Operation], rewriter: PatternRewriter
-) -> SSAValue:
-    """Re-allocates `op`'s buffer with `min(extent, count)` slices along its stream axis, after
-    inserting `new_ops` (which define `count` if `op` does not see it); its `hir.dim` of that
-    axis become the old extent, which the loops still walk. The new buffer; its slices keep
+def fewer_slices(op: hir.AllocateOp, count: SSAValue, rewriter: PatternRewriter) -> SSAValue:
+    """Re-allocates `op`'s buffer with `min(extent, count)` slices along its stream axis (`count`
+    defined before `op`); its `hir.dim` of that axis become the old extent, which the loops
+    still walk. The new buffer; its slices keep
     their index, which the caller maps onto the fewer slices."""
     buffer_type = tensor_type(op.result)
     axis = buffer_type.stream_axis
@@ -105,7 +110,7 @@ def fewer_slices(
         shape[axis] = DYNAMIC
     allocation = hir.AllocateOp(buffer_type.with_(shape=shape), sizes)
     allocation.result.name_hint = op.result.name_hint
-    inserted = [*extent_ops, *new_ops, slots, allocation]
+    inserted = [*extent_ops, slots, allocation]
     for new_op in inserted:
         new_op.location = op.location
     rewriter.insert(inserted, InsertPoint.before(op))
@@ -125,11 +130,13 @@ class OneSlicePerStream(RewritePattern):
         if (shared := _shared_slices(op)) is None:
             return
         stream_index, slices = shared
-        new_ops, num_streams = [], stream_index.rhs
+        num_streams = stream_index.rhs
         if not _defined_before(num_streams, op):
-            new_ops.append(number_of_streams := hir.NumberOfStreamsOp())
+            number_of_streams = hir.NumberOfStreamsOp()
+            number_of_streams.location = op.location
+            rewriter.insert(number_of_streams, InsertPoint.before(op))
             num_streams = number_of_streams.result
-        fewer_slices(op, num_streams, new_ops, rewriter)
+        fewer_slices(op, num_streams, rewriter)
         for view in slices:
             view.operands = [view.input, stream_index.result]
             rewriter.notify_op_modified(view)

@@ -67,7 +67,7 @@ from xdsl.dialects.builtin import (
     SymbolRefAttr,
     i64,
 )
-from xdsl.ir import Block, Operation, OpResult, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -749,13 +749,11 @@ def _expression(value: SSAValue, induction: SSAValue) -> object:
     if value is induction:
         return "i"
     owner = value.owner
-    if isinstance(owner, arith.ConstantOp):
-        return ("constant", owner.value)
     if not isinstance(owner, Operation) or not is_index_arithmetic(owner):
         return value
     return (
         owner.name,
-        value.index if isinstance(value, OpResult) else None,
+        value.index,
         tuple(sorted(owner.properties.items())),
         tuple(_expression(operand, induction) for operand in owner.operands),
     )

@@ -90,3 +90,25 @@ func.func @kept(%t0: !t) -> !s {
 // CHECK-LABEL: func.func @kept(
 // CHECK-NOT:     arith.minui
 // CHECK:         func.return
+
+// -----
+
+// A symmetric buffer keeps one slice per iteration: its peers read or write it in their
+// own order, not in the order of this device's streams.
+
+!t = !fusion.tensor<[4, 8], f32>
+!s = !fusion.tensor<[4, 8], f32, axes = [stream, _]>
+
+func.func @symmetric(%x: !t) -> !s {
+  %y = hir.allocate() symmetric : !s
+  hir.pointwise "neg" ins(%x : !t) outs(%y : !s)
+  %z = hir.allocate() : !s
+  hir.pointwise "exp" ins(%y : !s) outs(%z : !s)
+  func.return %z : !s
+}
+
+// CHECK-LABEL: func.func @symmetric(
+// CHECK-NOT:     arith.minui
+// CHECK:         %[[Y:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[4, 8], f32, axes = [stream, _]>
+// CHECK-NOT:     arith.minui
+// CHECK:         func.return
