@@ -191,13 +191,8 @@ def parse_module(
     try:
         module = parser.parse_module()
     except ParseError as e:
-        loc = e.span.get_location()
-        line = loc.line + line_offset
-        lines = _SOURCES[filename]
-        raise HostirError(
-            e.msg,
-            SourceLocation(filename, line, loc.col, lines[line - 1] if line <= len(lines) else "", max(1, e.span.len)),
-        ) from None
+        location = SourceLocation.at_offset(text, filename, e.span.start, max(1, e.span.len), line_offset)
+        raise HostirError(e.msg, location) from None
     except RecursionError:
         # `_check_nesting` should prevent it; the parser's place is still the best one.
         raise _too_deep(text, filename, line_offset, parser._current_token.span.start) from None

@@ -87,6 +87,16 @@ class ReportHostirError(ModulePass):
 
 
 @dataclass(frozen=True)
+class RecurseWithoutEnd(ModulePass):
+    """Recurses until Python stops it, as a pass walking IR nested too deeply would."""
+
+    name = "recurse"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        self.apply(ctx, op)
+
+
+@dataclass(frozen=True)
 class RaiseVerifyException(ModulePass):
     """Fails with xDSL's own exception, as an xDSL pass may."""
 
@@ -117,7 +127,7 @@ def _missing_module() -> type[ModulePass]:
 @pytest.fixture
 def extra_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registers the test passes, and one whose module does not exist, for one test."""
-    for pass_class in (RecordOptions, ReportHostirError, RaiseVerifyException, BreakTypes):
+    for pass_class in (RecordOptions, ReportHostirError, RaiseVerifyException, BreakTypes, RecurseWithoutEnd):
         monkeypatch.setitem(HOSTIR_PASSES, pass_class.name, lambda p=pass_class: p)
     monkeypatch.setitem(HOSTIR_PASSES, "not-written-yet", _missing_module)
 
@@ -250,6 +260,11 @@ ERROR_CASES = {
         FUSION,
         ["-p", "cse,raise-verify-exception"],
         "error: pass 'raise-verify-exception' failed: cannot transform this module",
+    ),
+    "pass recurses without end": (
+        FUSION,
+        ["-p", "recurse"],
+        "error: nesting too deep: the IR nests too deeply to process\n",
     ),
     "pass leaves invalid IR": (
         FUSION,
