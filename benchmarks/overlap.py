@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import math
 import os
 import statistics
@@ -49,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
@@ -194,7 +193,7 @@ class HostirVariant:
     point_to_point: bool = False
     """The stream axis is the device axis: D chunks, whatever the cost model says."""
     copy_engine: bool = False
-    """Asks for the copy-engine backend, which needs runtime/copy_engine.py and the pipeline option."""
+    """Asks for the copy-engine backend: a lowering that cannot give it makes the contender unavailable."""
 
 
 COPY_ENGINE_PIPELINES = {
@@ -235,22 +234,17 @@ HOSTIR_VARIANTS = [
         point_to_point=True,
         copy_engine=True,
     ),
-] + [
+]
+HOSTIR_VARIANTS += [
     # X already in symmetric memory, as a model whose layer before writes its activations
     # there would pass it: the copy engines read it in place, with no copy first.
-    HostirVariant(
-        f"{name} (cuda, symmetric X)",
-        OverlapKind.ALLGATHER_MATMUL,
-        functools.partial(fusion, symmetric_x=True),
-        layout,
-        pipeline=pipeline,
-        point_to_point=point_to_point,
-        copy_engine=True,
+    replace(
+        variant,
+        name=variant.name.replace("(cuda)", "(cuda, symmetric X)"),
+        fusion=functools.partial(variant.fusion, symmetric_x=True),
     )
-    for name, fusion, layout, pipeline, point_to_point in [
-        ("hostir", allgather_matmul, _allgather_layout, COPY_ENGINE_PIPELINES["hostir (cuda)"], False),
-        ("hostir p2p", p2p_allgather_matmul, _p2p_layout, "hir-lowering{p2p_backend=cuda}", True),
-    ]
+    for variant in HOSTIR_VARIANTS
+    if variant.kind == OverlapKind.ALLGATHER_MATMUL and variant.name in ("hostir (cuda)", "hostir p2p (cuda)")
 ]
 
 
@@ -415,12 +409,12 @@ def whole_operands(
     return x.to(torch.bfloat16), w.to(torch.bfloat16)
 
 
-_programs: dict[tuple[str, str, int], Program] = {}
+_programs: dict[tuple[HostirVariant, int], Program] = {}
 
 
 def compiled(variant: HostirVariant, world: int) -> Program:
     """`variant`'s program for `world` ranks, compiled once (its extents are dynamic, so it serves every size)."""
-    key = (variant.kind, variant.name, world)
+    key = (variant, world)
     if key not in _programs:
         try:
             _programs[key] = Program.compile(variant.fusion(world), pipeline=variant.pipeline)
@@ -437,8 +431,6 @@ def hostir_build(
     """`variant`'s program run on this rank's shards of X and W laid out in `shape.chunks` chunks."""
 
     def build():
-        if variant.copy_engine and importlib.util.find_spec("runtime.copy_engine") is None:
-            raise Unavailable("this runtime has no copy-engine transport (runtime/copy_engine.py)")
         program = compiled(variant, bench.world)
         whole, output_shape = variant.layout(x, w, bench.world, shape.chunks)
         local = program.with_symmetric_inputs(

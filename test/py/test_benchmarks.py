@@ -9,7 +9,6 @@ and outputs that are wrong or never written fail their check.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import subprocess
@@ -29,7 +28,6 @@ sys.path.insert(0, str(BENCHMARKS))
 import overlap  # noqa: E402  (a script's folder, not a package)
 from overlap_report import Result  # noqa: E402
 
-COPY_ENGINE = importlib.util.find_spec("runtime.copy_engine") is not None
 COMMAND_TIMEOUT_S = 120
 
 
@@ -108,13 +106,9 @@ def test_what_cannot_run_says_why(cpu_run):
     )
     assert by_label[("matmul_allreduce", 36, "hostir (nccl) S=4")]["status"] == "ok"
     copy_engine = by_label[("allgather_matmul", 64, "hostir p2p (cuda) S=2")]
-    if COPY_ENGINE:
-        assert copy_engine["status"] == "ok" and copy_engine["check_ok"]
-    else:
-        assert copy_engine["status"].startswith("unavailable: this runtime has no copy-engine transport")
+    assert copy_engine["status"] == "ok" and copy_engine["check_ok"]
 
 
-@pytest.mark.skipif(not COPY_ENGINE, reason="this runtime has no copy-engine transport")
 def test_the_copy_engine_pipelines_of_every_problem_ran_and_passed_their_check(cpu_run):
     """`hostir (cuda) S=s` and `hostir (cuda, pool streams) S=s`: AG+GEMM, GEMM+RS and GEMM+AR
     lowered with hir-lowering{backend=cuda}, software-pipelined or not."""
@@ -135,7 +129,6 @@ def test_the_copy_engine_pipelines_of_every_problem_ran_and_passed_their_check(c
             assert result["check_ok"] and result["check_error"] is not None, where
 
 
-@pytest.mark.skipif(not COPY_ENGINE, reason="this runtime has no copy-engine transport")
 def test_the_ag_gemm_programs_with_x_in_symmetric_memory_ran_and_passed_their_check(cpu_run):
     """`hostir (cuda, symmetric X)` and `hostir p2p (cuda, symmetric X)`: X passed in symmetric
     memory (`hir.symmetric`), read in place by the copy engines."""
@@ -180,14 +173,10 @@ def test_on_two_gpus_every_contender_runs_and_every_check_passes(tmp_path):
     for r in results:
         if r["label"].startswith("symm_mem") and r["status"] != "ok":
             assert r["status"].startswith("unavailable: ")  # torch says why
-        elif "(cuda)" in r["label"] and not COPY_ENGINE:
-            assert r["status"].startswith("unavailable: ")
         else:
             assert r["status"] == "ok", r
             assert r["ms"] > 0 and r["check_ok"] in (True, None)
     for contender in ("hostir (nccl)", "hostir (cuda)"):
-        if contender == "hostir (cuda)" and not COPY_ENGINE:
-            continue
         # Three problems at two sizes, each with 4 chunks.
         pipelined = [r for r in results if r["contender"] == contender and r["chunks"] == 4]
         assert len(pipelined) == 6 and all(r["check_ok"] for r in pipelined), contender
