@@ -127,6 +127,8 @@ class Stages:
     """B(i)."""
     location: LocationAttr
     """The wait's."""
+    reads_induction: bool
+    """Whether B reads the iteration index, which it then gets as `i - 1`."""
 
     @staticmethod
     def split(
@@ -145,7 +147,10 @@ class Stages:
             needed.add(definer)
             pending.extend(definer.operands)
         views = [op for op in issue if op in needed]
-        return Stages(induction, issue, work, views, finish, location)
+        reads_induction = any(
+            operand is induction for op in (*views, *finish) for inner in op.walk() for operand in inner.operands
+        )
+        return Stages(induction, issue, work, views, finish, location, reads_induction)
 
     def issue_at(self, index: SSAValue, block: Block) -> SSAValue:
         """Appends A(index) to `block`; its work."""
@@ -163,36 +168,35 @@ class Stages:
         _clone(self.finish, mapping, block)
 
     def pipeline(
-        self, start: SSAValue, end: SSAValue, first_work: SSAValue, one: SSAValue, block: Block
-    ) -> list[Operation]:
+        self,
+        start: SSAValue,
+        end: SSAValue,
+        first_work: SSAValue,
+        one: SSAValue,
+        block: Block,
+        location: LocationAttr,
+    ) -> None:
         """Appends `for i = start to end {A(i); finish i - 1}` and the finish of `end - 1`, given
-        the work of iteration `start - 1`; the ops made here (to give them a location)."""
+        the work of iteration `start - 1`; the loop and its index arithmetic at `location`."""
         body = Block(arg_types=[IndexType(), hir.WorkType()])
         index, previous = body.args
         index.name_hint = self.induction.name_hint
         previous.name_hint = "previous_work"
         work = self.issue_at(index, body)
-        before = self._minus_one(index, one, body)
-        self.finish_at(before, previous, body)
+        self.finish_at(self._minus_one(index, one, body, location), previous, body)
         body.add_op(yield_work := scf.YieldOp(work))
         loop = scf.ForOp(start, end, one, [first_work], body)
         loop.results[0].name_hint = "last_work"
+        yield_work.location = loop.location = location
         block.add_op(loop)
-        last = self._minus_one(end, one, block)
-        self.finish_at(last, loop.results[0], block)
-        made = [yield_work, loop]
-        return made + [value.owner for value in (before, last) if isinstance(value.owner, arith.SubiOp)]
+        self.finish_at(self._minus_one(end, one, block, location), loop.results[0], block)
 
-    def _minus_one(self, index: SSAValue, one: SSAValue, block: Block) -> SSAValue:
+    def _minus_one(self, index: SSAValue, one: SSAValue, block: Block, location: LocationAttr) -> SSAValue:
         """`index - 1` for B's iteration, appended to `block` where B reads the iteration index."""
-        if not any(
-            operand is self.induction
-            for op in (*self.views, *self.finish)
-            for inner in op.walk()
-            for operand in inner.operands
-        ):
+        if not self.reads_induction:
             return index
         subtraction = arith.SubiOp(index, one)
+        subtraction.location = location
         block.add_op(subtraction)
         return subtraction.result
 
@@ -290,11 +294,11 @@ class PipelineCollectiveLoop(StreamLoopPattern):
         nonempty.result.name_hint = "nonempty"
         then = Block()
         first_work = stages.issue_at(op.lb, then)
-        made = stages.pipeline(one, op.ub, first_work, one, then)
+        stages.pipeline(one, op.ub, first_work, one, then, op.location)
         then.add_op(then_yield := scf.YieldOp())
         otherwise = scf.YieldOp()
         guard = scf.IfOp(nonempty.result, [], Region(then), Region(Block([otherwise])))
-        for new_op in (nonempty, *made, then_yield, otherwise, guard):
+        for new_op in (nonempty, then_yield, otherwise, guard):
             new_op.location = op.location
         return [nonempty, guard]
 
@@ -352,9 +356,7 @@ class PipelineRingLoop(StreamLoopPattern):
             _clone([o for o in before if o is not slot] + [shard], mapping, block)
             mapping[slot.result] = mapping[shard.result]
             _clone(after, mapping, block)
-        made = stages.pipeline(two, op.ub, first_work, one, block)
-        for new_op in made:
-            new_op.location = op.location
+        stages.pipeline(two, op.ub, first_work, one, block, op.location)
         return [block.detach_op(new_op) for new_op in list(block.ops)]
 
 

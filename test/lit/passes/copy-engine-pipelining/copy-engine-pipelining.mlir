@@ -1,6 +1,9 @@
 // RUN: hir-opt %s --split-input-file -p 'stream-parallel,copy-engine-pipelining{share_slices=false}' | filecheck %s
 // RUN: hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining | filecheck %s --check-prefix=SHARED
 // RUN: hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining > %t && hir-opt %s --split-input-file -p stream-parallel,copy-engine-pipelining,copy-engine-pipelining | diff %t -
+// After per-stream-buffers the work slices its buffers by the pool stream's index, which
+// only the pool streams' order makes safe: such a loop stays on the pool streams.
+// RUN: hir-opt %s --split-input-file -p stream-parallel,per-stream-buffers,copy-engine-pipelining | filecheck %s --check-prefix=POOL
 
 // AG+GEMM on the copy engines. The stream loops of stream-parallel become one loop on
 // the caller's stream, software-pipelined: before the loop the allgather of chunk 0;
@@ -80,6 +83,14 @@ func.func @ag_matmul(%a: !a, %b: !b) -> !g {
 // SHARED-NEXT:      hir.wait
 // SHARED-NEXT:      %[[OUT_BEFORE:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[BEFORE]]]
 // SHARED-NEXT:      hir.matmul ins(%[[G_BEFORE]],
+
+// POOL-LABEL: func.func @ag_matmul(
+// POOL-NOT:     iter_args
+// POOL:         scf.for
+// POOL:           hir.set_current_stream %stream
+// POOL:           hir.alias_select %{{.*}}[0 = %stream_index
+// POOL-NEXT:      hir.allgather
+// POOL:         func.return
 
 // -----
 

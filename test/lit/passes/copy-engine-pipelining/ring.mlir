@@ -1,6 +1,8 @@
 // RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda},copy-engine-pipelining' | filecheck %s
 // RUN: hir-opt %s -p 'stream-parallel,copy-engine-pipelining' | filecheck %s --check-prefix=NCCL
 // RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda p2p_order=device},copy-engine-pipelining' | filecheck %s --check-prefix=DEVICE
+// RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda},copy-engine-pipelining' | filecheck %s --check-prefix=IN-PLACE
+// RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda},copy-engine-pipelining' > %t && hir-opt %t -p copy-engine-pipelining | diff %t -
 
 // The point-to-point allgather of a mesh of 4 in ring order, on the copy engines. Its
 // iteration 0 copies the own shard (no transfer); iterations 1 to 3 exchange with peers.
@@ -51,3 +53,34 @@ func.func @ring(%x: !in) -> !out {
 // DEVICE-NOT:     iter_args
 // DEVICE:         hir.set_current_stream
 // DEVICE:         hir.recv {{.*}} backend cuda
+
+// The ring of an AG+GEMM, whose gathered buffer only the GEMMs read: the peeled own-shard
+// iteration's GEMM reads the shard in place, with no copy of it into its slot.
+
+!a = !fusion.tensor<[4, ?, ?], f32, mesh = [0, 1, 2, 3], axes = [didx, _, _]>
+!g = !fusion.tensor<[4, ?, ?], f32, mesh = [0, 1, 2, 3], axes = [stream, _, _]>
+!b = !fusion.tensor<[?, ?], f32, mesh = [0, 1, 2, 3]>
+
+func.func @ring_matmul(%a: !a, %b: !b) -> !g {
+  %m = hir.dim %a, 1 : !a
+  %k = hir.dim %a, 2 : !a
+  %g = hir.allocate(%m, %k) : !g
+  %w = hir.allgather %a into %g team [0, 1, 2, 3] backend nccl : !a, !g
+  hir.wait %w
+  %n = hir.dim %b, 1 : !b
+  %c = hir.allocate(%m, %n) : !g
+  hir.matmul ins(%g, %b : !g, !b) outs(%c : !g)
+  func.return %c : !g
+}
+
+// IN-PLACE-LABEL: func.func @ring_matmul(
+// IN-PLACE:         %[[SENT:[^ ]+]] = hir.allocate({{.*}}) symmetric
+// IN-PLACE-NEXT:    hir.copy ins(%a :
+// IN-PLACE:         hir.end_coalescing
+// IN-PLACE-NOT:     hir.copy
+// IN-PLACE:         %[[OWN:[^ ]+]] = hir.alias_select %[[SENT]][0 = %{{.*}}]
+// IN-PLACE-NOT:     hir.copy
+// IN-PLACE:         hir.matmul ins(%[[OWN]], %b :
+// IN-PLACE:         scf.for
+// IN-PLACE-NOT:     hir.copy
+// IN-PLACE:         func.return
