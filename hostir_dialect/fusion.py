@@ -190,12 +190,11 @@ class DeviceMeshAttr(ParametrizedAttribute):
             raise VerifyException("a device mesh needs at least one device")
         if any(d < 0 for d in ids):
             raise VerifyException(f"device ids must be non-negative, got {list(ids)}")
-        for d in ids:
-            if d > INT64_MAX:
-                raise VerifyException(
-                    f"device id {d} is too large: a device id must fit in a signed 64-bit "
-                    f"integer (at most {INT64_MAX})"
-                )
+        if (too_large := next((d for d in ids if d > INT64_MAX), None)) is not None:
+            raise VerifyException(
+                f"device id {too_large} is too large: a device id must fit in a signed 64-bit "
+                f"integer (at most {INT64_MAX})"
+            )
         if len(set(ids)) != len(ids):
             duplicates = sorted({d for d in ids if ids.count(d) > 1})
             raise VerifyException(

@@ -90,19 +90,20 @@ class InsertReshardingSets(RewritePattern):
         resharded = resharded_operands(op)
         if not resharded:
             return
-        sets: dict[tuple[SSAValue, TensorType], fusion.SetOp] = {}
-        served: dict[tuple[SSAValue, TensorType], list[int]] = {}
+        # One set per (operand, type it is needed in), with the operand indices it serves.
+        sets: dict[tuple[SSAValue, TensorType], tuple[fusion.SetOp, list[int]]] = {}
         operands = list(op.operands)
         for index in resharded:
             key = (operands[index], local_operand_type(op, index))
             if key not in sets:
-                sets[key] = fusion.SetOp(*key)
-                sets[key].location = op.location
-            served.setdefault(key, []).append(index)
-            operands[index] = sets[key].result
-        for key, inserted in sets.items():
-            check_lowerable(op, served[key], inserted)
-        rewriter.insert(list(sets.values()))
+                sets[key] = (fusion.SetOp(*key), [])
+                sets[key][0].location = op.location
+            inserted, served = sets[key]
+            served.append(index)
+            operands[index] = inserted.result
+        for inserted, served in sets.values():
+            check_lowerable(op, served, inserted)
+        rewriter.insert([inserted for inserted, _ in sets.values()])
         op.operands = operands
         rewriter.notify_op_modified(op)
 

@@ -2,9 +2,10 @@
 
 insert-reshardings, fusion-to-hir, stream-parallel, copy-engine-pipelining,
 per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold
-the index arithmetic and share what the loops compute twice. Those two only touch ops whose effects are known: arith, scf,
-and the hir ops marked `Pure` (`hir.dim`, `hir.device_index`,
-`hir.number_of_streams`, `hir.stream`); every other hir op has effects they leave alone.
+the index arithmetic and share what the loops compute twice. Those two only touch ops
+whose effects are known: arith, scf, and the hir ops marked `Pure` (`hir.dim`,
+`hir.device_index`, `hir.number_of_streams`, `hir.stream`); every other hir op has
+effects they leave alone.
 """
 
 from __future__ import annotations
