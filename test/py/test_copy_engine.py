@@ -356,16 +356,6 @@ def test_a_pair_reduces_in_place_to_the_same_bits_as_the_slots(op, dtype):
     assert all(torch.equal(output, outputs[0]) for output in outputs)
 
 
-@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
-def test_preparing_refuses_a_reduction_whose_partials_are_not_symmetric(collective):
-    with pytest.raises(HostirError, match=r"^<string>:\d+:\d+: error: ") as error:
-        Program.compile(ReductionCase(collective, "sum", 2).program(symmetric=""), pipeline=None)
-    assert (
-        f"hir.{collective} with backend cuda lets its peers read its input, which must therefore be "
-        "(a view of) a buffer of 'hir.allocate symmetric'"
-    ) in str(error.value)
-
-
 # --------------------------------------------------------------------------- #
 # Preparing: what the runtime refuses before anything runs                     #
 # --------------------------------------------------------------------------- #
@@ -409,10 +399,19 @@ SEND_TO_DEVICE_0 = f"%t = hir.send %s to %c0 backend cuda : {SHARD}"
 @pytest.mark.parametrize(
     "program,message",
     [
-        (
-            allgather_program(""),
-            "hir.allgather with backend cuda lets its peers read its input, which must therefore be "
-            "(a view of) a buffer of 'hir.allocate symmetric'",
+        *(
+            (
+                program,
+                f"hir.{collective} with backend cuda lets its peers read its input, which must "
+                "therefore be (a view of) a buffer of 'hir.allocate symmetric'",
+            )
+            for collective, program in [
+                ("allgather", allgather_program("")),
+                *(
+                    (collective, ReductionCase(collective, "sum", 2).program(symmetric=""))
+                    for collective in ("allreduce", "reduce_scatter")
+                ),
+            ]
         ),
         (
             exchange_program(f"{RECV}\n{SEND}"),
@@ -445,7 +444,7 @@ SEND_TO_DEVICE_0 = f"%t = hir.send %s to %c0 backend cuda : {SHARD}"
         ),
     ],
     ids=[
-        "allgather-not-symmetric",
+        *(f"{collective}-not-symmetric" for collective in ("allgather", "allreduce", "reduce_scatter")),
         "recv-outside-a-batch",
         "recv-without-send",
         "send-not-symmetric",
