@@ -205,7 +205,8 @@ def measure_rates(
     extent = extent or (8192 if device.type == "cuda" else 256)
     shard_rows = max(1, extent // communicator.world_size)
     local = torch.randn(shard_rows, extent, device=device).to(dtype)
-    gathered = local.new_empty(shard_rows * communicator.world_size, extent)
+    # Random, not empty: a GEMM runs faster on constant data than on random data.
+    gathered = torch.randn(shard_rows * communicator.world_size, extent, device=device).to(dtype)
     weight = torch.randn(extent, extent, device=device).to(dtype)
     product = gathered.new_empty(gathered.shape[0], extent)
     one, ones = local.new_empty(1), local.new_empty(communicator.world_size)

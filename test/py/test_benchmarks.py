@@ -26,6 +26,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import overlap  # noqa: E402  (a script's folder, not a package)
+import overlap_peers  # noqa: E402
 from overlap_report import Result  # noqa: E402
 
 COMMAND_TIMEOUT_S = 120
@@ -263,6 +264,29 @@ def measured_contenders() -> list[Result]:
 
     builds = [failing_on_rank_1, right, wrong_on_rank_0, never_written]
     return [bench.measure(Result("p", 4, 4, 4, build.__name__), build, y, check=True) for build in builds]
+
+
+def gemms_alone() -> dict[OverlapKind, torch.Tensor]:
+    communicator = Communicator.from_env()
+    x, w = overlap.whole_operands(8, 4, 6, communicator.device, seed=0)
+    products = {}
+    for kind in OverlapKind:
+        with overlap.poisoned_allocations():
+            run, expected = overlap_peers.Peers(kind, x, w, communicator.rank, communicator.world_size).alone("gemm")()
+        assert expected is None
+        products[kind] = run().clone()
+    return products
+
+
+def test_the_gemm_alone_multiplies_the_problems_data():
+    """Not the uninitialised gathered buffer, which a GEMM multiplies faster than random
+    data: the AG+GEMM limit would be too low."""
+    x, w = overlap.whole_operands(8, 4, 6, torch.device("cpu"), seed=0)
+    for rank, products in enumerate(run_on_local_ranks(gemms_alone, 2, timeout_s=60)):
+        share = slice(rank * 2, (rank + 1) * 2)
+        assert torch.equal(products[OverlapKind.ALLGATHER_MATMUL], torch.matmul(x.view(2, 4, 4), w))
+        for kind in (OverlapKind.MATMUL_REDUCE_SCATTER, OverlapKind.MATMUL_ALLREDUCE):
+            assert torch.equal(products[kind], x[:, share] @ w[share])
 
 
 def test_ranks_agree_on_failures_and_checks_and_the_run_goes_on():
