@@ -577,6 +577,17 @@ class ReduceScatterOp(CommunicationOp):
     HAS_REDUCE_OP: ClassVar[bool] = True
     HAS_COPY_ENGINE_FORM: ClassVar[bool] = True
 
+    def scattered_axis(self) -> int | None:
+        """The input's axis whose slice `k` member `k` of the team gets: the output's didx
+        axis, counted in the input's axes (None where the input or the output has none)."""
+        source, target = tensor_type(self.input), tensor_type(self.output)
+        reduced, scattered = source.didx_axis, target.didx_axis
+        if reduced is None or scattered is None:
+            return None
+        if target.rank < source.rank and scattered >= reduced:
+            scattered += 1
+        return scattered
+
 
 @irdl_op_definition
 class BroadcastOp(CommunicationOp):
@@ -777,8 +788,24 @@ class ComputeOp(IRDLOperation, ABC):
 
 @irdl_op_definition
 class MatmulOp(ComputeOp):
+    """`outs[0] = ins[0] @ ins[1]`; with `accumulate`, `outs[0] += ins[0] @ ins[1]`, the sum
+    done by the GEMM's epilogue (cuBLAS's beta = 1), which reads `outs[0]` as it writes it.
+
+    `hir.matmul accumulate ins(%a, %b : T, T) outs(%c : T)`
+    """
+
     name = "hir.matmul"
     NUM_INS: ClassVar[tuple[int, ...]] = (2,)
+
+    accumulate = opt_prop_def(UnitAttr)
+
+    assembly_format = (
+        "(`accumulate` $accumulate^)? `ins` `(` $ins `:` type($ins) `)` "
+        "`outs` `(` $outs `:` type($outs) `)` attr-dict"
+    )
+
+    def __init__(self, ins: Sequence[SSAValue], outs: Sequence[SSAValue], accumulate: bool = False):
+        super().__init__(ins, outs, {"accumulate": UnitAttr()} if accumulate else {})
 
 
 @irdl_op_definition

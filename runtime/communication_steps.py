@@ -130,11 +130,9 @@ def _reduce(op: hir.ReduceOp, prep: Preparation) -> Step:
 
 @handles(hir.ReduceScatterOp)
 def _reduce_scatter(op: hir.ReduceScatterOp, prep: Preparation) -> Step:
-    """The scattered axis is the output's didx axis, counted in the input's axes."""
-    reduced = _didx_axis(op, op.input, "input")
-    scattered = _didx_axis(op, op.output, "output")
-    if fusion.tensor_type(op.output).rank < fusion.tensor_type(op.input).rank and scattered >= reduced:
-        scattered += 1
+    _didx_axis(op, op.input, "input")
+    _didx_axis(op, op.output, "output")
+    scattered = op.scattered_axis()
     team, reduce_op, backend = op.team_ids, _reduce_op(op), op.backend.data
     if _is_copy_engine(op):
         _check_symmetric(op, op.input, "input")

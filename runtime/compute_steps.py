@@ -6,6 +6,8 @@ allocated, on the ranks in the mesh of its first output.
 
 from __future__ import annotations
 
+import math
+
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -122,10 +124,27 @@ def matmul_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None
     torch.matmul(lhs, rhs, out=out)
 
 
+def matmul_accumulate_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None:
+    """`out += torch.matmul(lhs, rhs)`, in the GEMM's epilogue where the product is one
+    matrix product or a batch of them with the same batch (`addmm_`, `baddbmm_`, beta = 1:
+    no pass of its own over `out`); anywhere else, the product is added after it."""
+    if lhs.dim() == rhs.dim() == out.dim() >= 2 and lhs.shape[:-2] == rhs.shape[:-2] == out.shape[:-2]:
+        batch = math.prod(out.shape[:-2])
+        if batch == 1:
+            out.view(out.shape[-2:]).addmm_(lhs.view(lhs.shape[-2:]), rhs.view(rhs.shape[-2:]))
+            return
+        if lhs.dim() == 3:
+            out.baddbmm_(lhs, rhs)
+            return
+    out.add_(torch.matmul(lhs, rhs))
+
+
 @handles(hir.MatmulOp)
 def _matmul(op: hir.MatmulOp, prep: Preparation) -> Step:
+    product = matmul_accumulate_into if op.accumulate else matmul_into
+
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        matmul_into(*ins, outs[0])
+        product(*ins, outs[0])
 
     return _compute_step(op, prep, compute)
 

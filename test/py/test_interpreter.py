@@ -512,6 +512,40 @@ def test_matmul_into_a_strided_view_neither_resizes_nor_loses_data(lhs, rhs, axi
     assert result.select(axis, 0).isnan().all() and result.select(axis, 2).isnan().all()
 
 
+@pytest.mark.parametrize(
+    "lhs, rhs, axis",
+    [
+        ([3, 4], [4, 5], 0),  # addmm_ into a contiguous view
+        ([3, 4], [4, 5], 1),  # addmm_ into a strided one
+        ([1, 3, 4], [1, 4, 5], 1),  # a batch of one: addmm_ on its matrices
+        ([2, 3, 4], [2, 4, 5], 1),  # baddbmm_
+        ([2, 3, 4], [4, 5], 0),  # broadcast: the product added after it
+        ([2, 2, 3, 4], [2, 2, 4, 5], 1),
+        ([4], [4, 5], 1),
+    ],
+)
+def test_an_accumulating_matmul_adds_its_product_to_what_its_output_holds(lhs, rhs, axis, rng):
+    """`hir.matmul accumulate` into a slice of a buffer: the slice becomes what it held plus
+    the product; the other slices are left as they were."""
+    a, b = torch.randn(lhs, generator=rng), torch.randn(rhs, generator=rng)
+    shape = list(torch.matmul(a, b).shape)
+    big = [*shape[:axis], 3, *shape[axis:]]
+    before = torch.randn(big, generator=rng)
+    program = f"""
+    func.func @main(%a: {tensor(lhs)}, %b: {tensor(rhs)}, %before: {tensor(big)}) -> {tensor(big)} {{
+      %c1 = arith.constant 1 : index
+      %big = hir.allocate() : {tensor(big)}
+      hir.copy ins(%before : {tensor(big)}) outs(%big : {tensor(big)})
+      %out = hir.alias_select %big[{axis} = %c1] : {tensor(big)} -> {tensor(shape)}
+      hir.matmul accumulate ins(%a, %b : {tensor(lhs)}, {tensor(rhs)}) outs(%out : {tensor(shape)})
+      func.return %big : {tensor(big)}
+    }}"""
+    (result,) = run_host(program, [a, b, before])
+    torch.testing.assert_close(result.select(axis, 1), before.select(axis, 1) + torch.matmul(a, b))
+    for untouched in (0, 2):
+        assert torch.equal(result.select(axis, untouched), before.select(axis, untouched))
+
+
 @pytest.mark.parametrize("x_shape", [[5], [3, 5], [2, 3, 5], [2, 2, 3, 5]])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("axis", [0, -1], ids=["contiguous-view", "strided-view"])

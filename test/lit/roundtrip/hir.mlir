@@ -253,6 +253,7 @@ func.func @segments(%a: !fusion.tensor<[?, 4], f32>, %v: !fusion.tensor<[4], f32
 
 // CHECK-LABEL: func.func @eager(
 // CHECK-NEXT: hir.matmul ins(%x, %w : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[8, 16], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>)
+// CHECK-NEXT: hir.matmul accumulate ins(%x, %w : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[8, 16], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>) {tag}
 // CHECK-NEXT: hir.linear ins(%x, %wt : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[16, 8], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>)
 // CHECK-NEXT: hir.linear ins(%x, %wt, %bias : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[16, 8], bf16>, !fusion.tensor<[16], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>) {tag}
 // CHECK-NEXT: hir.copy ins(%y : !fusion.tensor<[?, 16], bf16>) outs(%z : !fusion.tensor<[?, 16], bf16, mesh = [0, 1]>)
@@ -263,6 +264,7 @@ func.func @segments(%a: !fusion.tensor<[?, 4], f32>, %v: !fusion.tensor<[4], f32
 // CHECK-NEXT: hir.reduction "max" [-1] keepdim ins(%y : !fusion.tensor<[?, 16], bf16>) outs(%k : !fusion.tensor<[?, 1], bf16>) {tag}
 // GENERIC-LABEL: sym_name = "eager"
 // GENERIC: "hir.matmul"(%x, %w, %y) <{operandSegmentSizes = array<i32: 2, 1>}> : (!fusion.tensor<[?, 8], bf16>, !fusion.tensor<[8, 16], bf16>, !fusion.tensor<[?, 16], bf16>) -> ()
+// GENERIC-NEXT: "hir.matmul"(%x, %w, %y) <{accumulate, operandSegmentSizes = array<i32: 2, 1>}> {tag} : (!fusion.tensor<[?, 8], bf16>, !fusion.tensor<[8, 16], bf16>, !fusion.tensor<[?, 16], bf16>) -> ()
 // GENERIC-NEXT: "hir.linear"(%x, %wt, %y) <{operandSegmentSizes = array<i32: 2, 1>}> : (!fusion.tensor<[?, 8], bf16>, !fusion.tensor<[16, 8], bf16>, !fusion.tensor<[?, 16], bf16>) -> ()
 // GENERIC-NEXT: "hir.linear"(%x, %wt, %bias, %y) <{operandSegmentSizes = array<i32: 3, 1>}> {tag} : (!fusion.tensor<[?, 8], bf16>, !fusion.tensor<[16, 8], bf16>, !fusion.tensor<[16], bf16>, !fusion.tensor<[?, 16], bf16>) -> ()
 // GENERIC-NEXT: "hir.copy"(%y, %z) <{operandSegmentSizes = array<i32: 1, 1>}> : (!fusion.tensor<[?, 16], bf16>, !fusion.tensor<[?, 16], bf16, mesh = [0, 1]>) -> ()
@@ -277,6 +279,7 @@ func.func @eager(%x: !fusion.tensor<[?, 8], bf16>, %w: !fusion.tensor<[8, 16], b
                  %f: !fusion.tensor<[?, 16], f32>, %r: !fusion.tensor<[?], bf16>,
                  %k: !fusion.tensor<[?, 1], bf16>) {
   hir.matmul ins(%x, %w : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[8, 16], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>)
+  hir.matmul accumulate ins(%x, %w : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[8, 16], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>) {tag}
   hir.linear ins(%x, %wt : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[16, 8], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>)
   hir.linear ins(%x, %wt, %bias : !fusion.tensor<[?, 8], bf16>, !fusion.tensor<[16, 8], bf16>, !fusion.tensor<[16], bf16>) outs(%y : !fusion.tensor<[?, 16], bf16>) {tag}
   hir.copy ins(%y : !fusion.tensor<[?, 16], bf16>) outs(%z : !fusion.tensor<[?, 16], bf16, mesh = [0, 1]>)
