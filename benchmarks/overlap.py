@@ -236,6 +236,17 @@ HOSTIR_VARIANTS = [
     ),
 ]
 HOSTIR_VARIANTS += [
+    # The reduction of GEMM+RS in a pass of its own, as before `reduce-scatter-in-matmul`.
+    HostirVariant(
+        "hostir (cuda, separate reduction)",
+        OverlapKind.MATMUL_REDUCE_SCATTER,
+        matmul_reduce_scatter,
+        _reduce_scatter_layout,
+        pipeline="hir-lowering{backend=cuda reduce_scatter_in_matmul=false}",
+        copy_engine=True,
+    )
+]
+HOSTIR_VARIANTS += [
     # X already in symmetric memory, as a model whose layer before writes its activations
     # there would pass it: the copy engines read it in place, with no copy first.
     replace(

@@ -27,6 +27,12 @@ def _stream_parallel() -> type[ModulePass]:
     return StreamParallelLowering
 
 
+def _reduce_scatter_in_matmul() -> type[ModulePass]:
+    from passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
+
+    return ReduceScatterInMatmul
+
+
 def _copy_engine_pipelining() -> type[ModulePass]:
     from passes.copy_engine_pipelining import CopyEnginePipelining
 
@@ -55,6 +61,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "insert-reshardings": _insert_reshardings,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
+    "reduce-scatter-in-matmul": _reduce_scatter_in_matmul,
     "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,

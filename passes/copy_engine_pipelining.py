@@ -268,21 +268,34 @@ class StreamLoopPattern(RewritePattern):
         """The ops that replace `op`, whose body without the stream ops is `work`; None to leave it."""
 
 
+def _is_copy_engine(op: Operation) -> bool:
+    return isinstance(op, hir.CommunicationOp | hir.P2POp) and op.backend.data == hir.CommunicatorBackend.CUDA
+
+
+def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
+    """Whether what `wait` waits for is, of all the transfers in `work`, the only one, and is
+    a copy-engine collective or a batch of copy-engine sends and recvs, directly in `work`."""
+    transfer = wait.work.owner
+    if transfer not in work:
+        return False
+    others = [o for o in _transfers(work) if o is not wait and o is not transfer]
+    if isinstance(transfer, hir.EndCoalescingOp):
+        start = work.index(transfer) - len(others) - 1
+        return start >= 0 and isinstance(work[start], hir.StartCoalescingOp) and all(
+            isinstance(o, hir.P2POp) and _is_copy_engine(o) and o in work[start:] for o in others
+        )
+    return _is_copy_engine(transfer) and not others
+
+
 class PipelineCollectiveLoop(StreamLoopPattern):
-    """A loop whose one transfer is a copy-engine collective, directly in its body."""
+    """A loop whose one transfer is a copy-engine collective or a batch of copy-engine sends
+    and recvs (`reduce-scatter-in-matmul`'s), directly in its body."""
 
     def rewrite(self, op: scf.ForOp, work: list[Operation], rewriter: PatternRewriter) -> list[Operation] | None:
         waits = [o for o in work if isinstance(o, hir.WaitOp)]
-        if len(waits) != 1 or len(_transfers(work)) != 2:
+        if len(waits) != 1 or not _copy_engine_transfer(waits[0], work):
             return None
         (wait,) = waits
-        communication = wait.work.owner
-        if (
-            not isinstance(communication, hir.CommunicationOp)
-            or communication.backend.data != hir.CommunicatorBackend.CUDA
-            or communication not in work
-        ):
-            return None
         position = work.index(wait)
         stages = Stages.split(
             op.body.block.args[0], work[:position], wait.work, work[position + 1 :], wait.location
@@ -330,11 +343,7 @@ class PipelineRingLoop(StreamLoopPattern):
             or not isinstance(wait.work.owner, hir.EndCoalescingOp)
             or wait.work.owner not in exchange
             or len(_transfers(work)) != len(_transfers(exchange))
-            or any(
-                o.backend.data != hir.CommunicatorBackend.CUDA
-                for o in exchange
-                if isinstance(o, hir.P2POp)
-            )
+            or any(not _is_copy_engine(o) for o in exchange if isinstance(o, hir.P2POp))
         ):
             return None
         position = work.index(branch)

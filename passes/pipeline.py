@@ -1,7 +1,7 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
-insert-reshardings, fusion-to-hir, stream-parallel, copy-engine-pipelining,
-per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold
+insert-reshardings, fusion-to-hir, stream-parallel, reduce-scatter-in-matmul,
+copy-engine-pipelining, per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold
 the index arithmetic and share what the loops compute twice. Those two only touch ops
 whose effects are known: arith, scf, and the hir ops marked `Pure` (`hir.dim`,
 `hir.device_index`, `hir.number_of_streams`, `hir.stream`); every other hir op has
@@ -25,6 +25,7 @@ from passes.fusion_to_hir import FusionToHir
 from passes.insert_deallocations import InsertDeallocations
 from passes.insert_reshardings import InsertReshardings
 from passes.per_stream_buffers import PerStreamBuffers
+from passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
 from passes.stream_parallel import StreamParallelLowering
 
 
@@ -40,7 +41,9 @@ class HirLowering(ModulePass):
     reference programs (and `copy-engine-pipelining` gives the buffers of its loops one
     slice per iteration too). `copy_engine_pipelining=false` leaves out
     `copy-engine-pipelining`, so that the loops of copy-engine transfers stay spread
-    over the pool streams as `stream-parallel` made them.
+    over the pool streams as `stream-parallel` made them. `reduce_scatter_in_matmul=false`
+    leaves out `reduce-scatter-in-matmul`, so that a pairwise copy-engine reduce-scatter
+    of a matmul's product sums its pieces in a pass of its own.
     """
 
     name = "hir-lowering"
@@ -51,6 +54,7 @@ class HirLowering(ModulePass):
     p2p_order: str = "ring"
     per_stream_buffers: bool = True
     copy_engine_pipelining: bool = True
+    reduce_scatter_in_matmul: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
@@ -60,6 +64,7 @@ class HirLowering(ModulePass):
             InsertReshardings(),
             FusionToHir(self.backend),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
+            *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),

@@ -285,9 +285,11 @@ def index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> 
     )
 
 
-def _runtime_value(
+def runtime_value(
     rewriter: PatternRewriter, anchor: Operation, op_type: type[Operation], name: str
 ) -> SSAValue:
+    """The result of an op of `op_type` (one without operands, like `hir.device_index`) of
+    `anchor`'s block, as `index_constant` finds or makes a constant."""
     return _function_value(rewriter, anchor, lambda op: isinstance(op, op_type), op_type, name)
 
 
@@ -309,8 +311,8 @@ def _insert_stream_loops(
     rewriter.insert(extent, InsertPoint.before(op))
     lower = index_constant(rewriter, op, 0)
     step = index_constant(rewriter, op, 1)
-    main = _runtime_value(rewriter, op, hir.GetCurrentStreamOp, "main_stream")
-    num_streams = _runtime_value(rewriter, op, hir.NumberOfStreamsOp, "num_streams")
+    main = runtime_value(rewriter, op, hir.GetCurrentStreamOp, "main_stream")
+    num_streams = runtime_value(rewriter, op, hir.NumberOfStreamsOp, "num_streams")
 
     def insert_loop(body: Callable[[SSAValue], list[Operation]]) -> scf.ForOp:
         block = Block(arg_types=[IndexType()])
@@ -604,7 +606,7 @@ class _Exchange:
 
     def __init__(self, rewriter: PatternRewriter, op: Operation, mesh: Sequence[int], index: SSAValue):
         self.rewriter, self.op, self.mesh, self.index = rewriter, op, mesh, index
-        self.rank = _runtime_value(rewriter, op, hir.DeviceIndexOp, "rank")
+        self.rank = runtime_value(rewriter, op, hir.DeviceIndexOp, "rank")
         self.zero = index_constant(rewriter, op, 0)
         self.first = index_constant(rewriter, op, mesh[0]) if mesh[0] else None
         self.slot_ops: list[Operation] = []

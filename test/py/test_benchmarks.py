@@ -145,6 +145,15 @@ def test_the_ag_gemm_programs_with_x_in_symmetric_memory_ran_and_passed_their_ch
         assert result["status"] == "ok" and result["check_ok"], f"{label}: {result['status']}"
 
 
+def test_gemm_rs_with_its_reduction_in_a_pass_of_its_own_ran_and_passed_its_check(cpu_run):
+    """`hostir (cuda, separate reduction)`: GEMM+RS lowered without reduce-scatter-in-matmul."""
+    _, out = cpu_run
+    by_label = {(r["problem"], r["m"], r["label"]): r for r in results_of(out)}
+    for chunks in (1, 2, 4):
+        result = by_label[("matmul_reduce_scatter", 64, f"hostir (cuda, separate reduction) S={chunks}")]
+        assert result["status"] == "ok" and result["check_ok"], f"S={chunks}: {result['status']}"
+
+
 def test_the_table_and_the_plot(cpu_run):
     completed, out = cpu_run
     table = (out / "overlap.md").read_text()

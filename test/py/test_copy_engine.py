@@ -60,6 +60,7 @@ COPY_ENGINE = "hir-lowering{backend=cuda}"
 P2P_COPY_ENGINE = "hir-lowering{p2p_backend=cuda}"
 P2P_COPY_ENGINE_DEVICE_ORDER = "hir-lowering{p2p_backend=cuda p2p_order=device}"
 NCCL = "hir-lowering"
+SEPARATE_REDUCTION = "hir-lowering{backend=cuda reduce_scatter_in_matmul=false}"
 
 S, M, K, N = 2, 3, 4, 5
 """Stream axis, rows of a shard, and the matmul's K and N."""
@@ -119,7 +120,7 @@ FUSIONS = [
         "matmul_rs_through_bcast",
         lambda D: [(S, D, D, M, K), (D, K, N)],
         matmul_rs,
-        (COPY_ENGINE,),
+        (COPY_ENGINE, SEPARATE_REDUCTION),
         reduces=True,
     ),
 ]
@@ -224,6 +225,16 @@ def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
                 )
             else:
                 torch.testing.assert_close(copy_engine, nccl, msg=lambda m: f"{where}: {m}")
+
+
+@pytest.mark.parametrize("world, in_the_gemm", [(2, True), (4, False)])
+def test_a_pairwise_matmul_reduce_scatter_adds_in_the_gemm(world, in_the_gemm):
+    """Over two devices the reduce-scatter of GEMM+RS is a transfer and an accumulating
+    matmul (reduce-scatter-in-matmul), over four it stays; both match torch above."""
+    module = BUILDERS["matmul_rs_through_bcast"](num_devices=world, dtype="f32")
+    text = str(Program.compile(module, pipeline=COPY_ENGINE).host)
+    assert ("hir.matmul accumulate" in text) == in_the_gemm
+    assert ("hir.reduce_scatter" in text) != in_the_gemm
 
 
 # --------------------------------------------------------------------------- #

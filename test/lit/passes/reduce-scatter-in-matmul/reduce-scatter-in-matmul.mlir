@@ -1,0 +1,131 @@
+// RUN: hir-opt %s --split-input-file -p reduce-scatter-in-matmul | filecheck %s
+// RUN: hir-opt %s --split-input-file -p reduce-scatter-in-matmul > %t && hir-opt %s --split-input-file -p reduce-scatter-in-matmul,reduce-scatter-in-matmul | diff %t -
+
+// GEMM+RS over two devices on the copy engines: each device computes the peer's rows
+// into slice 0 of the partial product (the slice both devices send, so the one each
+// reads on its peer), lets the peer pull them into its output, and after the wait adds
+// its own rows' product into that output (`accumulate`). W's broadcast axis is sliced
+// at 0, once for both matmuls; the positions come before everything else.
+
+!x = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!w = !fusion.tensor<[2, 1, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!p = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!y = !fusion.tensor<[2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
+
+func.func @matmul_rs(%x: !x, %w: !w) -> !y {
+  %m = hir.dim %x, 2 : !x
+  %n = hir.dim %w, 3 : !w
+  %partial = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%partial : !p)
+  %y = hir.allocate(%m, %n) : !y
+  %work = hir.reduce_scatter %partial into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %work
+  hir.deallocate %partial : !p
+  func.return %y : !y
+}
+
+// CHECK-LABEL: func.func @matmul_rs(
+// CHECK-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
+// CHECK-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
+// CHECK:         %[[RANK:[^ ]+]] = hir.device_index
+// CHECK-NEXT:    %[[SECOND:[^ ]+]] = arith.cmpi eq, %[[RANK]], %[[C1]] : index
+// CHECK-NEXT:    %[[OWN:[^ ]+]] = arith.select %[[SECOND]], %[[C1]], %[[C0]] : index
+// CHECK-NEXT:    %[[PEER:[^ ]+]] = arith.select %[[SECOND]], %[[C0]], %[[C1]] : index
+// CHECK-NEXT:    %[[PEER_DEVICE:[^ ]+]] = arith.select %[[SECOND]], %[[C0]], %[[C1]] : index
+// CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
+// CHECK-NEXT:    %[[X_PEER:[^ ]+]] = hir.alias_select %x[1 = %[[PEER]]]
+// CHECK-NEXT:    %[[W_0:[^ ]+]] = hir.alias_select %w[1 = %[[C0]]]
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    %[[TO_PEER:[^ ]+]] = hir.alias_select %[[PARTIAL]][1 = %[[C0]]]
+// CHECK-NEXT:    hir.matmul ins(%[[X_PEER]], %[[W_0]] : {{.*}}) outs(%[[TO_PEER]] :
+// CHECK-NEXT:    hir.start_coalescing
+// CHECK-NEXT:    %{{.*}} = hir.send %[[TO_PEER]] to %[[PEER_DEVICE]] backend cuda
+// CHECK-NEXT:    %{{.*}} = hir.recv %[[Y]] from %[[PEER_DEVICE]] backend cuda
+// CHECK-NEXT:    %[[BATCH:[^ ]+]] = hir.end_coalescing
+// CHECK-NEXT:    hir.wait %[[BATCH]]
+// CHECK-NEXT:    %[[X_OWN:[^ ]+]] = hir.alias_select %x[1 = %[[OWN]]]
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[X_OWN]], %[[W_0]] : {{.*}}) outs(%[[Y]] :
+// CHECK-NEXT:    hir.deallocate %[[PARTIAL]]
+// CHECK-NOT:     hir.reduce_scatter
+
+// -----
+
+// A team of two devices that are not 0 and 1: the peer is the other device of the team,
+// the positions 0 and 1 in it. W without the scattered axis is used whole.
+
+!x = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [2, 5], axes = [didx, _, _, _]>
+!w = !fusion.tensor<[?, ?], bf16, mesh = [2, 5]>
+!p = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [2, 5], axes = [didx, _, _, _]>
+!y = !fusion.tensor<[2, ?, ?], bf16, mesh = [2, 5], axes = [didx, _, _]>
+
+func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
+  %m = hir.dim %x, 2 : !x
+  %n = hir.dim %w, 1 : !w
+  %partial = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%partial : !p)
+  %work = hir.reduce_scatter %partial into %y team [2, 5] op sum backend cuda : !p, !y
+  hir.wait %work
+  func.return
+}
+
+// CHECK-LABEL: func.func @team_2_5(
+// CHECK-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
+// CHECK-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
+// CHECK-DAG:     %[[C2:[^ ]+]] = arith.constant 2 : index
+// CHECK-DAG:     %[[C5:[^ ]+]] = arith.constant 5 : index
+// CHECK:         %[[SECOND:[^ ]+]] = arith.cmpi eq, %{{.*}}, %[[C5]] : index
+// CHECK:         %[[PEER_DEVICE:[^ ]+]] = arith.select %[[SECOND]], %[[C2]], %[[C5]] : index
+// CHECK:         hir.matmul ins(%{{.*}}, %w : {{.*}}) outs(
+// CHECK:         hir.send %{{.*}} to %[[PEER_DEVICE]] backend cuda
+// CHECK-NEXT:    hir.recv %y from %[[PEER_DEVICE]] backend cuda
+// CHECK:         hir.matmul accumulate ins(%{{.*}}, %w : {{.*}}) outs(%y :
+
+// -----
+
+// Left alone: a team of three (a ring of accumulating matmuls would serve it), a
+// reduction that is not a sum, NCCL, a product that something else reads, and a wait
+// in another block.
+
+!x3 = !fusion.tensor<[3, 3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!w3 = !fusion.tensor<[?, ?], bf16, mesh = [0, 1, 2]>
+!p3 = !fusion.tensor<[3, 3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!y3 = !fusion.tensor<[3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _]>
+!x = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!w = !fusion.tensor<[?, ?], bf16, mesh = [0, 1]>
+!p = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!y = !fusion.tensor<[2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
+
+func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %copy: !p, %c: i1) {
+  %m = hir.dim %x, 2 : !x
+  %n = hir.dim %w, 1 : !w
+  %p3 = hir.allocate(%m, %n) symmetric : !p3
+  hir.matmul ins(%x3, %w3 : !x3, !w3) outs(%p3 : !p3)
+  %w1 = hir.reduce_scatter %p3 into %y3 team [0, 1, 2] op sum backend cuda : !p3, !y3
+  hir.wait %w1
+  %p_max = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%p_max : !p)
+  %w2 = hir.reduce_scatter %p_max into %y team [0, 1] op max backend cuda : !p, !y
+  hir.wait %w2
+  %p_nccl = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%p_nccl : !p)
+  %w3_ = hir.reduce_scatter %p_nccl into %y team [0, 1] op sum backend nccl : !p, !y
+  hir.wait %w3_
+  %p_read = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%p_read : !p)
+  hir.copy ins(%p_read : !p) outs(%copy : !p)
+  %w4 = hir.reduce_scatter %p_read into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w4
+  %p_if = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%p_if : !p)
+  %w5 = hir.reduce_scatter %p_if into %y team [0, 1] op sum backend cuda : !p, !y
+  scf.if %c {
+    hir.wait %w5
+  }
+  func.return
+}
+
+// CHECK-LABEL: func.func @left_alone(
+// CHECK-NOT:     accumulate
+// CHECK-NOT:     hir.send
+// CHECK-COUNT-5: hir.reduce_scatter
+// CHECK-NOT:     accumulate
