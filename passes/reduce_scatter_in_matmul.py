@@ -178,6 +178,7 @@ class ReduceScatterIntoMatmul(RewritePattern):
         to_peer.result.name_hint = "to_peer"
         peer_rows = hir.MatmulOp(slicer.operands(peer.result), [to_peer.result])
         batch = hir.EndCoalescingOp()
+        batch.work.name_hint = "exchanged"
         transfer = [
             to_peer,
             peer_rows,
