@@ -1,6 +1,6 @@
 """Runs `hir-run --check` on every example and every reference fusion, as a user would, on this machine's GPUs.
 
-    python3 test/gpu/hir_run_all.py [--max-ranks N]
+    python3 test/gpu/hir_run_all.py [--max-ranks N] [--only NAME,...]
 
 * Every `examples/*.mlir` runs on as many ranks as its program has devices (hir-run's
   default); an example that needs more than `--max-ranks` ranks is reported skipped.
@@ -9,7 +9,9 @@
   `--max-ranks` ranks with dynamic extents of 6 (not a power of two), 2 streams and 3
   timed runs.
 
-Each run is `tools/hir-run.py` in a subprocess, so nothing here needs hostir installed.
+`--only` runs the examples and reference fusions of those names only (an example's file
+name without `.mlir`, a fusion's name in `REFERENCE_FUSIONS`), to rerun what failed or
+what a time limit cut off. Each run is `tools/hir-run.py` in a subprocess, so nothing here needs hostir installed.
 Exit status 1 if any run fails.
 """
 
@@ -43,10 +45,13 @@ def devices_of(path: Path) -> int:
         return 1
 
 
-def reference_programs(directory: Path, num_devices: int) -> list[Path]:
-    """Every reference fusion in f32 and bf16 as a file, the multi-device ones on `num_devices`."""
+def reference_programs(directory: Path, num_devices: int, names: set[str] | None) -> list[Path]:
+    """Every reference fusion (of `names`, if given) in f32 and bf16 as a file, the
+    multi-device ones on `num_devices`."""
     paths = []
     for name, build in REFERENCE_FUSIONS.items():
+        if names is not None and name not in names:
+            continue
         for dtype in ("f32", "bf16"):
             arguments = {"dtype": dtype}
             if "num_devices" in inspect.signature(build).parameters:
@@ -71,16 +76,24 @@ def main() -> int:
         "--max-ranks", type=int, default=torch.cuda.device_count() or 2,
         help="ranks at most (default: the GPUs of this machine)",
     )  # fmt: skip
-    max_ranks = parser.parse_args().max_ranks
+    parser.add_argument("--only", help="comma-separated names of examples and reference fusions to run")
+    arguments = parser.parse_args()
+    max_ranks = arguments.max_ranks
+    examples = sorted((ROOT / "examples").glob("*.mlir"))
+    names = set(arguments.only.split(",")) if arguments.only else None
+    if names is not None and (unknown := names - {e.stem for e in examples} - REFERENCE_FUSIONS.keys()):
+        parser.error(f"--only: no example or reference fusion named {', '.join(sorted(unknown))}")
     failed, skipped = [], []
-    for example in sorted((ROOT / "examples").glob("*.mlir")):
+    for example in examples:
+        if names is not None and example.stem not in names:
+            continue
         devices = devices_of(example)
         if devices > max_ranks:
             skipped.append(f"{example.name} (needs {devices} ranks)")
         elif not run(example, ["--check"]):
             failed.append(example.name)
     with tempfile.TemporaryDirectory() as directory:
-        for path in reference_programs(Path(directory), max_ranks):
+        for path in reference_programs(Path(directory), max_ranks, names):
             nproc = devices_of(path)
             if not run(path, [*REFERENCE_OPTIONS, "--nproc", str(nproc)]):
                 failed.append(path.name)
