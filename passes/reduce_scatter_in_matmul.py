@@ -37,7 +37,8 @@ left unused: the buffer keeps its type, so that its other views stay as they are
 the reduce-scatter's: the transfer of chunk `i` is in flight while the matmul of chunk
 `i + 1`'s peer rows runs, and the own rows' matmul of chunk `i` follows. Rewritten only
 where the matmul writes the whole product and nothing else reads it, the wait is the
-reduce-scatter's only use, in the same block, and the reduction is a sum; a team of more
+reduce-scatter's only use, in the same block, the reduction is a sum, and the team is the
+mesh of the product (every device that runs the matmul has a peer); a team of more
 than two keeps its reduce-scatter (a ring of such matmuls would serve it).
 """
 
@@ -140,6 +141,7 @@ class ReduceScatterIntoMatmul(RewritePattern):
             or op.reduce_op is None
             or op.reduce_op.data != ReductionKind.SUM
             or len(team) != 2
+            or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
         ):
             return
         axis = op.scattered_axis()

@@ -237,6 +237,47 @@ def test_a_pairwise_matmul_reduce_scatter_adds_in_the_gemm(world, in_the_gemm):
     assert ("hir.reduce_scatter" in text) != in_the_gemm
 
 
+def matmul_rs_on_devices_1_2(dtype: str) -> ModuleOp:
+    """X [S, DIDx(2), 2, M, K] @ W [DIDx(2), 1, K, N] summed over the devices 1 and 2 of a
+    world of three, each getting its rows: GEMM+RS as benchmarks/overlap.py builds it."""
+    mesh = [1, 2]
+    fb = FusionBuilder("matmul_rs_on_devices_1_2")
+    x = fb.input([S, 2, 2, M, K], dtype, mesh=mesh, axes=["_", "didx", "_", "_", "_"])
+    partial = fb.matmul(x, fb.input([2, 1, K, N], dtype, mesh=mesh, axes=["didx", "_", "_", "_"]))
+    fb.parallelize(partial, 0, "stream")
+    fb.parallelize(partial, 1, "didx")
+    out = fb.sum(partial, [1])
+    fb.parallelize(out, 0, "stream")
+    fb.parallelize(out, 1, "didx")
+    fb.output(out)
+    return fb.build()
+
+
+def run_matmul_rs_on_devices_1_2(whole: list[torch.Tensor]) -> torch.Tensor:
+    communicator = Communicator.from_env()
+    program = Program.compile(matmul_rs_on_devices_1_2("f32"), pipeline=COPY_ENGINE)
+    local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+    with poisoned_allocations():
+        (output,) = program.run(local, communicator)
+    return output.cpu()
+
+
+@needs_world(3)
+def test_the_reduction_in_the_gemm_on_a_team_that_is_not_devices_0_and_1():
+    """Devices 1 and 2 exchange their peer's rows and add their own in the GEMM; device 0,
+    outside the mesh, takes no part; the result is plain torch's."""
+    assert "hir.matmul accumulate" in str(Program.compile(matmul_rs_on_devices_1_2("f32"), pipeline=COPY_ENGINE).host)
+    generator = torch.Generator().manual_seed(5)
+    whole = [torch.randn(S, 2, 2, M, K, generator=generator), torch.randn(2, 1, K, N, generator=generator)]
+    per_rank = run_on_local_ranks(run_matmul_rs_on_devices_1_2, 3, whole)
+    x, w = (t.double() for t in whole)
+    expected = torch.einsum("sdemk,dkn->semn", x, w[:, 0])
+    for rank, output in enumerate(per_rank[1:], start=1):
+        piece = expected[:, rank - 1]
+        tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
+        torch.testing.assert_close(output.double().reshape(piece.shape), piece, rtol=0, atol=tolerance)
+
+
 # --------------------------------------------------------------------------- #
 # Every reduction op, in hand-written host programs                            #
 # --------------------------------------------------------------------------- #

@@ -83,8 +83,9 @@ func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
 // -----
 
 // Left alone: a team of three (a ring of accumulating matmuls would serve it), a
-// reduction that is not a sum, NCCL, a product that something else reads, and a wait
-// in another block.
+// reduction that is not a sum, NCCL, a product that something else reads, a wait in
+// another block, and a team of two in a product of three devices (the third would have
+// no peer).
 
 !x3 = !fusion.tensor<[3, 3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
 !w3 = !fusion.tensor<[?, ?], bf16, mesh = [0, 1, 2]>
@@ -95,7 +96,12 @@ func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
 !p = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
 !y = !fusion.tensor<[2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
 
-func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %copy: !p, %c: i1) {
+!xm = !fusion.tensor<[3, 2, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!pm = !fusion.tensor<[3, 2, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!ym = !fusion.tensor<[3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _]>
+
+func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %copy: !p, %c: i1,
+                      %xm: !xm, %ym: !ym) {
   %m = hir.dim %x, 2 : !x
   %n = hir.dim %w, 1 : !w
   %p3 = hir.allocate(%m, %n) symmetric : !p3
@@ -121,11 +127,15 @@ func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %cop
   scf.if %c {
     hir.wait %w5
   }
+  %pm = hir.allocate(%m, %n) symmetric : !pm
+  hir.matmul ins(%xm, %w3 : !xm, !w3) outs(%pm : !pm)
+  %w6 = hir.reduce_scatter %pm into %ym team [0, 1] op sum backend cuda : !pm, !ym
+  hir.wait %w6
   func.return
 }
 
 // CHECK-LABEL: func.func @left_alone(
 // CHECK-NOT:     accumulate
 // CHECK-NOT:     hir.send
-// CHECK-COUNT-5: hir.reduce_scatter
+// CHECK-COUNT-6: hir.reduce_scatter
 // CHECK-NOT:     accumulate
