@@ -36,10 +36,11 @@ left unused: the buffer keeps its type, so that its other views stay as they are
 `copy-engine-pipelining` then software-pipelines a stream loop of such bodies as it does
 the reduce-scatter's: the transfer of chunk `i` is in flight while the matmul of chunk
 `i + 1`'s peer rows runs, and the own rows' matmul of chunk `i` follows. Rewritten only
-where the matmul writes the whole product and nothing else reads it, the wait is the
-reduce-scatter's only use, in the same block, the reduction is a sum, and the team is the
-mesh of the product (every device that runs the matmul has a peer); a team of more
-than two keeps its reduce-scatter (a ring of such matmuls would serve it).
+where the matmul writes the whole product, in a buffer of the program that nothing else
+reads or writes through any of its views; the wait is the reduce-scatter's only use, in
+the same block; the reduction is a sum; and the team is the mesh of the product (every
+device that runs the matmul has a peer). A team of more than two keeps its
+reduce-scatter (a ring of such matmuls would serve it).
 """
 
 from __future__ import annotations
@@ -68,12 +69,23 @@ CUDA = hir.CommunicatorBackend.CUDA
 
 def _product_of(op: hir.ReduceScatterOp) -> hir.MatmulOp | None:
     """The matmul that writes the reduce-scatter's whole input, before it in its block, if
-    nothing else reads or writes that input (its extents and deallocation aside)."""
-    users = {use.operation for use in op.input.uses} - {op}
+    the input is (a view of) a buffer the program allocates and nothing else reads or
+    writes it, through any view of that buffer (extents and deallocation aside): the
+    rewrite leaves the buffer holding other values."""
+    root = op.input
+    while isinstance(root.owner, hir.AliasSelectOp):
+        root = root.owner.input
+    if not isinstance(root.owner, hir.AllocateOp):
+        return None
+    users, views = set(), [root]
+    while views:
+        for use in views.pop().uses:
+            if isinstance(use.operation, hir.AliasSelectOp):
+                views.append(use.operation.result)
+            elif not isinstance(use.operation, hir.DimOp | hir.DeallocateOp):
+                users.add(use.operation)
     matmuls = [user for user in users if isinstance(user, hir.MatmulOp)]
-    if len(matmuls) != 1 or any(
-        user not in matmuls and not isinstance(user, hir.DimOp | hir.DeallocateOp) for user in users
-    ):
+    if users != {op, *matmuls} or len(matmuls) != 1:
         return None
     (matmul,) = matmuls
     if (

@@ -84,8 +84,8 @@ func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
 
 // Left alone: a team of three (a ring of accumulating matmuls would serve it), a
 // reduction that is not a sum, NCCL, a product that something else reads, a wait in
-// another block, and a team of two in a product of three devices (the third would have
-// no peer).
+// another block, a team of two in a product of three devices (the third would have no
+// peer), and a product in a buffer that another view of it reads.
 
 !x3 = !fusion.tensor<[3, 3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
 !w3 = !fusion.tensor<[?, ?], bf16, mesh = [0, 1, 2]>
@@ -101,7 +101,7 @@ func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
 !ym = !fusion.tensor<[3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _]>
 
 func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %copy: !p, %c: i1,
-                      %xm: !xm, %ym: !ym) {
+                      %xm: !xm, %ym: !ym, %copy2: !p) {
   %m = hir.dim %x, 2 : !x
   %n = hir.dim %w, 1 : !w
   %p3 = hir.allocate(%m, %n) symmetric : !p3
@@ -131,11 +131,19 @@ func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %cop
   hir.matmul ins(%xm, %w3 : !xm, !w3) outs(%pm : !pm)
   %w6 = hir.reduce_scatter %pm into %ym team [0, 1] op sum backend cuda : !pm, !ym
   hir.wait %w6
+  %c0 = arith.constant 0 : index
+  %chunks = hir.allocate(%m, %n) symmetric : !fusion.tensor<[3, 2, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _, _]>
+  %chunk = hir.alias_select %chunks[0 = %c0] : !fusion.tensor<[3, 2, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _, _]> -> !p
+  hir.matmul ins(%x, %w : !x, !w) outs(%chunk : !p)
+  %w7 = hir.reduce_scatter %chunk into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w7
+  %again = hir.alias_select %chunks[0 = %c0] : !fusion.tensor<[3, 2, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _, _]> -> !p
+  hir.copy ins(%again : !p) outs(%copy2 : !p)
   func.return
 }
 
 // CHECK-LABEL: func.func @left_alone(
 // CHECK-NOT:     accumulate
 // CHECK-NOT:     hir.send
-// CHECK-COUNT-6: hir.reduce_scatter
+// CHECK-COUNT-7: hir.reduce_scatter
 // CHECK-NOT:     accumulate
