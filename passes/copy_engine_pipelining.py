@@ -280,9 +280,15 @@ def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
         return False
     others = [o for o in _transfers(work) if o is not wait and o is not transfer]
     if isinstance(transfer, hir.EndCoalescingOp):
-        start = work.index(transfer) - len(others) - 1
-        return start >= 0 and isinstance(work[start], hir.StartCoalescingOp) and all(
-            isinstance(o, hir.P2POp) and _is_copy_engine(o) and o in work[start:] for o in others
+        # The batch: the sends and recvs right between its start and its end, nothing else.
+        end = work.index(transfer)
+        start = end - len(others) - 1
+        return (
+            bool(others)
+            and start >= 0
+            and isinstance(work[start], hir.StartCoalescingOp)
+            and work[start + 1 : end] == others
+            and all(isinstance(o, hir.P2POp) and _is_copy_engine(o) for o in others)
         )
     return _is_copy_engine(transfer) and not others
 

@@ -62,7 +62,9 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from passes.stream_parallel import index_constant, runtime_value
+from passes.axis_mapping import matmul as matmul_axes
+from passes.axis_mapping import operand_axis
+from passes.stream_parallel import index_constant, is_index_arithmetic, runtime_value
 
 CUDA = hir.CommunicatorBackend.CUDA
 
@@ -98,18 +100,43 @@ def _product_of(op: hir.ReduceScatterOp) -> hir.MatmulOp | None:
     return matmul
 
 
-def _in_function_body(op: Operation) -> Operation:
-    """The op of the function's body that is or holds `op`."""
-    while not isinstance(op.parent_op(), func.FuncOp):
-        op = op.parent_op()
+def _in_function_body(op: Operation) -> Operation | None:
+    """The op of a function's body that is or holds `op` (None outside a function)."""
+    while not isinstance(parent := op.parent_op(), func.FuncOp):
+        if parent is None:
+            return None
+        op = parent
     return op
 
 
-def _operand_axis(operand: SSAValue, product: SSAValue, axis: int) -> int | None:
-    """The axis of a matmul `operand` that broadcasts to `axis` of its `product` (None where
-    it has none: the operand is of lower rank)."""
-    offset = tensor_type(product).rank - tensor_type(operand).rank
-    return axis - offset if axis >= offset else None
+def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
+    """Each operand's axis that broadcasts to batch axis `axis` of the product (None where it
+    has none), if `axis` is a batch axis that each operand that has it holds whole (not
+    `didx`) with an extent of one (broadcast) or two (one slice per member)."""
+    lhs, rhs = (tensor_type(operand) for operand in matmul.ins)
+    if axis >= max(lhs.rank - 2, rhs.rank - 2, 0):
+        return None
+    axes = [operand_axis(axis_map, axis) for axis_map in matmul_axes(lhs.rank, rhs.rank)]
+    for operand, operand_axis_ in zip((lhs, rhs), axes):
+        if operand_axis_ is not None and (
+            operand_axis_ == operand.didx_axis or operand.get_shape()[operand_axis_] not in (1, 2)
+        ):
+            return None
+    return axes
+
+
+def _nothing_writes_between(first: Operation, last: Operation) -> bool:
+    """Whether the ops strictly between `first` and `last` (of one block) only make views,
+    buffers and indices or are transfers: none writes or frees a buffer the matmul reads."""
+    op = first.next_op
+    while op is not last:
+        if op is None or not (
+            isinstance(op, hir.AliasSelectOp | hir.DimOp | hir.AllocateOp | hir.ReduceScatterOp)
+            or is_index_arithmetic(op)
+        ):
+            return False
+        op = op.next_op
+    return True
 
 
 @dataclass
@@ -117,17 +144,16 @@ class _Slicer:
     """Slices of the matmul's operands at one position of the scattered axis."""
 
     matmul: hir.MatmulOp
-    axis: int
+    axes: list[int | None]
     zero: SSAValue
-    ops: list[Operation]
+    ops: list[Operation] = field(default_factory=list)
     """The views made, to be inserted before their first use."""
     broadcasts: dict[SSAValue, SSAValue] = field(default_factory=dict)
     """Operand -> its slice 0 along an axis of extent one, which every position shares."""
 
     def operands(self, position: SSAValue) -> list[SSAValue]:
         sliced = []
-        for operand in self.matmul.ins:
-            axis = _operand_axis(operand, self.matmul.outs[0], self.axis)
+        for operand, axis in zip(self.matmul.ins, self.axes):
             if axis is None:
                 sliced.append(operand)
             elif tensor_type(operand).get_shape()[axis] == 1:
@@ -139,6 +165,37 @@ class _Slicer:
                 self.ops.append(view := hir.AliasSelectOp(operand, axis, position))
                 sliced.append(view.result)
         return sliced
+
+
+@dataclass
+class _Positions:
+    """This device's and its peer's positions in a team of two, and the peer's device."""
+
+    own: SSAValue
+    peer: SSAValue
+    peer_device: SSAValue
+    zero: SSAValue
+
+    @staticmethod
+    def insert(team: tuple[int, ...], anchor: Operation, rewriter: PatternRewriter, location) -> _Positions:
+        """Computed once, in the function's body before `anchor`, right after the constants
+        and the device index they are computed from (every iteration of the loops around
+        has the same)."""
+        zero, one = index_constant(rewriter, anchor, 0), index_constant(rewriter, anchor, 1)
+        first, second = index_constant(rewriter, anchor, team[0]), index_constant(rewriter, anchor, team[1])
+        rank = runtime_value(rewriter, anchor, hir.DeviceIndexOp, "rank")
+        is_second = arith.CmpiOp(rank, second, "eq")
+        own = arith.SelectOp(is_second.result, one, zero)
+        peer = arith.SelectOp(is_second.result, zero, one)
+        peer_device = arith.SelectOp(is_second.result, first, second)
+        ops = [is_second, own, peer, peer_device]
+        for new_op, name in zip(ops, ("is_second", "own_position", "peer_position", "peer_device")):
+            new_op.result.name_hint = name
+            new_op.location = location
+        inputs = {value.owner for value in (zero, one, first, second, rank)}
+        last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
+        rewriter.insert(ops, InsertPoint.after(last_input))
+        return _Positions(own.result, peer.result, peer_device.result, zero)
 
 
 class ReduceScatterIntoMatmul(RewritePattern):
@@ -154,63 +211,42 @@ class ReduceScatterIntoMatmul(RewritePattern):
             or op.reduce_op.data != ReductionKind.SUM
             or len(team) != 2
             or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
+            or (axis := op.scattered_axis()) is None
+            or (matmul := _product_of(op)) is None
+            or (axes := _operand_axes(matmul, axis)) is None
+            or (anchor := _in_function_body(matmul)) is None
         ):
             return
-        axis = op.scattered_axis()
-        matmul = _product_of(op)
         waits = [use.operation for use in op.work.uses]
-        if axis is None or matmul is None or axis >= tensor_type(op.input).rank - 2:
-            return
         if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
             return
-        if any(
-            (operand_axis := _operand_axis(operand, op.input, axis)) is not None
-            and tensor_type(operand).get_shape()[operand_axis] not in (1, 2)
-            for operand in matmul.ins
-        ):
+        if not _nothing_writes_between(matmul, wait):
             return
 
-        # The positions are the same in every iteration of the loops around: computed once,
-        # in the function's body, with the values they are computed from.
-        anchor = _in_function_body(op)
-        zero, one = index_constant(rewriter, anchor, 0), index_constant(rewriter, anchor, 1)
-        first, second = index_constant(rewriter, anchor, team[0]), index_constant(rewriter, anchor, team[1])
-        rank = runtime_value(rewriter, anchor, hir.DeviceIndexOp, "rank")
-        is_second = arith.CmpiOp(rank, second, "eq")
-        own = arith.SelectOp(is_second.result, one, zero)
-        peer = arith.SelectOp(is_second.result, zero, one)
-        peer_device = arith.SelectOp(is_second.result, first, second)
-        positions = [is_second, own, peer, peer_device]
-        for value, name in zip(positions, ("is_second", "own_position", "peer_position", "peer_device")):
-            value.result.name_hint = name
-            value.location = op.location
-        inputs = {value.owner for value in (zero, one, first, second, rank)}
-        last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
-        rewriter.insert(positions, InsertPoint.after(last_input))
-        slicer = _Slicer(matmul, axis, zero, [])
-        to_peer = hir.AliasSelectOp(op.input, axis, zero)
+        positions = _Positions.insert(team, anchor, rewriter, op.location)
+        slicer = _Slicer(matmul, axes, positions.zero)
+        peer_operands = slicer.operands(positions.peer)
+        to_peer = hir.AliasSelectOp(op.input, axis, positions.zero)
         to_peer.result.name_hint = "to_peer"
-        peer_rows = hir.MatmulOp(slicer.operands(peer.result), [to_peer.result])
+        peer_rows = [*slicer.ops, to_peer, hir.MatmulOp(peer_operands, [to_peer.result])]
         batch = hir.EndCoalescingOp()
         batch.work.name_hint = "exchanged"
         transfer = [
-            to_peer,
-            peer_rows,
             hir.StartCoalescingOp(),
-            hir.SendOp(to_peer.result, peer_device.result, CUDA),
-            hir.RecvOp(op.output, peer_device.result, CUDA),
+            hir.SendOp(to_peer.result, positions.peer_device, CUDA),
+            hir.RecvOp(op.output, positions.peer_device, CUDA),
             batch,
         ]
-        before = slicer.ops
         slicer.ops = []
-        own_rows = hir.MatmulOp(slicer.operands(own.result), [op.output], accumulate=True)
-        for new_op in (*before, *transfer, *slicer.ops, own_rows):
+        own_operands = slicer.operands(positions.own)
+        own_rows = [*slicer.ops, hir.MatmulOp(own_operands, [op.output], accumulate=True)]
+        for new_op in (*peer_rows, *transfer, *own_rows):
             new_op.location = op.location
-        rewriter.insert(before, InsertPoint.before(matmul))
+        # The peer's rows are multiplied where the product was, the own rows after the wait.
+        rewriter.replace(matmul, peer_rows, [])
         rewriter.insert(transfer, InsertPoint.before(op))
-        rewriter.insert([*slicer.ops, own_rows], InsertPoint.after(wait))
+        rewriter.insert(own_rows, InsertPoint.after(wait))
         rewriter.replace(op, [], [batch.work])
-        rewriter.erase(matmul)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {
 // CHECK:         %[[Y:[^ ]+]] = hir.allocate(
 // CHECK:         scf.if
 // CHECK:           hir.matmul ins(
+// CHECK-NEXT:      hir.alias_select %[[Y]]
 // CHECK-NEXT:      hir.start_coalescing
 // CHECK-NEXT:      hir.send %{{.*}} to %[[PEER]] backend cuda
 // CHECK-NEXT:      hir.recv %{{.*}} from %[[PEER]] backend cuda
@@ -34,6 +35,7 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {
 // CHECK:             %[[PEER_ROWS:[^ ]+]] = hir.alias_select %{{.*}}[1 = %[[PEER]]]
 // CHECK:             %[[TO_PEER:to_peer[^ ]*]] = hir.alias_select %{{.*}}[1 = %c0]
 // CHECK-NEXT:        hir.matmul ins(%[[PEER_ROWS]], %{{.*}}) outs(%[[TO_PEER]] :
+// CHECK-NEXT:        hir.alias_select %[[Y]]
 // CHECK-NEXT:        hir.start_coalescing
 // CHECK-NEXT:        hir.send %[[TO_PEER]] to %[[PEER]] backend cuda
 // CHECK-NEXT:        hir.recv %[[Y_I:[^ ]+]] from %[[PEER]] backend cuda

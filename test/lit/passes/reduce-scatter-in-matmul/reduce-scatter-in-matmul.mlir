@@ -3,9 +3,10 @@
 
 // GEMM+RS over two devices on the copy engines: each device computes the peer's rows
 // into slice 0 of the partial product (the slice both devices send, so the one each
-// reads on its peer), lets the peer pull them into its output, and after the wait adds
-// its own rows' product into that output (`accumulate`). W's broadcast axis is sliced
-// at 0, once for both matmuls; the positions come before everything else.
+// reads on its peer) where the product was computed, lets the peer pull them into its
+// output, and after the wait adds its own rows' product into that output
+// (`accumulate`). W's broadcast axis is sliced at 0, once for both matmuls; the
+// positions come before everything else.
 
 !x = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
 !w = !fusion.tensor<[2, 1, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
@@ -35,9 +36,9 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {
 // CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
 // CHECK-NEXT:    %[[X_PEER:[^ ]+]] = hir.alias_select %x[1 = %[[PEER]]]
 // CHECK-NEXT:    %[[W_0:[^ ]+]] = hir.alias_select %w[1 = %[[C0]]]
-// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    %[[TO_PEER:[^ ]+]] = hir.alias_select %[[PARTIAL]][1 = %[[C0]]]
 // CHECK-NEXT:    hir.matmul ins(%[[X_PEER]], %[[W_0]] : {{.*}}) outs(%[[TO_PEER]] :
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    hir.start_coalescing
 // CHECK-NEXT:    %{{.*}} = hir.send %[[TO_PEER]] to %[[PEER_DEVICE]] backend cuda
 // CHECK-NEXT:    %{{.*}} = hir.recv %[[Y]] from %[[PEER_DEVICE]] backend cuda
@@ -74,18 +75,50 @@ func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
 // CHECK-DAG:     %[[C2:[^ ]+]] = arith.constant 2 : index
 // CHECK-DAG:     %[[C5:[^ ]+]] = arith.constant 5 : index
 // CHECK:         %[[SECOND:[^ ]+]] = arith.cmpi eq, %{{.*}}, %[[C5]] : index
-// CHECK:         %[[PEER_DEVICE:[^ ]+]] = arith.select %[[SECOND]], %[[C2]], %[[C5]] : index
-// CHECK:         hir.matmul ins(%{{.*}}, %w : {{.*}}) outs(
+// CHECK-NEXT:    %[[OWN:[^ ]+]] = arith.select %[[SECOND]], %[[C1]], %[[C0]] : index
+// CHECK-NEXT:    %[[PEER:[^ ]+]] = arith.select %[[SECOND]], %[[C0]], %[[C1]] : index
+// CHECK-NEXT:    %[[PEER_DEVICE:[^ ]+]] = arith.select %[[SECOND]], %[[C2]], %[[C5]] : index
+// CHECK:         %[[X_PEER:[^ ]+]] = hir.alias_select %x[1 = %[[PEER]]]
+// CHECK:         hir.matmul ins(%[[X_PEER]], %w : {{.*}}) outs(
 // CHECK:         hir.send %{{.*}} to %[[PEER_DEVICE]] backend cuda
 // CHECK-NEXT:    hir.recv %y from %[[PEER_DEVICE]] backend cuda
-// CHECK:         hir.matmul accumulate ins(%{{.*}}, %w : {{.*}}) outs(%y :
+// CHECK:         %[[X_OWN:[^ ]+]] = hir.alias_select %x[1 = %[[OWN]]]
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[X_OWN]], %w : {{.*}}) outs(%y :
+
+// -----
+
+// A vector rhs: the scattered axis 1 of the product is axis 1 of x (matmul's batch axes
+// align on the right, and the vector has none).
+
+!x = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!v = !fusion.tensor<[?], bf16, mesh = [0, 1]>
+!p = !fusion.tensor<[2, 2, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
+!y = !fusion.tensor<[2, ?], bf16, mesh = [0, 1], axes = [didx, _]>
+
+func.func @vector_rhs(%x: !x, %v: !v, %y: !y) {
+  %m = hir.dim %x, 2 : !x
+  %partial = hir.allocate(%m) symmetric : !p
+  hir.matmul ins(%x, %v : !x, !v) outs(%partial : !p)
+  %work = hir.reduce_scatter %partial into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %work
+  func.return
+}
+
+// CHECK-LABEL: func.func @vector_rhs(
+// CHECK:         %[[OWN:[^ ]+]] = arith.select
+// CHECK-NEXT:    %[[PEER:[^ ]+]] = arith.select
+// CHECK:         %[[X_PEER:[^ ]+]] = hir.alias_select %x[1 = %[[PEER]]]
+// CHECK:         hir.matmul ins(%[[X_PEER]], %v :
+// CHECK:         %[[X_OWN:[^ ]+]] = hir.alias_select %x[1 = %[[OWN]]]
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[X_OWN]], %v :
 
 // -----
 
 // Left alone: a team of three (a ring of accumulating matmuls would serve it), a
 // reduction that is not a sum, NCCL, a product that something else reads, a wait in
 // another block, a team of two in a product of three devices (the third would have no
-// peer), and a product in a buffer that another view of it reads.
+// peer), a product in a buffer that another view of it reads, and an operand written
+// between the matmul and the wait (the rewrite would read it after that write).
 
 !x3 = !fusion.tensor<[3, 3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _, _]>
 !w3 = !fusion.tensor<[?, ?], bf16, mesh = [0, 1, 2]>
@@ -101,7 +134,7 @@ func.func @team_2_5(%x: !x, %w: !w, %y: !y) {
 !ym = !fusion.tensor<[3, ?, ?], bf16, mesh = [0, 1, 2], axes = [didx, _, _]>
 
 func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %copy: !p, %c: i1,
-                      %xm: !xm, %ym: !ym, %copy2: !p) {
+                      %xm: !xm, %ym: !ym, %copy2: !p, %k: index) {
   %m = hir.dim %x, 2 : !x
   %n = hir.dim %w, 1 : !w
   %p3 = hir.allocate(%m, %n) symmetric : !p3
@@ -139,11 +172,18 @@ func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %cop
   hir.wait %w7
   %again = hir.alias_select %chunks[0 = %c0] : !fusion.tensor<[3, 2, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _, _]> -> !p
   hir.copy ins(%again : !p) outs(%copy2 : !p)
+  %xb = hir.allocate(%m, %k) : !x
+  hir.copy ins(%x : !x) outs(%xb : !x)
+  %p_w = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%xb, %w : !x, !w) outs(%p_w : !p)
+  hir.pointwise "relu" ins(%xb : !x) outs(%xb : !x)
+  %w8 = hir.reduce_scatter %p_w into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w8
   func.return
 }
 
 // CHECK-LABEL: func.func @left_alone(
 // CHECK-NOT:     accumulate
 // CHECK-NOT:     hir.send
-// CHECK-COUNT-7: hir.reduce_scatter
+// CHECK-COUNT-8: hir.reduce_scatter
 // CHECK-NOT:     accumulate
