@@ -237,25 +237,23 @@ def test_a_pairwise_matmul_reduce_scatter_adds_in_the_gemm(world, in_the_gemm):
     assert ("hir.reduce_scatter" in text) != in_the_gemm
 
 
-def matmul_rs_on_devices_1_2(dtype: str) -> ModuleOp:
-    """X [S, DIDx(2), 2, M, K] @ W [DIDx(2), 1, K, N] summed over the devices 1 and 2 of a
-    world of three, each getting its rows: GEMM+RS as benchmarks/overlap.py builds it."""
-    mesh = [1, 2]
-    fb = FusionBuilder("matmul_rs_on_devices_1_2")
-    x = fb.input([S, 2, 2, M, K], dtype, mesh=mesh, axes=["_", "didx", "_", "_", "_"])
-    partial = fb.matmul(x, fb.input([2, 1, K, N], dtype, mesh=mesh, axes=["didx", "_", "_", "_"]))
-    fb.parallelize(partial, 0, "stream")
-    fb.parallelize(partial, 1, "didx")
-    out = fb.sum(partial, [1])
-    fb.parallelize(out, 0, "stream")
-    fb.parallelize(out, 1, "didx")
-    fb.output(out)
-    return fb.build()
+MATMUL_RS_ON_DEVICES_1_2 = f"""
+!x = !fusion.tensor<[{S}, 2, 2, {M}, {K}], f32, mesh = [1, 2], axes = [_, didx, _, _, _]>
+!w = !fusion.tensor<[2, 1, {K}, {N}], f32, mesh = [1, 2], axes = [didx, _, _, _]>
+!partial = !fusion.tensor<[{S}, 2, 2, {M}, {N}], f32, mesh = [1, 2], axes = [stream, didx, _, _, _]>
+!y = !fusion.tensor<[{S}, 2, {M}, {N}], f32, mesh = [1, 2], axes = [stream, didx, _, _]>
+func.func @matmul_rs(%x: !x, %w: !w) -> !y {{
+  %partial = fusion.matmul %x, %w : (!x, !w) -> !partial
+  %y = fusion.sum %partial [1] : !partial -> !y
+  func.return %y : !y
+}}
+"""
+"""GEMM+RS as benchmarks/overlap.py builds it, on devices 1 and 2 of a world of three."""
 
 
 def run_matmul_rs_on_devices_1_2(whole: list[torch.Tensor]) -> torch.Tensor:
     communicator = Communicator.from_env()
-    program = Program.compile(matmul_rs_on_devices_1_2("f32"), pipeline=COPY_ENGINE)
+    program = Program.compile(MATMUL_RS_ON_DEVICES_1_2, pipeline=COPY_ENGINE)
     local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
     with poisoned_allocations():
         (output,) = program.run(local, communicator)
@@ -266,7 +264,7 @@ def run_matmul_rs_on_devices_1_2(whole: list[torch.Tensor]) -> torch.Tensor:
 def test_the_reduction_in_the_gemm_on_a_team_that_is_not_devices_0_and_1():
     """Devices 1 and 2 exchange their peer's rows and add their own in the GEMM; device 0,
     outside the mesh, takes no part; the result is plain torch's."""
-    assert "hir.matmul accumulate" in str(Program.compile(matmul_rs_on_devices_1_2("f32"), pipeline=COPY_ENGINE).host)
+    assert "hir.matmul accumulate" in str(Program.compile(MATMUL_RS_ON_DEVICES_1_2, pipeline=COPY_ENGINE).host)
     generator = torch.Generator().manual_seed(5)
     whole = [torch.randn(S, 2, 2, M, K, generator=generator), torch.randn(2, 1, K, N, generator=generator)]
     per_rank = run_on_local_ranks(run_matmul_rs_on_devices_1_2, 3, whole)
