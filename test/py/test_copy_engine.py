@@ -508,6 +508,42 @@ def test_preparing_refuses_what_the_copy_engines_cannot_do(program, message):
     assert message in str(error.value)
 
 
+TEAM_SMALLER_THAN_ITS_BUFFER = f"""
+func.func @main(%x: {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}) -> {tensor([2, 2], mesh=[0, 1, 2])} {{
+  %s = hir.allocate() symmetric : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}
+  hir.copy ins(%x : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}) outs(%s : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")})
+  %y = hir.allocate() : {tensor([2, 2], mesh=[0, 1, 2])}
+  %w = hir.allgather %s into %y team [0, 1] backend cuda : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}, {tensor([2, 2], mesh=[0, 1, 2])}
+  hir.wait %w
+  func.return %y : {tensor([2, 2], mesh=[0, 1, 2])}
+}}"""
+
+
+def run_team_smaller_than_its_buffer() -> str | None:
+    """On one rank: the error of the program above, None if it ran."""
+    communicator = Communicator.from_env()
+    program = Program.compile(TEAM_SMALLER_THAN_ITS_BUFFER, pipeline=None)
+    try:
+        program.run([torch.ones(1, 2, device=communicator.device)], communicator)
+    except HostirError as error:
+        return str(error)
+    return None
+
+
+@needs_world(3)
+def test_an_allgather_whose_team_is_not_its_buffers_mesh_is_refused():
+    """Every member of the buffer's mesh takes part in its barriers: a team of two reading a
+    buffer of three would wait for the third forever. The team's members refuse it; the
+    device outside the team has nothing to do."""
+    errors = run_on_local_ranks(run_team_smaller_than_its_buffer, 3)
+    for rank in (0, 1):
+        assert errors[rank] is not None and (
+            "an allgather with backend cuda in the team [0, 1] reads a symmetric buffer of the mesh "
+            "[0, 1, 2]: the team must be the buffer's mesh"
+        ) in errors[rank], errors[rank]
+    assert errors[2] is None
+
+
 def test_a_recv_pairs_with_the_send_of_its_batch_to_another_peer():
     """The ring order of the point-to-point allgather: a batch receives from one peer and
     sends to another; the recv reads, on its peer, the buffer this rank sends."""
