@@ -296,23 +296,24 @@ class ReductionCase:
     op: str
     world: int
     layout: str = "outer"
+    dtype: str = "f32"
 
     @property
     def id(self) -> str:
-        return f"{self.collective}-{self.op}-{self.layout}-w{self.world}"
+        return f"{self.collective}-{self.op}-{self.layout}-{self.dtype}-w{self.world}"
 
     def types(self) -> tuple[str, str]:
-        mesh = list(range(self.world))
+        mesh, dtype = list(range(self.world)), self.dtype
         if self.collective == "allreduce":
-            return tensor([self.world, 3], mesh=mesh, axes="didx _"), tensor([3], mesh=mesh)
+            return tensor([self.world, 3], dtype, mesh=mesh, axes="didx _"), tensor([3], dtype, mesh=mesh)
         if self.layout == "outer":
             return (
-                tensor([self.world, self.world, 3], mesh=mesh, axes="didx _ _"),
-                tensor([self.world, 3], mesh=mesh, axes="didx _"),
+                tensor([self.world, self.world, 3], dtype, mesh=mesh, axes="didx _ _"),
+                tensor([self.world, 3], dtype, mesh=mesh, axes="didx _"),
             )
         return (
-            tensor([self.world, 3, self.world], mesh=mesh, axes="didx _ _"),
-            tensor([3, self.world], mesh=mesh, axes="_ didx"),
+            tensor([self.world, 3, self.world], dtype, mesh=mesh, axes="didx _ _"),
+            tensor([3, self.world], dtype, mesh=mesh, axes="_ didx"),
         )
 
     def program(self, symmetric: str = "symmetric") -> str:
@@ -337,7 +338,7 @@ class ReductionCase:
             shape = (self.world, self.world, 3)
         else:
             shape = (self.world, 3, self.world)
-        return torch.randn(shape, generator=generator)
+        return torch.randn(shape, generator=generator).to(DTYPES[self.dtype])
 
     def expected(self) -> torch.Tensor:
         return TORCH_REDUCTIONS[self.op](self.input().double(), 0)
@@ -349,7 +350,8 @@ REDUCTION_CASES = [
     for collective, layouts in (("allreduce", ("outer",)), ("reduce_scatter", ("outer", "inner")))
     for layout in layouts
     for op in TORCH_REDUCTIONS
-]
+] + [ReductionCase("allreduce", "sum", world, dtype="bf16") for world in (2, 4)]
+"""Every op in f32; the allreduce's sum in bf16 too, whose replicas must be bitwise equal as well."""
 
 
 def run_reductions(cases: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
@@ -381,7 +383,11 @@ def test_copy_engine_reductions_of_every_op(case: ReductionCase):
     outputs = reductions_of_world(case.world)[case.id]
     for rank, output in enumerate(outputs):
         piece = shard(case.expected(), output_type, rank)
-        torch.testing.assert_close(output.double(), piece, msg=lambda m: f"rank {rank}: {m}")
+        # bf16 inputs are summed in float32 and rounded once: within bf16's tolerance.
+        rounding = {}
+        if case.dtype == "bf16":
+            rounding = {"rtol": 0, "atol": TOLERANCE[torch.bfloat16] * piece.abs().max().item()}
+        torch.testing.assert_close(output.double(), piece, **rounding, msg=lambda m: f"rank {rank}: {m}")
     if case.collective == "allreduce":
         # Every member reduces the same operands in the same order: the replicas are bitwise equal.
         assert all(torch.equal(output, outputs[0]) for output in outputs)
@@ -508,14 +514,16 @@ def test_preparing_refuses_what_the_copy_engines_cannot_do(program, message):
     assert message in str(error.value)
 
 
+SHARDS_OF_THREE = tensor([3, 2], mesh=[0, 1, 2], axes="didx _")
+GATHERED_BY_TWO = tensor([2, 2], mesh=[0, 1, 2])
 TEAM_SMALLER_THAN_ITS_BUFFER = f"""
-func.func @main(%x: {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}) -> {tensor([2, 2], mesh=[0, 1, 2])} {{
-  %s = hir.allocate() symmetric : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}
-  hir.copy ins(%x : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}) outs(%s : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")})
-  %y = hir.allocate() : {tensor([2, 2], mesh=[0, 1, 2])}
-  %w = hir.allgather %s into %y team [0, 1] backend cuda : {tensor([3, 2], mesh=[0, 1, 2], axes="didx _")}, {tensor([2, 2], mesh=[0, 1, 2])}
+func.func @main(%x: {SHARDS_OF_THREE}) -> {GATHERED_BY_TWO} {{
+  %s = hir.allocate() symmetric : {SHARDS_OF_THREE}
+  hir.copy ins(%x : {SHARDS_OF_THREE}) outs(%s : {SHARDS_OF_THREE})
+  %y = hir.allocate() : {GATHERED_BY_TWO}
+  %w = hir.allgather %s into %y team [0, 1] backend cuda : {SHARDS_OF_THREE}, {GATHERED_BY_TWO}
   hir.wait %w
-  func.return %y : {tensor([2, 2], mesh=[0, 1, 2])}
+  func.return %y : {GATHERED_BY_TWO}
 }}"""
 
 
