@@ -117,25 +117,25 @@ def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
     if axis >= max(lhs.rank - 2, rhs.rank - 2, 0):
         return None
     axes = [operand_axis(axis_map, axis) for axis_map in matmul_axes(lhs.rank, rhs.rank)]
-    for operand, operand_axis_ in zip((lhs, rhs), axes):
-        if operand_axis_ is not None and (
-            operand_axis_ == operand.didx_axis or operand.get_shape()[operand_axis_] not in (1, 2)
-        ):
+    for operand, sliced in zip((lhs, rhs), axes):
+        if sliced is not None and (sliced == operand.didx_axis or operand.get_shape()[sliced] not in (1, 2)):
             return None
     return axes
 
 
-def _nothing_writes_between(first: Operation, last: Operation) -> bool:
-    """Whether the ops strictly between `first` and `last` (of one block) only make views,
-    buffers and indices or are transfers: none writes or frees a buffer the matmul reads."""
-    op = first.next_op
-    while op is not last:
-        if op is None or not (
-            isinstance(op, hir.AliasSelectOp | hir.DimOp | hir.AllocateOp | hir.ReduceScatterOp)
-            or is_index_arithmetic(op)
+def _nothing_writes_between(matmul: hir.MatmulOp, wait: hir.WaitOp, op: hir.ReduceScatterOp) -> bool:
+    """Whether the ops strictly between `matmul` and `wait` (of one block) are `op` or only
+    make views, buffers and indices: none writes or frees a buffer the matmul reads, so
+    its operands may be read at the wait instead."""
+    between = matmul.next_op
+    while between is not wait:
+        if between is None or not (
+            between is op
+            or isinstance(between, hir.AliasSelectOp | hir.DimOp | hir.AllocateOp)
+            or is_index_arithmetic(between)
         ):
             return False
-        op = op.next_op
+        between = between.next_op
     return True
 
 
@@ -220,7 +220,7 @@ class ReduceScatterIntoMatmul(RewritePattern):
         waits = [use.operation for use in op.work.uses]
         if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
             return
-        if not _nothing_writes_between(matmul, wait):
+        if not _nothing_writes_between(matmul, wait, op):
             return
 
         positions = _Positions.insert(team, anchor, rewriter, op.location)
