@@ -421,15 +421,16 @@ FULL = tensor([2, 3], mesh=[0, 1])
 ROW = tensor([3], mesh=[0, 1])
 
 
-def allgather_program(symmetric: str) -> str:
+def allgather_program(symmetric: str, shard: str = SHARD, full: str = FULL) -> str:
+    """An allgather in the team [0, 1] of a copy of the input, symmetric or not."""
     return f"""
-    func.func @main(%x: {SHARD}) -> {FULL} {{
-      %s = hir.allocate() {symmetric} : {SHARD}
-      hir.copy ins(%x : {SHARD}) outs(%s : {SHARD})
-      %y = hir.allocate() : {FULL}
-      %w = hir.allgather %s into %y team [0, 1] backend cuda : {SHARD}, {FULL}
+    func.func @main(%x: {shard}) -> {full} {{
+      %s = hir.allocate() {symmetric} : {shard}
+      hir.copy ins(%x : {shard}) outs(%s : {shard})
+      %y = hir.allocate() : {full}
+      %w = hir.allgather %s into %y team [0, 1] backend cuda : {shard}, {full}
       hir.wait %w
-      func.return %y : {FULL}
+      func.return %y : {full}
     }}"""
 
 
@@ -514,17 +515,10 @@ def test_preparing_refuses_what_the_copy_engines_cannot_do(program, message):
     assert message in str(error.value)
 
 
-SHARDS_OF_THREE = tensor([3, 2], mesh=[0, 1, 2], axes="didx _")
-GATHERED_BY_TWO = tensor([2, 2], mesh=[0, 1, 2])
-TEAM_SMALLER_THAN_ITS_BUFFER = f"""
-func.func @main(%x: {SHARDS_OF_THREE}) -> {GATHERED_BY_TWO} {{
-  %s = hir.allocate() symmetric : {SHARDS_OF_THREE}
-  hir.copy ins(%x : {SHARDS_OF_THREE}) outs(%s : {SHARDS_OF_THREE})
-  %y = hir.allocate() : {GATHERED_BY_TWO}
-  %w = hir.allgather %s into %y team [0, 1] backend cuda : {SHARDS_OF_THREE}, {GATHERED_BY_TWO}
-  hir.wait %w
-  func.return %y : {GATHERED_BY_TWO}
-}}"""
+TEAM_SMALLER_THAN_ITS_BUFFER = allgather_program(
+    "symmetric", tensor([3, 2], mesh=[0, 1, 2], axes="didx _"), tensor([2, 2], mesh=[0, 1, 2])
+)
+"""An allgather in the team [0, 1] of a buffer of the devices 0, 1 and 2."""
 
 
 def run_team_smaller_than_its_buffer() -> str | None:
