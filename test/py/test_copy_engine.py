@@ -421,16 +421,16 @@ FULL = tensor([2, 3], mesh=[0, 1])
 ROW = tensor([3], mesh=[0, 1])
 
 
-def allgather_program(symmetric: str, shard: str = SHARD, full: str = FULL) -> str:
+def allgather_program(symmetric: str, shards: str = SHARD, gathered: str = FULL) -> str:
     """An allgather in the team [0, 1] of a copy of the input, symmetric or not."""
     return f"""
-    func.func @main(%x: {shard}) -> {full} {{
-      %s = hir.allocate() {symmetric} : {shard}
-      hir.copy ins(%x : {shard}) outs(%s : {shard})
-      %y = hir.allocate() : {full}
-      %w = hir.allgather %s into %y team [0, 1] backend cuda : {shard}, {full}
+    func.func @main(%x: {shards}) -> {gathered} {{
+      %s = hir.allocate() {symmetric} : {shards}
+      hir.copy ins(%x : {shards}) outs(%s : {shards})
+      %y = hir.allocate() : {gathered}
+      %w = hir.allgather %s into %y team [0, 1] backend cuda : {shards}, {gathered}
       hir.wait %w
-      func.return %y : {full}
+      func.return %y : {gathered}
     }}"""
 
 
