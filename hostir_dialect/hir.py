@@ -191,14 +191,20 @@ def is_symmetric_input(value: SSAValue) -> bool:
     )
 
 
+def view_root(value: SSAValue) -> SSAValue:
+    """The buffer that `value` is a view of: `value` itself unless `hir.alias_select` made it."""
+    while isinstance(value, OpResult) and isinstance(value.op, AliasSelectOp):
+        value = value.op.input
+    return value
+
+
 def is_symmetric(buffer: SSAValue) -> bool:
     """Whether `buffer` is (a view of) memory that the devices of its mesh have mapped: a
     symmetric allocation or a symmetric input."""
-    while isinstance(buffer, OpResult) and isinstance(buffer.op, AliasSelectOp):
-        buffer = buffer.op.input
-    if isinstance(buffer, OpResult) and isinstance(buffer.op, AllocateOp):
-        return buffer.op.symmetric is not None
-    return is_symmetric_input(buffer)
+    root = view_root(buffer)
+    if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
+        return root.op.symmetric is not None
+    return is_symmetric_input(root)
 
 
 @irdl_op_definition
@@ -706,6 +712,11 @@ class RecvOp(P2POp):
     KEYWORD: ClassVar[str] = "from"
 
 
+def uses_copy_engines(op: Operation) -> bool:
+    """Whether `op` is a collective or a send/recv whose bytes the copy engines move (`backend cuda`)."""
+    return isinstance(op, CommunicationOp | P2POp) and op.backend.data == CommunicatorBackend.CUDA
+
+
 @irdl_op_definition
 class StartCoalescingOp(IRDLOperation):
     """Sends and receives until `hir.end_coalescing` are issued together as one batch."""
@@ -799,10 +810,7 @@ class MatmulOp(ComputeOp):
 
     accumulate = opt_prop_def(UnitAttr)
 
-    assembly_format = (
-        "(`accumulate` $accumulate^)? `ins` `(` $ins `:` type($ins) `)` "
-        "`outs` `(` $outs `:` type($outs) `)` attr-dict"
-    )
+    assembly_format = "(`accumulate` $accumulate^)? " + ComputeOp.assembly_format
 
     def __init__(self, ins: Sequence[SSAValue], outs: Sequence[SSAValue], accumulate: bool = False):
         super().__init__(ins, outs, {"accumulate": UnitAttr()} if accumulate else {})

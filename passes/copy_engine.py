@@ -12,9 +12,10 @@ every device of the mesh has mapped. The lowerings that emit such a transfer
   that the caller passes in symmetric memory: `hir.symmetric`) is read where it is;
 * a buffer that the program allocates in its body and does not return becomes
   symmetric where it is allocated, at no cost;
-* any other buffer (a program input, a returned buffer, a view) is first copied into a
-  new symmetric buffer, right before the op that transfers it, and the transfer reads
-  that copy. Peers cannot map the memory of an input, which the caller allocated; and
+* any other buffer (a program input not marked `hir.symmetric`, a returned buffer, a
+  view) is first copied into a new symmetric buffer, right before the op that transfers
+  it, and the transfer reads that copy. Peers cannot map the memory of such an input,
+  which the caller allocated where it liked; and
   the runtime reuses a symmetric buffer in the next run, so a returned one would be
   overwritten under the caller. The copy is one local pass over the local shard, a
   fraction 1/(D-1) of the bytes the transfer then moves over the links.

@@ -95,7 +95,7 @@ from passes.stream_parallel import StreamLoop, index_constant, is_index_arithmet
 TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
 
 
-def _recomputable(op: Operation) -> bool:
+def recomputable(op: Operation) -> bool:
     """Ops that B may read from A: they only name a view or compute an index, so cloning
     them for another iteration is free."""
     return isinstance(op, hir.AliasSelectOp) or is_index_arithmetic(op)
@@ -142,7 +142,7 @@ class Stages:
             definer = defined.get(pending.pop())
             if definer is None or definer in needed:
                 continue
-            if not _recomputable(definer):
+            if not recomputable(definer):
                 return None
             needed.add(definer)
             pending.extend(definer.operands)
@@ -268,10 +268,6 @@ class StreamLoopPattern(RewritePattern):
         """The ops that replace `op`, whose body without the stream ops is `work`; None to leave it."""
 
 
-def _is_copy_engine(op: Operation) -> bool:
-    return isinstance(op, hir.CommunicationOp | hir.P2POp) and op.backend.data == hir.CommunicatorBackend.CUDA
-
-
 def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
     """Whether what `wait` waits for is, of all the transfers in `work`, the only one, and is
     a copy-engine collective or a batch of copy-engine sends and recvs, directly in `work`."""
@@ -288,9 +284,9 @@ def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
             and start >= 0
             and isinstance(work[start], hir.StartCoalescingOp)
             and work[start + 1 : end] == others
-            and all(isinstance(o, hir.P2POp) and _is_copy_engine(o) for o in others)
+            and all(isinstance(o, hir.P2POp) and hir.uses_copy_engines(o) for o in others)
         )
-    return _is_copy_engine(transfer) and not others
+    return hir.uses_copy_engines(transfer) and not others
 
 
 class PipelineCollectiveLoop(StreamLoopPattern):
@@ -349,7 +345,7 @@ class PipelineRingLoop(StreamLoopPattern):
             or not isinstance(wait.work.owner, hir.EndCoalescingOp)
             or wait.work.owner not in exchange
             or len(_transfers(work)) != len(_transfers(exchange))
-            or any(not _is_copy_engine(o) for o in exchange if isinstance(o, hir.P2POp))
+            or any(not hir.uses_copy_engines(o) for o in exchange if isinstance(o, hir.P2POp))
         ):
             return None
         position = work.index(branch)

@@ -45,10 +45,11 @@ reduce-scatter (a ring of such matmuls would serve it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, builtin, func
+from xdsl.dialects.builtin import LocationAttr
 from xdsl.dialects.shard import ReductionKind
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -62,9 +63,10 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from passes.axis_mapping import matmul as matmul_axes
-from passes.axis_mapping import operand_axis
-from passes.stream_parallel import index_constant, is_index_arithmetic, runtime_value
+from passes.axis_mapping import operand_axis, operand_axis_maps
+from passes.copy_engine_pipelining import recomputable
+from passes.insert_deallocations import buffer_users
+from passes.stream_parallel import index_constant, runtime_value
 
 CUDA = hir.CommunicatorBackend.CUDA
 
@@ -74,18 +76,12 @@ def _product_of(op: hir.ReduceScatterOp) -> hir.MatmulOp | None:
     the input is (a view of) a buffer the program allocates and nothing else reads or
     writes it, through any view of that buffer (extents and deallocation aside): the
     rewrite leaves the buffer holding other values."""
-    root = op.input
-    while isinstance(root.owner, hir.AliasSelectOp):
-        root = root.owner.input
+    root = hir.view_root(op.input)
     if not isinstance(root.owner, hir.AllocateOp):
         return None
-    users, views = set(), [root]
-    while views:
-        for use in views.pop().uses:
-            if isinstance(use.operation, hir.AliasSelectOp):
-                views.append(use.operation.result)
-            elif not isinstance(use.operation, hir.DimOp | hir.DeallocateOp):
-                users.add(use.operation)
+    users = {
+        user for user in buffer_users(root) if not isinstance(user, hir.DimOp | hir.DeallocateOp | hir.WaitOp)
+    }
     matmuls = [user for user in users if isinstance(user, hir.MatmulOp)]
     if users != {op, *matmuls} or len(matmuls) != 1:
         return None
@@ -116,7 +112,7 @@ def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
     lhs, rhs = (tensor_type(operand) for operand in matmul.ins)
     if axis >= max(lhs.rank - 2, rhs.rank - 2, 0):
         return None
-    axes = [operand_axis(axis_map, axis) for axis_map in matmul_axes(lhs.rank, rhs.rank)]
+    axes = [operand_axis(axis_map, axis) for _, axis_map in operand_axis_maps(matmul)[:2]]
     for operand, sliced in zip((lhs, rhs), axes):
         if sliced is not None and (sliced == operand.didx_axis or operand.get_shape()[sliced] not in (1, 2)):
             return None
@@ -129,42 +125,36 @@ def _nothing_writes_between(matmul: hir.MatmulOp, wait: hir.WaitOp, op: hir.Redu
     its operands may be read at the wait instead."""
     between = matmul.next_op
     while between is not wait:
-        if between is None or not (
-            between is op
-            or isinstance(between, hir.AliasSelectOp | hir.DimOp | hir.AllocateOp)
-            or is_index_arithmetic(between)
-        ):
+        if between is None or not (between is op or isinstance(between, hir.AllocateOp) or recomputable(between)):
             return False
         between = between.next_op
     return True
 
 
-@dataclass
-class _Slicer:
-    """Slices of the matmul's operands at one position of the scattered axis."""
-
-    matmul: hir.MatmulOp
-    axes: list[int | None]
-    zero: SSAValue
-    ops: list[Operation] = field(default_factory=list)
-    """The views made, to be inserted before their first use."""
-    broadcasts: dict[SSAValue, SSAValue] = field(default_factory=dict)
-    """Operand -> its slice 0 along an axis of extent one, which every position shares."""
-
-    def operands(self, position: SSAValue) -> list[SSAValue]:
-        sliced = []
-        for operand, axis in zip(self.matmul.ins, self.axes):
-            if axis is None:
-                sliced.append(operand)
-            elif tensor_type(operand).get_shape()[axis] == 1:
-                if operand not in self.broadcasts:
-                    self.ops.append(view := hir.AliasSelectOp(operand, axis, self.zero))
-                    self.broadcasts[operand] = view.result
-                sliced.append(self.broadcasts[operand])
-            else:
-                self.ops.append(view := hir.AliasSelectOp(operand, axis, position))
-                sliced.append(view.result)
-        return sliced
+def _operands_at(
+    matmul: hir.MatmulOp,
+    axes: list[int | None],
+    position: SSAValue,
+    zero: SSAValue,
+    broadcasts: dict[int, hir.AliasSelectOp],
+) -> tuple[list[Operation], list[SSAValue]]:
+    """The views that this position needs made, and the matmul's operands at `position` of
+    the scattered axis: an operand without the axis whole, one of extent one at 0 (its view
+    kept in `broadcasts`, by operand index, for every position)."""
+    views, operands = [], []
+    for index, (operand, axis) in enumerate(zip(matmul.ins, axes)):
+        if axis is None:
+            operands.append(operand)
+            continue
+        if tensor_type(operand).get_shape()[axis] == 1:
+            view = broadcasts.get(index)
+            if view is None:
+                view = broadcasts[index] = hir.AliasSelectOp(operand, axis, zero)
+                views.append(view)
+        else:
+            views.append(view := hir.AliasSelectOp(operand, axis, position))
+        operands.append(view.result)
+    return views, operands
 
 
 @dataclass
@@ -177,7 +167,9 @@ class _Positions:
     zero: SSAValue
 
     @staticmethod
-    def insert(team: tuple[int, ...], anchor: Operation, rewriter: PatternRewriter, location) -> _Positions:
+    def insert(
+        team: tuple[int, ...], anchor: Operation, rewriter: PatternRewriter, location: LocationAttr
+    ) -> _Positions:
         """Computed once, in the function's body before `anchor`, right after the constants
         and the device index they are computed from (every iteration of the loops around
         has the same)."""
@@ -224,11 +216,11 @@ class ReduceScatterIntoMatmul(RewritePattern):
             return
 
         positions = _Positions.insert(team, anchor, rewriter, op.location)
-        slicer = _Slicer(matmul, axes, positions.zero)
-        peer_operands = slicer.operands(positions.peer)
+        broadcasts: dict[int, hir.AliasSelectOp] = {}
+        peer_views, peer_operands = _operands_at(matmul, axes, positions.peer, positions.zero, broadcasts)
         to_peer = hir.AliasSelectOp(op.input, axis, positions.zero)
         to_peer.result.name_hint = "to_peer"
-        peer_rows = [*slicer.ops, to_peer, hir.MatmulOp(peer_operands, [to_peer.result])]
+        peer_rows = [*peer_views, to_peer, hir.MatmulOp(peer_operands, [to_peer.result])]
         batch = hir.EndCoalescingOp()
         batch.work.name_hint = "exchanged"
         transfer = [
@@ -237,9 +229,8 @@ class ReduceScatterIntoMatmul(RewritePattern):
             hir.RecvOp(op.output, positions.peer_device, CUDA),
             batch,
         ]
-        slicer.ops = []
-        own_operands = slicer.operands(positions.own)
-        own_rows = [*slicer.ops, hir.MatmulOp(own_operands, [op.output], accumulate=True)]
+        own_views, own_operands = _operands_at(matmul, axes, positions.own, positions.zero, broadcasts)
+        own_rows = [*own_views, hir.MatmulOp(own_operands, [op.output], accumulate=True)]
         for new_op in (*peer_rows, *transfer, *own_rows):
             new_op.location = op.location
         # The peer's rows are multiplied where the product was, the own rows after the wait.

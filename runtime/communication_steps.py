@@ -70,17 +70,9 @@ def _reduce_op(op: hir.CommunicationOp):
     return REDUCE_OPS[op.reduce_op.data]
 
 
-def _is_copy_engine(op: hir.CommunicationOp | hir.P2POp) -> bool:
-    return op.backend.data == hir.CommunicatorBackend.CUDA
-
-
 def copy_engine_transfers(function: Operation) -> list[hir.CommunicationOp | hir.P2POp]:
     """The communications of `function` that the copy engines make (`backend cuda`)."""
-    return [
-        op
-        for op in function.walk()
-        if isinstance(op, hir.CommunicationOp | hir.P2POp) and _is_copy_engine(op)
-    ]
+    return [op for op in function.walk() if hir.uses_copy_engines(op)]
 
 
 def _check_symmetric(op: Operation, buffer: SSAValue, role: str) -> None:
@@ -97,7 +89,7 @@ def _check_symmetric(op: Operation, buffer: SSAValue, role: str) -> None:
 @handles(hir.AllgatherOp)
 def _allgather(op: hir.AllgatherOp, prep: Preparation) -> Step:
     axis, team, backend = _didx_axis(op, op.input, "input"), op.team_ids, op.backend.data
-    if _is_copy_engine(op):
+    if hir.uses_copy_engines(op):
         _check_symmetric(op, op.input, "input")
     return _collective_step(op, prep, lambda comm, x, y: comm.allgather(x, y, team, axis, backend))
 
@@ -117,7 +109,7 @@ def _scatter(op: hir.ScatterOp, prep: Preparation) -> Step:
 @handles(hir.AllreduceOp)
 def _allreduce(op: hir.AllreduceOp, prep: Preparation) -> Step:
     team, reduce_op, backend = op.team_ids, _reduce_op(op), op.backend.data
-    if _is_copy_engine(op):
+    if hir.uses_copy_engines(op):
         _check_symmetric(op, op.input, "input")
     return _collective_step(op, prep, lambda comm, x, y: comm.allreduce(x, y, team, reduce_op, backend))
 
@@ -134,7 +126,7 @@ def _reduce_scatter(op: hir.ReduceScatterOp, prep: Preparation) -> Step:
     _didx_axis(op, op.output, "output")
     scattered = op.scattered_axis()
     team, reduce_op, backend = op.team_ids, _reduce_op(op), op.backend.data
-    if _is_copy_engine(op):
+    if hir.uses_copy_engines(op):
         _check_symmetric(op, op.input, "input")
     return _collective_step(
         op, prep, lambda comm, x, y: comm.reduce_scatter(x, y, team, reduce_op, scattered, backend)
@@ -184,7 +176,7 @@ def _partner(op: hir.P2POp, partner_type: type[hir.P2POp]) -> hir.P2POp:
     default order) it goes to another one, whose recv of that batch reads it.
     """
     candidates = [
-        other for other in _batch(op) if isinstance(other, partner_type) and _is_copy_engine(other)
+        other for other in _batch(op) if isinstance(other, partner_type) and hir.uses_copy_engines(other)
     ]
     same_peer = [other for other in candidates if other.peer == op.peer]
     partners = same_peer or candidates
@@ -216,7 +208,7 @@ def _p2p_step(op: hir.P2POp, prep: Preparation, transfer) -> Step:
 def _send(op: hir.SendOp, prep: Preparation) -> Step:
     buffer, peer = prep.slots_of((op.buffer, op.peer))
     backend = op.backend.data
-    if _is_copy_engine(op):
+    if hir.uses_copy_engines(op):
         _partner(op, hir.RecvOp)
         _check_symmetric(op, op.buffer, "buffer")
     return _p2p_step(op, prep, lambda comm, env: comm.send(env[buffer], env[peer], backend))
@@ -226,7 +218,7 @@ def _send(op: hir.SendOp, prep: Preparation) -> Step:
 def _recv(op: hir.RecvOp, prep: Preparation) -> Step:
     prep.check_writable(op, op.buffer)
     buffer, peer = prep.slots_of((op.buffer, op.peer))
-    if not _is_copy_engine(op):
+    if not hir.uses_copy_engines(op):
         return _p2p_step(op, prep, lambda comm, env: comm.recv(env[buffer], env[peer]))
     source = prep.slot(_partner(op, hir.SendOp).buffer)
     backend = op.backend.data
