@@ -7,7 +7,8 @@ skips a send or recv of it, as it skips a collective of a team it is not in.
 
 With `backend cuda` the copy engines move the bytes (`runtime/copy_engine.py`); what
 they need of the program is checked while preparing, so that a program that breaks it
-fails before it runs: the buffers peers read come from `hir.allocate symmetric`, and a
+fails before it runs: the buffers peers read come from `hir.allocate symmetric` or are
+inputs marked `hir.symmetric`, and a
 send or recv sits in a batch with the recv or send of the same peer, whose buffer the
 recv reads on the peer.
 """

@@ -7,7 +7,6 @@ allocated, on the ranks in the mesh of its first output.
 from __future__ import annotations
 
 import math
-
 import warnings
 from collections.abc import Callable, Sequence
 

@@ -1,6 +1,7 @@
 """The copy-engine backend (`backend cuda`): each device pulls its peers' data out of their memory.
 
-On GPUs the buffers that peers read are *symmetric* (`hir.allocate symmetric`): torch
+On GPUs the buffers that peers read are *symmetric* (`hir.allocate symmetric`, or an
+input marked `hir.symmetric` that the caller made with `Program.symmetric_empty`): torch
 symmetric memory (`torch.distributed._symmetric_memory`) allocates them and maps every
 member's copy into every other member's address space (`rendezvous`, once per buffer).
 A transfer is then `Tensor.copy_` from a peer's mapping into a local buffer, issued on
@@ -13,13 +14,13 @@ peer and every link is busy.
 Reductions pull the same way and then reduce locally (copies cannot add): a
 reduce_scatter member pulls, from every member's partial, the piece it owns; an
 allreduce member pulls every member's whole partial. The pieces land in a staging
-buffer, one slot per team position, and `hir.wait` reduces the pieces, in team order,
-into the output on the waiting stream: one memory-bound torch op per transfer (reading
-the member's own piece in place in a team of two, after copying it into its slot in a
-larger one), the only SM work of the backend. The
-copy stream thus never waits for SMs (a reduction queued there behind a busy GEMM
-would hold up the next chunk's copies), and every member of an allreduce adds the same
-numbers in the same order, so the replicas are bitwise equal, as NCCL's are.
+buffer, one slot per team position, and `hir.wait` reduces the pieces into the output on
+the waiting stream: one memory-bound torch op per transfer (reading the member's own
+piece in place in a team of two, with an op that is commutative; after copying it into
+its slot in a larger one, the slots in team order), the only SM work of the backend.
+The copy stream thus never waits for SMs (a reduction queued there behind a busy GEMM
+would hold up the next chunk's copies), and every member of an allreduce computes the
+same numbers in the same order, so the replicas are bitwise equal, as NCCL's are.
 
 Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
 
@@ -114,10 +115,12 @@ def reduction(
     staging: torch.Tensor, own: int, piece: torch.Tensor, output: torch.Tensor, op, in_place: bool | None = None
 ) -> Callable[[], object]:
     """What `hir.wait` runs once the peers' pieces have landed in `staging`: every member's
-    piece, in team order, reduced into `output` on the then current stream. The member's
-    own `piece` is read in place where there are two (one pass reading both: three fifths
+    piece reduced into `output` on the then current stream, to the same bits on every
+    member. The member's own `piece` is read in place where there are two (one commutative
+    op of both, `PAIRWISE`: three fifths
     of the traffic of copying it into its slot and reducing the slots, and a third of the
-    time, docs/copy-engine.md), and copied into slot `own` where there are more;
+    time, docs/copy-engine.md), and copied into slot `own` where there are more (the slots
+    then reduced in team order);
     `in_place` chooses for a team of two (benchmarks/pairwise_reduction.py times both)."""
     if in_place is None:
         in_place = len(staging) == 2
@@ -172,7 +175,8 @@ class CopyEngine(ABC):
             raise HostirError(
                 "the copy engines read a buffer that is not symmetric: a buffer that peers read "
                 "with backend cuda must come from 'hir.allocate symmetric' (the passes that emit "
-                "backend cuda allocate it so)"
+                "backend cuda allocate it so) or, for an input marked 'hir.symmetric', from "
+                "Program.symmetric_empty"
             )
         strangers = sorted(set(readers) - buffer.group_ranks.keys())
         if strangers:

@@ -177,9 +177,10 @@ class Program:
             )
         declared = self.input_types[index]
         dtype = torch_dtype(declared.element_type)
+        # Every rank creates the process groups, as the communicator asks, its own mesh or not.
+        communicator.create_groups(self.teams)
         if communicator.rank not in declared.mesh.ids:
             return torch.empty(0, dtype=dtype, device=communicator.device)
-        communicator.create_groups(self.teams)
         return communicator.copy_engine.allocate(tuple(shape), dtype, declared.mesh.ids).tensor
 
     def with_symmetric_inputs(
@@ -325,8 +326,9 @@ def _symmetric_input_problem(
         return None
     try:
         buffer = communicator.copy_engine.symmetric_of(value, declared.mesh.ids)
-    except HostirError:
-        buffer = None
+        got = "a view of one"
+    except HostirError as error:
+        buffer, got = None, f"memory the peers cannot read ({error.message})"
     whole = buffer is not None and (buffer.tensor.data_ptr(), buffer.tensor.shape, buffer.tensor.stride()) == (
         value.data_ptr(),
         value.shape,
@@ -335,8 +337,7 @@ def _symmetric_input_problem(
     if not whole:
         return (
             "it is marked 'hir.symmetric', so it must be a whole tensor of Program.symmetric_empty "
-            f"for the mesh {list(declared.mesh.ids)}, which peers read in place; got "
-            + ("a view of one" if buffer is not None else "memory that the peers have not mapped")
+            f"for the mesh {list(declared.mesh.ids)}, which peers read in place; got {got}"
         )
     return None
 
