@@ -203,21 +203,41 @@ COPY_ENGINE_PIPELINES = {
 """The copy-engine programs of each collective problem: software-pipelined on the caller's
 stream (the default), and spread over the pool streams as `stream-parallel` makes them."""
 
-HOSTIR_VARIANTS = [
-    variant
-    for kind, fusion, layout in [
-        (OverlapKind.ALLGATHER_MATMUL, allgather_matmul, _allgather_layout),
-        (OverlapKind.MATMUL_REDUCE_SCATTER, matmul_reduce_scatter, _reduce_scatter_layout),
-        (OverlapKind.MATMUL_ALLREDUCE, matmul_allreduce, _allreduce_layout),
-    ]
-    for variant in [
-        HostirVariant("hostir (nccl)", kind, fusion, layout),
-        *(
-            HostirVariant(name, kind, fusion, layout, pipeline=pipeline, copy_engine=True)
+def _problem_variants(kind: OverlapKind, fusion: Callable[..., ModuleOp], layout: Layout) -> dict[str, HostirVariant]:
+    """The programs of a collective problem, by name: NCCL's and each copy-engine one."""
+    return {
+        "hostir (nccl)": HostirVariant("hostir (nccl)", kind, fusion, layout),
+        **{
+            name: HostirVariant(name, kind, fusion, layout, pipeline=pipeline, copy_engine=True)
             for name, pipeline in COPY_ENGINE_PIPELINES.items()
-        ),
-    ]
-] + [
+        },
+    }
+
+
+def _with_symmetric_x(variant: HostirVariant) -> HostirVariant:
+    """`variant` with X already in symmetric memory, as a model whose layer before writes its
+    activations there would pass it: the copy engines read it in place, with no copy first."""
+    return replace(
+        variant,
+        name=variant.name.replace("(cuda)", "(cuda, symmetric X)"),
+        fusion=functools.partial(variant.fusion, symmetric_x=True),
+    )
+
+
+_ALLGATHER_MATMUL = _problem_variants(OverlapKind.ALLGATHER_MATMUL, allgather_matmul, _allgather_layout)
+_P2P_CUDA = HostirVariant(
+    "hostir p2p (cuda)",
+    OverlapKind.ALLGATHER_MATMUL,
+    p2p_allgather_matmul,
+    _p2p_layout,
+    pipeline="hir-lowering{p2p_backend=cuda}",
+    point_to_point=True,
+    copy_engine=True,
+)
+HOSTIR_VARIANTS = [
+    *_ALLGATHER_MATMUL.values(),
+    *_problem_variants(OverlapKind.MATMUL_REDUCE_SCATTER, matmul_reduce_scatter, _reduce_scatter_layout).values(),
+    *_problem_variants(OverlapKind.MATMUL_ALLREDUCE, matmul_allreduce, _allreduce_layout).values(),
     HostirVariant(
         "hostir p2p (nccl)",
         OverlapKind.ALLGATHER_MATMUL,
@@ -225,17 +245,7 @@ HOSTIR_VARIANTS = [
         _p2p_layout,
         point_to_point=True,
     ),
-    HostirVariant(
-        "hostir p2p (cuda)",
-        OverlapKind.ALLGATHER_MATMUL,
-        p2p_allgather_matmul,
-        _p2p_layout,
-        pipeline="hir-lowering{p2p_backend=cuda}",
-        point_to_point=True,
-        copy_engine=True,
-    ),
-]
-HOSTIR_VARIANTS += [
+    _P2P_CUDA,
     # The reduction of GEMM+RS in a pass of its own, as before `reduce-scatter-in-matmul`.
     HostirVariant(
         "hostir (cuda, separate reduction)",
@@ -244,18 +254,9 @@ HOSTIR_VARIANTS += [
         _reduce_scatter_layout,
         pipeline="hir-lowering{backend=cuda reduce_scatter_in_matmul=false}",
         copy_engine=True,
-    )
-]
-HOSTIR_VARIANTS += [
-    # X already in symmetric memory, as a model whose layer before writes its activations
-    # there would pass it: the copy engines read it in place, with no copy first.
-    replace(
-        variant,
-        name=variant.name.replace("(cuda)", "(cuda, symmetric X)"),
-        fusion=functools.partial(variant.fusion, symmetric_x=True),
-    )
-    for variant in HOSTIR_VARIANTS
-    if variant.kind == OverlapKind.ALLGATHER_MATMUL and variant.name in ("hostir (cuda)", "hostir p2p (cuda)")
+    ),
+    _with_symmetric_x(_ALLGATHER_MATMUL["hostir (cuda)"]),
+    _with_symmetric_x(_P2P_CUDA),
 ]
 
 
