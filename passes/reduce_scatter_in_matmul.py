@@ -89,7 +89,6 @@ def _product_of(op: hir.ReduceScatterOp) -> hir.MatmulOp | None:
     if (
         matmul.accumulate is not None
         or matmul.outs[0] is not op.input
-        or matmul.parent is not op.parent
         or not matmul.is_before_in_block(op)
     ):
         return None

@@ -557,6 +557,18 @@ def test_a_recv_pairs_with_the_send_of_its_batch_to_another_peer():
     assert _partner(recv, hir.SendOp) is send and _partner(send, hir.RecvOp) is recv
 
 
+def test_a_recv_pairs_with_the_send_to_its_own_peer_before_any_other():
+    """A batch that also sends to another device: the recv reads, on its peer, the buffer
+    this rank sends to that same peer, not the other one."""
+    program = exchange_program(
+        f"hir.start_coalescing\n{RECV}\n{SEND_TO_DEVICE_0.replace('%t', '%u')}\n{SEND}\n%e = hir.end_coalescing"
+    )
+    host = Program.compile(program, pipeline=None).host
+    (recv,) = (op for op in host.walk() if isinstance(op, hir.RecvOp))
+    (to_peer,) = (op for op in host.walk() if isinstance(op, hir.SendOp) and op.peer is recv.peer)
+    assert _partner(recv, hir.SendOp) is to_peer
+
+
 def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
     """The runtime hands each run the same symmetric buffer (hence the lowering never returns one)."""
     dynamic = tensor(["?", 3])

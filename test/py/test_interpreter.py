@@ -17,6 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from xdsl.dialects import func
 
 from hostir_dialect import hir
@@ -544,6 +545,34 @@ def test_an_accumulating_matmul_adds_its_product_to_what_its_output_holds(lhs, r
     torch.testing.assert_close(result.select(axis, 1), before.select(axis, 1) + torch.matmul(a, b))
     for untouched in (0, 2):
         assert torch.equal(result.select(axis, untouched), before.select(axis, untouched))
+
+
+@pytest.mark.parametrize(
+    "lhs, rhs, out, gemm",
+    [
+        ([3, 4], [4, 5], [3, 5], "addmm_"),
+        ([1, 3, 4], [1, 4, 5], [1, 3, 5], "addmm_"),
+        ([2, 3, 4], [2, 4, 5], [2, 3, 5], "baddbmm_"),
+        ([2, 3, 4], [4, 5], [2, 3, 5], "add_"),
+    ],
+)
+def test_an_accumulating_matmul_sums_in_the_gemm_where_torch_can(lhs, rhs, out, gemm, rng):
+    """One matrix product, or a batch of them with the same batch, adds in the GEMM's epilogue
+    (`addmm_`, `baddbmm_`: no pass of its own over the output); a broadcast batch adds after."""
+
+    class Calls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    a, b, c = (torch.randn(shape, generator=rng) for shape in (lhs, rhs, out))
+    with Calls() as calls:
+        compute_steps.matmul_accumulate_into(a, b, c)
+    assert gemm in calls.names and not ({"addmm_", "baddbmm_", "add_"} - {gemm}) & set(calls.names)
 
 
 @pytest.mark.parametrize("x_shape", [[5], [3, 5], [2, 3, 5], [2, 2, 3, 5]])

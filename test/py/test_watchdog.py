@@ -1,6 +1,6 @@
 """The watchdog of the copy engines' transfers (`runtime.watchdog`), with stand-in events.
 
-On GPUs the events are CUDA events and an expiry fails the device; test_copy_engine.py
+On GPUs the events are CUDA events and an expiry ends the process; test_copy_engine.py
 runs that with a peer that never signals. Here the events are flags the test sets, and
 the clock is the test's, so each rule shows exactly: a transfer's clock starts when its
 first event has passed, it expires once, `timeout_s` after that, and a finished one is

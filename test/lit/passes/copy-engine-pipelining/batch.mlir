@@ -74,3 +74,39 @@ func.func @copy_in_the_batch(%b: !b, %out: !b, %peer: index) {
 // CHECK-NEXT:      hir.stream
 // CHECK-NEXT:      hir.set_current_stream
 // CHECK-NOT:     scf.if
+
+// -----
+
+// A loop that does not start at 0 is left alone: the pipelined form issues iteration 0 first.
+
+!b = !fusion.tensor<[?, 4], f32, mesh = [0, 1], axes = [stream, _]>
+!row = !fusion.tensor<[4], f32, mesh = [0, 1]>
+
+func.func @from_one(%b: !b, %out: !b, %peer: index) {
+  %c1 = arith.constant 1 : index
+  %main_stream = hir.get_current_stream
+  %num_streams = hir.number_of_streams
+  %n = hir.dim %b, 0 : !b
+  scf.for %i = %c1 to %n step %c1 {
+    %stream_index = arith.remui %i, %num_streams : index
+    %stream = hir.stream %stream_index
+    hir.set_current_stream %stream
+    %row = hir.alias_select %b[0 = %i] : !b -> !row
+    %out_row = hir.alias_select %out[0 = %i] : !b -> !row
+    hir.start_coalescing
+    %sent = hir.send %row to %peer backend cuda : !row
+    %received = hir.recv %out_row from %peer backend cuda : !row
+    %work = hir.end_coalescing
+    hir.wait %work
+    hir.set_current_stream %main_stream
+    hir.synchronize_stream %stream
+  }
+  func.return
+}
+
+// CHECK-LABEL: func.func @from_one(
+// CHECK:         scf.for
+// CHECK-NEXT:      arith.remui
+// CHECK-NEXT:      hir.stream
+// CHECK-NEXT:      hir.set_current_stream
+// CHECK-NOT:     scf.if

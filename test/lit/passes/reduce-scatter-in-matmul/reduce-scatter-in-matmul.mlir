@@ -187,3 +187,66 @@ func.func @left_alone(%x3: !x3, %w3: !w3, %y3: !y3, %x: !x, %w: !w, %y: !y, %cop
 // CHECK-NOT:     hir.send
 // CHECK-COUNT-8: hir.reduce_scatter
 // CHECK-NOT:     accumulate
+
+// -----
+
+// Left alone too: a matmul that writes the product after the reduce-scatter (after its
+// wait, or before it), or in another block, or into the buffer the reduce-scatter's input is a view of, or adds into it; a
+// scattered axis that is the matmul's M, not a batch axis; and one that is an operand's
+// didx axis.
+
+!x = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!w = !fusion.tensor<[?, ?], bf16, mesh = [0, 1]>
+!p = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _, _]>
+!y = !fusion.tensor<[2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
+!chunks = !fusion.tensor<[3, 2, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _, _]>
+!xc = !fusion.tensor<[3, 2, 2, ?, ?], bf16, mesh = [0, 1]>
+!xm = !fusion.tensor<[2, 2, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
+!pm = !fusion.tensor<[2, 2, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
+!ym = !fusion.tensor<[2, ?], bf16, mesh = [0, 1], axes = [didx, _]>
+!wd = !fusion.tensor<[2, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _]>
+
+func.func @left_alone_too(%x: !x, %w: !w, %y: !y, %c: i1, %xc: !xc, %xm: !xm, %ym: !ym, %wd: !wd) {
+  %c0 = arith.constant 0 : index
+  %m = hir.dim %x, 2 : !x
+  %n = hir.dim %w, 1 : !w
+  %late = hir.allocate(%m, %n) symmetric : !p
+  %w1 = hir.reduce_scatter %late into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w1
+  hir.matmul ins(%x, %w : !x, !w) outs(%late : !p)
+  %early_wait = hir.allocate(%m, %n) symmetric : !p
+  %w0 = hir.reduce_scatter %early_wait into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.matmul ins(%x, %w : !x, !w) outs(%early_wait : !p)
+  hir.wait %w0
+  %nested = hir.allocate(%m, %n) symmetric : !p
+  scf.if %c {
+    hir.matmul ins(%x, %w : !x, !w) outs(%nested : !p)
+  }
+  %w2 = hir.reduce_scatter %nested into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w2
+  %chunks = hir.allocate(%m, %n) symmetric : !chunks
+  hir.matmul ins(%xc, %w : !xc, !w) outs(%chunks : !chunks)
+  %chunk = hir.alias_select %chunks[0 = %c0] : !chunks -> !p
+  %w3 = hir.reduce_scatter %chunk into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w3
+  %rows = hir.allocate(%n) symmetric : !pm
+  hir.matmul ins(%xm, %w : !xm, !w) outs(%rows : !pm)
+  %w4 = hir.reduce_scatter %rows into %ym team [0, 1] op sum backend cuda : !pm, !ym
+  hir.wait %w4
+  %sharded = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul ins(%x, %wd : !x, !wd) outs(%sharded : !p)
+  %w5 = hir.reduce_scatter %sharded into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w5
+  %added = hir.allocate(%m, %n) symmetric : !p
+  hir.matmul accumulate ins(%x, %w : !x, !w) outs(%added : !p)
+  %w6 = hir.reduce_scatter %added into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %w6
+  func.return
+}
+
+// CHECK-LABEL: func.func @left_alone_too(
+// CHECK-NOT:     hir.send
+// CHECK-COUNT-6: hir.reduce_scatter
+// CHECK:         hir.matmul accumulate
+// CHECK-NEXT:    hir.reduce_scatter
+// CHECK-NOT:     hir.send
