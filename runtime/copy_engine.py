@@ -13,7 +13,7 @@ peer and every link is busy.
 
 Reductions pull the same way and then reduce locally (copies cannot add): a
 reduce_scatter member pulls, from every member's partial, the piece it owns; an
-allreduce member pulls every member's whole partial. The pieces land in a staging
+allreduce member of a pair pulls its peer's whole partial. The pieces land in a staging
 buffer, one slot per team position, and `hir.wait` reduces the pieces into the output on
 the waiting stream: one memory-bound torch op per transfer (reading the member's own
 piece in place in a team of two, with an op that is commutative; after copying it into
@@ -21,6 +21,12 @@ its slot in a larger one, the slots in team order), the only SM work of the back
 The copy stream thus never waits for SMs (a reduction queued there behind a busy GEMM
 would hold up the next chunk's copies), and every member of an allreduce computes the
 same numbers in the same order, so the replicas are bitwise equal, as NCCL's are.
+
+An allreduce of more than two members would pull `D - 1` whole partials that way, `D / 2`
+times a ring's bytes, so it runs in two phases instead (`AllreducePieces`): a
+reduce-scatter of pieces into a symmetric scratch buffer that the engine owns, then an
+allgather of the reduced pieces out of the members' scratch buffers. Its reduction runs
+on the copy stream, between the phases (docs/copy-engine.md says what that costs).
 
 Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
 
@@ -48,7 +54,8 @@ than the communicator's timeout, so a dead peer fails the program instead of han
 On the CPU (gloo) the same schedule runs over torch.distributed point-to-point
 messages: the ring allgather (and a reduction's pulls) receives from `p + s` what that
 peer sends to `p - s`, and a pair of send and recv is an isend and an irecv in the
-communicator's batch.
+communicator's batch; the two phases of an allreduce are two such batches, each waited
+for as it is issued (CPU streams run in program order anyway).
 Symmetric buffers are then plain tensors, made and reused exactly as on GPUs, and
 every transfer checks that the buffer its peers read is one of them.
 """
@@ -152,6 +159,30 @@ class SymmetricBuffer:
         return self.peers[device].as_strided(view.size(), view.stride(), view.storage_offset())
 
 
+@dataclass(eq=False)
+class AllreducePieces:
+    """An allreduce of a team of more than two as a reduce-scatter, then an allgather.
+
+    The input and the output are cut alike into one piece per team position (flat where
+    both are contiguous, else along their first axis; `torch.tensor_split`, so the pieces
+    differ by one element or row at most). The member at position `k` pulls piece `k` of
+    every member's input, reduces them into its `scratch`, and copies the result into
+    its output's piece `k`; then every member pulls piece `k` out of member `k`'s scratch.
+    The scratch holds the largest piece and belongs to the engine, not to the program:
+    it lives only within one transfer, so one per team, dtype and size serves them all.
+    """
+
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    scratch: SymmetricBuffer
+    position: int
+    """This member's team position: the piece it reduces."""
+
+    def reduced(self, k: int) -> torch.Tensor:
+        """Where the member at position `k` keeps piece `k` reduced: the start of its scratch."""
+        return self.scratch.tensor[: len(self.outputs[k])]
+
+
 class CopyEngine(ABC):
     """One device's copy-engine transfers and symmetric buffers, for one communicator."""
 
@@ -160,6 +191,8 @@ class CopyEngine(ABC):
         self.rank = communicator.rank
         self._buffers: dict[int, SymmetricBuffer] = {}
         """The symmetric buffers, by the address of their memory."""
+        self._scratches: dict[tuple, SymmetricBuffer] = {}
+        """The allreduces' scratch buffers, by team, dtype and shape (`AllreducePieces`)."""
 
     def allocate(self, shape: Sequence[int], dtype: torch.dtype, mesh: Sequence[int]) -> SymmetricBuffer:
         """A new symmetric buffer; every device of `mesh` must allocate the same, in the same order."""
@@ -204,9 +237,31 @@ class CopyEngine(ABC):
         return self._pull_and_reduce(input, pieces, output, team, op, "a reduce_scatter")
 
     def allreduce(self, input, output, team, op) -> tuple[list, list]:
-        """`Communicator.allreduce` by the copy engines: each member pulls every member's whole
-        `input` and reduces them into `output` (D - 1 inputs over the links per member)."""
-        return self._pull_and_reduce(input, [input] * len(team), output, team, op, "an allreduce")
+        """`Communicator.allreduce` by the copy engines. A pair pulls the peer's whole `input`
+        and reduces it with its own into `output`: one partial over the link each way, what
+        a ring moves, behind two barriers and with no scratch. A larger team reduces in two
+        phases (`AllreducePieces`): `2 (D - 1) / D` partials over the links per member, as a
+        ring, where pulling every whole partial would move `D - 1`."""
+        if len(team) == 2:
+            return self._pull_and_reduce(input, [input, input], output, team, op, "an allreduce")
+        if output.numel() == 0:
+            return [], []
+        source = self._team_input(input, team, "an allreduce")
+        return self._reduce_in_pieces(source, self._allreduce_pieces(input, output, team), team, op)
+
+    def _allreduce_pieces(self, input, output, team) -> AllreducePieces:
+        """`input` (`output`'s elements, with extent-1 axes of its own) and `output` in pieces,
+        with the scratch of their team, dtype and largest piece (made on first use: every
+        member reaches the same allreduces in the same order)."""
+        input = input.view(output.shape)
+        if input.is_contiguous() and output.is_contiguous():
+            input, output = input.view(-1), output.view(-1)
+        inputs, outputs = torch.tensor_split(input, len(team)), torch.tensor_split(output, len(team))
+        key = (team, output.dtype, outputs[0].shape)
+        scratch = self._scratches.get(key)
+        if scratch is None:
+            scratch = self._scratches[key] = self.allocate(outputs[0].shape, output.dtype, team)
+        return AllreducePieces(inputs, outputs, scratch, team.index(self.rank))
 
     def _staging(self, piece: torch.Tensor, size: int) -> torch.Tensor:
         """A contiguous buffer of one slot per team position, each with `piece`'s shape."""
@@ -218,6 +273,11 @@ class CopyEngine(ABC):
     ) -> tuple[list, list]:
         """Each member reads `pieces[p]` of every member's `input`, `p` its own position, into
         a staging slot per member, and reduces the slots into `output`: (works, finishes)."""
+
+    @abstractmethod
+    def _reduce_in_pieces(self, source: SymmetricBuffer, pieces: AllreducePieces, team, op) -> tuple[list, list]:
+        """The two phases of an allreduce of more than two members out of `source`, the
+        symmetric buffer of the input: (works, finishes)."""
 
     @abstractmethod
     def _allocate(
@@ -294,13 +354,19 @@ class SymmetricMemoryEngine(CopyEngine):
         ring order between the team's barriers, on the copy stream: the work of the transfer
         begun at `started`. The member's own part is left to the wait (docs/copy-engine.md,
         *Own data*)."""
-        _, *peers = ring(team.index(self.rank), len(team))
         with torch.cuda.stream(self.stream):
-            source.signals.barrier(WRITTEN_CHANNEL)
-            for k in peers:
-                targets[k].copy_(source.peer_view(view, team[k]))
+            self._copy_from_peers(source, [view] * len(team), targets, team)
             source.signals.barrier(READ_CHANNEL)
         return self._end(started, f"{what} in the team {list(team)}")
+
+    def _copy_from_peers(self, source: SymmetricBuffer, views, targets, team) -> None:
+        """Once the team's barrier says that every member's data is written, the part
+        `views[k]` of `source` of each peer into `targets[k]`, `k` its team position, in ring
+        order, on the current stream."""
+        _, *peers = ring(team.index(self.rank), len(team))
+        source.signals.barrier(WRITTEN_CHANNEL)
+        for k in peers:
+            targets[k].copy_(source.peer_view(views[k], team[k]))
 
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
@@ -338,6 +404,26 @@ class SymmetricMemoryEngine(CopyEngine):
 
         return [work], [finish]
 
+    def _reduce_in_pieces(self, source, pieces, team, op) -> tuple[list, list]:
+        """Both phases on the copy stream, the reduction between them too: the second phase
+        needs every member's reduced piece, so the copy stream could not go on without it;
+        here it starts as soon as SMs are free, where on the waiting stream it would wait
+        for the wait (docs/copy-engine.md). The engine's scratch is free again for the next
+        allreduce once the final barrier says that the peers are done reading it."""
+        own, size = pieces.position, len(team)
+        started = self._begin()
+        with torch.cuda.stream(self.stream):
+            staging = self._staging(pieces.inputs[own], size)
+            self._copy_from_peers(source, [pieces.inputs[own]] * size, staging, team)
+            reduction(staging, own, pieces.inputs[own], pieces.reduced(own), op, in_place=False)()
+            pieces.outputs[own].copy_(pieces.reduced(own))
+            # The scratch's barrier also says that every peer is done reading the input.
+            reduced = [pieces.reduced(k) for k in range(size)]
+            self._copy_from_peers(pieces.scratch, reduced, pieces.outputs, team)
+            pieces.scratch.signals.barrier(READ_CHANNEL)
+        pieces.outputs[own].record_stream(self.stream)  # the output's storage, all pieces
+        return [self._end(started, f"an allreduce in the team {list(team)}")], []
+
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         offered = [(self.symmetric_of(offer.buffer, [offer.peer]), offer.peer) for offer in offers]
         started = self._begin()
@@ -365,18 +451,24 @@ class PointToPointEngine(CopyEngine):
         tensor = torch.empty(shape, dtype=dtype, device=self.communicator.device)
         return SymmetricBuffer(tensor, group_ranks)
 
+    def _ring(self, team, target: Callable[[int], torch.Tensor], sent: Callable[[int], torch.Tensor]) -> tuple:
+        """The ring's messages: at each step, receive `target(k)` from the member at team
+        position `k = p + s` and send `sent(j)` to the member at `j = p - s`; with what copies
+        a received target that is a strided view back into it."""
+        operations, finishes = [], []
+        for reading, sending in ring_messages(team.index(self.rank), len(team)):
+            received, finish = writable(target(reading))
+            operations.append(dist.P2POp(dist.irecv, received, team[reading]))
+            operations.append(dist.P2POp(dist.isend, sent(sending), team[sending]))
+            finishes += finish
+        return operations, finishes
+
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
         self._team_input(input, team, "an allgather")
-        position, size = team.index(self.rank), len(team)
-        output.narrow(axis, position, 1).copy_(input)
+        output.narrow(axis, team.index(self.rank), 1).copy_(input)
         shard = input.contiguous()
-        operations, finishes = [], []
-        for reading, sending in ring_messages(position, size):
-            target, finish = writable(output.narrow(axis, reading, 1))
-            operations.append(dist.P2POp(dist.irecv, target, team[reading]))
-            operations.append(dist.P2POp(dist.isend, shard, team[sending]))
-            finishes += finish
+        operations, finishes = self._ring(team, lambda k: output.narrow(axis, k, 1), lambda _: shard)
         return dist.batch_isend_irecv(operations), finishes
 
     def _pull_and_reduce(self, input, pieces, output, team, op, collective) -> tuple[list, list]:
@@ -385,14 +477,28 @@ class PointToPointEngine(CopyEngine):
         if output.numel() == 0:
             return [], []
         self._team_input(input, team, collective)
-        position, size = team.index(self.rank), len(team)
-        staging = self._staging(pieces[position], size)
-        operations = []
-        for reading, sending in ring_messages(position, size):
-            operations.append(dist.P2POp(dist.irecv, staging[reading], team[reading]))
-            operations.append(dist.P2POp(dist.isend, pieces[sending].contiguous(), team[sending]))
+        position = team.index(self.rank)
+        staging = self._staging(pieces[position], len(team))
+        operations, _ = self._ring(team, staging.__getitem__, lambda k: pieces[k].contiguous())
         reduce = reduction(staging, position, pieces[position], output, op)
         return dist.batch_isend_irecv(operations), [reduce]
+
+    def _reduce_in_pieces(self, source, pieces, team, op) -> tuple[list, list]:
+        """The two phases as two batches of the ring's messages, each waited for as it is
+        issued: the scratch that the second phase sends from is the next allreduce's."""
+        own = pieces.position
+        staging = self._staging(pieces.inputs[own], len(team))
+        operations, _ = self._ring(team, staging.__getitem__, lambda k: pieces.inputs[k].contiguous())
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+        reduction(staging, own, pieces.inputs[own], pieces.reduced(own), op, in_place=False)()
+        pieces.outputs[own].copy_(pieces.reduced(own))
+        operations, finishes = self._ring(team, pieces.outputs.__getitem__, lambda _: pieces.reduced(own))
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+        for finish in finishes:
+            finish()
+        return [], []
 
     def exchange(self, offers: Sequence[Offer], pulls: Sequence[Pull]) -> tuple[list, list]:
         operations, finishes = [], []

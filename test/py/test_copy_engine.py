@@ -46,7 +46,7 @@ from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from runtime.communication_steps import _partner, copy_engine_transfers
 from runtime.communicator import REDUCE_OPS, Communicator
-from runtime.copy_engine import reduction
+from runtime.copy_engine import SymmetricBuffer, reduction
 from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import shard
@@ -289,7 +289,10 @@ class ReductionCase:
 
     `layout` says where the reduce-scatter's scattered axis lies: `outer` right after
     the reduced axis (each piece a contiguous block), `inner` the last axis (each piece
-    strided).
+    strided). For an allreduce, whose teams of more than two cut the partial into one
+    piece per member: `outer` has fewer elements than a team of four (one piece empty),
+    `uneven` a number that four does not divide, and `inner` reads a strided view of
+    its partial (one column of it) into a strided view of its output.
     """
 
     collective: str
@@ -305,7 +308,11 @@ class ReductionCase:
     def types(self) -> tuple[str, str]:
         mesh, dtype = list(range(self.world)), self.dtype
         if self.collective == "allreduce":
-            return tensor([self.world, 3], dtype, mesh=mesh, axes="didx _"), tensor([3], dtype, mesh=mesh)
+            shape = {"outer": [3], "uneven": [5, 7], "inner": [5]}[self.layout]
+            return (
+                tensor([self.world, *shape], dtype, mesh=mesh, axes="didx" + " _" * len(shape)),
+                tensor(shape, dtype, mesh=mesh),
+            )
         if self.layout == "outer":
             return (
                 tensor([self.world, self.world, 3], dtype, mesh=mesh, axes="didx _ _"),
@@ -319,6 +326,24 @@ class ReductionCase:
     def program(self, symmetric: str = "symmetric") -> str:
         partial, result = self.types()
         team = list(range(self.world))
+        if self.layout == "inner" and self.collective == "allreduce":
+            mesh, dtype = list(range(self.world)), self.dtype
+            whole = tensor([self.world, 5, 2], dtype, mesh=mesh, axes="didx _ _")
+            columns = tensor([5, 2], dtype, mesh=mesh)
+            return f"""
+        func.func @main(%x: {whole}) -> {result} {{
+          %s = hir.allocate() {symmetric} : {whole}
+          hir.copy ins(%x : {whole}) outs(%s : {whole})
+          %c1 = arith.constant 1 : index
+          %column = hir.alias_select %s[2 = %c1] : {whole} -> {partial}
+          %y = hir.allocate() : {columns}
+          %y_column = hir.alias_select %y[1 = %c1] : {columns} -> {result}
+          %w = hir.allreduce %column into %y_column team {team} op {self.op} backend cuda : {partial}, {result}
+          hir.wait %w
+          %r = hir.allocate() : {result}
+          hir.copy ins(%y_column : {result}) outs(%r : {result})
+          func.return %r : {result}
+        }}"""
         return f"""
         func.func @main(%x: {partial}) -> {result} {{
           %s = hir.allocate() {symmetric} : {partial}
@@ -333,7 +358,7 @@ class ReductionCase:
         """The unsharded partials (the reduced axis first), the same in every process."""
         generator = torch.Generator().manual_seed(sum(map(ord, self.id)))
         if self.collective == "allreduce":
-            shape = (self.world, 3)
+            shape = (self.world, *{"outer": (3,), "uneven": (5, 7), "inner": (5, 2)}[self.layout])
         elif self.layout == "outer":
             shape = (self.world, self.world, 3)
         else:
@@ -341,13 +366,16 @@ class ReductionCase:
         return torch.randn(shape, generator=generator).to(DTYPES[self.dtype])
 
     def expected(self) -> torch.Tensor:
-        return TORCH_REDUCTIONS[self.op](self.input().double(), 0)
+        reduced = TORCH_REDUCTIONS[self.op](self.input().double(), 0)
+        if self.collective == "allreduce" and self.layout == "inner":
+            return reduced[:, 1]
+        return reduced
 
 
 REDUCTION_CASES = [
     ReductionCase(collective, op, world, layout)
     for world in (2, 4)
-    for collective, layouts in (("allreduce", ("outer",)), ("reduce_scatter", ("outer", "inner")))
+    for collective, layouts in (("allreduce", ("outer", "uneven", "inner")), ("reduce_scatter", ("outer", "inner")))
     for layout in layouts
     for op in TORCH_REDUCTIONS
 ] + [ReductionCase("allreduce", "sum", world, dtype="bf16") for world in (2, 4)]
@@ -391,6 +419,61 @@ def test_copy_engine_reductions_of_every_op(case: ReductionCase):
     if case.collective == "allreduce":
         # Every member reduces the same operands in the same order: the replicas are bitwise equal.
         assert all(torch.equal(output, outputs[0]) for output in outputs)
+
+
+def allreduce_traffic(text: str, runs: list[torch.Tensor]) -> list[tuple[int, int, torch.Tensor]]:
+    """On one rank: per run of `text` on its shard of each input, the elements it read from
+    its peers (pulled from their mappings on GPUs, received as messages on the CPU), the
+    symmetric buffers made, and the output."""
+    communicator = Communicator.from_env()
+    engine = communicator.copy_engine
+    counts = {"read": 0, "made": 0}
+    peer_view, batch, allocate = SymmetricBuffer.peer_view, dist.batch_isend_irecv, engine.allocate
+
+    def counted_peer_view(buffer, view, device):
+        counts["read"] += view.numel()
+        return peer_view(buffer, view, device)
+
+    def counted_batch(operations):
+        counts["read"] += sum(o.tensor.numel() for o in operations if o.op is dist.irecv)
+        return batch(operations)
+
+    def counted_allocate(*args):
+        counts["made"] += 1
+        return allocate(*args)
+
+    SymmetricBuffer.peer_view, dist.batch_isend_irecv, engine.allocate = (
+        counted_peer_view,
+        counted_batch,
+        counted_allocate,
+    )
+    program = Program.compile(text, pipeline=None)
+    results = []
+    for whole in runs:
+        counts.update(read=0, made=0)
+        local = shard(whole, program.input_types[0], communicator.rank).to(communicator.device)
+        with poisoned_allocations():
+            (output,) = program.run([local], communicator)
+        results.append((counts["read"], counts["made"], output.cpu()))
+    return results
+
+
+@needs_world(4)
+def test_an_allreduce_of_four_moves_a_rings_bytes_through_one_reused_scratch():
+    """In a team of more than two each member reduces one piece and gathers the others'
+    (`AllreducePieces`): of a partial of 35 elements, pieces of 9, 9, 9 and 8, a member at
+    position p reads 3 peers' piece p and then the 3 other reduced pieces, 35 + 2 n_p
+    elements where pulling the whole partials would read 105. The scratch it reduces into
+    is made by the first run alone, beside the program's symmetric partial."""
+    case = ReductionCase("allreduce", "sum", 4, layout="uneven")
+    generator = torch.Generator().manual_seed(11)
+    runs = [torch.randn(4, 5, 7, generator=generator) for _ in range(2)]
+    per_rank = run_on_local_ranks(allreduce_traffic, 4, case.program(), runs)
+    for rank, results in enumerate(per_rank):
+        piece = (9, 9, 9, 8)[rank]
+        assert [(read, made) for read, made, _ in results] == [(35 + 2 * piece, 2), (35 + 2 * piece, 0)]
+        for whole, (_, _, output) in zip(runs, results):
+            torch.testing.assert_close(output, whole.sum(0), msg=lambda m: f"rank {rank}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
