@@ -100,6 +100,18 @@ def writable(output: torch.Tensor) -> tuple[torch.Tensor, list[Callable[[], obje
     return target, [lambda: output.copy_(target)]
 
 
+def _check_one_gpu_per_local_rank(local_ranks: int) -> None:
+    """NCCL ranks take one GPU each: every rank of a machine that has too few says so
+    before joining the group, where the ranks that have one would wait for the others."""
+    gpus = torch.cuda.device_count()
+    if local_ranks > gpus:
+        raise HostirError(
+            f"{local_ranks} ranks on this machine need {local_ranks} GPUs (one per NCCL rank); "
+            f"it has {gpus}: start at most {gpus} per machine, or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=) to run the ranks on the CPU with gloo"
+        )
+
+
 def _positions_by_group_rank(team: Sequence[int]) -> list[int] | None:
     """The team position of each process-group rank (groups sort their ranks); None if sorted."""
     ranked = sorted(team)
@@ -163,6 +175,7 @@ class Communicator:
                     + ", ".join(missing)
                 )
             if cuda:
+                _check_one_gpu_per_local_rank(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)))
                 torch.cuda.set_device(device)
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
         cls._from_env = cls(dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), timeout_s)

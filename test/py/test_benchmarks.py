@@ -21,6 +21,7 @@ import torch
 from runtime.communicator import Communicator
 from runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
 from runtime.launch import run_on_local_ranks
+from test_communicator import needs_ranks
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -287,6 +288,7 @@ def gemms_alone() -> tuple[torch.Tensor, torch.Tensor, dict[OverlapKind, torch.T
     return x.cpu(), w.cpu(), products
 
 
+@needs_ranks(2)
 def test_the_gemm_alone_multiplies_the_problems_data():
     """Not the uninitialised gathered buffer, which a GEMM multiplies faster than random
     data: the AG+GEMM limit would be too low."""
@@ -302,6 +304,7 @@ def test_the_gemm_alone_multiplies_the_problems_data():
             torch.testing.assert_close(product.double(), expected[kind], rtol=0, atol=tolerance, msg=kind.name)
 
 
+@needs_ranks(2)
 def test_ranks_agree_on_failures_and_checks_and_the_run_goes_on():
     for failed, right, wrong, unwritten in run_on_local_ranks(measured_contenders, 2, timeout_s=60):
         assert failed.status == "failed: RuntimeError: rank 1 broke (rank 1)" and failed.ms is None

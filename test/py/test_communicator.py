@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from hostir_dialect.text import HostirError
 from runtime.communicator import Communicator
 from runtime.launch import run_on_local_ranks
 from runtime.program import Program
@@ -317,3 +318,17 @@ def test_single_communicator_copies_locally():
     communicator.allreduce(x, y, [0], None).wait()
     assert torch.equal(y, x[0])
     assert communicator.allgather(x, torch.empty(1, 3), [1], 0).works == []  # not a member
+
+
+def test_more_local_ranks_than_gpus_fail_on_every_rank_before_joining(monkeypatch):
+    """Each rank of a machine with too few GPUs says so, the ranks that have one included
+    (which would otherwise wait in NCCL's rendezvous for the others)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(Communicator, "_from_env", None)
+    environment = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    for name, value in {**environment, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(HostirError, match=r"2 ranks on this machine need 2 GPUs .* it has 1: .*CUDA_VISIBLE_DEVICES="):
+        Communicator.from_env()
+    assert not torch.distributed.is_initialized()

@@ -22,6 +22,7 @@ from runtime.cost_model import (
     pipeline_time,
 )
 from runtime.launch import run_on_local_ranks
+from test_communicator import needs_ranks
 
 AG, RS, AR = OverlapKind.ALLGATHER_MATMUL, OverlapKind.MATMUL_REDUCE_SCATTER, OverlapKind.MATMUL_ALLREDUCE
 
@@ -151,6 +152,7 @@ def measured_on_a_rank(extent: int) -> Rates:
     return measure_rates(Communicator.from_env(), torch.float32, extent=extent, repeats=2)
 
 
+@needs_ranks(2)
 def test_measured_rates_are_positive_and_the_same_on_every_rank():
     rates = run_on_local_ranks(measured_on_a_rank, 2, 64, timeout_s=60)
     assert rates[0] == rates[1]
