@@ -16,7 +16,9 @@ The reductions run the same way: every reference fusion that lowers to an allred
 reduce-scatter (the allreduce, the reduce-scatter, matmul+allreduce and
 matmul+reduce-scatter, all stream-parallel) with `hir-lowering{backend=cuda}`, f32 and
 bf16, worlds of 2 and 4; and hand-written host programs run the copy-engine allreduce and
-reduce-scatter with every reduction op (sum, product, max, min).
+reduce-scatter with every reduction op (sum, product, max, min). On a world of 4 the
+allreduce runs in two phases: pieces of every size (empty, uneven, strided), the elements
+each member reads from its peers and the scratch it reduces into are checked too.
 
 Single-process tests check what the runtime refuses while preparing a program, and how
 long a symmetric buffer lives. GPU-only tests profile an AG+matmul and a
