@@ -167,6 +167,33 @@ def test_the_table_and_the_plot(cpu_run):
     assert image.format == "PNG" and image.size[0] > 1000 and image.size[1] > 300
 
 
+def test_on_four_cpu_ranks_every_contender_runs_and_every_check_passes(tmp_path):
+    """The benchmark at 4 ranks, as on 4 GPUs: the point-to-point AG+GEMM in 4 chunks, and the
+    copy-engine GEMM+AR, whose allreduce of 4 members runs in two phases."""
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "overlap.py"),
+        "--cpu",
+        "--nproc=4",
+        "--sizes=64,32,16",
+        "--chunks=1,2",
+        "--warmup=0",
+        "--reps=2",
+        "--check-peers",
+        f"--out={tmp_path}",
+        "--timeout=30",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stderr
+    results = results_of(tmp_path)
+    checked = [r for r in results if r["status"] == "ok" and r["check_error"] is not None]
+    assert len(checked) >= 30 and all(r["check_ok"] for r in checked)
+    statuses = {(r["problem"], r["label"]): r["status"] for r in results}
+    for label in ("hostir (cuda) S=1", "hostir (cuda) S=2", "hostir (cuda, pool streams) S=2"):
+        assert statuses[("matmul_allreduce", label)] == "ok"
+    assert statuses[("allgather_matmul", "hostir p2p (cuda) S=4")] == "ok"
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")
 def test_on_two_gpus_every_contender_runs_and_every_check_passes(tmp_path):
     command = [
