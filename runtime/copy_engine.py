@@ -406,10 +406,11 @@ class SymmetricMemoryEngine(CopyEngine):
 
     def _reduce_in_pieces(self, source, pieces, team, op) -> tuple[list, list]:
         """Both phases on the copy stream, the reduction between them too: the second phase
-        needs every member's reduced piece, so the copy stream could not go on without it;
-        here it starts as soon as SMs are free, where on the waiting stream it would wait
-        for the wait (docs/copy-engine.md). The engine's scratch is free again for the next
-        allreduce once the final barrier says that the peers are done reading it."""
+        needs every member's reduced piece, so the copy stream could not go on without it.
+        Here the reduction runs once SMs are free, at the latest when the waiting stream
+        stops at the wait, where on that stream it would run only then (docs/copy-engine.md).
+        The engine's scratch is free again for the next allreduce once the final barrier
+        says that the peers are done reading it."""
         own, size = pieces.position, len(team)
         started = self._begin()
         with torch.cuda.stream(self.stream):
