@@ -18,7 +18,9 @@ matmul+reduce-scatter, all stream-parallel) with `hir-lowering{backend=cuda}`, f
 bf16, worlds of 2 and 4; and hand-written host programs run the copy-engine allreduce and
 reduce-scatter with every reduction op (sum, product, max, min). On a world of 4 the
 allreduce runs in two phases: pieces of every size (empty, uneven, strided), the elements
-each member reads from its peers and the scratch it reduces into are checked too.
+each member reads from its peers and the scratch it reduces into are checked too; on a
+machine with a GPU its GPU path runs with 4 processes sharing that GPU
+(`MemberOnOneGpu`).
 
 Single-process tests check what the runtime refuses while preparing a program, and how
 long a symmetric buffer lives. GPU-only tests profile an AG+matmul and a
@@ -31,11 +33,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pickle
+import queue
 import re
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -883,6 +887,197 @@ def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms(name):
             if pull[2] < kernel[3] and kernel[2] < pull[3]
         ]
         assert overlapping, f"rank {rank}: no copy overlapped a kernel of the compute streams"
+
+
+SIGNAL_PAD_WORDS = 64
+
+
+@dataclass
+class EmulatedHandle:
+    """What `symm_mem.rendezvous` hands one member of a team emulated on one GPU: every
+    member's buffer and signal pad, shared between the members' processes by CUDA IPC."""
+
+    rank: int
+    world_size: int
+    members: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    signal_pad_size: int = 4 * SIGNAL_PAD_WORDS
+
+    def get_buffer(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.members[rank][0].view(dtype).view(shape)
+
+    def get_signal_pad(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.members[rank][1].view(dtype)[: shape[0]]
+
+
+@dataclass
+class MemberOnOneGpu:
+    """One member of a team whose members are processes sharing one GPU, as `symm_mem`.
+
+    torch's symmetric memory maps each member's buffer and signal pad into the other
+    members' processes, one GPU each, and refuses members that share a GPU; here they are
+    handed to the peers through `torch.multiprocessing` queues, which map them by CUDA
+    IPC. The rest of the copy engine runs as on separate GPUs: each member's context
+    with its own streams, the signals as stream memory operations waiting on the GPU,
+    the pulls from the peers' memory, the reductions. (Members as threads of one process
+    would share one context, where CUDA does not promise that a stream waiting for a
+    signal lets the streams that would send it run.)
+
+    `rendezvous` returns once every member has mapped every other's memory, not once it
+    has itself: mapping may wait for the whole GPU, here every member's, which a peer's
+    transfer waiting for this member's next signal would keep busy. (On separate GPUs a
+    member's mapping waits for its own GPU, busy only with waits for signals that the
+    peers sent before they came to the rendezvous.)"""
+
+    rank: int
+    inboxes: list
+    made: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    """Rendezvous -> member -> its buffer and signal pad."""
+    mapped: dict[int, set[int]] = field(default_factory=dict)
+    """Rendezvous -> the peers that have mapped every member's memory."""
+    count: int = 0
+
+    def empty(self, shape, dtype, device) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def rendezvous(self, tensor: torch.Tensor, group) -> EmulatedHandle:
+        index, self.count = self.count, self.count + 1
+        pad = torch.zeros(SIGNAL_PAD_WORDS, dtype=torch.int32, device=tensor.device)
+        # Zeroed before any peer can set a flag in it, as torch zeroes a pad when it allocates it.
+        torch.cuda.current_stream().synchronize()
+        members = self.made.setdefault(index, {})
+        members[self.rank] = (tensor, pad)
+        self._tell_peers("made", index, tensor, pad)
+        self._receive_until(lambda: len(members) == len(self.inboxes))
+        self._tell_peers("mapped", index)
+        self._receive_until(lambda: len(self.mapped.get(index, ())) == len(self.inboxes) - 1)
+        return EmulatedHandle(self.rank, len(self.inboxes), members)
+
+    def _tell_peers(self, kind: str, index: int, *shared: torch.Tensor) -> None:
+        for peer, inbox in enumerate(self.inboxes):
+            if peer != self.rank:
+                inbox.put((kind, index, self.rank, *shared))
+
+    def _receive_until(self, done: Callable[[], bool]) -> None:
+        """Takes the peers' messages, of this rendezvous or the next, until `done()`."""
+        while not done():
+            kind, index, peer, *shared = self.inboxes[self.rank].get(timeout=60)
+            if kind == "made":
+                self.made.setdefault(index, {})[peer] = tuple(shared)
+            else:
+                self.mapped.setdefault(index, set()).add(peer)
+
+
+ALLREDUCES_OF_FOUR = [
+    ("uneven", (5, 7), torch.float32, dist.ReduceOp.SUM),
+    ("fewer elements than members", (3,), torch.float32, dist.ReduceOp.MAX),
+    ("strided", (5,), torch.float32, dist.ReduceOp.SUM),
+    ("bf16", (6, 10), torch.bfloat16, dist.ReduceOp.SUM),
+]
+"""What each member of a team of 4 allreduces: (name, output shape, dtype, op)."""
+
+
+def two_phase_allreduce_member(rank: int, inboxes: list, results, done, partials) -> None:
+    """Member `rank` of a team of 4 on one GPU (`MemberOnOneGpu`): the cases of
+    `ALLREDUCES_OF_FOUR`, each issued twice before either is waited for; its outputs (or
+    its error) to `results`, once every member is done with its memory (`done`)."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    try:
+        emulated = MemberOnOneGpu(rank, inboxes)
+        symm_mem.empty, symm_mem.rendezvous = emulated.empty, emulated.rendezvous
+        communicator = Communicator(rank, 4, torch.device("cuda", 0), "nccl", 30.0)
+        engine, device = communicator.copy_engine, communicator.device
+        outputs = []
+        for (name, shape, dtype, op), runs in zip(ALLREDUCES_OF_FOUR, partials):
+            works, results_of_case = [], []
+            for partial in runs:
+                if name == "strided":
+                    # Column 1 of a symmetric [5, 2] into column 1 of a [5, 2] output.
+                    symmetric = engine.allocate((*shape, 2), dtype, range(4)).tensor
+                    symmetric[:, 1] = partial[rank].to(device)
+                    input = symmetric[:, 1]
+                    output = torch.full((*shape, 2), float("nan"), dtype=dtype, device=device)[:, 1]
+                else:
+                    input = engine.allocate(shape, dtype, range(4)).tensor
+                    input.copy_(partial[rank].to(device))
+                    output = torch.full(shape, float("nan"), dtype=dtype, device=device)
+                works += engine.allreduce(input, output, (0, 1, 2, 3), op)[0]
+                results_of_case.append(output)
+            for work in works:
+                work.wait()
+            outputs.append([result.cpu() for result in results_of_case])
+        done.wait()
+        # Pickled here: a tensor put as it is would be shared with the test by a file this
+        # process must keep open, and it ends.
+        results.put((rank, pickle.dumps(outputs)))
+    except BaseException as error:
+        done.abort()
+        results.put((rank, f"{type(error).__name__}: {error}"))
+
+
+def two_phase_allreduces_on_one_gpu(partials: list[list[torch.Tensor]]) -> list[list[list[torch.Tensor]]]:
+    """`two_phase_allreduce_member` on 4 processes sharing one GPU; every member's outputs."""
+    context = torch.multiprocessing.get_context("spawn")
+    inboxes = [context.Queue() for _ in range(4)]
+    results, done = context.Queue(), context.Barrier(4, timeout=90)
+    members = [
+        context.Process(target=two_phase_allreduce_member, args=(rank, inboxes, results, done, partials))
+        for rank in range(4)
+    ]
+    for member in members:
+        member.start()
+    per_member: dict[int, object] = {}
+    deadline = time.monotonic() + 100
+    try:
+        while len(per_member) < len(members):
+            try:
+                rank, outputs = results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(4)) - per_member.keys())
+                raise RuntimeError(f"members {missing} did not finish within 100 s") from None
+            per_member[rank] = outputs
+    finally:
+        for member in members:
+            member.join(timeout=10)
+            member.kill()
+    failures = {rank: outputs for rank, outputs in per_member.items() if isinstance(outputs, str)}
+    if failures:
+        raise RuntimeError(f"members failed: {failures}")
+    return [pickle.loads(per_member[rank]) for rank in range(4)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_two_phase_allreduce_of_four_members_on_the_copy_engines_of_one_gpu(monkeypatch):
+    """The GPU path of the two-phase allreduce (`SymmetricMemoryEngine`), its members
+    processes sharing one GPU (`MemberOnOneGpu`): every case issued twice before either is
+    waited for (as a pipelined loop does, through one scratch per shape), on poisoned
+    outputs; each member's output is plain torch's reduction of the partials, the same
+    bits on every member.
+
+    The members load every kernel when they start (`CUDA_MODULE_LOADING=EAGER`): loading
+    one at its first launch may wait for the whole GPU, here every member's, which a
+    peer's transfer waiting for this member's next signal would keep busy."""
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    generator = torch.Generator().manual_seed(5)
+    partials = [
+        [torch.randn(4, *shape, generator=generator).to(dtype) for _ in range(2)]
+        for _, shape, dtype, _ in ALLREDUCES_OF_FOUR
+    ]
+    per_member = two_phase_allreduces_on_one_gpu(partials)
+    torch_reductions = {dist.ReduceOp.SUM: torch.sum, dist.ReduceOp.MAX: torch.amax}
+    for i, ((name, _, dtype, op), runs) in enumerate(zip(ALLREDUCES_OF_FOUR, partials)):
+        for run, partial in enumerate(runs):
+            expected = torch_reductions[op](partial.double(), 0)
+            tolerance = TOLERANCE[dtype] * expected.abs().max().item()
+            for rank, outputs in enumerate(per_member):
+                torch.testing.assert_close(
+                    outputs[i][run].double(),
+                    expected,
+                    rtol=0,
+                    atol=tolerance,
+                    msg=lambda m: f"{name}, run {run}, member {rank}: {m}",
+                )
+                assert torch.equal(outputs[i][run], per_member[0][i][run]), f"{name}: members differ"
 
 
 STAY_AWAY_S = 30.0
