@@ -264,8 +264,12 @@ class CopyEngine(ABC):
         return AllreducePieces(inputs, outputs, scratch, team.index(self.rank))
 
     def _staging(self, piece: torch.Tensor, size: int) -> torch.Tensor:
-        """A contiguous buffer of one slot per team position, each with `piece`'s shape."""
-        return torch.empty((size, *piece.shape), dtype=piece.dtype, device=self.communicator.device)
+        """A buffer of one slot per team position, each with `piece`'s shape, where the peers'
+        pieces land. A pair reads its own piece in place (`reduction`), so both of its
+        positions view one slot's memory, written by the peer's piece alone."""
+        slot = (1 if size == 2 else size, *piece.shape)
+        staging = torch.empty(slot, dtype=piece.dtype, device=self.communicator.device)
+        return staging.expand(size, *piece.shape)
 
     @abstractmethod
     def _pull_and_reduce(

@@ -18,9 +18,9 @@ matmul+reduce-scatter, all stream-parallel) with `hir-lowering{backend=cuda}`, f
 bf16, worlds of 2 and 4; and hand-written host programs run the copy-engine allreduce and
 reduce-scatter with every reduction op (sum, product, max, min). On a world of 4 the
 allreduce runs in two phases: pieces of every size (empty, uneven, strided), the elements
-each member reads from its peers and the scratch it reduces into are checked too; on a
-machine with a GPU its GPU path runs with 4 processes sharing that GPU
-(`MemberOnOneGpu`).
+each member reads from its peers and the scratch it reduces into are checked too. On a
+machine with a GPU the allreduce's GPU path runs with 2 and with 4 processes sharing
+that GPU (`MemberOnOneGpu`).
 
 Single-process tests check what the runtime refuses while preparing a program, and how
 long a symmetric buffer lives. GPU-only tests profile an AG+matmul and a
@@ -427,14 +427,16 @@ def test_copy_engine_reductions_of_every_op(case: ReductionCase):
         assert all(torch.equal(output, outputs[0]) for output in outputs)
 
 
-def allreduce_traffic(text: str, runs: list[torch.Tensor]) -> list[tuple[int, int, torch.Tensor]]:
+def allreduce_traffic(text: str, runs: list[torch.Tensor]) -> list[tuple[int, int, int, torch.Tensor]]:
     """On one rank: per run of `text` on its shard of each input, the elements it read from
     its peers (pulled from their mappings on GPUs, received as messages on the CPU), the
-    symmetric buffers made, and the output."""
+    symmetric buffers made, the bytes of the staging buffers the peers' pieces landed in,
+    and the output."""
     communicator = Communicator.from_env()
     engine = communicator.copy_engine
-    counts = {"read": 0, "made": 0}
+    counts = {"read": 0, "made": 0, "staged": 0}
     peer_view, batch, allocate = SymmetricBuffer.peer_view, dist.batch_isend_irecv, engine.allocate
+    staging = engine._staging
 
     def counted_peer_view(buffer, view, device):
         counts["read"] += view.numel()
@@ -448,20 +450,41 @@ def allreduce_traffic(text: str, runs: list[torch.Tensor]) -> list[tuple[int, in
         counts["made"] += 1
         return allocate(*args)
 
-    SymmetricBuffer.peer_view, dist.batch_isend_irecv, engine.allocate = (
+    def counted_staging(*args):
+        made = staging(*args)
+        counts["staged"] += made.untyped_storage().nbytes()
+        return made
+
+    SymmetricBuffer.peer_view, dist.batch_isend_irecv, engine.allocate, engine._staging = (
         counted_peer_view,
         counted_batch,
         counted_allocate,
+        counted_staging,
     )
     program = Program.compile(text, pipeline=None)
     results = []
     for whole in runs:
-        counts.update(read=0, made=0)
+        counts.update(read=0, made=0, staged=0)
         local = shard(whole, program.input_types[0], communicator.rank).to(communicator.device)
         with poisoned_allocations():
             (output,) = program.run([local], communicator)
-        results.append((counts["read"], counts["made"], output.cpu()))
+        results.append((counts["read"], counts["made"], counts["staged"], output.cpu()))
     return results
+
+
+@needs_world(2)
+def test_a_pair_stages_only_its_peers_partial():
+    """A pair reads its own partial in place (`reduction`): it pulls the peer's whole
+    partial, 35 elements, into a staging buffer of that partial's bytes alone, one slot
+    where a slot per member would hold two."""
+    case = ReductionCase("allreduce", "sum", 2, layout="uneven")
+    generator = torch.Generator().manual_seed(12)
+    runs = [torch.randn(2, 5, 7, generator=generator) for _ in range(2)]
+    per_rank = run_on_local_ranks(allreduce_traffic, 2, case.program(), runs)
+    for rank, results in enumerate(per_rank):
+        assert [(read, made, staged) for read, made, staged, _ in results] == [(35, 1, 35 * 4), (35, 0, 35 * 4)]
+        for whole, (*_, output) in zip(runs, results):
+            torch.testing.assert_close(output, whole.sum(0), msg=lambda m: f"rank {rank}: {m}")
 
 
 @needs_world(4)
@@ -470,15 +493,17 @@ def test_an_allreduce_of_four_moves_a_rings_bytes_through_one_reused_scratch():
     (`AllreducePieces`): of a partial of 35 elements, pieces of 9, 9, 9 and 8, a member at
     position p reads 3 peers' piece p and then the 3 other reduced pieces, 35 + 2 n_p
     elements where pulling the whole partials would read 105. The scratch it reduces into
-    is made by the first run alone, beside the program's symmetric partial."""
+    is made by the first run alone, beside the program's symmetric partial; its staging
+    holds a slot of piece p per member."""
     case = ReductionCase("allreduce", "sum", 4, layout="uneven")
     generator = torch.Generator().manual_seed(11)
     runs = [torch.randn(4, 5, 7, generator=generator) for _ in range(2)]
     per_rank = run_on_local_ranks(allreduce_traffic, 4, case.program(), runs)
     for rank, results in enumerate(per_rank):
         piece = (9, 9, 9, 8)[rank]
-        assert [(read, made) for read, made, _ in results] == [(35 + 2 * piece, 2), (35 + 2 * piece, 0)]
-        for whole, (_, _, output) in zip(runs, results):
+        read, staged = 35 + 2 * piece, 4 * piece * 4
+        assert [(r, m, s) for r, m, s, _ in results] == [(read, 2, staged), (read, 0, staged)]
+        for whole, (*_, output) in zip(runs, results):
             torch.testing.assert_close(output, whole.sum(0), msg=lambda m: f"rank {rank}: {m}")
 
 
@@ -967,44 +992,49 @@ class MemberOnOneGpu:
                 self.mapped.setdefault(index, set()).add(peer)
 
 
-ALLREDUCES_OF_FOUR = [
+ALLREDUCES_ON_ONE_GPU = [
     ("uneven", (5, 7), torch.float32, dist.ReduceOp.SUM),
     ("fewer elements than members", (3,), torch.float32, dist.ReduceOp.MAX),
     ("strided", (5,), torch.float32, dist.ReduceOp.SUM),
     ("bf16", (6, 10), torch.bfloat16, dist.ReduceOp.SUM),
 ]
-"""What each member of a team of 4 allreduces: (name, output shape, dtype, op)."""
+"""What each member of a team on one GPU allreduces: (name, output shape, dtype, op)."""
 
 
-def two_phase_allreduce_member(rank: int, inboxes: list, results, done, partials) -> None:
-    """Member `rank` of a team of 4 on one GPU (`MemberOnOneGpu`): the cases of
-    `ALLREDUCES_OF_FOUR`, each issued twice before either is waited for; its outputs (or
-    its error) to `results`, once every member is done with its memory (`done`)."""
+def allreduce_member_on_one_gpu(rank: int, inboxes: list, results, done, partials) -> None:
+    """Member `rank` of a team on one GPU (`MemberOnOneGpu`, a member per inbox): the cases
+    of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its outputs
+    (or its error) to `results`, once every member is done with its memory (`done`)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
     try:
         emulated = MemberOnOneGpu(rank, inboxes)
         symm_mem.empty, symm_mem.rendezvous = emulated.empty, emulated.rendezvous
-        communicator = Communicator(rank, 4, torch.device("cuda", 0), "nccl", 30.0)
+        team = tuple(range(len(inboxes)))
+        communicator = Communicator(rank, len(team), torch.device("cuda", 0), "nccl", 30.0)
         engine, device = communicator.copy_engine, communicator.device
         outputs = []
-        for (name, shape, dtype, op), runs in zip(ALLREDUCES_OF_FOUR, partials):
-            works, results_of_case = [], []
+        for (name, shape, dtype, op), runs in zip(ALLREDUCES_ON_ONE_GPU, partials):
+            works, finishes, results_of_case = [], [], []
             for partial in runs:
                 if name == "strided":
                     # Column 1 of a symmetric [5, 2] into column 1 of a [5, 2] output.
-                    symmetric = engine.allocate((*shape, 2), dtype, range(4)).tensor
+                    symmetric = engine.allocate((*shape, 2), dtype, team).tensor
                     symmetric[:, 1] = partial[rank].to(device)
                     input = symmetric[:, 1]
                     output = torch.full((*shape, 2), float("nan"), dtype=dtype, device=device)[:, 1]
                 else:
-                    input = engine.allocate(shape, dtype, range(4)).tensor
+                    input = engine.allocate(shape, dtype, team).tensor
                     input.copy_(partial[rank].to(device))
                     output = torch.full(shape, float("nan"), dtype=dtype, device=device)
-                works += engine.allreduce(input, output, (0, 1, 2, 3), op)[0]
+                issued = engine.allreduce(input, output, team, op)
+                works += issued[0]
+                finishes += issued[1]
                 results_of_case.append(output)
             for work in works:
                 work.wait()
+            for finish in finishes:
+                finish()
             outputs.append([result.cpu() for result in results_of_case])
         done.wait()
         # Pickled here: a tensor put as it is would be shared with the test by a file this
@@ -1015,25 +1045,25 @@ def two_phase_allreduce_member(rank: int, inboxes: list, results, done, partials
         results.put((rank, f"{type(error).__name__}: {error}"))
 
 
-def two_phase_allreduces_on_one_gpu(partials: list[list[torch.Tensor]]) -> list[list[list[torch.Tensor]]]:
-    """`two_phase_allreduce_member` on 4 processes sharing one GPU; every member's outputs."""
+def allreduces_on_one_gpu(size: int, partials: list[list[torch.Tensor]]) -> list[list[list[torch.Tensor]]]:
+    """`allreduce_member_on_one_gpu` on `size` processes sharing one GPU; every member's outputs."""
     context = torch.multiprocessing.get_context("spawn")
-    inboxes = [context.Queue() for _ in range(4)]
-    results, done = context.Queue(), context.Barrier(4, timeout=90)
+    inboxes = [context.Queue() for _ in range(size)]
+    results, done = context.Queue(), context.Barrier(size, timeout=90)
     members = [
-        context.Process(target=two_phase_allreduce_member, args=(rank, inboxes, results, done, partials))
-        for rank in range(4)
+        context.Process(target=allreduce_member_on_one_gpu, args=(rank, inboxes, results, done, partials))
+        for rank in range(size)
     ]
     for member in members:
         member.start()
     per_member: dict[int, object] = {}
     deadline = time.monotonic() + 100
     try:
-        while len(per_member) < len(members):
+        while len(per_member) < size:
             try:
                 rank, outputs = results.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                missing = sorted(set(range(4)) - per_member.keys())
+                missing = sorted(set(range(size)) - per_member.keys())
                 raise RuntimeError(f"members {missing} did not finish within 100 s") from None
             per_member[rank] = outputs
     finally:
@@ -1043,16 +1073,18 @@ def two_phase_allreduces_on_one_gpu(partials: list[list[torch.Tensor]]) -> list[
     failures = {rank: outputs for rank, outputs in per_member.items() if isinstance(outputs, str)}
     if failures:
         raise RuntimeError(f"members failed: {failures}")
-    return [pickle.loads(per_member[rank]) for rank in range(4)]
+    return [pickle.loads(per_member[rank]) for rank in range(size)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_two_phase_allreduce_of_four_members_on_the_copy_engines_of_one_gpu(monkeypatch):
-    """The GPU path of the two-phase allreduce (`SymmetricMemoryEngine`), its members
-    processes sharing one GPU (`MemberOnOneGpu`): every case issued twice before either is
-    waited for (as a pipelined loop does, through one scratch per shape), on poisoned
-    outputs; each member's output is plain torch's reduction of the partials, the same
-    bits on every member.
+@pytest.mark.parametrize("size", [2, 4], ids=["pair", "two-phase-of-four"])
+def test_the_allreduce_of_a_team_on_the_copy_engines_of_one_gpu(size, monkeypatch):
+    """The GPU path of the copy-engine allreduce (`SymmetricMemoryEngine`), a pair's (the
+    own partial reduced in place with the peer's, staged in one slot) and a team of four's
+    (two phases), its members processes sharing one GPU (`MemberOnOneGpu`): every case
+    issued twice before either is waited for (as a pipelined loop does; for four, through
+    one scratch per shape), on poisoned outputs; each member's output is plain torch's
+    reduction of the partials, the same bits on every member.
 
     The members load every kernel when they start (`CUDA_MODULE_LOADING=EAGER`): loading
     one at its first launch may wait for the whole GPU, here every member's, which a
@@ -1060,12 +1092,12 @@ def test_the_two_phase_allreduce_of_four_members_on_the_copy_engines_of_one_gpu(
     monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
     generator = torch.Generator().manual_seed(5)
     partials = [
-        [torch.randn(4, *shape, generator=generator).to(dtype) for _ in range(2)]
-        for _, shape, dtype, _ in ALLREDUCES_OF_FOUR
+        [torch.randn(size, *shape, generator=generator).to(dtype) for _ in range(2)]
+        for _, shape, dtype, _ in ALLREDUCES_ON_ONE_GPU
     ]
-    per_member = two_phase_allreduces_on_one_gpu(partials)
+    per_member = allreduces_on_one_gpu(size, partials)
     torch_reductions = {dist.ReduceOp.SUM: torch.sum, dist.ReduceOp.MAX: torch.amax}
-    for i, ((name, _, dtype, op), runs) in enumerate(zip(ALLREDUCES_OF_FOUR, partials)):
+    for i, ((name, _, dtype, op), runs) in enumerate(zip(ALLREDUCES_ON_ONE_GPU, partials)):
         for run, partial in enumerate(runs):
             expected = torch_reductions[op](partial.double(), 0)
             tolerance = TOLERANCE[dtype] * expected.abs().max().item()
