@@ -472,37 +472,30 @@ def allreduce_traffic(text: str, runs: list[torch.Tensor]) -> list[tuple[int, in
     return results
 
 
-@needs_world(2)
-def test_a_pair_stages_only_its_peers_partial():
-    """A pair reads its own partial in place (`reduction`): it pulls the peer's whole
-    partial, 35 elements, into a staging buffer of that partial's bytes alone, one slot
-    where a slot per member would hold two."""
-    case = ReductionCase("allreduce", "sum", 2, layout="uneven")
-    generator = torch.Generator().manual_seed(12)
-    runs = [torch.randn(2, 5, 7, generator=generator) for _ in range(2)]
-    per_rank = run_on_local_ranks(allreduce_traffic, 2, case.program(), runs)
-    for rank, results in enumerate(per_rank):
-        assert [(read, made, staged) for read, made, staged, _ in results] == [(35, 1, 35 * 4), (35, 0, 35 * 4)]
-        for whole, (*_, output) in zip(runs, results):
-            torch.testing.assert_close(output, whole.sum(0), msg=lambda m: f"rank {rank}: {m}")
+PIECES_OF_35 = (9, 9, 9, 8)
+"""A partial of 35 elements in a team of four, in pieces (`AllreducePieces`)."""
 
 
-@needs_world(4)
-def test_an_allreduce_of_four_moves_a_rings_bytes_through_one_reused_scratch():
-    """In a team of more than two each member reduces one piece and gathers the others'
-    (`AllreducePieces`): of a partial of 35 elements, pieces of 9, 9, 9 and 8, a member at
-    position p reads 3 peers' piece p and then the 3 other reduced pieces, 35 + 2 n_p
-    elements where pulling the whole partials would read 105. The scratch it reduces into
-    is made by the first run alone, beside the program's symmetric partial; its staging
-    holds a slot of piece p per member."""
-    case = ReductionCase("allreduce", "sum", 4, layout="uneven")
+@pytest.mark.parametrize("world", [pytest.param(w, id=f"w{w}", marks=needs_world(w)) for w in (2, 4)])
+def test_an_allreduce_reads_and_stages_what_a_ring_moves(world):
+    """Of a partial of 35 elements, per run: a pair reads its own in place (`reduction`),
+    so it pulls the peer's 35 elements into a staging buffer of those alone. In a team of
+    four each member reduces one piece and gathers the others' (`AllreducePieces`), pieces
+    of 9, 9, 9 and 8: the member at position p reads 3 peers' piece p into a slot per
+    member, then the 3 other reduced pieces, 35 + 2 n_p elements where pulling the whole
+    partials would read 105; the scratch it reduces into is made by the first run alone,
+    beside the program's symmetric partial."""
+    case = ReductionCase("allreduce", "sum", world, layout="uneven")
     generator = torch.Generator().manual_seed(11)
-    runs = [torch.randn(4, 5, 7, generator=generator) for _ in range(2)]
-    per_rank = run_on_local_ranks(allreduce_traffic, 4, case.program(), runs)
+    runs = [torch.randn(world, 5, 7, generator=generator) for _ in range(2)]
+    per_rank = run_on_local_ranks(allreduce_traffic, world, case.program(), runs)
     for rank, results in enumerate(per_rank):
-        piece = (9, 9, 9, 8)[rank]
-        read, staged = 35 + 2 * piece, 4 * piece * 4
-        assert [(r, m, s) for r, m, s, _ in results] == [(read, 2, staged), (read, 0, staged)]
+        if world == 2:
+            read, made, staged = 35, 1, 35 * 4
+        else:
+            piece = PIECES_OF_35[rank]
+            read, made, staged = 35 + 2 * piece, 2, world * piece * 4
+        assert [(r, m, s) for r, m, s, _ in results] == [(read, made, staged), (read, 0, staged)]
         for whole, (*_, output) in zip(runs, results):
             torch.testing.assert_close(output, whole.sum(0), msg=lambda m: f"rank {rank}: {m}")
 
