@@ -14,10 +14,11 @@ peer and every link is busy.
 Reductions pull the same way and then reduce locally (copies cannot add): a
 reduce_scatter member pulls, from every member's partial, the piece it owns; an
 allreduce member of a pair pulls its peer's whole partial. The pieces land in a staging
-buffer, one slot per team position, and `hir.wait` reduces the pieces into the output on
-the waiting stream: one memory-bound torch op per transfer (reading the member's own
-piece in place in a team of two, with an op that is commutative; after copying it into
-its slot in a larger one, the slots in team order), the only SM work of the backend.
+buffer, one slot per team position (a pair's holds the peer's slot alone), and
+`hir.wait` reduces the pieces into the output on the waiting stream: one memory-bound
+torch op per transfer (reading the member's own piece in place in a team of two, with
+an op that is commutative; after copying it into its slot in a larger one, the slots
+in team order), the only SM work of the backend.
 The copy stream thus never waits for SMs (a reduction queued there behind a busy GEMM
 would hold up the next chunk's copies), and every member of an allreduce computes the
 same numbers in the same order, so the replicas are bitwise equal, as NCCL's are.
