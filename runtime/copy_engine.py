@@ -119,6 +119,12 @@ def ring_messages(position: int, size: int) -> list[tuple[int, int]]:
     return [(reading, (position - step) % size) for step, reading in enumerate(ring(position, size)) if step]
 
 
+def reads_own_piece_in_place(size: int) -> bool:
+    """Whether a member of a team of `size` reduces its own piece where it lies (a pair: one
+    commutative op of both pieces) rather than from a staging slot of its own."""
+    return size == 2
+
+
 def reduction(
     staging: torch.Tensor, own: int, piece: torch.Tensor, output: torch.Tensor, op, in_place: bool | None = None
 ) -> Callable[[], object]:
@@ -131,7 +137,7 @@ def reduction(
     then reduced in team order);
     `in_place` chooses for a team of two (benchmarks/pairwise_reduction.py times both)."""
     if in_place is None:
-        in_place = len(staging) == 2
+        in_place = reads_own_piece_in_place(len(staging))
     if in_place:
         peer = staging[1 - own].view(output.shape)
         return lambda: PAIRWISE[op](piece.reshape(output.shape), peer, out=output)
@@ -266,10 +272,10 @@ class CopyEngine(ABC):
 
     def _staging(self, piece: torch.Tensor, size: int) -> torch.Tensor:
         """A buffer of one slot per team position, each with `piece`'s shape, where the peers'
-        pieces land. A pair reads its own piece in place (`reduction`), so both of its
-        positions view one slot's memory, written by the peer's piece alone."""
-        slot = (1 if size == 2 else size, *piece.shape)
-        staging = torch.empty(slot, dtype=piece.dtype, device=self.communicator.device)
+        pieces land. Where the member reads its own piece in place (a pair, `reduction`),
+        all positions view one slot's memory, written by the peer's piece alone."""
+        slots = 1 if reads_own_piece_in_place(size) else size
+        staging = torch.empty((slots, *piece.shape), dtype=piece.dtype, device=self.communicator.device)
         return staging.expand(size, *piece.shape)
 
     @abstractmethod

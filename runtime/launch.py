@@ -42,7 +42,9 @@ class RankFailed(Exception):
         )
 
 
-def _rank_main(rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable, args: tuple) -> None:
+def _rank_main(
+    rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable, args: tuple, join_group: bool
+) -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -54,14 +56,15 @@ def _rank_main(rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable
         TORCHELASTIC_USE_AGENT_STORE=str(True),
     )
     try:
-        Communicator.from_env()
+        if join_group:
+            Communicator.from_env()
         payload = (True, pickle.dumps(fn(*args)))
     except HostirError as error:
         payload = (False, str(error))
     except BaseException:
         payload = (False, traceback.format_exc().strip())
     results.put((rank, *payload))
-    if payload[0]:
+    if payload[0] and dist.is_initialized():
         # Keep this rank's connections open until every rank is done with them: a peer
         # may still be reading what this rank sent. A failing peer ends the barrier
         # early, and reports its own failure.
@@ -74,11 +77,14 @@ def _rank_main(rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable
 
 
 def run_on_local_ranks(
-    fn: Callable[..., T], nproc: int, *args, timeout_s: float = LAUNCH_TIMEOUT_S
+    fn: Callable[..., T], nproc: int, *args, timeout_s: float = LAUNCH_TIMEOUT_S, join_group: bool = True
 ) -> list[T]:
     """Calls `fn(*args)` on `nproc` local ranks; returns the per-rank results in rank order.
 
     `fn` and `args` must be picklable (`fn` defined at module level); so must the results.
+    With `join_group=False` the ranks get torchrun's variables but join no process group:
+    `fn` talks to its peers by other means (queues of the spawn context in `args`, say), and
+    several ranks may share one GPU.
     """
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -87,7 +93,7 @@ def run_on_local_ranks(
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     port = store.port
     processes = [
-        context.Process(target=_rank_main, args=(rank, nproc, port, results, fn, args), daemon=True)
+        context.Process(target=_rank_main, args=(rank, nproc, port, results, fn, args, join_group), daemon=True)
         for rank in range(nproc)
     ]
     for process in processes:

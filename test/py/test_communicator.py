@@ -12,6 +12,7 @@ Inputs are random, allocations are poisoned with NaN, inputs are checked unchang
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -332,3 +333,21 @@ def test_more_local_ranks_than_gpus_fail_on_every_rank_before_joining(monkeypatc
     with pytest.raises(HostirError, match=r"2 ranks on this machine need 2 GPUs .* it has 1: .*CUDA_VISIBLE_DEVICES="):
         Communicator.from_env()
     assert not torch.distributed.is_initialized()
+
+
+def pass_rank_to_the_next(inboxes: list) -> tuple[int, bool, int]:
+    """This rank's number into the next rank's inbox: (this rank, whether it is in a process
+    group, the number it received)."""
+    rank = int(os.environ["RANK"])
+    inboxes[(rank + 1) % len(inboxes)].put(rank)
+    return rank, torch.distributed.is_initialized(), inboxes[rank].get(timeout=30)
+
+
+def test_ranks_launched_without_a_group_talk_through_their_arguments():
+    """`run_on_local_ranks(..., join_group=False)`: each rank has torchrun's variables but no
+    process group, and no GPU of its own to ask for (three ranks here, whatever the GPUs);
+    its peers are reached through what the arguments carry."""
+    context = torch.multiprocessing.get_context("spawn")
+    inboxes = [context.Queue() for _ in range(3)]
+    results = run_on_local_ranks(pass_rank_to_the_next, 3, inboxes, join_group=False)
+    assert results == [(0, False, 2), (1, False, 0), (2, False, 1)]

@@ -33,8 +33,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import pickle
-import queue
 import re
 import tempfile
 import time
@@ -954,9 +952,6 @@ class MemberOnOneGpu:
     """Rendezvous -> the peers that have mapped every member's memory."""
     count: int = 0
 
-    def empty(self, shape, dtype, device) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device=device)
-
     def rendezvous(self, tensor: torch.Tensor, group) -> EmulatedHandle:
         index, self.count = self.count, self.count + 1
         pad = torch.zeros(SIGNAL_PAD_WORDS, dtype=torch.int32, device=tensor.device)
@@ -986,24 +981,23 @@ class MemberOnOneGpu:
 
 
 ALLREDUCES_ON_ONE_GPU = [
-    ("uneven", (5, 7), torch.float32, dist.ReduceOp.SUM),
-    ("fewer elements than members", (3,), torch.float32, dist.ReduceOp.MAX),
-    ("strided", (5,), torch.float32, dist.ReduceOp.SUM),
-    ("bf16", (6, 10), torch.bfloat16, dist.ReduceOp.SUM),
+    ("uneven", (5, 7), torch.float32, "sum"),
+    ("fewer elements than members", (3,), torch.float32, "max"),
+    ("strided", (5,), torch.float32, "sum"),
+    ("bf16", (6, 10), torch.bfloat16, "sum"),
 ]
 """What each member of a team on one GPU allreduces: (name, output shape, dtype, op)."""
 
 
-def allreduce_member_on_one_gpu(rank: int, inboxes: list, results, done, partials) -> None:
-    """Member `rank` of a team on one GPU (`MemberOnOneGpu`, a member per inbox): the cases
-    of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its outputs
-    (or its error) to `results`, once every member is done with its memory (`done`)."""
+def allreduce_member_on_one_gpu(inboxes: list, done, partials) -> list[list[torch.Tensor]]:
+    """This rank as a member of a team on one GPU (`MemberOnOneGpu`, a member per inbox): the
+    cases of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its
+    outputs, once every member is done with its memory (`done`)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
+    rank, team = int(os.environ["RANK"]), tuple(range(len(inboxes)))
     try:
-        emulated = MemberOnOneGpu(rank, inboxes)
-        symm_mem.empty, symm_mem.rendezvous = emulated.empty, emulated.rendezvous
-        team = tuple(range(len(inboxes)))
+        symm_mem.empty, symm_mem.rendezvous = torch.empty, MemberOnOneGpu(rank, inboxes).rendezvous
         communicator = Communicator(rank, len(team), torch.device("cuda", 0), "nccl", 30.0)
         engine, device = communicator.copy_engine, communicator.device
         outputs = []
@@ -1020,7 +1014,7 @@ def allreduce_member_on_one_gpu(rank: int, inboxes: list, results, done, partial
                     input = engine.allocate(shape, dtype, team).tensor
                     input.copy_(partial[rank].to(device))
                     output = torch.full(shape, float("nan"), dtype=dtype, device=device)
-                issued = engine.allreduce(input, output, team, op)
+                issued = engine.allreduce(input, output, team, REDUCE_OPS[op])
                 works += issued[0]
                 finishes += issued[1]
                 results_of_case.append(output)
@@ -1030,43 +1024,10 @@ def allreduce_member_on_one_gpu(rank: int, inboxes: list, results, done, partial
                 finish()
             outputs.append([result.cpu() for result in results_of_case])
         done.wait()
-        # Pickled here: a tensor put as it is would be shared with the test by a file this
-        # process must keep open, and it ends.
-        results.put((rank, pickle.dumps(outputs)))
-    except BaseException as error:
-        done.abort()
-        results.put((rank, f"{type(error).__name__}: {error}"))
-
-
-def allreduces_on_one_gpu(size: int, partials: list[list[torch.Tensor]]) -> list[list[list[torch.Tensor]]]:
-    """`allreduce_member_on_one_gpu` on `size` processes sharing one GPU; every member's outputs."""
-    context = torch.multiprocessing.get_context("spawn")
-    inboxes = [context.Queue() for _ in range(size)]
-    results, done = context.Queue(), context.Barrier(size, timeout=90)
-    members = [
-        context.Process(target=allreduce_member_on_one_gpu, args=(rank, inboxes, results, done, partials))
-        for rank in range(size)
-    ]
-    for member in members:
-        member.start()
-    per_member: dict[int, object] = {}
-    deadline = time.monotonic() + 100
-    try:
-        while len(per_member) < size:
-            try:
-                rank, outputs = results.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                missing = sorted(set(range(size)) - per_member.keys())
-                raise RuntimeError(f"members {missing} did not finish within 100 s") from None
-            per_member[rank] = outputs
-    finally:
-        for member in members:
-            member.join(timeout=10)
-            member.kill()
-    failures = {rank: outputs for rank, outputs in per_member.items() if isinstance(outputs, str)}
-    if failures:
-        raise RuntimeError(f"members failed: {failures}")
-    return [pickle.loads(per_member[rank]) for rank in range(size)]
+        return outputs
+    except BaseException:
+        done.abort()  # the peers waiting there fail at once, not at its timeout
+        raise
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -1088,11 +1049,14 @@ def test_the_allreduce_of_a_team_on_the_copy_engines_of_one_gpu(size, monkeypatc
         [torch.randn(size, *shape, generator=generator).to(dtype) for _ in range(2)]
         for _, shape, dtype, _ in ALLREDUCES_ON_ONE_GPU
     ]
-    per_member = allreduces_on_one_gpu(size, partials)
-    torch_reductions = {dist.ReduceOp.SUM: torch.sum, dist.ReduceOp.MAX: torch.amax}
+    context = torch.multiprocessing.get_context("spawn")
+    inboxes, done = [context.Queue() for _ in range(size)], context.Barrier(size, timeout=90)
+    per_member = run_on_local_ranks(
+        allreduce_member_on_one_gpu, size, inboxes, done, partials, timeout_s=120, join_group=False
+    )
     for i, ((name, _, dtype, op), runs) in enumerate(zip(ALLREDUCES_ON_ONE_GPU, partials)):
         for run, partial in enumerate(runs):
-            expected = torch_reductions[op](partial.double(), 0)
+            expected = TORCH_REDUCTIONS[op](partial.double(), 0)
             tolerance = TOLERANCE[dtype] * expected.abs().max().item()
             for rank, outputs in enumerate(per_member):
                 torch.testing.assert_close(
