@@ -17,7 +17,9 @@ the fusion built with the Python builder, lowered by `Program.compile` (the defa
 pipeline; the point-to-point allgather and the copy-engine backend where asked), run
 with `Program.run`. The chunk count (the stream axis extent) and the streams come from
 the cost model (runtime/cost_model.py) fed with the GEMM-alone and collective-alone
-times just measured, or from `--chunks` (a sweep) and `--streams`.
+times just measured, for each program in the form its lowering gave it (a GEMM+RS with
+its reduction in the GEMM chooses fewer chunks), or from `--chunks` (a sweep) and
+`--streams`.
 
 Every hostir program's output is checked once against plain torch (X @ W on the
 unsharded tensors, this rank's piece taken with runtime.reference.shard), with every
@@ -56,6 +58,7 @@ import torch
 import torch.distributed as dist
 from xdsl.dialects.builtin import ModuleOp
 
+from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from overlap_peers import Build, Peers, Unavailable
@@ -437,6 +440,21 @@ def compiled(variant: HostirVariant, world: int) -> Program:
     return _programs[key]
 
 
+def lowered_problem(variant: HostirVariant, problem: OverlapProblem, world: int) -> OverlapProblem:
+    """`problem` in the form `variant`'s lowering gave it, for the cost model: a GEMM+RS whose
+    program adds into its output (`hir.matmul accumulate`, `reduce-scatter-in-matmul`) has
+    its reduction in the GEMM. A program that does not compile keeps the plain form; its
+    build says why it cannot run."""
+    if problem.kind != OverlapKind.MATMUL_REDUCE_SCATTER:
+        return problem
+    try:
+        program = compiled(variant, world)
+    except (HostirError, Unavailable):
+        return problem
+    adds_into_output = any(isinstance(op, hir.MatmulOp) and op.accumulate for op in program.host.walk())
+    return replace(problem, reduction_in_matmul=adds_into_output)
+
+
 def hostir_build(
     bench: Bench, variant: HostirVariant, x: torch.Tensor, w: torch.Tensor, shape: PipelineShape
 ) -> Build:
@@ -505,20 +523,25 @@ def bench_problem(bench: Bench, kind: OverlapKind, x: torch.Tensor, w: torch.Ten
     sequence = "AG then GEMM" if kind == OverlapKind.ALLGATHER_MATMUL else f"GEMM then {COLLECTIVES[kind]}"
     bench.measure(entry(sequence), peers.in_sequence(), y, check_peers)
     bench.measure(entry("symm_mem fused"), peers.symmetric_memory_fused(), y, check_peers)
-    for shape in pipeline_shapes(bench.arguments, problem, rates):
-        pipelines = [("NCCL per chunk", peers.per_chunk(shape.chunks, shape.streams), check_peers)] + [
-            (variant.name, hostir_build(bench, variant, x, w, shape), True)
-            for variant in HOSTIR_VARIANTS
-            if variant.kind == kind and not variant.point_to_point
-        ]
-        for name, build, check in pipelines:
+    contenders = [
+        ("NCCL per chunk", problem, lambda shape: peers.per_chunk(shape.chunks, shape.streams), check_peers)
+    ] + [
+        (
+            variant.name,
+            lowered_problem(variant, problem, bench.world),
+            functools.partial(hostir_build, bench, variant, x, w),
+            True,
+        )
+        for variant in HOSTIR_VARIANTS
+        if variant.kind == kind and not variant.point_to_point
+    ]
+    for name, contender_problem, build_of, check in contenders:
+        for shape in pipeline_shapes(bench.arguments, contender_problem, rates):
             if problem.chunked_rows % shape.chunks:
-                reason = (
-                    f"skipped: {shape.chunks} chunks do not divide the {problem.chunked_rows} rows of a rank"
-                )
+                reason = f"skipped: {shape.chunks} chunks do not divide the {problem.chunked_rows} rows of a rank"
                 bench.record(entry(name, shape, status=reason))
             else:
-                bench.measure(entry(name, shape), build, y, check)
+                bench.measure(entry(name, shape), build_of(shape), y, check)
     point_to_point = shape_of(problem, rates, bench.world)
     for variant in HOSTIR_VARIANTS:
         if variant.kind == kind and variant.point_to_point:

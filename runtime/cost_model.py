@@ -17,8 +17,8 @@ The first stage of the first chunk and the second stage of the last are exposed,
 (comm_s + gemm_s) / S together: more chunks hide more of them, and each chunk pays
 the fixed latencies once more, so T has a minimum. Chunk GEMMs of few rows run
 below the GPU's rate (too few tiles to fill the SMs, tiles cut short), which the
-linear g(S) does not see, so chunks of fewer than `min_chunk_rows` rows are not
-considered; the chunks must also divide the rows each rank holds along the stream
+linear g(S) does not see, so chunks whose GEMMs have fewer than `min_chunk_rows`
+rows are not considered; the chunks must also divide the rows each rank holds along the stream
 axis. The model assumes the two stages do not slow each other down: NCCL's kernels
 take SMs from the GEMM, so for NCCL the measured time sits above T(S), and the
 copy-engine backend is what comes close to it.
@@ -27,6 +27,17 @@ Two streams are enough in the model: chunk i+2's transfer, on chunk i's stream,
 needs chunk i's GEMM done, which happens by the time chunk i+1's transfer ends
 (when transfers are the slower stage) or before chunk i+1's GEMM may start (when
 GEMMs are). A third stream absorbs jitter in when each stage starts.
+
+A copy-engine GEMM+RS over two devices lowered with its reduction in the GEMM
+(`reduce-scatter-in-matmul`, `reduction_in_matmul=True`) has another timeline: each
+chunk is two half GEMMs, the peer's rows and then the own rows added into what the peer
+sent, in the order P0, P1, O0, P2, O1, ..., O(S-1). Chunk i's transfer starts when its
+P(i) ends (on both devices at once, they being alike), runs on the copy engines one
+after the other, and must end before O(i) starts; between the two runs one half GEMM.
+Nothing follows the last GEMM, and the first stage is a GEMM, not a transfer: fewer
+chunks lose less here than in T(S), so the model chooses fewer. `pipeline_time` follows
+that order event by event, with half GEMMs of h(S) = gemm_s / (2 S) + launch_overhead_s
+and transfers of c(S).
 
 Every rank must lower the same program, so the inputs of `choose_pipeline` must be
 equal on every rank: `measure_rates` takes the slowest rank's times.
@@ -77,10 +88,18 @@ class OverlapProblem:
     n: int
     world: int
     element_size: int = 2
+    reduction_in_matmul: bool = False
+    """GEMM+RS on two devices with the sum in the GEMM's epilogue (`reduce-scatter-in-matmul`):
+    per chunk, the peer's rows, their transfer, and the own rows added into them."""
 
     def __post_init__(self):
         if min(self.m, self.k, self.n, self.world, self.element_size) < 1:
             raise HostirError(f"an overlap problem needs positive extents, got {self}")
+        if self.reduction_in_matmul and (self.kind, self.world) != (OverlapKind.MATMUL_REDUCE_SCATTER, 2):
+            raise HostirError(
+                f"the reduction in the GEMM is a form of {OverlapKind.MATMUL_REDUCE_SCATTER} on 2 ranks, "
+                f"not of {self.kind} on {self.world}"
+            )
         sharded = {"M": self.m} if self.kind == OverlapKind.ALLGATHER_MATMUL else {"K": self.k}
         if self.kind == OverlapKind.MATMUL_REDUCE_SCATTER:
             sharded["M"] = self.m
@@ -94,6 +113,12 @@ class OverlapProblem:
     def chunked_rows(self) -> int:
         """The rows a rank holds along the stream axis, which the chunks divide."""
         return self.m if self.kind == OverlapKind.MATMUL_ALLREDUCE else self.m // self.world
+
+    def chunk_gemm_rows(self, chunks: int) -> int:
+        """The rows of each GEMM when the rows a rank holds are cut into `chunks` chunks: a
+        chunk of the product, or, with the reduction in the GEMM, one device's rows of it."""
+        rows = self.m // chunks
+        return rows // self.world if self.reduction_in_matmul else rows
 
     @property
     def gemm_flops(self) -> float:
@@ -154,8 +179,25 @@ def pipeline_time(problem: OverlapProblem, rates: Rates, chunks: int) -> float:
     if chunks < 1:
         raise HostirError(f"a pipeline needs at least one chunk, got {chunks}")
     transfer = rates.comm_s(problem) / chunks + rates.transfer_latency_s
+    if problem.reduction_in_matmul:
+        half_gemm = rates.gemm_s(problem) / (2 * chunks) + rates.launch_overhead_s
+        return _reduction_in_matmul_time(chunks, transfer, half_gemm)
     gemm = rates.gemm_s(problem) / chunks + rates.launch_overhead_s
     return transfer + gemm + (chunks - 1) * max(transfer, gemm)
+
+
+def _reduction_in_matmul_time(chunks: int, transfer: float, half_gemm: float) -> float:
+    """The end of the last GEMM of P0, P1, O0, ..., P(S-1), O(S-2), O(S-1) (the module
+    docstring), chunk i's transfer after P(i) and the transfer before it, O(i) after both."""
+    gemms_end = copies_end = 0.0
+    transfers_end = []
+    for chunk in range(chunks):
+        gemms_end += half_gemm  # P(chunk)
+        copies_end = max(copies_end, gemms_end) + transfer
+        transfers_end.append(copies_end)
+        if chunk:
+            gemms_end = max(gemms_end, transfers_end[chunk - 1]) + half_gemm  # O(chunk - 1)
+    return max(gemms_end, transfers_end[-1]) + half_gemm  # O(chunks - 1)
 
 
 def pipeline_streams(chunks: int) -> int:
@@ -175,7 +217,7 @@ def choose_pipeline(
     candidates = [
         chunks
         for chunks in range(1, min(max_chunks, problem.chunked_rows) + 1)
-        if problem.chunked_rows % chunks == 0 and problem.m // chunks >= min_chunk_rows
+        if problem.chunked_rows % chunks == 0 and problem.chunk_gemm_rows(chunks) >= min_chunk_rows
     ] or [1]
     best = min(candidates, key=lambda chunks: (pipeline_time(problem, rates, chunks), chunks))
     return PipelineShape(best, pipeline_streams(best), pipeline_time(problem, rates, best))

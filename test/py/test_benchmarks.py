@@ -232,7 +232,7 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
         "--cpu",
         "--nproc=2",
         "--sizes=64,32,16",
-        "--problems=matmul_allreduce",
+        "--problems=matmul_allreduce,matmul_reduce_scatter",
         "--min-chunk-rows=4",
         "--warmup=0",
         "--reps=2",
@@ -240,23 +240,36 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     assert completed.returncode == 0, completed.stderr
-    by_label = {r["contender"]: r for r in results_of(tmp_path)}
-    problem = OverlapProblem(OverlapKind.MATMUL_ALLREDUCE, 64, 32, 16, 2)
-    rates = Rates.from_times(
-        problem,
-        by_label["allreduce alone"]["ms"] / 1e3,
-        by_label["GEMM alone"]["ms"] / 1e3,
-        transfer_latency_s=20e-6,
-    )
-    chosen = choose_pipeline(problem, rates, min_chunk_rows=4)
-    for contender in ("NCCL per chunk", "hostir (nccl)"):
-        assert by_label[contender]["status"] == "ok"
-        assert (by_label[contender]["chunks"], by_label[contender]["streams"]) == (
-            chosen.chunks,
-            chosen.streams,
+    by_label = {(r["problem"], r["contender"]): r for r in results_of(tmp_path)}
+
+    def model_for(kind: OverlapKind, alone: str, **form) -> tuple[OverlapProblem, Rates]:
+        problem = OverlapProblem(kind, 64, 32, 16, 2, **form)
+        rates = Rates.from_times(
+            problem,
+            by_label[kind, f"{alone} alone"]["ms"] / 1e3,
+            by_label[kind, "GEMM alone"]["ms"] / 1e3,
+            transfer_latency_s=20e-6,
         )
-        assert by_label[contender]["predicted_ms"] == pytest.approx(chosen.predicted_s * 1e3)
-    assert by_label["hostir (nccl)"]["check_ok"] and by_label["NCCL per chunk"]["check_ok"] is None
+        return problem, rates
+
+    ar, rs = OverlapKind.MATMUL_ALLREDUCE, OverlapKind.MATMUL_REDUCE_SCATTER
+    # Each program in the form its lowering gave it: copy-engine GEMM+RS on two ranks with
+    # its reduction in the GEMM, unless the pipeline leaves that pass out.
+    expected_forms = {
+        (ar, "NCCL per chunk"): model_for(ar, "allreduce"),
+        (ar, "hostir (nccl)"): model_for(ar, "allreduce"),
+        (rs, "hostir (nccl)"): model_for(rs, "reduce_scatter"),
+        (rs, "hostir (cuda, separate reduction)"): model_for(rs, "reduce_scatter"),
+        (rs, "hostir (cuda)"): model_for(rs, "reduce_scatter", reduction_in_matmul=True),
+    }
+    for contender, (problem, rates) in expected_forms.items():
+        chosen = choose_pipeline(problem, rates, min_chunk_rows=4)
+        result = by_label[contender]
+        assert result["status"] == "ok", contender
+        assert (result["chunks"], result["streams"]) == (chosen.chunks, chosen.streams), contender
+        assert result["predicted_ms"] == pytest.approx(chosen.predicted_s * 1e3), contender
+    assert by_label[ar, "hostir (nccl)"]["check_ok"] and by_label[ar, "NCCL per chunk"]["check_ok"] is None
+    assert by_label[rs, "hostir (cuda)"]["check_ok"]
 
 
 def test_bad_arguments_are_refused_before_any_rank_starts():

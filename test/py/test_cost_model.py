@@ -100,21 +100,31 @@ def test_without_latencies_the_pipeline_tends_to_the_limit():
 
 
 def brute_force_best(p: OverlapProblem, rates: Rates, min_rows: int, max_chunks: int) -> int:
-    valid = [s for s in range(1, max_chunks + 1) if p.chunked_rows % s == 0 and p.m // s >= min_rows] or [1]
+    # With the reduction in the GEMM, each of a chunk's two GEMMs has one device's rows.
+    gemms_per_chunk = 2 if p.reduction_in_matmul else 1
+    valid = [
+        s
+        for s in range(1, max_chunks + 1)
+        if p.chunked_rows % s == 0 and p.m // (s * gemms_per_chunk) >= min_rows
+    ] or [1]
     return min(valid, key=lambda s: (pipeline_time(p, rates, s), s))
 
 
-@pytest.mark.parametrize("kind", list(OverlapKind))
+SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
+
+
 @pytest.mark.parametrize(
-    "m, k, n", [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
+    "kind, world, in_matmul",
+    [*((kind, 8, False) for kind in OverlapKind), (RS, 2, False), (RS, 2, True)],
 )
+@pytest.mark.parametrize("m, k, n", SIZES)
 @pytest.mark.parametrize("latency", [1e-6, 20e-6, 200e-6])
-def test_the_choice_is_the_best_valid_chunk_count(kind, m, k, n, latency):
-    p = problem(kind, m, k, n)
+def test_the_choice_is_the_best_valid_chunk_count(kind, world, in_matmul, m, k, n, latency):
+    p = OverlapProblem(kind, m, k, n, world, reduction_in_matmul=in_matmul)
     rates = Rates(link_bytes_per_s=150e9, gemm_flops_per_s=700e12, transfer_latency_s=latency)
     shape = choose_pipeline(p, rates)
     assert p.chunked_rows % shape.chunks == 0
-    assert p.m // shape.chunks >= DEFAULT_MIN_CHUNK_ROWS or shape.chunks == 1
+    assert p.chunk_gemm_rows(shape.chunks) >= DEFAULT_MIN_CHUNK_ROWS or shape.chunks == 1
     assert shape.chunks == brute_force_best(p, rates, DEFAULT_MIN_CHUNK_ROWS, 64)
     assert shape == PipelineShape(
         shape.chunks, pipeline_streams(shape.chunks), pipeline_time(p, rates, shape.chunks)
@@ -142,6 +152,48 @@ def test_chunks_keep_the_minimum_rows_and_divide_the_rows_of_a_rank():
     assert choose_pipeline(p, rates, min_chunk_rows=10_000).chunks == 2
     # Not even the whole product has 30 000 rows: one chunk, the steps in sequence.
     assert choose_pipeline(p, rates, min_chunk_rows=30_000).chunks == 1
+
+
+def test_the_reduction_in_the_gemm_is_a_form_of_gemm_rs_on_two_ranks():
+    for kind, world in [(AG, 2), (AR, 2), (RS, 4)]:
+        with pytest.raises(HostirError, match=f"not of {kind} on {world}"):
+            OverlapProblem(kind, 64, 64, 64, world, reduction_in_matmul=True)
+    p = OverlapProblem(RS, 8192, 8192, 3584, 2, reduction_in_matmul=True)
+    # The same bytes and flops as without; GEMMs of one device's rows of a chunk.
+    assert (p.comm_bytes, p.gemm_flops) == (problem(RS, world=2).comm_bytes, problem(RS, world=2).gemm_flops)
+    assert (p.chunk_gemm_rows(4), problem(RS, world=2).chunk_gemm_rows(4)) == (1024, 2048)
+
+
+def in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
+    return OverlapProblem(RS, m, k, n, 2, reduction_in_matmul=True)
+
+
+def test_the_time_with_the_reduction_in_the_gemm_follows_its_order():
+    p = in_matmul()
+    rates = Rates.from_times(p, comm_s=4e-3, gemm_s=2e-3, transfer_latency_s=1e-4, launch_overhead_s=5e-5)
+    # One chunk: the peer's rows (1.05 ms), their transfer (4.1 ms), the own rows.
+    assert pipeline_time(p, rates, 1) == pytest.approx(1.05e-3 + 4.1e-3 + 1.05e-3)
+    # Two chunks, transfers (2.1 ms) longer than half GEMMs (0.55 ms): the first half GEMM,
+    # the two transfers one after the other on the copy engines, the last half GEMM.
+    assert pipeline_time(p, rates, 2) == pytest.approx(0.55e-3 + 2 * 2.1e-3 + 0.55e-3)
+    # Transfers shorter than half GEMMs all hide: the whole GEMM, nothing exposed, where
+    # the pipeline of a separate reduction leaves its first transfer or GEMM exposed.
+    rates = Rates.from_times(p, comm_s=1e-3, gemm_s=4e-3, transfer_latency_s=0.0, launch_overhead_s=0.0)
+    assert pipeline_time(p, rates, 4) == pytest.approx(4e-3)
+    assert pipeline_time(problem(RS, world=2), rates, 4) == pytest.approx(4e-3 + 0.25e-3)
+
+
+@pytest.mark.parametrize(
+    "size, gemm_ms, reduce_scatter_ms",
+    list(zip(SIZES, [0.313, 0.624, 0.358, 0.730], [0.149, 0.269, 0.166, 0.306])),
+)
+def test_with_the_reduction_in_the_gemm_the_model_chooses_fewer_chunks(size, gemm_ms, reduce_scatter_ms):
+    # The GEMM and the reduce-scatter alone on 2 H200 (docs/benchmarks.md, commit dd2e147),
+    # where a prototype of the schedule took less time with 2 chunks than with 4.
+    separate, summed = OverlapProblem(RS, *size, 2), in_matmul(*size)
+    rates = Rates.from_times(separate, reduce_scatter_ms * 1e-3, gemm_ms * 1e-3)
+    assert choose_pipeline(separate, rates).chunks == 4
+    assert choose_pipeline(summed, rates).chunks == 2
 
 
 def test_streams():
