@@ -18,9 +18,9 @@ The first stage of the first chunk and the second stage of the last are exposed,
 the fixed latencies once more, so T has a minimum. Chunk GEMMs of few rows run
 below the GPU's rate (too few tiles to fill the SMs, tiles cut short), which the
 linear g(S) does not see, so chunks whose GEMMs have fewer than `min_chunk_rows`
-rows are not considered; the chunks must also divide the rows each rank holds along the stream
-axis. The model assumes the two stages do not slow each other down: NCCL's kernels
-take SMs from the GEMM, so for NCCL the measured time sits above T(S), and the
+rows are not considered; the chunks must also divide the rows each rank holds along
+the stream axis. The model assumes the two stages do not slow each other down: NCCL's
+kernels take SMs from the GEMM, so for NCCL the measured time sits above T(S), and the
 copy-engine backend is what comes close to it.
 
 Two streams are enough in the model: chunk i+2's transfer, on chunk i's stream,
