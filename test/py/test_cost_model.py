@@ -154,18 +154,18 @@ def test_chunks_keep_the_minimum_rows_and_divide_the_rows_of_a_rank():
     assert choose_pipeline(p, rates, min_chunk_rows=30_000).chunks == 1
 
 
+def in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
+    return OverlapProblem(RS, m, k, n, 2, reduction_in_matmul=True)
+
+
 def test_the_reduction_in_the_gemm_is_a_form_of_gemm_rs_on_two_ranks():
     for kind, world in [(AG, 2), (AR, 2), (RS, 4)]:
         with pytest.raises(HostirError, match=f"not of {kind} on {world}"):
             OverlapProblem(kind, 64, 64, 64, world, reduction_in_matmul=True)
-    p = OverlapProblem(RS, 8192, 8192, 3584, 2, reduction_in_matmul=True)
+    summed, separate = in_matmul(), problem(RS, world=2)
     # The same bytes and flops as without; GEMMs of one device's rows of a chunk.
-    assert (p.comm_bytes, p.gemm_flops) == (problem(RS, world=2).comm_bytes, problem(RS, world=2).gemm_flops)
-    assert (p.chunk_gemm_rows(4), problem(RS, world=2).chunk_gemm_rows(4)) == (1024, 2048)
-
-
-def in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
-    return OverlapProblem(RS, m, k, n, 2, reduction_in_matmul=True)
+    assert (summed.comm_bytes, summed.gemm_flops) == (separate.comm_bytes, separate.gemm_flops)
+    assert (summed.chunk_gemm_rows(4), separate.chunk_gemm_rows(4)) == (1024, 2048)
 
 
 def test_the_time_with_the_reduction_in_the_gemm_follows_its_order():
