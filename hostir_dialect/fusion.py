@@ -35,6 +35,7 @@ from xdsl.dialects.builtin import (
     IntAttr,
     IntegerAttr,
     IntegerType,
+    StringAttr,
     UnitAttr,
     i64,
 )
@@ -57,6 +58,8 @@ from xdsl.irdl import (
     prop_def,
     result_def,
     traits_def,
+    var_operand_def,
+    var_result_def,
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
@@ -975,6 +978,76 @@ class LinearOp(FusionOp):
         super().verify_()
 
 
+@irdl_op_definition
+class AtenOp(FusionOp):
+    """An ATen op that hostir does not model, run by torch on each device's local pieces.
+
+    `%r = fusion.aten "aten.gelu.default"(%x) call "[[{'operand': 0}], {'approximate': 'tanh'}]" : (T) -> T2`
+
+    `target` names the overload (`torch.ops.aten.gelu.default`); `call` is the Python
+    literal `[args, kwargs]` of its arguments, where `{'operand': i}` stands for operand
+    `i`'s local piece (docs/frontend.md lists the other encodings). It is what keeps
+    every graph that torch.compile hands hostir compilable: the op computes exactly
+    what ATen computes, and only blocks pipelining across itself.
+
+    The sharding rule that makes a call on local pieces correct: every operand and
+    result lives on one mesh and is either replicated (no `didx` axis: the whole tensor
+    is passed) or varying (its `didx` axis is axis 0, the device's own axis, dropped
+    before the call and restored after it). A result may be replicated only when every
+    operand is, since otherwise its value may differ between devices. No axis is
+    `stream`.
+    """
+
+    name = "fusion.aten"
+
+    inputs = var_operand_def(TensorType)
+    outputs = var_result_def(TensorType)
+    target = prop_def(StringAttr)
+    call = prop_def(StringAttr)
+
+    assembly_format = "$target `(` $inputs `)` `call` $call attr-dict `:` functional-type($inputs, $outputs)"
+
+    def __init__(
+        self, target: str, call: str, inputs: Sequence[SSAValue], result_types: Sequence[TensorType]
+    ):
+        super().__init__(
+            operands=[inputs],
+            result_types=[result_types],
+            properties={"target": StringAttr(target), "call": StringAttr(call)},
+        )
+
+    def verify_(self) -> None:
+        values = [*self.inputs, *self.outputs]
+        if not self.outputs:
+            raise VerifyException(f"fusion.aten {self.target.data} must have at least one result")
+        meshes = {tensor_type(value).mesh for value in values}
+        if len(meshes) > 1:
+            raise VerifyException(
+                f"fusion.aten {self.target.data} computes on one mesh; its operands and results "
+                "are on " + ", ".join(str(list(mesh.ids)) for mesh in meshes)
+            )
+        for value in values:
+            type = tensor_type(value)
+            what = "an operand" if value in self.inputs else "a result"
+            if type.stream_axis is not None:
+                raise VerifyException(
+                    f"fusion.aten {self.target.data}: {what} has a stream axis, but an ATen op "
+                    "runs on whole local pieces"
+                )
+            if type.didx_axis not in (None, 0):
+                raise VerifyException(
+                    f"fusion.aten {self.target.data}: {what} is sharded on axis {type.didx_axis}; "
+                    "an ATen op takes replicated tensors, or varying ones whose didx axis is 0"
+                )
+        if any(tensor_type(v).didx_axis is not None for v in self.inputs) and any(
+            tensor_type(v).didx_axis is None for v in self.outputs
+        ):
+            raise VerifyException(
+                f"fusion.aten {self.target.data}: a result is replicated but an operand varies "
+                "between devices, so the result may differ between devices too"
+            )
+
+
 def _check_same_element_types(op: IRDLOperation) -> None:
     types = [tensor_type(o).element_type for o in op.operands]
     if any(t != types[0] for t in types):
@@ -1019,6 +1092,7 @@ Fusion = Dialect(
         BroadcastOp,
         MatmulOp,
         LinearOp,
+        AtenOp,
     ],
     [ParallelTypeAttr, DeviceMeshAttr, TensorType],
 )

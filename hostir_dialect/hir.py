@@ -928,6 +928,29 @@ class ReductionOp(ComputeOp):
             )
 
 
+@irdl_op_definition
+class AtenOp(ComputeOp):
+    """`fusion.aten` on buffers: the ATen op `target` on the local pieces of `ins`, its
+    results written into `outs` (a varying buffer's device axis dropped, as in the fusion).
+
+    `hir.aten "aten.gelu.default" call "[[{'operand': 0}], {}]" ins(%a : T) outs(%b : T)`
+    """
+
+    name = "hir.aten"
+    NUM_OUTS: ClassVar[tuple[int, ...]] = ()
+
+    target = prop_def(StringAttr)
+    call = prop_def(StringAttr)
+
+    assembly_format = (
+        "$target `call` $call `ins` `(` ($ins^ `:` type($ins))? `)` "
+        "`outs` `(` $outs `:` type($outs) `)` attr-dict"
+    )
+
+    def __init__(self, target: StringAttr, call: StringAttr, ins: Sequence[SSAValue], outs: Sequence[SSAValue]):
+        super().__init__(ins, outs, {"target": target, "call": call})
+
+
 class SegmentCallee(SymbolUserOpInterface):
     """The callee of a segment call is a `func.func` taking `ins` and returning `outs`' types."""
 
@@ -1014,6 +1037,7 @@ Hir = Dialect(
         MatmulOp,
         LinearOp,
         CopyOp,
+        AtenOp,
         PointwiseOp,
         ReductionOp,
         LaunchKernelOp,

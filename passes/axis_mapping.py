@@ -193,6 +193,19 @@ def _segment(op: hir.SegmentCallOp) -> list[AxisMap]:
     ]
 
 
+def _aten(op: fusion.AtenOp | hir.AtenOp) -> list[AxisMap]:
+    """An ATen op relates only the device axis of its varying tensors: it may reshape,
+    transpose or reduce all the others, so no slice of a result is a slice of an operand."""
+    output_varies = tensor_type(output_of(op)).didx_axis == 0
+    return [
+        tuple(
+            0 if axis == 0 and output_varies and tensor_type(value).didx_axis == 0 else None
+            for axis in range(_rank(value))
+        )
+        for value in op.operands
+    ]
+
+
 _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     fusion.SetOp: _elementwise,
     fusion.CastOp: _elementwise,
@@ -202,6 +215,8 @@ _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     fusion.BroadcastOp: _fusion_broadcast,
     fusion.MatmulOp: _fusion_matmul,
     fusion.LinearOp: _fusion_linear,
+    fusion.AtenOp: _aten,
+    hir.AtenOp: _aten,
     hir.CopyOp: _elementwise,
     hir.PointwiseOp: _elementwise,
     hir.ReductionOp: _hir_reduction,

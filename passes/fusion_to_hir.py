@@ -8,8 +8,8 @@ with the same name and signature, as `docs/design.md` ("Host programs") describe
   broadcasts, which only moves data: nvFuser's HostUnit);
 * a set or a reduction that reshards becomes the communication that
   `sharding.plan_resharding` names, each followed by `hir.wait`;
-* matmul, linear, local reductions and local sets become `hir.matmul`, `hir.linear`,
-  `hir.reduction` and `hir.copy`;
+* matmul, linear, ATen calls, local reductions and local sets become `hir.matmul`,
+  `hir.linear`, `hir.aten`, `hir.reduction` and `hir.copy`;
 * each result is a buffer allocated right before the op that fills it, sized from
   `hir.dim`s of the arguments (at the top of the program) through the ops' shape rules.
 
@@ -313,6 +313,17 @@ class LowerCompute(BufferLowering):
         return [self.hir_op(op.operands, outs)]
 
 
+class LowerAten(BufferLowering):
+    """`fusion.aten` -> `hir.aten` of the same overload and arguments."""
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, fusion.AtenOp)
+
+    def fill(self, op: fusion.AtenOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        require_local(op)
+        return [hir.AtenOp(op.target, op.call, op.inputs, outs)]
+
+
 class LowerLocalReduction(BufferLowering):
     """A sum or max over axes that are not `didx` -> `hir.reduction`."""
 
@@ -449,6 +460,7 @@ class FusionToHir(ModulePass):
                 [
                     LowerCompute(fusion.MatmulOp, hir.MatmulOp),
                     LowerCompute(fusion.LinearOp, hir.LinearOp),
+                    LowerAten(),
                     LowerLocalReduction(),
                     LowerLocalCopy(),
                     LowerLocalSlice(),

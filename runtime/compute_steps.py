@@ -17,7 +17,7 @@ from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from runtime import fusion_eval, kernels
+from runtime import aten_calls, fusion_eval, kernels
 from runtime.interpreter import Environment, Preparation, RunContext, Step, handles, mesh_of
 
 
@@ -200,6 +200,30 @@ def _pointwise(op: hir.PointwiseOp, prep: Preparation) -> Step:
 
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         outs[0].copy_(function(*map(fusion_eval.upcast, ins)))
+
+    return _compute_step(op, prep, compute)
+
+
+def local_pieces(values: Sequence) -> list[bool]:
+    """Which of the values vary between devices: their device axis (axis 0) is dropped for ATen."""
+    return [fusion.tensor_type(value).didx_axis == 0 for value in values]
+
+
+@handles(hir.AtenOp)
+def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
+    """The ATen op on the local pieces, each result copied into its out.
+
+    A copy rather than handing ATen the out: an ATen op has no destination in general
+    (views, multiple results, ops without `out=`), and the program owns its buffers.
+    """
+    call = aten_calls.prepare_call(op.target.data, op.call.data)
+    varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
+
+    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        operands = [t[0] if varies else t for t, varies in zip(ins, varying_ins)]
+        results = aten_calls.tensor_results(call(operands, outs[0].device))
+        for out, result, varies in zip(outs, results, varying_outs, strict=True):
+            (out[0] if varies else out).copy_(result)
 
     return _compute_step(op, prep, compute)
 

@@ -26,6 +26,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from hostir_dialect import fusion
 from hostir_dialect.builder import TORCH_DTYPES
 from hostir_dialect.text import HostirError
+from runtime import aten_calls
 
 DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 
@@ -67,6 +68,23 @@ def _reduction(torch_function: Callable[..., torch.Tensor]):
     return reduce
 
 
+def _aten(op: fusion.AtenOp, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """The ATen op on whole tensors: once per device along the device axis of varying ones."""
+    call = aten_calls.prepare_call(op.target.data, op.call.data)
+    varying = [fusion.tensor_type(v).didx_axis == 0 for v in op.inputs]
+    device = inputs[0].device if inputs else torch.device("cpu")
+    if not any(fusion.tensor_type(r).didx_axis == 0 for r in op.outputs):
+        return aten_calls.tensor_results(call(list(inputs), device))
+    devices = fusion.tensor_type(op.outputs[0]).mesh.size
+    per_device = [
+        aten_calls.tensor_results(
+            call([x[d] if varies else x for x, varies in zip(inputs, varying)], device)
+        )
+        for d in range(devices)
+    ]
+    return [torch.stack(pieces) for pieces in zip(*per_device)]
+
+
 POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.NegOp: torch.neg,
     fusion.AbsOp: torch.abs,
@@ -95,6 +113,7 @@ TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.MaxOp: _reduction(torch.amax),
     fusion.MatmulOp: _ignoring_op(torch.matmul),
     fusion.LinearOp: _ignoring_op(torch.nn.functional.linear),
+    fusion.AtenOp: _aten,
 }
 """Fusion op class -> `function(op, *input tensors)` giving the op's result.
 
@@ -123,7 +142,7 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
     """
     slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(function.args)}
     constants: list[tuple[int, bool | int | float, torch.dtype]] = []
-    steps: list[tuple[int, Callable[..., torch.Tensor], list[tuple[int, torch.dtype | None]], torch.dtype]] = []
+    steps: list[tuple[list[int], Callable[..., torch.Tensor], list[tuple[int, torch.dtype | None]], list[torch.dtype]]] = []
     outputs: list[tuple[int, torch.dtype]] = []
     for op in function.body.block.ops:
         if isinstance(op, func.ReturnOp):
@@ -137,16 +156,19 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
         semantics = TORCH_OPS.get(type(op))
         if semantics is None:
             raise HostirError.at(op, f"'{op.name}' has no torch semantics in a fusion")
-        declared = _stored(result)
+        declared = [_stored(r) for r in op.results]
         if isinstance(op, fusion.POINTWISE_OPS):
             # None: an operand is taken as it flows, upcast if it is still low precision.
             operands = [(slots[v], None) for v in op.operands]
-            result_dtype = declared if isinstance(op, fusion.CastOp) else _compute_dtype(declared)
+            if not isinstance(op, fusion.CastOp):
+                declared = [_compute_dtype(d) for d in declared]
         else:
             operands = [(slots[v], _stored(v)) for v in op.operands]
-            result_dtype = declared
-        slots[result] = len(slots)
-        steps.append((slots[result], functools.partial(semantics, op), operands, result_dtype))
+        result_slots = []
+        for r in op.results:
+            slots[r] = len(slots)
+            result_slots.append(slots[r])
+        steps.append((result_slots, functools.partial(semantics, op), operands, declared))
 
     def run(inputs: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         if len(inputs) != len(function.args):
@@ -156,12 +178,16 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
         values: list[torch.Tensor | None] = [*inputs, *[None] * (len(slots) - len(inputs))]
         for slot, value, dtype in constants:
             values[slot] = torch.full((), value, dtype=dtype, device=device)
-        for slot, semantics, operands, result_dtype in steps:
+        for result_slots, semantics, operands, result_dtypes in steps:
             arguments = [
                 values[operand].to(dtype) if dtype is not None else upcast(values[operand])
                 for operand, dtype in operands
             ]
-            values[slot] = semantics(*arguments).to(result_dtype)
+            results = semantics(*arguments)
+            if isinstance(results, torch.Tensor):
+                results = [results]
+            for slot, result, dtype in zip(result_slots, results, result_dtypes, strict=True):
+                values[slot] = result.to(dtype)
         return [values[slot].to(dtype) for slot, dtype in outputs]
 
     return run

@@ -1,0 +1,126 @@
+"""The arguments of an ATen call, as `fusion.aten` and `hir.aten` keep them, and the call itself.
+
+The `call` property is the Python literal `[args, kwargs]` of the call, so that it reads
+as the FX graph did and `ast.literal_eval` reads it back without running code. What a
+literal cannot hold is a one-key dict:
+
+| argument | encoded as |
+|---|---|
+| operand `i` (a tensor) | `{'operand': i}` |
+| a dtype | `{'dtype': 'bfloat16'}` |
+| a device | `{'device': None}`: the device of the run, wherever the graph was traced |
+| a layout, a memory format | `{'layout': 'strided'}`, `{'memory_format': 'contiguous_format'}` |
+| inf, -inf, nan | `{'float': 'inf'}` |
+
+A varying operand's buffer has the device axis first (extent 1 on its device): the
+call drops it from the operands and adds it back to the results.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hostir_dialect.text import HostirError
+
+_NAMED_KINDS: dict[str, tuple[type, Callable[[str], Any]]] = {
+    "dtype": (torch.dtype, lambda name: getattr(torch, name)),
+    "layout": (torch.layout, lambda name: getattr(torch, name)),
+    "memory_format": (torch.memory_format, lambda name: getattr(torch, name)),
+}
+
+
+class NotEncodable(HostirError):
+    """An argument that no literal of the `call` property can hold."""
+
+
+def encode_call(args: Sequence[Any], kwargs: dict[str, Any], operand: Callable[[Any], int | None]) -> str:
+    """The `call` text of `args` and `kwargs`; `operand(value)` is the operand index of a tensor argument."""
+
+    def encode(value: Any) -> Any:
+        index = operand(value)
+        if index is not None:
+            return {"operand": index}
+        match value:
+            case None | bool() | int() | str():
+                return value
+            case float() if math.isfinite(value):
+                return value
+            case float():
+                return {"float": repr(value)}
+            case torch.device():
+                return {"device": None}
+            case list() | tuple():
+                return [encode(item) for item in value]
+        for kind, (type_, _) in _NAMED_KINDS.items():
+            if isinstance(value, type_):
+                return {kind: str(value).removeprefix("torch.")}
+        raise NotEncodable(f"an argument of type {type(value).__name__} ({value!r}) has no encoding")
+
+    return repr([[encode(a) for a in args], {key: encode(v) for key, v in kwargs.items()}])
+
+
+def aten_overload(target: str) -> torch._ops.OpOverload:
+    """`torch.ops.aten.gelu.default` for `"aten.gelu.default"`."""
+    namespace, _, rest = target.partition(".")
+    packet_name, _, overload = rest.rpartition(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), packet_name), overload)
+    except (AttributeError, RuntimeError):
+        raise HostirError(f"'{target}' names no ATen operator overload of this torch") from None
+
+
+AtenCall = Callable[[Sequence[torch.Tensor], torch.device], Any]
+"""`call(operands, device)`: the overload's result on these operand tensors."""
+
+
+def prepare_call(target: str, call: str) -> AtenCall:
+    """Resolves the overload and decodes the arguments once; the result makes the call."""
+    overload = aten_overload(target)
+    try:
+        args, kwargs = ast.literal_eval(call)
+    except (ValueError, SyntaxError) as error:
+        raise HostirError(f"the arguments of {target} are not a literal [args, kwargs]: {error}") from None
+
+    def decoder(value: Any) -> Callable[[Sequence[torch.Tensor], torch.device], Any]:
+        if isinstance(value, dict) and len(value) == 1:
+            ((kind, payload),) = value.items()
+            if kind == "operand":
+                return lambda operands, device: operands[payload]
+            if kind == "device":
+                return lambda operands, device: device
+            if kind == "float":
+                number = float(payload)
+                return lambda operands, device: number
+            if kind in _NAMED_KINDS:
+                constant = _NAMED_KINDS[kind][1](payload)
+                return lambda operands, device: constant
+        if isinstance(value, list):
+            items = [decoder(item) for item in value]
+            return lambda operands, device: [item(operands, device) for item in items]
+        return lambda operands, device: value
+
+    decoded_args = [decoder(a) for a in args]
+    decoded_kwargs = {key: decoder(v) for key, v in kwargs.items()}
+
+    def run(operands: Sequence[torch.Tensor], device: torch.device) -> Any:
+        return overload(
+            *(a(operands, device) for a in decoded_args),
+            **{key: v(operands, device) for key, v in decoded_kwargs.items()},
+        )
+
+    return run
+
+
+def tensor_results(result: Any) -> list[Any]:
+    """The tensors among the results of an ATen call, in order: the results of its `fusion.aten`.
+
+    An ATen op may also return integers (the sequence lengths of flash attention); those
+    stay out of the IR, and the importer passes their values on as constants.
+    """
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    return [r for r in results if isinstance(r, torch.Tensor)]
