@@ -1,0 +1,197 @@
+"""`torch.compile(model, backend="hostir")`: the forward and backward graphs run as host programs.
+
+    model = parallelize_module(model, mesh, plan)          # torch's tensor parallelism
+    model = torch.compile(model, backend="hostir")         # found through the entry point
+    loss = model(x).sum(); loss.backward()                 # every rank, as with eager
+
+aot_autograd splits what dynamo traces into a forward and a backward graph of ATen ops
+and functional collectives; each becomes a `HostirGraph`, which on its first call with
+a set of input shapes imports the graph (`frontend.fx_importer`), chooses what to
+pipeline (`auto-stream-parallel`), lowers it with hir-lowering and prepares the
+program, then runs it on this rank's tensors. A new set of shapes compiles again;
+dynamo's own recompilation (a new shape, a new dtype) hands over a new graph.
+
+Options (`torch.compile(..., options={...})`):
+
+| option | default | meaning |
+|---|---|---|
+| `pipeline` | `True` | let `auto-stream-parallel` pipeline AG+GEMM chains |
+| `backend` | `"nccl"` | how the collectives move bytes: `nccl`, or `cuda` for the copy engines |
+| `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
+| `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
+
+`HOSTIR_DUMP=fusion,host_ir` prints the imported fusion and the lowered host program of
+every graph to standard error, on the first rank of the graph's mesh.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from frontend.fx_importer import ImportedGraph, UnsupportedGraph, import_graph
+from hostir_dialect.text import print_module
+from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from runtime.graphs import GraphReplayer
+from runtime.program import Program
+
+DUMP_KINDS = ("fusion", "host_ir")
+
+
+class HostirFallbackWarning(UserWarning):
+    """A graph runs as torch eager ops because hostir cannot import it; the message says why."""
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    pipeline: bool = True
+    backend: str = "nccl"
+    cuda_graphs: bool = True
+    fallback: bool = True
+
+    @classmethod
+    def of(cls, options: dict[str, Any] | None) -> BackendOptions:
+        options = dict(options or {})
+        unknown = set(options) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"unknown hostir backend option(s) {sorted(unknown)}; known: "
+                + ", ".join(cls.__dataclass_fields__)
+            )
+        if options.get("backend", "nccl") not in ("nccl", "cuda"):
+            raise ValueError(f"hostir backend option backend={options['backend']!r}: choose nccl or cuda")
+        return cls(**options)
+
+    def lowering(self) -> str:
+        return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={self.backend}}}"
+
+
+def dump_kinds() -> set[str]:
+    """The kinds HOSTIR_DUMP asks for; an unknown kind is refused with the known ones."""
+    kinds = {k.strip() for k in os.environ.get("HOSTIR_DUMP", "").split(",") if k.strip()}
+    unknown = kinds - set(DUMP_KINDS)
+    if unknown:
+        raise ValueError(f"HOSTIR_DUMP names {sorted(unknown)}; it takes a list of {', '.join(DUMP_KINDS)}")
+    return kinds
+
+
+@dataclass
+class CompiledShapes:
+    """A graph compiled for one set of input shapes."""
+
+    imported: ImportedGraph
+    program: Program
+    communicator: Communicator
+    replayer: GraphReplayer | None
+
+    def run(self, args: Sequence[Any]) -> list[Any]:
+        imported = self.imported
+        inputs = [
+            args[i].unsqueeze(0) if varying else args[i]
+            for i, varying in zip(imported.inputs, imported.input_varying)
+        ]
+        if self.replayer is not None:
+            results = self.replayer.run(inputs)
+        else:
+            results = self.program.run(inputs, self.communicator)
+        outputs: list[Any] = []
+        for kind, what in imported.outputs:
+            if kind == "fusion":
+                index, shape = what
+                outputs.append(results[index].reshape(shape))
+            elif kind == "input":
+                outputs.append(args[what])
+            else:
+                outputs.append(what)
+        return outputs
+
+
+class HostirGraph:
+    """The callable that stands for one FX graph: compiles per set of input shapes, then runs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, options: BackendOptions):
+        self.gm = gm
+        self.name = name
+        self.options = options
+        self.compiled: dict[tuple, CompiledShapes | None] = {}
+
+    def __call__(self, *args: Any) -> list[Any]:
+        key = tuple(
+            (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a if isinstance(a, int) else None)
+            for a in args
+        )
+        if key not in self.compiled:
+            self.compiled[key] = self._compile(args)
+        compiled = self.compiled[key]
+        if compiled is None:
+            return self.gm(*args)
+        return compiled.run(args)
+
+    def _compile(self, args: Sequence[Any]) -> CompiledShapes | None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        with mode:
+            FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+        try:
+            imported = import_graph(self.gm, self.name)
+        except UnsupportedGraph as error:
+            if not self.options.fallback:
+                raise
+            warnings.warn(
+                f"hostir runs graph {self.name} as torch eager ops: {error}", HostirFallbackWarning, stacklevel=2
+            )
+            return None
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        if imported.mesh == (0,) or not dist.is_initialized():
+            communicator = Communicator.single(device)
+        else:
+            communicator = Communicator(
+                dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), DEFAULT_TIMEOUT_S
+            )
+        kinds = dump_kinds()
+        dumps = kinds and communicator.rank == imported.mesh[0]
+        if dumps and "fusion" in kinds:
+            print(f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}", file=sys.stderr)
+        program = Program.compile(imported.module, self.options.lowering())
+        if dumps and "host_ir" in kinds:
+            print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
+        replayer = None
+        if self.options.cuda_graphs and device.type == "cuda":
+            replayer = GraphReplayer(program, communicator)
+        return CompiledShapes(imported, program, communicator, replayer)
+
+
+_graph_count = 0
+
+
+def _graph_name(kind: str) -> str:
+    global _graph_count
+    _graph_count += 1
+    return f"{kind}_{_graph_count}"
+
+
+def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None):
+    """The `hostir` backend of torch.compile (registered under that name by the package's entry point)."""
+    backend_options = BackendOptions.of(options)
+    dump_kinds()
+
+    def compiler(kind: str):
+        def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> HostirGraph:
+            compiled = HostirGraph(graph, _graph_name(kind), backend_options)
+            compiled._boxed_call = False
+            return compiled
+
+        return compile_graph
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)

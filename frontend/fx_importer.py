@@ -1,0 +1,560 @@
+"""From an FX graph of ATen ops and functional collectives (one rank's view) to a fusion.
+
+torch.compile with aot_autograd hands a backend the forward and backward graphs of each
+rank: ATen ops on that rank's local tensors, and `torch.ops._c10d_functional`
+collectives, each followed by `wait_tensor`, on a process group named by a string. The
+importer writes the same computation as a fusion whose shapes are global, so that the
+passes that hir-opt runs apply unchanged:
+
+* the mesh is the ranks of the process group the collectives name (one device, with no
+  collective);
+* a tensor that may differ between ranks (every input, everything computed from one) is
+  *varying*: its fusion type has the device axis first, `didx` over the mesh, and each
+  device's local piece is its FX tensor; a tensor that every rank holds whole (what an
+  all-gather or an all-reduce gives, and what is computed from such tensors alone) is
+  *replicated* and has no device axis;
+* `all_gather_into_tensor` is a `fusion.set` from varying to replicated (an allgather),
+  `reduce_scatter_tensor` and `all_reduce` are `fusion.sum`s over the device axis (a
+  reduce-scatter, an allreduce), `wait_tensor` is nothing (the host program waits);
+* matmuls and the pointwise ops and reductions that the fusion dialect has become those
+  ops, with ATen's dtype rules made explicit by casts;
+* any other ATen op becomes a `fusion.aten` that calls it on the local pieces
+  (`docs/frontend.md` has the table, with the sharding rule of each op).
+
+An all-gather's result keeps the gathered pieces as an axis of their own (the *chunk*
+axis: `[D, rows, ...]` for the FX tensor `[D * rows, ...]`) through the matmuls that
+read it, which is where `auto-stream-parallel` finds the pieces to pipeline; an op that
+needs the FX shape gets a reshape first. All shapes are static: the backend imports a
+graph once per set of input shapes.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+from hostir_dialect import fusion
+from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
+from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
+from hostir_dialect.text import HostirError
+from runtime.aten_calls import NotEncodable, encode_call
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+
+class UnsupportedGraph(HostirError):
+    """A construct of the graph that hostir cannot run; the message names it."""
+
+
+# --------------------------------------------------------------------------- #
+# Values                                                                       #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class Value:
+    """The fusion value that holds an FX tensor.
+
+    `chunks` is set where the fusion keeps the FX tensor's first axis as two, `[chunks,
+    rows]` (an all-gather's pieces): the FX tensor is the local piece reshaped.
+    """
+
+    ssa: SSAValue
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    varying: bool
+    chunks: int | None = None
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """The shape of a device's piece in the fusion (the FX shape, or its chunked form)."""
+        if self.chunks is None:
+            return self.shape
+        return (self.chunks, self.shape[0] // self.chunks, *self.shape[1:])
+
+
+@dataclass
+class ImportedGraph:
+    """A graph's fusion, and how the graph's inputs and outputs map to the fusion's."""
+
+    module: ModuleOp
+    inputs: list[int]
+    """For each fusion input, the index of the graph input it is."""
+    input_varying: list[bool]
+    outputs: list[tuple[str, Any]]
+    """For each graph output: ("fusion", (index, FX shape)), ("input", index) or ("constant", value)."""
+    mesh: tuple[int, ...]
+    pipelined: list[str] = field(default_factory=list)
+
+
+def _dtype_supported(dtype: torch.dtype) -> bool:
+    return dtype in TORCH_DTYPES
+
+
+class Importer:
+    """Imports one graph; see the module docstring."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str):
+        self.gm = gm
+        self.name = name
+        self.mesh = self._mesh()
+        self.devices = len(self.mesh)
+        self.block = Block()
+        self.values: dict[torch.fx.Node, Any] = {}
+        self.values_returned: list[SSAValue] = []
+
+    # -- the mesh ------------------------------------------------------------- #
+
+    def _mesh(self) -> tuple[int, ...]:
+        """The ranks of the one process group that the graph's collectives name."""
+        groups = {}
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function" and node.target in COLLECTIVES:
+                name = node.args[COLLECTIVES[node.target]]
+                groups.setdefault(name, node)
+        if not groups:
+            return (0,)
+        if len(groups) > 1:
+            raise UnsupportedGraph(
+                "the graph communicates over several process groups ("
+                + ", ".join(repr(g) for g in groups)
+                + "); hostir maps one group, the mesh of the graph, so a 2-D device mesh "
+                "(tensor and data parallel in one graph) is not supported"
+            )
+        (name,) = groups
+        try:
+            group = torch.distributed.distributed_c10d._resolve_process_group(name)
+            ranks = dist.get_process_group_ranks(group)
+        except Exception as error:  # noqa: BLE001 - torch raises several kinds here
+            raise UnsupportedGraph(
+                f"{groups[name].format_node()}: the process group {name!r} is not one this "
+                f"process belongs to ({error})"
+            ) from None
+        return tuple(ranks)
+
+    # -- types ------------------------------------------------------------------ #
+
+    def tensor_type(self, local_shape: Sequence[int], dtype: torch.dtype, varying: bool) -> TensorType:
+        if not _dtype_supported(dtype):
+            raise UnsupportedGraph(f"tensors of dtype {dtype} are not supported")
+        shape = [self.devices, *local_shape] if varying else list(local_shape)
+        axes = [DIDX, *[SERIAL] * len(local_shape)] if varying else [SERIAL] * len(local_shape)
+        return TensorType(shape, element_type(dtype), mesh=DeviceMeshAttr(self.mesh), axes=axes)
+
+    def varies(self, *values: Value) -> bool:
+        return self.devices > 1 and any(v.varying for v in values)
+
+    def emit(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    # -- the walk --------------------------------------------------------------- #
+
+    def run(self) -> ImportedGraph:
+        inputs: list[int] = []
+        input_varying: list[bool] = []
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for index, node in enumerate(placeholders):
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                varying = self.devices > 1
+                argument = self.block.insert_arg(
+                    self.tensor_type(tuple(value.shape), value.dtype, varying), len(self.block.args)
+                )
+                argument.name_hint = _name(node)
+                self.values[node] = Value(argument, tuple(value.shape), value.dtype, varying)
+                inputs.append(index)
+                input_varying.append(varying)
+            else:
+                self.values[node] = value
+        outputs: list[tuple[str, Any]] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function":
+                self.values[node] = self.call(node)
+            elif node.op == "output":
+                outputs = self.output(node, placeholders)
+            elif node.op != "placeholder":
+                raise UnsupportedGraph(f"{node.format_node()}: FX nodes of kind {node.op!r} are not supported")
+        self.emit(func.ReturnOp(*self.values_returned))
+        function = func.FuncOp(
+            self.name,
+            ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
+            Region(self.block),
+        )
+        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh)
+
+    def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
+        plan: list[tuple[str, Any]] = []
+        for item in node.args[0]:
+            if isinstance(item, torch.fx.Node) and item.op == "placeholder":
+                plan.append(("input", placeholders.index(item)))
+                continue
+            value = self.values[item] if isinstance(item, torch.fx.Node) else item
+            if isinstance(value, Value):
+                plan.append(("fusion", (len(self.values_returned), value.shape)))
+                self.values_returned.append(value.ssa)
+            else:
+                plan.append(("constant", value))
+        return plan
+
+    def call(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            results, index = node.args
+            return self.values[results][index]
+        rule = RULES.get(node.target)
+        if rule is not None:
+            result = rule(self, node)
+            if result is not None:
+                return result
+        return self.opaque(node)
+
+    # -- operands ------------------------------------------------------------------ #
+
+    def arg(self, node_or_value: Any) -> Any:
+        return self.values[node_or_value] if isinstance(node_or_value, torch.fx.Node) else node_or_value
+
+    def flat(self, value: Value) -> Value:
+        """`value` in the FX shape: a chunked value is reshaped (each device its piece)."""
+        if value.chunks is None:
+            return value
+        result_type = self.tensor_type(value.shape, value.dtype, value.varying)
+        op = self.emit(
+            fusion.AtenOp(
+                "aten.reshape.default",
+                encode_call([value.ssa, list(value.shape)], {}, lambda v: 0 if v is value.ssa else None),
+                [value.ssa],
+                [result_type],
+            )
+        )
+        return Value(op.results[0], value.shape, value.dtype, value.varying)
+
+    def aligned(self, value: Value, rank: int) -> SSAValue:
+        """`value` with extent-1 axes after its device axis, so that a varying value's device
+        axis meets the device axis of a result of local rank `rank` under broadcasting."""
+        local_rank = len(value.local_shape)
+        if not (value.varying and self.devices > 1) or local_rank >= rank:
+            return value.ssa
+        new_axes = list(range(1, 1 + rank - local_rank))
+        result_type = self.tensor_type((1,) * len(new_axes) + value.local_shape, value.dtype, True)
+        return self.emit(fusion.BroadcastOp(value.ssa, new_axes, result_type)).results[0]
+
+    def cast(self, value: Value, dtype: torch.dtype) -> Value:
+        if value.dtype == dtype:
+            return value
+        result_type = self.tensor_type(value.local_shape, dtype, value.varying)
+        op = self.emit(fusion.CastOp(value.ssa, result_type))
+        return Value(op.results[0], value.shape, dtype, value.varying, value.chunks)
+
+    def scalar(self, number: int | float | bool, dtype: torch.dtype) -> Value:
+        result_type = self.tensor_type((), dtype, False)
+        attr: FloatAttr | IntegerAttr = scalar_attr(number, result_type.element_type)
+        op = self.emit(fusion.ConstantOp(attr, result_type))
+        return Value(op.results[0], (), dtype, False)
+
+    # -- opaque ops ----------------------------------------------------------------- #
+
+    def opaque(self, node: torch.fx.Node) -> Any:
+        """A `fusion.aten` of the node's overload on the local pieces."""
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+            raise UnsupportedGraph(f"{node.format_node()}: {target} is not an ATen operator")
+        operands: list[Value] = []
+
+        def operand(value: Any) -> int | None:
+            if not isinstance(value, Value):
+                return None
+            flat = self.flat(value)
+            for i, known in enumerate(operands):
+                if known.ssa is flat.ssa:
+                    return i
+            operands.append(flat)
+            return len(operands) - 1
+
+        def resolve(item: Any) -> Any:
+            if isinstance(item, torch.fx.Node):
+                return self.values[item]
+            if isinstance(item, (list, tuple)):
+                return [resolve(i) for i in item]
+            return item
+
+        args = [resolve(a) for a in node.args]
+        kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
+        try:
+            call = encode_call(args, kwargs, operand)
+        except NotEncodable as error:
+            raise UnsupportedGraph(f"{node.format_node()}: {error}") from None
+        results = node.meta.get("val")
+        many = isinstance(results, (tuple, list))
+        result_list = list(results) if many else [results]
+        varying = self.varies(*operands)
+        tensor_types = [
+            self.tensor_type(tuple(r.shape), r.dtype, varying)
+            for r in result_list
+            if isinstance(r, torch.Tensor)
+        ]
+        op = self.emit(
+            fusion.AtenOp(
+                f"{target.namespace}.{target._opname}.{target._overloadname}",
+                call,
+                [v.ssa for v in operands],
+                tensor_types,
+            )
+        )
+        tensors = iter(op.results)
+        values = [
+            Value(next(tensors), tuple(r.shape), r.dtype, varying) if isinstance(r, torch.Tensor) else _concrete(r)
+            for r in result_list
+        ]
+        for value in values:
+            if isinstance(value, Value):
+                value.ssa.name_hint = _name(node)
+        return values if many else values[0]
+
+
+def _concrete(value: Any) -> Any:
+    """A non-tensor result (an int of flash attention, say) as the value it has in this graph."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    return value
+
+
+def _name(node: torch.fx.Node) -> str:
+    return node.name if node.name.isidentifier() else "v"
+
+
+# --------------------------------------------------------------------------- #
+# Rules: ATen ops and collectives the fusion dialect models                    #
+# --------------------------------------------------------------------------- #
+
+Rule = Callable[[Importer, torch.fx.Node], Any]
+RULES: dict[Any, Rule] = {}
+
+COLLECTIVES = {
+    c10d.all_gather_into_tensor.default: 2,
+    c10d.reduce_scatter_tensor.default: 3,
+    c10d.all_reduce.default: 2,
+}
+"""The functional collectives the importer maps, with the position of their group name."""
+
+
+def rule(*targets: Any) -> Callable[[Rule], Rule]:
+    def register(function: Rule) -> Rule:
+        for target in targets:
+            RULES[target] = function
+        return function
+
+    return register
+
+
+def _result(node: torch.fx.Node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+@rule(c10d.wait_tensor.default)
+def _wait(importer: Importer, node: torch.fx.Node) -> Value:
+    return importer.arg(node.args[0])
+
+
+@rule(c10d.all_gather_into_tensor.default)
+def _all_gather(importer: Importer, node: torch.fx.Node) -> Value:
+    value = importer.flat(importer.arg(node.args[0]))
+    if not importer.varies(value):
+        return value
+    gathered = importer.tensor_type((importer.devices, *value.shape), value.dtype, False)
+    op = importer.emit(fusion.SetOp(value.ssa, gathered))
+    op.results[0].name_hint = _name(node)
+    shape = (importer.devices * value.shape[0], *value.shape[1:])
+    return Value(op.results[0], shape, value.dtype, False, chunks=importer.devices)
+
+
+REDUCE_OPS = {"sum": fusion.SumOp, "max": fusion.MaxOp}
+
+
+def _reduce_over_devices(importer: Importer, node: torch.fx.Node, value: Value, scatter: bool) -> Value | None:
+    reduce_op = node.args[1]
+    if reduce_op not in REDUCE_OPS:
+        raise UnsupportedGraph(
+            f"{node.format_node()}: the reduction {reduce_op!r} is not supported "
+            f"(hostir reduces with {', '.join(REDUCE_OPS)})"
+        )
+    if not importer.varies(value):
+        return value
+    result = _result(node)
+    local = (importer.devices, result.shape[0], *result.shape[1:]) if scatter else tuple(result.shape)
+    if scatter and value.chunks != importer.devices:
+        value = importer.flat(value)
+        split_type = importer.tensor_type(local, value.dtype, True)
+        op = importer.emit(
+            fusion.AtenOp(
+                "aten.reshape.default",
+                encode_call([value.ssa, list(local)], {}, lambda v: 0 if v is value.ssa else None),
+                [value.ssa],
+                [split_type],
+            )
+        )
+        value = Value(op.results[0], value.shape, value.dtype, True, chunks=importer.devices)
+    shape = tuple(result.shape)
+    result_type = (
+        importer.tensor_type(shape, value.dtype, True) if scatter else importer.tensor_type(shape, value.dtype, False)
+    )
+    op = importer.emit(REDUCE_OPS[reduce_op](value.ssa, [0], False, result_type))
+    op.results[0].name_hint = _name(node)
+    return Value(op.results[0], shape, value.dtype, scatter)
+
+
+@rule(c10d.reduce_scatter_tensor.default)
+def _reduce_scatter(importer: Importer, node: torch.fx.Node) -> Value | None:
+    return _reduce_over_devices(importer, node, importer.arg(node.args[0]), scatter=True)
+
+
+@rule(c10d.all_reduce.default)
+def _all_reduce(importer: Importer, node: torch.fx.Node) -> Value | None:
+    return _reduce_over_devices(importer, node, importer.flat(importer.arg(node.args[0])), scatter=False)
+
+
+def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Value) -> Value | None:
+    """`lhs @ rhs` as a fusion.matmul, keeping `lhs`'s chunks; None where ATen's rules differ."""
+    result = _result(node)
+    if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
+        return None
+    if rhs.chunks is not None or (lhs.chunks is not None and len(lhs.shape) != 2):
+        lhs, rhs = importer.flat(lhs), importer.flat(rhs)
+    varying = importer.varies(lhs, rhs)
+    chunks = lhs.chunks
+    local = (chunks, result.shape[0] // chunks, *result.shape[1:]) if chunks else tuple(result.shape)
+    operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
+    op = importer.emit(fusion.MatmulOp(*operands, importer.tensor_type(local, result.dtype, varying)))
+    op.results[0].name_hint = _name(node)
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, chunks)
+
+
+@rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(importer: Importer, node: torch.fx.Node) -> Value | None:
+    return _matmul_result(importer, node, importer.arg(node.args[0]), importer.arg(node.args[1]))
+
+
+@rule(aten.addmm.default)
+def _addmm(importer: Importer, node: torch.fx.Node) -> Value | None:
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    bias, lhs, rhs = (importer.arg(a) for a in node.args[:3])
+    product = _matmul_result(importer, node, lhs, rhs)
+    if product is None or bias.dtype != product.dtype:
+        return None
+    return _pointwise(importer, node, fusion.AddOp, [product, bias])
+
+
+def _pointwise(importer: Importer, node: torch.fx.Node, op_class: type, operands: list[Any]) -> Value | None:
+    """An elementwise fusion op in the result's dtype, ATen's promotion done by casts first."""
+    result = _result(node)
+    if not result.dtype.is_floating_point:
+        return None
+    values: list[Value] = [
+        importer.scalar(o, result.dtype) if isinstance(o, (int, float)) and not isinstance(o, bool) else o
+        for o in operands
+    ]
+    if not all(isinstance(v, Value) for v in values):
+        return None
+    # A chunked operand keeps its chunks only if every other operand broadcasts along
+    # trailing axes alone; otherwise all take the FX shape.
+    chunked = [v for v in values if v.chunks is not None]
+    full = len(result.shape)
+    if chunked and (
+        any(v.chunks != chunked[0].chunks for v in chunked)
+        or any(v.chunks is None and len(v.shape) == full for v in values)
+        or tuple(chunked[0].shape) != tuple(result.shape)
+    ):
+        values = [importer.flat(v) for v in values]
+        chunks = None
+    else:
+        chunks = chunked[0].chunks if chunked else None
+    values = [importer.cast(v, result.dtype) for v in values]
+    local = (chunks, result.shape[0] // chunks, *result.shape[1:]) if chunks else tuple(result.shape)
+    varying = importer.varies(*values)
+    ssa = [importer.aligned(v, len(local)) for v in values]
+    op = importer.emit(op_class(*ssa, importer.tensor_type(local, result.dtype, varying)))
+    op.results[0].name_hint = _name(node)
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, chunks)
+
+
+def _elementwise_rule(op_class: type, check: Callable[[torch.fx.Node], bool] = lambda node: True) -> Rule:
+    def lower(importer: Importer, node: torch.fx.Node) -> Value | None:
+        if not check(node):
+            return None
+        return _pointwise(importer, node, op_class, [importer.arg(a) for a in node.args])
+
+    return lower
+
+
+def _no_alpha(node: torch.fx.Node) -> bool:
+    return node.kwargs.get("alpha", 1) == 1 and len(node.args) == 2
+
+
+def _true_division(node: torch.fx.Node) -> bool:
+    return node.kwargs.get("rounding_mode") is None
+
+
+for _targets, _op, _check in (
+    ((aten.add.Tensor, aten.add.Scalar), fusion.AddOp, _no_alpha),
+    ((aten.sub.Tensor, aten.sub.Scalar), fusion.SubOp, _no_alpha),
+    ((aten.mul.Tensor, aten.mul.Scalar), fusion.MulOp, lambda node: True),
+    ((aten.div.Tensor, aten.div.Scalar), fusion.DivOp, _true_division),
+    ((aten.maximum.default,), fusion.MaximumOp, lambda node: True),
+    ((aten.minimum.default,), fusion.MinimumOp, lambda node: True),
+    ((aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor), fusion.PowOp, lambda node: True),
+    ((aten.neg.default,), fusion.NegOp, lambda node: True),
+    ((aten.abs.default,), fusion.AbsOp, lambda node: True),
+    ((aten.exp.default,), fusion.ExpOp, lambda node: True),
+    ((aten.log.default,), fusion.LogOp, lambda node: True),
+    ((aten.sqrt.default,), fusion.SqrtOp, lambda node: True),
+    ((aten.relu.default,), fusion.ReluOp, lambda node: True),
+    ((aten.tanh.default,), fusion.TanhOp, lambda node: True),
+    ((aten.sigmoid.default,), fusion.SigmoidOp, lambda node: True),
+):
+    rule(*_targets)(_elementwise_rule(_op, _check))
+
+
+@rule(aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+def _to_dtype(importer: Importer, node: torch.fx.Node) -> Value | None:
+    result = _result(node)
+    value = importer.arg(node.args[0])
+    kwargs = set(node.kwargs) - {"dtype", "layout", "device"}
+    if kwargs or result.device != node.args[0].meta["val"].device:
+        return None
+    if not _dtype_supported(result.dtype):
+        return None
+    return importer.cast(value, result.dtype)
+
+
+@rule(aten.sum.dim_IntList, aten.amax.default)
+def _reduction(importer: Importer, node: torch.fx.Node) -> Value | None:
+    if set(node.kwargs) - {"keepdim"} or len(node.args) < 2:
+        return None
+    value = importer.flat(importer.arg(node.args[0]))
+    result = _result(node)
+    dims = node.args[1] or list(range(len(value.shape)))
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    if result.dtype != value.dtype or not value.shape:
+        return None
+    offset = 1 if importer.varies(value) else 0
+    axes = [(d % len(value.shape)) + offset for d in dims]
+    op_class = fusion.SumOp if node.target == aten.sum.dim_IntList else fusion.MaxOp
+    result_type = importer.tensor_type(tuple(result.shape), result.dtype, importer.varies(value))
+    op = importer.emit(op_class(value.ssa, axes, bool(keepdim), result_type))
+    op.results[0].name_hint = _name(node)
+    return Value(op.results[0], tuple(result.shape), result.dtype, importer.varies(value))
+
+
+def import_graph(gm: torch.fx.GraphModule, name: str = "graph") -> ImportedGraph:
+    """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp)."""
+    return Importer(gm, name).run()
