@@ -16,16 +16,20 @@ fusion that already has a stream axis anywhere is left as written.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue, Use
 from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import STREAM, TensorType, tensor_type
-from passes.axis_mapping import operand_axis_maps
+from passes.axis_mapping import has_axis_maps, operand_axis_maps
 
 LOGGER = logging.getLogger("hostir.pipelining")
 
@@ -36,13 +40,48 @@ def _with_stream_axis(type: TensorType, axis: int) -> TensorType:
     return type.with_(axes=axes)
 
 
+def _drops_axis(use: Use, axis: int) -> bool:
+    """Whether the op of `use` reads `axis` of the operand whole (reduces, contracts or
+    reshapes it), which stream-parallel refuses for a stream axis."""
+    user = use.operation
+    if not isinstance(user, fusion.FusionOp) or not has_axis_maps(user):
+        return False
+    operand_maps = [axis_map for value, axis_map in operand_axis_maps(user) if value is use.operation.operands[use.index]]
+    return any(axis_map[axis] is None for axis_map in operand_maps)
+
+
+def _make_stream(
+    rewriter: PatternRewriter, value: SSAValue, axis: int, pipelined: Sequence[Operation] | None = None
+) -> None:
+    """Makes `axis` of `value` stream. The readers in `pipelined` (None: every reader that
+    keeps the axis) read it slice by slice; the others read a copy of the whole made
+    after the loop, of the type `value` had."""
+    whole_type = tensor_type(value)
+    copied = [
+        use
+        for use in value.uses
+        if (use.operation not in pipelined if pipelined is not None else _drops_axis(use, axis))
+    ]
+    value = rewriter.replace_value_with_new_type(value, _with_stream_axis(whole_type, axis))
+    if copied:
+        whole = fusion.SetOp(value, whole_type)
+        rewriter.insert_op(whole, InsertPoint.after(value.owner))
+        for use in copied:
+            use.operation.operands[use.index] = whole.result
+
+
 def _declined(op: fusion.SetOp, reason: str) -> None:
     LOGGER.info("%s of %s is not pipelined: %s", op.name, tensor_type(op.input).sharding_str(), reason)
 
 
 class PipelineAllgatherIntoMatmuls(RewritePattern):
-    """`fusion.set` gathering a `didx` axis, read only as the left operand of matmuls that
-    keep that axis -> the axis is `stream` in the set's result and in the matmuls'."""
+    """`fusion.set` gathering a `didx` axis, read as the left operand of matmuls that keep
+    that axis -> the axis is `stream` in the set's result and in those matmuls' results.
+
+    Other readers of the gathered tensor (the weight gradient's matmul, an output saved
+    for the backward) read a copy of it made after the ring: an op that reads a stream
+    axis whole would have to wait for the whole loop anyway, and stream-parallel
+    refuses one that reduces it."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: fusion.SetOp, rewriter: PatternRewriter, /) -> None:
@@ -55,12 +94,13 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
         devices = source.mesh.ids
         if devices != tuple(range(devices[0], devices[0] + len(devices))):
             return _declined(op, "the ring visits the devices of a mesh of consecutive ids only")
-        users = [use.operation for use in op.result.uses]
-        if not users or any(
-            not isinstance(user, fusion.MatmulOp) or user.lhs is not op.result or user.rhs is op.result
-            for user in users
-        ):
-            return _declined(op, "the gathered tensor is read whole by an op that is not a matmul's left operand")
+        users = [
+            use.operation
+            for use in op.result.uses
+            if isinstance(use.operation, fusion.MatmulOp) and use.index == 0 and use.operation.rhs is not op.result
+        ]
+        if not users:
+            return _declined(op, "no matmul reads the gathered tensor as its left operand")
         targets = []
         for user in users:
             (_, lhs_map), _ = operand_axis_maps(user)
@@ -71,9 +111,9 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
             if result.get_shape()[result_axis] != source.get_shape()[axis]:
                 return _declined(op, f"{user.name} broadcasts the gathered axis")
             targets.append((user, result_axis))
-        rewriter.replace_value_with_new_type(op.result, _with_stream_axis(gathered, axis))
+        _make_stream(rewriter, op.result, axis, pipelined=users)
         for user, result_axis in targets:
-            rewriter.replace_value_with_new_type(user.result, _with_stream_axis(tensor_type(user.result), result_axis))
+            _make_stream(rewriter, user.result, result_axis)
 
 
 def _has_stream_axis(module: ModuleOp) -> bool:
@@ -99,3 +139,7 @@ class AutoStreamParallel(ModulePass):
         if not self.enabled or _has_stream_axis(op):
             return
         PatternRewriteWalker(PipelineAllgatherIntoMatmuls(), apply_recursively=False).rewrite_module(op)
+        # A returned value may have gained a stream axis: the signature says so too.
+        for function in op.ops:
+            if isinstance(function, func.FuncOp) and not function.is_declaration:
+                function.update_function_type()
