@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -187,10 +188,9 @@ def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dic
     dump_kinds()
 
     def compiler(kind: str):
-        def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> HostirGraph:
-            compiled = HostirGraph(graph, _graph_name(kind), backend_options)
-            compiled._boxed_call = False
-            return compiled
+        def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
+            # aot_autograd's boxed convention: the arguments come as one list.
+            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options))
 
         return compile_graph
 
