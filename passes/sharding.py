@@ -17,7 +17,7 @@ from xdsl.dialects.shard import ReductionKind
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import fusion, hir
-from hostir_dialect.fusion import SERIAL, FusionOp, TensorType, shape_str, tensor_type
+from hostir_dialect.fusion import DIDX, SERIAL, FusionOp, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError
 from passes.axis_mapping import operand_axis_maps
 
@@ -34,6 +34,12 @@ def local_operand_type(op: FusionOp, index: int) -> TensorType:
     maps to; serial where it maps to none (a reduced or contracted axis) or where it is
     broadcast (extent 1 stretched to another extent), since every device holds such
     an axis whole.
+
+    On a mesh of one device a `didx` axis has extent 1 too, so an operand axis of extent
+    1 that maps to it is broadcast unless it is the operand's own `didx` axis: the
+    operand is then laid out as it would be on any larger mesh, and needs the same
+    communication (a one-device allgather rather than moving its `didx` axis, which no
+    communication does).
     """
     result = tensor_type(op.results[0])
     result_shape = result.get_shape()
@@ -43,10 +49,12 @@ def local_operand_type(op: FusionOp, index: int) -> TensorType:
     axes = [
         (
             SERIAL
-            if target is None or (extent == 1 and result_shape[target] != 1)
+            if target is None
+            or (extent == 1 and result_shape[target] != 1)
+            or (extent == 1 and result_axes[target] == DIDX and own != DIDX)
             else result_axes[target]
         )
-        for extent, target in zip(operand_type.get_shape(), axis_map)
+        for extent, own, target in zip(operand_type.get_shape(), operand_type.axes.data, axis_map)
     ]
     try:
         return operand_type.with_(mesh=result.mesh, axes=axes)

@@ -5,6 +5,7 @@ it, and the result must verify and be a fixed point of the pass.
 """
 
 import pytest
+import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, f32
 
@@ -15,6 +16,8 @@ from hostir_dialect.fusion import DYNAMIC, TensorType, tensor_type
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
 from passes.insert_reshardings import InsertReshardings
 from passes.sharding import resharded_operands
+from runtime.communicator import Communicator
+from runtime.program import Program
 
 
 def tensor(shape, mesh, axes) -> TensorType:
@@ -226,3 +229,32 @@ def test_a_resharding_no_communication_does_is_an_error_at_the_users_op():
     )
     assert error.value.message.endswith("no communication moves a didx axis to another axis")
 
+
+
+def broadcast_against_didx(num_devices: int) -> ModuleOp:
+    """`a [1, DIDx(D)] + c [DIDx(D), 1] -> [DIDx(D), D]`: a's axis 0 broadcasts against the
+    result's didx axis, which on one device has a's extent, 1."""
+    fb = FusionBuilder("broadcast_against_didx")
+    a = fb.input([1, num_devices], "f32", mesh=range(num_devices), axes=["_", "didx"])
+    c = fb.input([num_devices, 1], "f32", mesh=range(num_devices), axes=["didx", "_"])
+    y = fb.add(a, c)
+    fb.parallelize(y, 0, "didx")
+    fb.output(y)
+    return fb.build()
+
+
+@pytest.mark.parametrize("num_devices", [4, 2, 1])
+def test_an_extent_1_broadcast_axis_is_no_didx_axis_on_one_device(num_devices):
+    """On every mesh, one device included, `a` is gathered (its didx axis made serial) and
+    its axis 0 broadcast: not moved onto the result's didx axis, which no communication does."""
+    ops = body(insert_reshardings(broadcast_against_didx(num_devices)))
+    assert [type(op) for op in ops] == [fusion.SetOp, fusion.AddOp, func.ReturnOp]
+    assert ops[0].result.type == tensor([1, num_devices], range(num_devices), "_ _")
+    assert_all_local(insert_reshardings(broadcast_against_didx(num_devices)))
+
+
+def test_a_one_device_mesh_runs_what_a_larger_one_runs():
+    program = Program.compile(broadcast_against_didx(1))
+    a, c = torch.randn(1, 1), torch.randn(1, 1)
+    (y,) = program.run([a, c], Communicator.single(torch.device("cpu")))
+    torch.testing.assert_close(y, a + c)
