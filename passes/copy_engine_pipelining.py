@@ -129,10 +129,17 @@ class Stages:
     """The wait's."""
     reads_induction: bool
     """Whether B reads the iteration index, which it then gets as `i - 1`."""
+    deferred: hir.WaitOp | None = None
+    """The wait that ended B, for a transfer B issues, put off to the next iteration."""
 
     @staticmethod
     def split(
-        induction: SSAValue, issue: list[Operation], work: SSAValue, finish: list[Operation], location: LocationAttr
+        induction: SSAValue,
+        issue: list[Operation],
+        work: SSAValue,
+        finish: list[Operation],
+        location: LocationAttr,
+        deferred: hir.WaitOp | None = None,
     ) -> Stages | None:
         """The stages, if B reads nothing of A but views and index arithmetic."""
         defined = {result: op for op in issue for result in op.results}
@@ -150,7 +157,7 @@ class Stages:
         reads_induction = any(
             operand is induction for op in (*views, *finish) for inner in op.walk() for operand in inner.operands
         )
-        return Stages(induction, issue, work, views, finish, location, reads_induction)
+        return Stages(induction, issue, work, views, finish, location, reads_induction, deferred)
 
     def issue_at(self, index: SSAValue, block: Block) -> SSAValue:
         """Appends A(index) to `block`; its work."""
@@ -158,14 +165,20 @@ class Stages:
         _clone(self.issue, mapping, block)
         return mapping[self.work]
 
-    def finish_at(self, index: SSAValue, work: SSAValue, block: Block) -> None:
-        """Appends, for iteration `index`: B's views of A, the wait for `work`, and B."""
+    def finish_at(
+        self, index: SSAValue, works: Sequence[SSAValue], block: Block
+    ) -> SSAValue | None:
+        """Appends, for iteration `index`: B's views of A, the waits for `works` (the transfer
+        of iteration `index`, and the deferred one of an iteration before), and B; the work
+        of B's deferred transfer."""
         mapping: dict[SSAValue, SSAValue] = {self.induction: index}
         _clone(self.views, mapping, block)
-        wait = hir.WaitOp(work)
-        wait.location = self.location
-        block.add_op(wait)
+        for work in works:
+            wait = hir.WaitOp(work)
+            wait.location = self.location
+            block.add_op(wait)
         _clone(self.finish, mapping, block)
+        return None if self.deferred is None else mapping[self.deferred.work]
 
     def pipeline(
         self,
@@ -177,19 +190,31 @@ class Stages:
         location: LocationAttr,
     ) -> None:
         """Appends `for i = start to end {A(i); finish i - 1}` and the finish of `end - 1`, given
-        the work of iteration `start - 1`; the loop and its index arithmetic at `location`."""
-        body = Block(arg_types=[IndexType(), hir.WorkType()])
-        index, previous = body.args
+        the work of iteration `start - 1`; the loop and its index arithmetic at `location`.
+
+        A deferred transfer of B(i - 1) is carried to iteration `i + 1`, which waits for it
+        with the transfer of A(i): by then A(i + 1) is issued, so the wait holds up no GEMM
+        of A. The first iteration has no deferred transfer before it: it is given the
+        transfer of A(start - 1), which it waits for anyway (a second wait does nothing)."""
+        carried = [first_work] if self.deferred is None else [first_work, first_work]
+        body = Block(arg_types=[IndexType(), *(hir.WorkType() for _ in carried)])
+        index, *previous = body.args
         index.name_hint = self.induction.name_hint
-        previous.name_hint = "previous_work"
+        for argument, name in zip(previous, ("previous_work", "previous_deferred_work")):
+            argument.name_hint = name
         work = self.issue_at(index, body)
-        self.finish_at(self._minus_one(index, one, body, location), previous, body)
-        body.add_op(yield_work := scf.YieldOp(work))
-        loop = scf.ForOp(start, end, one, [first_work], body)
-        loop.results[0].name_hint = "last_work"
+        deferred = self.finish_at(self._minus_one(index, one, body, location), previous, body)
+        body.add_op(yield_work := scf.YieldOp(work, *([] if deferred is None else [deferred])))
+        loop = scf.ForOp(start, end, one, carried, body)
+        for result, name in zip(loop.results, ("last_work", "last_deferred_work")):
+            result.name_hint = name
         yield_work.location = loop.location = location
         block.add_op(loop)
-        self.finish_at(self._minus_one(end, one, block, location), loop.results[0], block)
+        deferred = self.finish_at(self._minus_one(end, one, block, location), loop.results, block)
+        if deferred is not None:
+            last_wait = hir.WaitOp(deferred)
+            last_wait.location = self.deferred.location
+            block.add_op(last_wait)
 
     def _minus_one(self, index: SSAValue, one: SSAValue, block: Block, location: LocationAttr) -> SSAValue:
         """`index - 1` for B's iteration, appended to `block` where B reads the iteration index."""
@@ -269,8 +294,9 @@ class StreamLoopPattern(RewritePattern):
 
 
 def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
-    """Whether what `wait` waits for is, of all the transfers in `work`, the only one, and is
-    a copy-engine collective or a batch of copy-engine sends and recvs, directly in `work`."""
+    """Whether what `wait` waits for is, of all the transfers in `work` (`wait` aside), the
+    only one, and is a copy-engine collective or a batch of copy-engine sends and recvs,
+    directly in `work`."""
     transfer = wait.work.owner
     if transfer not in work:
         return False
@@ -289,19 +315,36 @@ def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
     return hir.uses_copy_engines(transfer) and not others
 
 
+def _deferred_wait(finish: Sequence[Operation]) -> hir.WaitOp | None:
+    """The wait that ends B, if it waits for B's one transfer, a copy-engine one directly in
+    B (`allreduce-in-matmul`'s pull of the sum back): nothing in B follows it, so it may be
+    put off to the next iteration."""
+    if finish and isinstance(wait := finish[-1], hir.WaitOp) and _copy_engine_transfer(wait, finish[:-1]):
+        return wait
+    return None
+
+
 class PipelineCollectiveLoop(StreamLoopPattern):
-    """A loop whose one transfer is a copy-engine collective or a batch of copy-engine sends
-    and recvs (`reduce-scatter-in-matmul`'s), directly in its body."""
+    """A loop whose one transfer before its first wait is a copy-engine collective or a batch
+    of copy-engine sends and recvs (`reduce-scatter-in-matmul`'s), directly in its body,
+    and that after that wait issues at most one more, whose wait ends the body
+    (`allreduce-in-matmul`'s)."""
 
     def rewrite(self, op: scf.ForOp, work: list[Operation], rewriter: PatternRewriter) -> list[Operation] | None:
-        waits = [o for o in work if isinstance(o, hir.WaitOp)]
-        if len(waits) != 1 or not _copy_engine_transfer(waits[0], work):
+        wait = next((o for o in work if isinstance(o, hir.WaitOp)), None)
+        if wait is None:
             return None
-        (wait,) = waits
         position = work.index(wait)
-        stages = Stages.split(
-            op.body.block.args[0], work[:position], wait.work, work[position + 1 :], wait.location
-        )
+        issue, finish = work[:position], work[position + 1 :]
+        # B issues no transfer, or one whose wait ends it (`_deferred_wait` checks it is B's only one).
+        deferred = _deferred_wait(finish)
+        if deferred is not None:
+            finish = finish[:-1]
+        elif _transfers(finish):
+            return None
+        if not _copy_engine_transfer(wait, issue):
+            return None
+        stages = Stages.split(op.body.block.args[0], issue, wait.work, finish, wait.location, deferred)
         if stages is None:
             return None
         one = index_constant(rewriter, op, 1)

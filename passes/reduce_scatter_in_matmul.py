@@ -71,8 +71,8 @@ from passes.stream_parallel import index_constant, runtime_value
 CUDA = hir.CommunicatorBackend.CUDA
 
 
-def _product_of(op: hir.ReduceScatterOp) -> hir.MatmulOp | None:
-    """The matmul that writes the reduce-scatter's whole input, before it in its block, if
+def product_of(op: hir.CommunicationOp) -> hir.MatmulOp | None:
+    """The matmul that writes the collective's whole input, before it in its block, if
     the input is (a view of) a buffer the program allocates and nothing else reads or
     writes it, through any view of that buffer (extents and deallocation aside): the
     rewrite leaves the buffer holding other values."""
@@ -95,7 +95,7 @@ def _product_of(op: hir.ReduceScatterOp) -> hir.MatmulOp | None:
     return matmul
 
 
-def _in_function_body(op: Operation) -> Operation | None:
+def in_function_body(op: Operation) -> Operation | None:
     """The op of a function's body that is or holds `op` (None outside a function)."""
     while not isinstance(parent := op.parent_op(), func.FuncOp):
         if parent is None:
@@ -118,7 +118,7 @@ def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
     return axes
 
 
-def _nothing_writes_between(matmul: hir.MatmulOp, wait: hir.WaitOp, op: hir.ReduceScatterOp) -> bool:
+def nothing_writes_between(matmul: hir.MatmulOp, wait: hir.WaitOp, op: hir.CommunicationOp) -> bool:
     """Whether the ops strictly between `matmul` and `wait` (of one block) are `op` or only
     make views, buffers and indices: none writes or frees a buffer the matmul reads, so
     its operands may be read at the wait instead."""
@@ -157,7 +157,7 @@ def _operands_at(
 
 
 @dataclass
-class _Positions:
+class PairPositions:
     """This device's and its peer's positions in a team of two, and the peer's device."""
 
     own: SSAValue
@@ -168,7 +168,7 @@ class _Positions:
     @staticmethod
     def insert(
         team: tuple[int, ...], anchor: Operation, rewriter: PatternRewriter, location: LocationAttr
-    ) -> _Positions:
+    ) -> PairPositions:
         """Computed once, in the function's body before `anchor`, right after the constants
         and the device index they are computed from (every iteration of the loops around
         has the same)."""
@@ -186,7 +186,7 @@ class _Positions:
         inputs = {value.owner for value in (zero, one, first, second, rank)}
         last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
         rewriter.insert(ops, InsertPoint.after(last_input))
-        return _Positions(own.result, peer.result, peer_device.result, zero)
+        return PairPositions(own.result, peer.result, peer_device.result, zero)
 
 
 class ReduceScatterIntoMatmul(RewritePattern):
@@ -203,18 +203,18 @@ class ReduceScatterIntoMatmul(RewritePattern):
             or len(team) != 2
             or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
             or (axis := op.scattered_axis()) is None
-            or (matmul := _product_of(op)) is None
+            or (matmul := product_of(op)) is None
             or (axes := _operand_axes(matmul, axis)) is None
-            or (anchor := _in_function_body(matmul)) is None
+            or (anchor := in_function_body(matmul)) is None
         ):
             return
         waits = [use.operation for use in op.work.uses]
         if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
             return
-        if not _nothing_writes_between(matmul, wait, op):
+        if not nothing_writes_between(matmul, wait, op):
             return
 
-        positions = _Positions.insert(team, anchor, rewriter, op.location)
+        positions = PairPositions.insert(team, anchor, rewriter, op.location)
         broadcasts: dict[int, hir.AliasSelectOp] = {}
         peer_views, peer_operands = _operands_at(matmul, axes, positions.peer, positions.zero, broadcasts)
         to_peer = hir.AliasSelectOp(op.input, axis, positions.zero)
