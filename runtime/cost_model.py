@@ -39,6 +39,17 @@ chunks lose less here than in T(S), so the model chooses fewer. `pipeline_time` 
 that order event by event, with half GEMMs of h(S) = gemm_s / (2 S) + launch_overhead_s
 and transfers of c(S).
 
+A copy-engine GEMM+AR over two devices with its sum in the GEMM (`allreduce-in-matmul`,
+also `reduction_in_matmul=True`) runs pairs of chunks: in pair j each device multiplies
+one chunk for its peer (P(j)), pulls the peer's product of the other chunk (X(j)), adds
+its own product of that chunk into it (O(j)) and lets the peer pull the sum back
+(Y(j)). The GEMMs are whole chunks, g(S), in the order P0, P1, O0, P2, O1, ...,
+O(S/2 - 1); the transfers, c(S) each, run on the copy engines one after the other in the
+order they are issued (X(j) after P(j), Y(j) after O(j)); O(j) starts once X(j) has
+ended, and the run ends with the last Y. An odd last chunk then runs as in T(S), after
+every pair: its GEMM, its transfer. The sum's copy into the output of the device that
+made it (a memory-bound pass over a chunk per pair) is not modelled, as no reduction is.
+
 Every rank must lower the same program, so the inputs of `choose_pipeline` must be
 equal on every rank: `measure_rates` takes the slowest rank's times.
 """
@@ -89,15 +100,18 @@ class OverlapProblem:
     world: int
     element_size: int = 2
     reduction_in_matmul: bool = False
-    """GEMM+RS on two devices with the sum in the GEMM's epilogue (`reduce-scatter-in-matmul`):
-    per chunk, the peer's rows, their transfer, and the own rows added into them."""
+    """GEMM+RS or GEMM+AR on two devices with the sum in the GEMM's epilogue: GEMM+RS's
+    (`reduce-scatter-in-matmul`) per chunk the peer's rows, their transfer, and the own rows
+    added into them; GEMM+AR's (`allreduce-in-matmul`) per pair of chunks one chunk
+    multiplied for the peer, the other added into the peer's product, the sum pulled back."""
 
     def __post_init__(self):
         if min(self.m, self.k, self.n, self.world, self.element_size) < 1:
             raise HostirError(f"an overlap problem needs positive extents, got {self}")
-        if self.reduction_in_matmul and (self.kind, self.world) != (OverlapKind.MATMUL_REDUCE_SCATTER, 2):
+        summed_in_matmul = (OverlapKind.MATMUL_REDUCE_SCATTER, OverlapKind.MATMUL_ALLREDUCE)
+        if self.reduction_in_matmul and (self.kind not in summed_in_matmul or self.world != 2):
             raise HostirError(
-                f"the reduction in the GEMM is a form of {OverlapKind.MATMUL_REDUCE_SCATTER} on 2 ranks, "
+                f"the reduction in the GEMM is a form of {' and '.join(summed_in_matmul)} on 2 ranks, "
                 f"not of {self.kind} on {self.world}"
             )
         sharded = {"M": self.m} if self.kind == OverlapKind.ALLGATHER_MATMUL else {"K": self.k}
@@ -116,9 +130,10 @@ class OverlapProblem:
 
     def chunk_gemm_rows(self, chunks: int) -> int:
         """The rows of each GEMM when the rows a rank holds are cut into `chunks` chunks: a
-        chunk of the product, or, with the reduction in the GEMM, one device's rows of it."""
+        chunk of the product, or, with GEMM+RS's reduction in the GEMM, one device's rows of it."""
         rows = self.m // chunks
-        return rows // self.world if self.reduction_in_matmul else rows
+        halves = self.reduction_in_matmul and self.kind == OverlapKind.MATMUL_REDUCE_SCATTER
+        return rows // self.world if halves else rows
 
     @property
     def gemm_flops(self) -> float:
@@ -179,10 +194,12 @@ def pipeline_time(problem: OverlapProblem, rates: Rates, chunks: int) -> float:
     if chunks < 1:
         raise HostirError(f"a pipeline needs at least one chunk, got {chunks}")
     transfer = rates.comm_s(problem) / chunks + rates.transfer_latency_s
-    if problem.reduction_in_matmul:
+    if problem.reduction_in_matmul and problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER:
         half_gemm = rates.gemm_s(problem) / (2 * chunks) + rates.launch_overhead_s
         return _reduction_in_matmul_time(chunks, transfer, half_gemm)
     gemm = rates.gemm_s(problem) / chunks + rates.launch_overhead_s
+    if problem.reduction_in_matmul:
+        return _allreduce_in_matmul_time(chunks, transfer, gemm)
     return transfer + gemm + (chunks - 1) * max(transfer, gemm)
 
 
@@ -198,6 +215,33 @@ def _reduction_in_matmul_time(chunks: int, transfer: float, half_gemm: float) ->
         if chunk:
             gemms_end = max(gemms_end, transfers_end[chunk - 1]) + half_gemm  # O(chunk - 1)
     return max(gemms_end, transfers_end[-1]) + half_gemm  # O(chunks - 1)
+
+
+def _allreduce_in_matmul_time(chunks: int, transfer: float, gemm: float) -> float:
+    """The end of the last transfer of P0, P1, O0, ..., O(S/2 - 1) (the module docstring),
+    each transfer after the one issued before it and after its GEMM, O(j) after X(j), and
+    an odd last chunk's GEMM and transfer after all of them."""
+    gemms_end = copies_end = 0.0
+    exchanged = []
+
+    def issue() -> float:
+        """A transfer issued after the GEMM that ended the caller's stream so far."""
+        nonlocal copies_end
+        copies_end = max(copies_end, gemms_end) + transfer
+        return copies_end
+
+    pairs = chunks // 2
+    for pair in range(pairs + 1):
+        if pair < pairs:
+            gemms_end += gemm  # P(pair)
+            exchanged.append(issue())  # X(pair)
+        if pair:
+            gemms_end = max(gemms_end, exchanged[pair - 1]) + gemm  # O(pair - 1)
+            issue()  # Y(pair - 1)
+    if chunks % 2:
+        gemms_end = max(gemms_end, copies_end) + gemm
+        issue()
+    return max(gemms_end, copies_end)
 
 
 def pipeline_streams(chunks: int) -> int:

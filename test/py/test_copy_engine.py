@@ -280,6 +280,106 @@ def test_the_reduction_in_the_gemm_on_a_team_that_is_not_devices_0_and_1():
         torch.testing.assert_close(output.double().reshape(piece.shape), piece, rtol=0, atol=tolerance)
 
 
+def matmul_ar_program(dtype: str, mesh: list[int]) -> str:
+    """GEMM+AR as benchmarks/overlap.py builds it, over `mesh`, every extent but the mesh's dynamic."""
+    x = tensor(["?", 2, "?", "?"], dtype, mesh, "_ didx _ _")
+    w = tensor([2, "?", "?"], dtype, mesh, "didx _ _")
+    partial = tensor(["?", 2, "?", "?"], dtype, mesh, "stream didx _ _")
+    y = tensor(["?", "?", "?"], dtype, mesh, "stream _ _")
+    return f"""
+func.func @matmul_ar(%x: {x}, %w: {w}) -> {y} {{
+  %partial = fusion.matmul %x, %w : ({x}, {w}) -> {partial}
+  %y = fusion.sum %partial [1] : {partial} -> {y}
+  func.return %y : {y}
+}}
+"""
+
+
+ALLREDUCE_IN_MATMUL = {
+    "pipelined": COPY_ENGINE,
+    "pool streams": "hir-lowering{backend=cuda copy_engine_pipelining=false}",
+}
+SUM_IN_THE_GEMM_CHUNKS = (1, 2, 3, 4, 5)
+"""Chunk counts of the GEMM+AR runs: the odd ones end in a chunk that keeps its allreduce."""
+
+
+def run_sum_in_the_gemm(mesh: list[int], cases: list[tuple[str, str, list[torch.Tensor]]]) -> list[list]:
+    """On one rank: per (dtype, pipeline, whole inputs) case, the GEMM+AR's output of two runs
+    on poisoned allocations (the second reusing the first's symmetric buffers)."""
+    communicator = Communicator.from_env()
+    outputs = []
+    for dtype, pipeline, whole in cases:
+        program = Program.compile(matmul_ar_program(dtype, mesh), pipeline=pipeline)
+        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+        runs = []
+        for _ in range(2):
+            with poisoned_allocations():
+                (output,) = program.run(local, communicator)
+            runs.append(output.cpu())
+        outputs.append(runs)
+    return outputs
+
+
+def sum_in_the_gemm_cases(chunks: tuple[int, ...], dtypes: tuple[str, ...]) -> list[tuple]:
+    """(dtype, pipeline, whole X [s, 2, M, K] and W [2, K, N]) for each chunk count s."""
+    generator = torch.Generator().manual_seed(20)
+    return [
+        (dtype, pipeline, [torch.randn(shape, generator=generator).to(DTYPES[dtype]) for shape in shapes])
+        for s in chunks
+        for shapes in [((s, 2, M, K), (2, K, N))]
+        for dtype in dtypes
+        for pipeline in ALLREDUCE_IN_MATMUL.values()
+    ]
+
+
+def assert_sums_in_the_gemm(program: str, pipeline: str) -> None:
+    """The lowered GEMM+AR adds in the GEMM, and only its odd last chunk has an allreduce."""
+    text = str(Program.compile(program, pipeline=pipeline).host)
+    assert "hir.matmul accumulate" in text and text.count("hir.allreduce") == 1, pipeline
+
+
+def check_sum_in_the_gemm(cases, per_rank: list[list[list[torch.Tensor]]]) -> None:
+    """Each member's output is plain torch's GEMM+AR, and the members' are the same bits: the
+    sum of each chunk is made once, by one member's GEMM, and pulled by the other."""
+    for i, (dtype, pipeline, (x, w)) in enumerate(cases):
+        expected = matmul_ar(x.double(), w.double())
+        tolerance = TOLERANCE[DTYPES[dtype]] * expected.abs().max().item()
+        for run in range(2):
+            where = f"{len(x)} chunk(s), {dtype}, {pipeline}, run {run}"
+            for rank, outputs in enumerate(per_rank):
+                torch.testing.assert_close(
+                    outputs[i][run].double(),
+                    expected,
+                    rtol=0,
+                    atol=tolerance,
+                    msg=lambda m: f"{where}, member {rank}: {m}",
+                )
+            assert torch.equal(per_rank[0][i][run], per_rank[1][i][run]), f"{where}: the members differ"
+
+
+@needs_world(2)
+def test_the_sum_of_a_pairwise_matmul_allreduce_is_made_in_the_gemm():
+    """Over two devices the GEMM+AR's allreduce becomes pairs of chunks, each member's plain
+    GEMM of one pulled by its peer, whose accumulating GEMM of it makes the sum, pulled back
+    (allreduce-in-matmul); an odd last chunk keeps its allreduce. Pipelined and on the pool
+    streams, f32 and bf16, 1 to 5 chunks: plain torch's result, bitwise equal on both."""
+    for pipeline in ALLREDUCE_IN_MATMUL.values():
+        assert_sums_in_the_gemm(matmul_ar_program("f32", [0, 1]), pipeline)
+    cases = sum_in_the_gemm_cases(SUM_IN_THE_GEMM_CHUNKS, tuple(DTYPES))
+    check_sum_in_the_gemm(cases, run_on_local_ranks(run_sum_in_the_gemm, 2, [0, 1], cases))
+
+
+@needs_world(3)
+def test_the_sum_in_the_gemm_on_a_team_that_is_not_devices_0_and_1():
+    """Devices 1 and 2 of a world of three pair their chunks; device 0, outside the mesh,
+    takes no part; an even and an odd number of chunks."""
+    assert_sums_in_the_gemm(matmul_ar_program("f32", [1, 2]), COPY_ENGINE)
+    cases = sum_in_the_gemm_cases((3, 4), ("f32",))
+    per_rank = run_on_local_ranks(run_sum_in_the_gemm, 3, [1, 2], cases)
+    assert all(output.numel() == 0 for runs in per_rank[0] for output in runs), "device 0 holds a piece"
+    check_sum_in_the_gemm(cases, per_rank[1:])
+
+
 # --------------------------------------------------------------------------- #
 # Every reduction op, in hand-written host programs                            #
 # --------------------------------------------------------------------------- #

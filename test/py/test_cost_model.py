@@ -100,8 +100,8 @@ def test_without_latencies_the_pipeline_tends_to_the_limit():
 
 
 def brute_force_best(p: OverlapProblem, rates: Rates, min_rows: int, max_chunks: int) -> int:
-    # With the reduction in the GEMM, each of a chunk's two GEMMs has one device's rows.
-    gemms_per_chunk = 2 if p.reduction_in_matmul else 1
+    # With GEMM+RS's reduction in the GEMM, each of a chunk's two GEMMs has one device's rows.
+    gemms_per_chunk = 2 if p.reduction_in_matmul and p.kind == RS else 1
     valid = [
         s
         for s in range(1, max_chunks + 1)
@@ -115,7 +115,7 @@ SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 81
 
 @pytest.mark.parametrize(
     "kind, world, in_matmul",
-    [*((kind, 8, False) for kind in OverlapKind), (RS, 2, False), (RS, 2, True)],
+    [*((kind, 8, False) for kind in OverlapKind), (RS, 2, False), (RS, 2, True), (AR, 2, True)],
 )
 @pytest.mark.parametrize("m, k, n", SIZES)
 @pytest.mark.parametrize("latency", [1e-6, 20e-6, 200e-6])
@@ -159,7 +159,7 @@ def in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
 
 
 def test_the_reduction_in_the_gemm_is_a_form_of_gemm_rs_on_two_ranks():
-    for kind, world in [(AG, 2), (AR, 2), (RS, 4)]:
+    for kind, world in [(AG, 2), (AR, 4), (RS, 4)]:
         with pytest.raises(HostirError, match=f"not of {kind} on {world}"):
             OverlapProblem(kind, 64, 64, 64, world, reduction_in_matmul=True)
     summed, separate = in_matmul(), problem(RS, world=2)
@@ -194,6 +194,45 @@ def test_with_the_reduction_in_the_gemm_the_model_chooses_fewer_chunks(size, gem
     rates = Rates.from_times(separate, reduce_scatter_ms * 1e-3, gemm_ms * 1e-3)
     assert choose_pipeline(separate, rates).chunks == 4
     assert choose_pipeline(summed, rates).chunks == 2
+
+
+def ar_in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
+    return OverlapProblem(AR, m, k, n, 2, reduction_in_matmul=True)
+
+
+def test_gemm_ar_with_its_sum_in_the_gemm_has_whole_chunk_gemms():
+    summed, separate = ar_in_matmul(), problem(AR, world=2)
+    assert (summed.comm_bytes, summed.gemm_flops) == (separate.comm_bytes, separate.gemm_flops)
+    assert summed.chunk_gemm_rows(4) == separate.chunk_gemm_rows(4) == 2048
+
+
+def test_the_time_with_the_sum_in_the_gemm_follows_its_order():
+    p = ar_in_matmul()
+    # In four chunks: GEMMs g = 0.55 ms, transfers c = 0.35 ms, shorter than a GEMM.
+    rates = Rates.from_times(p, comm_s=1e-3, gemm_s=2e-3, transfer_latency_s=1e-4, launch_overhead_s=5e-5)
+    g, c = 0.55e-3, 0.35e-3
+    # One chunk: its GEMM and its allreduce. One pair: P, its pull, O, the pull of the sum.
+    assert pipeline_time(p, rates, 1) == pytest.approx(2e-3 + 5e-5 + 1e-3 + 1e-4)
+    assert pipeline_time(p, rates, 2) == pytest.approx(2 * (1.05e-3 + 0.6e-3))
+    # Two pairs: each pull hides behind the GEMM after it; the last sum's pull is the tail.
+    assert pipeline_time(p, rates, 4) == pytest.approx(4 * g + c)
+    # An odd last chunk runs after the pair, once the pair's sums are back: GEMM, transfer.
+    three = (2 * 1e-3 / 3 + 5e-5, 1e-3 / 3 + 1e-4)
+    assert pipeline_time(p, rates, 3) == pytest.approx(3 * sum(three))
+    # Transfers longer than GEMMs run back to back on the copy engines after the first GEMM.
+    rates = Rates.from_times(p, comm_s=4e-3, gemm_s=2e-3, transfer_latency_s=0.0, launch_overhead_s=0.0)
+    assert pipeline_time(p, rates, 4) == pytest.approx(0.5e-3 + 4 * 1e-3)
+
+
+@pytest.mark.parametrize(
+    "size, gemm_ms, allreduce_ms, chunks",
+    list(zip(SIZES, [0.313, 0.623, 0.358, 0.729], [0.221, 0.407, 0.248, 0.467], [4, 8, 4, 8])),
+)
+def test_with_the_sum_in_the_gemm_the_model_chooses_two_pairs_or_more(size, gemm_ms, allreduce_ms, chunks):
+    # The GEMM and the allreduce alone on 2 H200 (docs/benchmarks.md, commit dd2e147). One
+    # pair runs its two GEMMs and two pulls one after the other: at least two pairs win.
+    rates = Rates.from_times(OverlapProblem(AR, *size, 2), allreduce_ms * 1e-3, gemm_ms * 1e-3)
+    assert choose_pipeline(ar_in_matmul(*size), rates).chunks == chunks
 
 
 def test_streams():
