@@ -211,6 +211,11 @@ class Importer:
         if node.target is operator.getitem:
             results, index = node.args
             return self.values[results][index]
+        result = node.meta.get("val")
+        if not isinstance(result, (torch.Tensor, tuple, list)):
+            # Shape arithmetic of a graph traced with dynamic shapes: this compilation's
+            # shapes are known, so its value is too.
+            return _concrete(result)
         rule = RULES.get(node.target)
         if rule is not None:
             result = rule(self, node)

@@ -1,0 +1,199 @@
+"""torch.compile(backend="hostir"): tensor-parallel modules, forward and backward, against eager.
+
+The distributed cases run on CPU ranks with gloo and compare with the same module run
+eagerly with DTensor (torch's own tensor parallelism), from the same weights and
+inputs: the forward output, the input's gradient and every parameter's gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from examples.tp_decoder_layer import DecoderLayer, parallelize, train
+from frontend.backend import HostirFallbackWarning
+from runtime.launch import run_on_local_ranks
+
+
+def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
+
+
+def _grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.full_tensor() for name, p in module.named_parameters()}
+
+
+@contextlib.contextmanager
+def _dumped(kinds: str):
+    """HOSTIR_DUMP set to `kinds`; yields the text the backend printed."""
+    stderr = io.StringIO()
+    os.environ["HOSTIR_DUMP"] = kinds
+    try:
+        with contextlib.redirect_stderr(stderr):
+            yield stderr
+    finally:
+        del os.environ["HOSTIR_DUMP"]
+
+
+def _layer_on_rank(sequences: tuple[int, ...]) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    reference = DecoderLayer()
+    hostir_layer, eager_layer = DecoderLayer(), DecoderLayer()
+    for layer in (hostir_layer, eager_layer):
+        layer.load_state_dict(reference.state_dict())
+        parallelize(layer, mesh)
+    compiled = torch.compile(hostir_layer, backend="hostir")
+    errors: dict[str, float] = {}
+    with _dumped("fusion,host_ir") as dump:
+        for sequence in sequences:
+            torch.manual_seed(sequence)
+            x = torch.randn(2, sequence, 64).chunk(world, dim=1)[rank]
+            x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
+            out = compiled(x_hostir)
+            expected = eager_layer(x_eager)
+            (out * expected.detach()).sum().backward()
+            (expected * expected.detach()).sum().backward()
+            errors[f"output (sequence {sequence})"] = _max_error(out, expected)
+            errors[f"input gradient (sequence {sequence})"] = _max_error(x_hostir.grad, x_eager.grad)
+            for name, grad in _grads(hostir_layer).items():
+                errors[f"{name} gradient (sequence {sequence})"] = _max_error(grad, _grads(eager_layer)[name])
+            hostir_layer.zero_grad()
+            eager_layer.zero_grad()
+    return {"errors": errors, "dump": dump.getvalue()}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world):
+    """The layer at 2 and 4 ranks, then at a new sequence length (a recompilation)."""
+    results = run_on_local_ranks(_layer_on_rank, world, (16, 24), timeout_s=600)
+    for rank, result in enumerate(results):
+        bad = {what: error for what, error in result["errors"].items() if error > 1e-4}
+        assert not bad, f"rank {rank}: {bad}"
+        assert len(result["errors"]) == 2 * (2 + len(list(DecoderLayer().parameters())))
+    dump = results[0]["dump"]
+    # What hostir understood, and what it calls ATen for.
+    assert "fusion.set" in dump and "fusion.sum" in dump and "fusion.matmul" in dump
+    assert 'fusion.aten "aten._scaled_dot_product' in dump
+    assert "hir.allgather" in dump and "hir.reduce_scatter" in dump
+    assert results[1]["dump"] == "", "only the first rank of the mesh dumps"
+
+
+def test_adamw_steps_track_eager():
+    """Ten AdamW steps of the layer: the losses with hostir track the eager ones."""
+    (losses, *_) = run_on_local_ranks(train, 2, 10, timeout_s=600)
+    for step, (hostir_loss, eager_loss) in enumerate(losses):
+        assert hostir_loss == pytest.approx(eager_loss, rel=1e-4), f"step {step}"
+    assert losses[-1][0] != losses[0][0], "the weights changed"
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+def _mlp_on_rank() -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
+    reference = MLP()
+    modules = []
+    for _ in range(2):
+        module = MLP()
+        module.load_state_dict(reference.state_dict())
+        modules.append(parallelize_module(module, mesh, plan))
+    x = torch.randn(16, 16).chunk(world)[rank]
+    with _dumped("host_ir") as dump:
+        out = torch.compile(modules[0], backend="hostir")(x)
+        out.sum().backward()
+    expected = modules[1](x)
+    expected.sum().backward()
+    errors = {"output": _max_error(out, expected)}
+    for name, grad in _grads(modules[0]).items():
+        errors[name] = _max_error(grad, _grads(modules[1])[name])
+    return {"errors": errors, "dump": dump.getvalue()}
+
+
+def test_all_gather_into_matmul_is_pipelined_forward_and_backward():
+    """ColwiseParallel after a Shard(0) input: the all-gather of the forward and of the
+    backward become a ring of point-to-point transfers in the loop of the matmul."""
+    results = run_on_local_ranks(_mlp_on_rank, 2, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
+    programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
+    assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
+    for program in programs:
+        loop = re.search(r"scf\.for .*?\n(.*?)\n    }", program, re.S)
+        assert loop and "hir.recv" in program and "hir.matmul" in program
+        ring = program[program.index("hir.recv") :]
+        assert "hir.matmul" in ring, "the matmul runs in the loop that receives the pieces"
+
+
+def test_an_op_hostir_does_not_model_runs_as_aten():
+    def f(x, y):
+        return torch.cumsum(x, dim=1) * torch.special.erf(y) + x.flip(0)
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir")(x, y)
+    torch.testing.assert_close(out, f(x, y))
+    assert 'fusion.aten "aten.cumsum.default"' in dump.getvalue()
+    assert "fusion.mul" in dump.getvalue() and "fusion.add" in dump.getvalue()
+
+
+def test_inputs_of_a_new_shape_recompile():
+    def f(x, w):
+        return F.silu(x @ w).sum(dim=-1)
+
+    compiled = torch.compile(f, backend="hostir")
+    for rows in (4, 6, 9):
+        x, w = torch.randn(rows, 8), torch.randn(8, 5)
+        torch.testing.assert_close(compiled(x, w), f(x, w))
+
+
+def test_an_unsupported_graph_runs_eagerly_and_says_why():
+    def f(x):
+        return (x.to(torch.complex64) * 2).real
+
+    x = torch.randn(3, 4)
+    with pytest.warns(HostirFallbackWarning, match="complex64"):
+        out = torch.compile(f, backend="hostir")(x)
+    torch.testing.assert_close(out, x * 2)
+
+
+def test_without_fallback_the_unsupported_construct_is_an_error():
+    def f(x):
+        return (x.to(torch.complex64) * 2).real
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(), pytest.raises(Exception, match="dtype torch.complex64 are not supported"):
+        torch.compile(f, backend="hostir", options={"fallback": False})(torch.randn(3, 4))
+
+
+def test_an_unknown_option_is_refused():
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown hostir backend option"):
+        torch.compile(lambda x: x + 1, backend="hostir", options={"chunk": 4})(torch.randn(2))
