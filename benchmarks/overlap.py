@@ -17,8 +17,8 @@ the fusion built with the Python builder, lowered by `Program.compile` (the defa
 pipeline; the point-to-point allgather and the copy-engine backend where asked), run
 with `Program.run`. The chunk count (the stream axis extent) and the streams come from
 the cost model (runtime/cost_model.py) fed with the GEMM-alone and collective-alone
-times just measured, for each program in the form its lowering gave it (a GEMM+RS with
-its reduction in the GEMM chooses fewer chunks), or from `--chunks` (a sweep) and
+times just measured, for each program in the form its lowering gave it (a GEMM+RS or a
+GEMM+AR with its reduction in the GEMM has a timeline of its own), or from `--chunks` (a sweep) and
 `--streams`.
 
 Every hostir program's output is checked once against plain torch (X @ W on the
@@ -249,13 +249,22 @@ HOSTIR_VARIANTS = [
         point_to_point=True,
     ),
     _P2P_CUDA,
-    # The reduction of GEMM+RS in a pass of its own, as before `reduce-scatter-in-matmul`.
+    # The reductions of GEMM+RS and GEMM+AR in a pass of their own, as before
+    # `reduce-scatter-in-matmul` and `allreduce-in-matmul`.
     HostirVariant(
         "hostir (cuda, separate reduction)",
         OverlapKind.MATMUL_REDUCE_SCATTER,
         matmul_reduce_scatter,
         _reduce_scatter_layout,
         pipeline="hir-lowering{backend=cuda reduce_scatter_in_matmul=false}",
+        copy_engine=True,
+    ),
+    HostirVariant(
+        "hostir (cuda, separate reduction)",
+        OverlapKind.MATMUL_ALLREDUCE,
+        matmul_allreduce,
+        _allreduce_layout,
+        pipeline="hir-lowering{backend=cuda allreduce_in_matmul=false}",
         copy_engine=True,
     ),
     _with_symmetric_x(_ALLGATHER_MATMUL["hostir (cuda)"]),
@@ -441,11 +450,11 @@ def compiled(variant: HostirVariant, world: int) -> Program:
 
 
 def lowered_problem(variant: HostirVariant, problem: OverlapProblem, world: int) -> OverlapProblem:
-    """`problem` in the form `variant`'s lowering gave it, for the cost model: a GEMM+RS whose
-    program adds into its output (`hir.matmul accumulate`, `reduce-scatter-in-matmul`) has
-    its reduction in the GEMM. A program that does not compile keeps the plain form; its
-    build says why it cannot run."""
-    if problem.kind != OverlapKind.MATMUL_REDUCE_SCATTER:
+    """`problem` in the form `variant`'s lowering gave it, for the cost model: a GEMM+RS or
+    GEMM+AR whose program adds into a product (`hir.matmul accumulate`,
+    `reduce-scatter-in-matmul`, `allreduce-in-matmul`) has its reduction in the GEMM. A
+    program that does not compile keeps the plain form; its build says why it cannot run."""
+    if problem.kind == OverlapKind.ALLGATHER_MATMUL:
         return problem
     try:
         program = compiled(variant, world)

@@ -146,13 +146,14 @@ def test_the_ag_gemm_programs_with_x_in_symmetric_memory_ran_and_passed_their_ch
         assert result["status"] == "ok" and result["check_ok"], f"{label}: {result['status']}"
 
 
-def test_gemm_rs_with_its_reduction_in_a_pass_of_its_own_ran_and_passed_its_check(cpu_run):
-    """`hostir (cuda, separate reduction)`: GEMM+RS lowered without reduce-scatter-in-matmul."""
+def test_gemm_rs_and_ar_with_their_reduction_in_a_pass_of_its_own_ran_and_passed_their_check(cpu_run):
+    """`hostir (cuda, separate reduction)`: GEMM+RS lowered without reduce-scatter-in-matmul,
+    GEMM+AR without allreduce-in-matmul."""
     _, out = cpu_run
     by_label = {(r["problem"], r["m"], r["label"]): r for r in results_of(out)}
-    for chunks in (1, 2, 4):
-        result = by_label[("matmul_reduce_scatter", 64, f"hostir (cuda, separate reduction) S={chunks}")]
-        assert result["status"] == "ok" and result["check_ok"], f"S={chunks}: {result['status']}"
+    for problem, chunks in itertools.product(("matmul_reduce_scatter", "matmul_allreduce"), (1, 2, 4)):
+        result = by_label[(problem, 64, f"hostir (cuda, separate reduction) S={chunks}")]
+        assert result["status"] == "ok" and result["check_ok"], f"{problem}, S={chunks}: {result['status']}"
 
 
 def test_the_table_and_the_plot(cpu_run):
@@ -253,11 +254,13 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
         return problem, rates
 
     ar, rs = OverlapKind.MATMUL_ALLREDUCE, OverlapKind.MATMUL_REDUCE_SCATTER
-    # Each program in the form its lowering gave it: copy-engine GEMM+RS on two ranks with
-    # its reduction in the GEMM, unless the pipeline leaves that pass out.
+    # Each program in the form its lowering gave it: copy-engine GEMM+RS and GEMM+AR on two
+    # ranks with their reduction in the GEMM, unless the pipeline leaves that pass out.
     expected_forms = {
         (ar, "NCCL per chunk"): model_for(ar, "allreduce"),
         (ar, "hostir (nccl)"): model_for(ar, "allreduce"),
+        (ar, "hostir (cuda, separate reduction)"): model_for(ar, "allreduce"),
+        (ar, "hostir (cuda)"): model_for(ar, "allreduce", reduction_in_matmul=True),
         (rs, "hostir (nccl)"): model_for(rs, "reduce_scatter"),
         (rs, "hostir (cuda, separate reduction)"): model_for(rs, "reduce_scatter"),
         (rs, "hostir (cuda)"): model_for(rs, "reduce_scatter", reduction_in_matmul=True),
@@ -269,7 +272,7 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
         assert (result["chunks"], result["streams"]) == (chosen.chunks, chosen.streams), contender
         assert result["predicted_ms"] == pytest.approx(chosen.predicted_s * 1e3), contender
     assert by_label[ar, "hostir (nccl)"]["check_ok"] and by_label[ar, "NCCL per chunk"]["check_ok"] is None
-    assert by_label[rs, "hostir (cuda)"]["check_ok"]
+    assert by_label[rs, "hostir (cuda)"]["check_ok"] and by_label[ar, "hostir (cuda)"]["check_ok"]
 
 
 def test_bad_arguments_are_refused_before_any_rank_starts():
