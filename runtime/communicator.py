@@ -46,8 +46,36 @@ from hostir_dialect.text import HostirError
 if TYPE_CHECKING:
     from runtime.copy_engine import CopyEngine
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("HOSTIR_TIMEOUT_S", "120"))
-"""How long a communication may wait for its peers before it fails (HOSTIR_TIMEOUT_S)."""
+DEFAULT_TIMEOUT_S = 120.0
+"""How long a communication may wait for its peers before it fails, unless HOSTIR_TIMEOUT_S says."""
+MIN_TIMEOUT_S = 1.0
+"""The shortest timeout taken: joining a process group (connecting to the rendezvous store and
+to every peer) waits as long as a communication, and takes longer than a millisecond."""
+MAX_TIMEOUT_S = 1e9
+"""Longer timeouts are taken as this (about 31 years): datetime.timedelta ends near 8.6e13 s."""
+
+
+def timeout_seconds(text: str) -> float:
+    """`text` as a timeout in seconds: a finite number of at least MIN_TIMEOUT_S, or ValueError."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (MIN_TIMEOUT_S <= seconds < math.inf):
+        raise ValueError(f"expected a finite number of seconds, at least {MIN_TIMEOUT_S:g}, got '{text}'")
+    return min(seconds, MAX_TIMEOUT_S)
+
+
+def configured_timeout_s() -> float:
+    """HOSTIR_TIMEOUT_S, or DEFAULT_TIMEOUT_S where it is not set; HostirError if it is not a timeout."""
+    text = os.environ.get("HOSTIR_TIMEOUT_S")
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        return timeout_seconds(text)
+    except ValueError as error:
+        raise HostirError(f"HOSTIR_TIMEOUT_S: {error}") from None
+
 
 REDUCE_OPS: dict[ReductionKind, dist.ReduceOp.RedOpType] = {
     ReductionKind.SUM: dist.ReduceOp.SUM,
@@ -57,6 +85,8 @@ REDUCE_OPS: dict[ReductionKind, dist.ReduceOp.RedOpType] = {
 }
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+WHOLE_NUMBER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+"""torchrun's variables that hold a whole number."""
 
 # torch 2.13 renamed the tensor forms of allgather and reduce-scatter; older releases
 # (>= 2.5, which hostir supports) only have the old names.
@@ -145,23 +175,40 @@ class Communicator:
 
     _from_env: Communicator | None = None
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, backend: str, timeout_s: float):
+    def __init__(
+        self, rank: int, world_size: int, device: torch.device, backend: str, timeout_s: float, joined: bool = True
+    ):
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.backend = backend
         self.timeout_s = timeout_s
+        self.joined = joined
+        """Whether this rank is in a process group (not so a `single()` world)."""
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
         self._coalesced: Batch | None = None
 
+    @property
+    def where(self) -> str:
+        """Where this rank runs, for a report: 'gloo on cpu', or 'cpu, no process group' for a
+        world of one that needs none."""
+        if not self.joined:
+            return f"{self.device}, no process group"
+        return f"{self.backend} on {self.device}"
+
     @classmethod
-    def from_env(cls, timeout_s: float = DEFAULT_TIMEOUT_S) -> Communicator:
+    def from_env(cls, timeout_s: float | None = None) -> Communicator:
         """Joins (or reuses) the process group that torchrun's environment variables describe.
 
-        The device is cuda:LOCAL_RANK when CUDA is available, else the CPU.
+        The device is cuda:LOCAL_RANK when CUDA is available, else the CPU. `timeout_s`
+        defaults to HOSTIR_TIMEOUT_S, else DEFAULT_TIMEOUT_S.
         """
         if cls._from_env is not None and dist.is_initialized():
             return cls._from_env
+        timeout_s = configured_timeout_s() if timeout_s is None else timeout_s
+        for name in WHOLE_NUMBER_VARIABLES:
+            if not os.environ.get(name, "0").isdigit():
+                raise HostirError(f"{name} must be a whole number, as torchrun sets it; got '{os.environ[name]}'")
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -192,7 +239,7 @@ class Communicator:
         if device is None:
             cuda = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        return cls(0, 1, device, "nccl" if device.type == "cuda" else "gloo", DEFAULT_TIMEOUT_S)
+        return cls(0, 1, device, "nccl" if device.type == "cuda" else "gloo", configured_timeout_s(), joined=False)
 
     # -- process groups --------------------------------------------------------- #
 

@@ -2,12 +2,26 @@
 
     results = run_on_local_ranks(check_allgather, 4, seed)   # [rank 0's result, ...]
 
-Each rank is a fresh process (torch.multiprocessing, spawn) with torchrun's
-environment variables and a joined process group (`Communicator.from_env()`), so a
-function that works here works unchanged under torchrun. A rank that raises, exits,
-or outlives `timeout_s` makes the call raise `RankFailed` with every failing rank's
-message; the surviving ranks see their peer go away and fail their communication
-within the process-group timeout (HOSTIR_TIMEOUT_S) instead of hanging.
+Each rank is a fresh process (`torch.multiprocessing.start_processes`, spawn) with
+torchrun's environment variables, `OMP_NUM_THREADS=1` unless the caller set it (as
+torchrun does: N ranks of one thread each share the cores better than N ranks of all
+of them), and a joined process group (`Communicator.from_env()`), so a function that
+works here works unchanged under torchrun. The rendezvous store listens on the
+loopback interface only.
+
+A rank that raises or exits makes the call raise `RankFailed` with every failing rank's
+message. The others see their peer go away and fail their communication within the
+process-group timeout (HOSTIR_TIMEOUT_S) instead of hanging; a rank still running
+`FAILURE_GRACE_S` after the first failure (stopped, or stuck where no timeout
+reaches) is killed. Nothing else limits how long the ranks may compute, unless the
+caller gives `timeout_s`.
+
+No rank outlives its launcher. Each rank asks the kernel for SIGKILL when its launcher
+dies (a parent-death signal), whatever kills the launcher. SIGTERM to the launcher
+(what a job scheduler sends) and Ctrl-C stop the ranks first: SIGTERM to each, SIGKILL
+to those still there `STOP_GRACE_S` later. The ranks start with SIGINT blocked, so a
+Ctrl-C at the terminal reaches the launcher alone, which stops them. The
+multiprocessing resource tracker ends with the last process that holds its pipe.
 """
 
 from __future__ import annotations
@@ -15,21 +29,31 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import signal
+import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hostir_dialect.text import HostirError
-from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from runtime.communicator import Communicator
 
 T = TypeVar("T")
 
-LAUNCH_TIMEOUT_S = DEFAULT_TIMEOUT_S + 60.0
-"""How long `run_on_local_ranks` waits by default: a communication timeout plus start-up."""
+FAILURE_GRACE_S = 5.0
+"""How long the other ranks may run after one failed: they fail on their own as soon as they
+next talk to the failed rank, and a rank that has not by then is stopped or stuck."""
+STOP_GRACE_S = 3.0
+"""How long a rank sent SIGTERM may take to end before it gets SIGKILL."""
+POLL_S = 0.1
+"""How often the launcher looks at its ranks."""
 
 
 class RankFailed(Exception):
@@ -42,9 +66,29 @@ class RankFailed(Exception):
         )
 
 
+class Terminated(BaseException):
+    """SIGTERM reached the launcher while its ranks ran (raised in its main thread)."""
+
+
+def plain_message(error: BaseException) -> str:
+    """`error` in one paragraph, 'Type: message', without the C++ frames torch appends."""
+    message = str(error).split("\nException raised from ", 1)[0].strip()
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
 def _rank_main(
-    rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable, args: tuple, join_group: bool
+    rank: int,
+    launcher: int,
+    nproc: int,
+    port: int,
+    results: mp.Queue,
+    fn: Callable,
+    args: tuple,
+    join_group: bool,
 ) -> None:
+    mp._prctl_pr_set_pdeathsig(signal.SIGKILL)  # torch's prctl(2) wrapper; nothing off Linux
+    if os.getppid() != launcher:  # the launcher died before the line above
+        os._exit(1)
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -55,9 +99,12 @@ def _rank_main(
         # Every rank joins the launcher's store as a client, as under torchrun's agent.
         TORCHELASTIC_USE_AGENT_STORE=str(True),
     )
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)  # torch read the variable when this process imported it
     try:
         if join_group:
-            Communicator.from_env()
+            _join()
         payload = (True, pickle.dumps(fn(*args)))
     except HostirError as error:
         payload = (False, str(error))
@@ -76,62 +123,153 @@ def _rank_main(
         dist.destroy_process_group()
 
 
+def _join() -> None:
+    try:
+        Communicator.from_env()
+    except HostirError:
+        raise
+    except Exception as error:
+        raise HostirError(f"cannot join the process group: {plain_message(error)}") from None
+
+
+def _loopback_store() -> dist.TCPStore:
+    """The ranks' rendezvous store, listening on 127.0.0.1 only, on a port the system picks
+    while it binds (so no other process can take it in between)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach()
+    )
+
+
 def run_on_local_ranks(
-    fn: Callable[..., T], nproc: int, *args, timeout_s: float = LAUNCH_TIMEOUT_S, join_group: bool = True
+    fn: Callable[..., T],
+    nproc: int,
+    *args,
+    timeout_s: float | None = None,
+    join_group: bool = True,
 ) -> list[T]:
     """Calls `fn(*args)` on `nproc` local ranks; returns the per-rank results in rank order.
 
     `fn` and `args` must be picklable (`fn` defined at module level); so must the results.
+    `timeout_s`, if given, limits the whole call: ranks still running then are killed.
     With `join_group=False` the ranks get torchrun's variables but join no process group:
     `fn` talks to its peers by other means (queues of the spawn context in `args`, say), and
     several ranks may share one GPU.
     """
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    # The launcher hosts the ranks' rendezvous store on a port the system picks while it
-    # listens, so no other process can take the port between choosing and binding it.
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    port = store.port
-    processes = [
-        context.Process(target=_rank_main, args=(rank, nproc, port, results, fn, args, join_group), daemon=True)
-        for rank in range(nproc)
-    ]
-    for process in processes:
-        process.start()
-    outcomes: dict[int, tuple[bool, object]] = {}
-    killed: set[int] = set()
-    deadline = time.monotonic() + timeout_s
+    results = mp.get_context("spawn").Queue()
+    store = _loopback_store()
+    processes: list = []
     try:
-        while len(outcomes) < nproc and time.monotonic() < deadline:
+        with _sigterm_raises():
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the ranks inherit it
             try:
-                rank, ok, payload = results.get(timeout=0.1)
-                outcomes[rank] = (ok, payload)
-            except queue.Empty:
-                if all(not p.is_alive() for p in processes) and results.empty():
-                    break
-        for process in processes:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
+                processes = mp.start_processes(
+                    _rank_main,
+                    args=(os.getpid(), nproc, store.port, results, fn, args, join_group),
+                    nprocs=nproc,
+                    join=False,
+                    daemon=True,
+                    start_method="spawn",
+                ).processes
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            outcomes = _watch(processes, results, timeout_s)
+    except (KeyboardInterrupt, Terminated) as stop:
+        _stop(processes)
+        if isinstance(stop, Terminated):
+            signal.raise_signal(signal.SIGTERM)  # the launcher ends as the signal says
+        raise
     finally:
-        for rank, process in enumerate(processes):
-            if process.is_alive():
+        for process in processes:
+            if process.exitcode is None:
                 process.kill()
-                process.join()
-                killed.add(rank)
-    failures = {
-        rank: _failure(outcomes.get(rank), process.exitcode, rank in killed, timeout_s)
-        for rank, process in enumerate(processes)
-        if not outcomes.get(rank, (False,))[0]
-    }
+            process.join()
+    failures = {rank: str(payload) for rank, (ok, payload) in outcomes.items() if not ok}
     if failures:
         raise RankFailed(failures)
     return [pickle.loads(outcomes[rank][1]) for rank in range(nproc)]
 
 
-def _failure(
-    outcome: tuple[bool, object] | None, exitcode: int | None, killed: bool, timeout_s: float
-) -> str:
-    if outcome is not None:
-        return str(outcome[1])
-    if killed:
-        return f"still running after {timeout_s:g} s; killed"
+def _watch(processes: Sequence, results: mp.Queue, timeout_s: float | None) -> dict[int, tuple[bool, object]]:
+    """Every rank's outcome, (True, its pickled result) or (False, why it failed), once every
+    rank has ended; kills the ranks that outstay a failure by FAILURE_GRACE_S, or `timeout_s`."""
+    outcomes: dict[int, tuple[bool, object]] = {}
+    start = time.monotonic()
+    first_failure: tuple[int, float] | None = None
+    while True:
+        _receive(results, outcomes, POLL_S)
+        now = time.monotonic()
+        for rank, process in enumerate(processes):
+            if rank not in outcomes and process.exitcode is not None:
+                _receive(results, outcomes, 0.0)  # what it sent is in the pipe before it ended
+                if rank not in outcomes:
+                    outcomes[rank] = (False, _ended(process.exitcode))
+        if first_failure is None:
+            failed = [rank for rank, (ok, _) in outcomes.items() if not ok]
+            first_failure = (min(failed), now) if failed else None
+        running = [rank for rank, process in enumerate(processes) if process.exitcode is None]
+        if not running:
+            return outcomes
+        if first_failure is not None and now - first_failure[1] > FAILURE_GRACE_S:
+            why = f"still running {FAILURE_GRACE_S:g} s after rank {first_failure[0]} failed; killed"
+        elif timeout_s is not None and now - start > timeout_s:
+            why = f"still running after {timeout_s:g} s; killed"
+        else:
+            continue
+        for rank in running:
+            processes[rank].kill()
+            processes[rank].join()
+            outcomes.setdefault(rank, (False, why))
+        return outcomes
+
+
+def _receive(results: mp.Queue, outcomes: dict[int, tuple[bool, object]], wait_s: float) -> None:
+    """Adds what the ranks have sent to `outcomes`, waiting up to `wait_s` for the first of it."""
+    try:
+        rank, ok, payload = results.get(timeout=wait_s)
+        outcomes[rank] = (ok, payload)
+        while True:
+            rank, ok, payload = results.get_nowait()
+            outcomes[rank] = (ok, payload)
+    except queue.Empty:
+        pass
+
+
+def _ended(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"ended by {signal.Signals(-exitcode).name} before returning a result"
     return f"exited with code {exitcode} before returning a result"
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within: SIGTERM raises `Terminated` in the main thread, as SIGINT raises KeyboardInterrupt
+    (from another thread, where no handler can be set, the parent-death signal alone holds)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(processes: Sequence) -> None:
+    """SIGTERM to every rank still running; SIGKILL to those still there STOP_GRACE_S later."""
+    running = [process for process in processes if process.exitcode is None]
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in running:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+            process.join()

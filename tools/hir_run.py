@@ -1,14 +1,15 @@
 """`hir-run`: runs a fusion (or a lowered host program) on N ranks and checks it against plain torch.
 
-    hir-run examples/ag_linear.mlir --nproc 4 --check
+    hir-run examples/ag_linear.mlir --nproc-per-node 4 --check
     hir-run lowered.mlir -p none --entry ag_linear --inputs x.pt w.pt b.pt --repeat 20
     hir-run examples/ag_linear.mlir --repeat 20 --trace ag_linear.json   # + ag_linear.png
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 tools/hir-run.py f.mlir --check
 
-Without torchrun's environment it starts `--nproc` local ranks itself
+Without torchrun's environment it starts `--nproc-per-node` local ranks itself
 (`runtime.launch.run_on_local_ranks`; one rank runs in this process); under torchrun
 every process is one rank of torchrun's world, so the same command runs on several
-machines. NCCL on GPUs, gloo on CPUs.
+machines. NCCL on GPUs, gloo on CPUs. `--timeout` bounds how long a communication waits
+for its peers, never how long a run computes.
 
 Every rank holds the same whole inputs (random from `--seed`, or loaded from `.pt`
 files) and runs on its piece of them (`runtime.reference.shard`). The local outputs
@@ -26,6 +27,7 @@ import argparse
 import functools
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -42,15 +44,16 @@ from xdsl.dialects import func
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
 from passes import DEFAULT_PIPELINE
-from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
 from runtime.graphs import GraphReplayer, GraphReplayFallback
-from runtime.launch import LAUNCH_TIMEOUT_S, RankFailed, run_on_local_ranks
+from runtime.launch import RankFailed, plain_message, run_on_local_ranks
 from runtime.program import Program
 from runtime.streams import configured_num_streams
 from runtime.reference import (
     DEFAULT_EXTENT,
     check_full_inputs,
     compare,
+    full_shape,
     random_inputs,
     reference_outputs,
     shard,
@@ -58,8 +61,8 @@ from runtime.reference import (
 )
 from runtime.trace import Interval, trace_run, write_chrome_trace, write_timeline_png
 
-START_UP_S = LAUNCH_TIMEOUT_S - DEFAULT_TIMEOUT_S
-"""How long local ranks may take to start, on top of --timeout, before they are killed."""
+QUIET_S = 2.0
+"""How long a run goes before --progress says what it is doing: a quick run stays quiet."""
 NO_GRAPH = "--no-graph"
 """Why the runs were eager when the user asked for it."""
 
@@ -80,6 +83,8 @@ class RunOptions:
     """Whether the runs replay a CUDA graph where they can (not --no-graph)."""
     trace: bool
     """Whether a rank traces one more run after the timed ones (--trace)."""
+    progress: Progress
+    """Where a rank says what it is doing."""
 
 
 @dataclass
@@ -96,6 +101,26 @@ class RankResult:
     trace: list[Interval]
 
 
+@dataclass
+class Progress:
+    """Says on stderr what the run is doing (compiling, warming up, run k of K), when enabled
+    (--progress, or stderr a terminal) and the run has gone on for QUIET_S; a message that
+    repeats (run k of K) at most once a second."""
+
+    enabled: bool
+    start: float
+    """When hir-run started (time.time(), which the spawned ranks share)."""
+    said: float = 0.0
+    """When this process last said something."""
+
+    def say(self, message: str, repeats: bool = False) -> None:
+        now = time.time()
+        if not self.enabled or now - self.start < QUIET_S or (repeats and now - self.said < 1.0):
+            return
+        self.said = now
+        print(f"hir-run: {message}", file=sys.stderr, flush=True)
+
+
 # --------------------------------------------------------------------------- #
 # Command line                                                                 #
 # --------------------------------------------------------------------------- #
@@ -108,6 +133,8 @@ def _dim(text: str) -> tuple[tuple[int, int], int]:
             f"'{text}' is not ARG:AXIS=EXTENT (e.g. 0:2=64: argument 0, axis 2, extent 64)"
         )
     argument, axis, extent = map(int, match.groups())
+    if extent > torch.iinfo(torch.int64).max:
+        raise argparse.ArgumentTypeError(f"'{text}': an extent holds in 64 bits; {extent} does not")
     return (argument, axis), extent
 
 
@@ -118,9 +145,10 @@ def _positive(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    if not re.fullmatch(r"\d+(\.\d*)?", text) or float(text) == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
-    return float(text)
+    try:
+        return timeout_seconds(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -137,11 +165,21 @@ def argument_parser() -> argparse.ArgumentParser:
         help=f"the pass pipeline that lowers it (default: {DEFAULT_PIPELINE}); 'none' if already lowered",
     )
     parser.add_argument("--entry", help="the function to run when the module has several")
-    parser.add_argument(
+    ranks = parser.add_mutually_exclusive_group()
+    ranks.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=_positive,
+        metavar="N",
+        help="local ranks to start (default: as many as the program's devices); under torchrun, "
+        "torchrun's own --nproc-per-node, which this must equal if given",
+    )
+    ranks.add_argument(
         "--nproc",
         type=_positive,
-        help="local ranks to start (default: as many as the program's devices); "
-        "under torchrun, the world is torchrun's",
+        metavar="N",
+        help="the same as --nproc-per-node, for local runs only: under torchrun it could mean "
+        "the world or one machine's ranks, and is refused",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument(
@@ -178,8 +216,14 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         type=_seconds,
-        help=f"seconds a communication may wait for its peers (default {DEFAULT_TIMEOUT_S:g}, or "
-        f"HOSTIR_TIMEOUT_S); local ranks still running {START_UP_S:g} s after that are killed",
+        help=f"seconds a communication may wait for its peers, at least 1 (default HOSTIR_TIMEOUT_S, "
+        f"else {DEFAULT_TIMEOUT_S:g}); a run may compute for as long as it takes",
+    )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="say on stderr what a run longer than a couple of seconds is doing "
+        "(the default when stderr is a terminal)",
     )
     parser.add_argument(
         "--save-outputs",
@@ -216,15 +260,20 @@ def _trace_file(text: str) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    start = time.time()
     arguments = argument_parser().parse_args(argv)
+    progress = Progress(arguments.progress or sys.stderr.isatty(), start)
     try:
         if under_torchrun():
-            return run_under_torchrun(arguments)
-        return run_locally(arguments)
+            return run_under_torchrun(arguments, progress)
+        return run_locally(arguments, progress)
     except HostirError as error:
         print(_prefixed(str(error)), file=sys.stderr)
     except RankFailed as failure:
         print(_failure_report(failure), file=sys.stderr)
+    except KeyboardInterrupt:
+        print(_prefixed("interrupted; every rank stopped"), file=sys.stderr)
+        return 128 + signal.SIGINT
     return 1
 
 
@@ -253,7 +302,7 @@ def _failure_report(failure: RankFailed) -> str:
 # --------------------------------------------------------------------------- #
 
 
-def run_options(arguments: argparse.Namespace) -> RunOptions:
+def run_options(arguments: argparse.Namespace, progress: Progress) -> RunOptions:
     if arguments.file == "-":
         source, filename = sys.stdin.read(), "<stdin>"
     else:
@@ -271,6 +320,7 @@ def run_options(arguments: argparse.Namespace) -> RunOptions:
         keep_outputs=arguments.check or arguments.save_outputs is not None,
         graph=arguments.graph,
         trace=arguments.trace is not None,
+        progress=progress,
     )
 
 
@@ -279,21 +329,43 @@ def compile_program(options: RunOptions) -> Program:
 
 
 def whole_inputs(program: Program, arguments: argparse.Namespace) -> list[torch.Tensor]:
-    """The unsharded inputs: loaded from --inputs, or random."""
+    """The unsharded inputs, loaded from --inputs or random; their extents checked against each
+    other through the fusion, before any rank starts."""
     if arguments.inputs is None:
-        return random_inputs(
-            program.input_types, dict(arguments.dim), arguments.seed, arguments.default_extent
-        )
-    inputs = [_load(path, index) for index, path in enumerate(arguments.inputs)]
-    check_full_inputs(program.input_types, inputs, arguments.inputs)
+        sizes = dict(arguments.dim)
+        try:
+            inputs = random_inputs(program.input_types, sizes, arguments.seed, arguments.default_extent)
+        except (RuntimeError, MemoryError) as error:
+            shapes = [
+                shape_str(full_shape(type, i, sizes, arguments.default_extent))
+                for i, type in enumerate(program.input_types)
+            ]
+            raise HostirError(
+                f"cannot make random inputs of shapes {', '.join(shapes)}: {plain_message(error)}"
+            ) from None
+    else:
+        inputs = [_load(path, index) for index, path in enumerate(arguments.inputs)]
+        check_full_inputs(program.input_types, inputs, arguments.inputs)
+    program.check_extents([value.shape for value in inputs])
     return inputs
 
 
 def _load(path: str, index: int) -> torch.Tensor:
+    what = f"cannot load input #{index} from '{path}'"
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4)
+    except OSError as error:
+        raise HostirError(f"{what}: {error.strerror or error}") from None
+    if not head:
+        raise HostirError(f"{what}: the file is empty")
+    # torch.save writes a zip archive; torch before 1.6 wrote a pickle (protocol 2 opens with 0x80).
+    if head != b"PK\x03\x04" and head[0] != 0x80:
+        raise HostirError(f"{what}: it is not a file that torch.save wrote")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises whatever its unpickler or the file system does
-        raise HostirError(f"cannot load input #{index} from '{path}': {error}") from None
+        raise HostirError(f"{what}: {plain_message(error)}") from None
 
 
 def run_rank(
@@ -309,6 +381,7 @@ def run_rank(
         [shard(value, type, communicator.rank).to(device) for value, type in zip(inputs, program.input_types)],
         communicator,
     )
+    options.progress.say(f"rank {communicator.rank}: warming up")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GraphReplayFallback)  # the report says why, once
         replayer = GraphReplayer(program, communicator, options.num_streams) if options.graph else None
@@ -318,7 +391,8 @@ def run_rank(
             else functools.partial(program.run, communicator=communicator, num_streams=options.num_streams)
         )
         seconds = []
-        for _ in range(options.repeat):
+        for run_index in range(options.repeat):
+            options.progress.say(f"rank {communicator.rank}: run {run_index + 1} of {options.repeat}", repeats=True)
             if dist.is_initialized():
                 dist.barrier()
             _synchronize(device)
@@ -326,10 +400,12 @@ def run_rank(
             outputs = run(local)
             _synchronize(device)
             seconds.append(time.perf_counter() - start)
+    if options.trace:
+        options.progress.say(f"rank {communicator.rank}: tracing one more run")
     trace = trace_run(program, local, communicator, options.num_streams)[1] if options.trace else []
     return RankResult(
         communicator.rank,
-        f"{communicator.backend} on {device}",
+        communicator.where,
         NO_GRAPH if replayer is None else replayer.eager_reason,
         seconds,
         [output.cpu() for output in outputs] if options.keep_outputs else [],
@@ -345,6 +421,7 @@ def _synchronize(device: torch.device) -> None:
 def spawned_rank(options: RunOptions, inputs: list[torch.Tensor]) -> RankResult:
     """A local rank started by `run_on_local_ranks`: compiles the program and runs it."""
     with plain_errors():
+        options.progress.say(f"rank {os.environ['RANK']}: compiling")
         return run_rank(compile_program(options), inputs, Communicator.from_env(), options)
 
 
@@ -356,48 +433,60 @@ def plain_errors() -> Iterator[None]:
     except HostirError:
         raise
     except Exception as error:
-        raise HostirError(f"{type(error).__name__}: {error}") from None
+        raise HostirError(plain_message(error)) from None
 
 
-def run_locally(arguments: argparse.Namespace) -> int:
-    options = run_options(arguments)
+def run_locally(arguments: argparse.Namespace, progress: Progress) -> int:
+    if arguments.timeout is None:
+        configured_timeout_s()  # a bad HOSTIR_TIMEOUT_S fails here, once, not on every rank
+    else:
+        os.environ["HOSTIR_TIMEOUT_S"] = str(arguments.timeout)
+    options = run_options(arguments, progress)
+    progress.say("compiling")
     program = compile_program(options)
     inputs = whole_inputs(program, arguments)
-    nproc = arguments.nproc or program.largest_device + 1
+    nproc = arguments.nproc_per_node or arguments.nproc or program.largest_device + 1
     if nproc <= program.largest_device:
         raise HostirError(
             f"the program uses devices up to {program.largest_device}; "
-            f"run it with --nproc {program.largest_device + 1} or more"
+            f"run it with --nproc-per-node {program.largest_device + 1} or more"
         )
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise HostirError(
             f"{nproc} local ranks need {nproc} GPUs (one per NCCL rank); this machine has "
             f"{torch.cuda.device_count()}"
         )
+    if arguments.check:
+        progress.say("computing the reference outputs")
     with plain_errors():
         # Before any rank starts, so that inputs the fusion cannot take fail once, here.
         expected = reference_outputs(_fusion(program), inputs) if arguments.check else None
-    if arguments.timeout is not None:
-        os.environ["HOSTIR_TIMEOUT_S"] = str(arguments.timeout)
     if nproc == 1:
         with plain_errors():
             results = [run_rank(program, inputs, Communicator.single(), options)]
     else:
-        timeout_s = LAUNCH_TIMEOUT_S if arguments.timeout is None else arguments.timeout + START_UP_S
-        results = run_on_local_ranks(spawned_rank, nproc, options, inputs, timeout_s=timeout_s)
+        progress.say(f"starting {nproc} local ranks")
+        results = run_on_local_ranks(spawned_rank, nproc, options, inputs)
     return report(program, results, expected, arguments)
 
 
-def run_under_torchrun(arguments: argparse.Namespace) -> int:
+def run_under_torchrun(arguments: argparse.Namespace, progress: Progress) -> int:
     """This process is one rank of torchrun's world; rank 0 reports."""
-    options = run_options(arguments)
+    if arguments.nproc is not None:
+        raise HostirError(
+            "under torchrun --nproc could mean the world or one machine's ranks; torchrun's "
+            "--nproc-per-node says how many ranks each machine runs"
+        )
+    options = run_options(arguments, progress)
     with plain_errors():
-        communicator = Communicator.from_env(arguments.timeout or DEFAULT_TIMEOUT_S)
-        if arguments.nproc is not None and arguments.nproc != communicator.world_size:
+        communicator = Communicator.from_env(arguments.timeout)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", communicator.world_size))
+        if arguments.nproc_per_node not in (None, local_ranks):
             raise HostirError(
-                f"--nproc {arguments.nproc} contradicts torchrun's world of "
-                f"{communicator.world_size} rank(s)"
+                f"--nproc-per-node {arguments.nproc_per_node} contradicts torchrun's "
+                f"{local_ranks} rank(s) on this machine"
             )
+        progress.say(f"rank {communicator.rank}: compiling")
         program = compile_program(options)
         fusion = _fusion(program) if arguments.check else None
         inputs = whole_inputs(program, arguments)

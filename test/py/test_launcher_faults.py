@@ -1,0 +1,212 @@
+"""Faults injected into `hir-run`'s local launch, as a job scheduler, a crash or a user sends them:
+SIGTERM and SIGKILL to the launcher, SIGKILL and SIGSTOP to a rank, Ctrl-C at the terminal.
+
+Each test starts `tools/hir-run.py` in a process group of its own, on 2 ranks that
+allgather for as long as they are let, waits until a rank says (--progress) that it
+runs, injects the fault, and asserts the exit status, how long the launcher took to
+end after the fault, and that no process of the group is left (ranks, the
+multiprocessing resource tracker). Whatever happens, the group is killed at the end.
+/proc is read directly: the tests need no package to list processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from test_hir_run import SCRIPT, clean_environment
+
+from examples.reference_fusions import ag_linear
+from hostir_dialect.text import print_module
+from runtime.launch import FAILURE_GRACE_S, STOP_GRACE_S, run_on_local_ranks
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+TIMEOUT_S = 2.0
+"""The communication timeout of the runs (--timeout)."""
+START_S = 120.0
+"""How long the ranks may take to start running on a loaded machine."""
+SLACK_S = 4.0
+"""Time for the processes to notice and end, on top of each bound."""
+
+
+def group_processes(group: int) -> dict[int, str]:
+    """pid -> command line of every live (not zombie) process of the process group."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue  # ended while read
+        state, _parent, process_group = stat.rsplit(")", 1)[1].split()[:3]
+        if int(process_group) == group and state != "Z":
+            found[int(entry.name)] = command
+    return found
+
+
+def ranks_of(launcher: int) -> list[int]:
+    """The launcher's spawned ranks."""
+    return sorted(
+        pid
+        for pid, command in group_processes(launcher).items()
+        if "spawn_main" in command and _parent(pid) == launcher
+    )
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def assert_nothing_left(group: int) -> None:
+    deadline = time.monotonic() + SLACK_S
+    while (left := group_processes(group)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def fusion(tmp_path_factory) -> Path:
+    """ag_linear on 2 devices: an allgather, then a linear layer."""
+    path = tmp_path_factory.mktemp("faults") / "ag_linear.mlir"
+    path.write_text(print_module(ag_linear(2)))
+    return path
+
+
+@contextmanager
+def running_hir_run(fusion: Path) -> Iterator[subprocess.Popen]:
+    """hir-run on 2 ranks in a process group of its own, once a rank says it runs; kills the
+    group on the way out."""
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(fusion), "--nproc-per-node", "2", "--progress",
+         "--timeout", f"{TIMEOUT_S:g}", "--repeat", "1000000000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_environment(),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for_a_run(process)
+        yield process
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        for pid in group_processes(process.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for_a_run(process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + START_S
+    for line in process.stderr:
+        if ": run " in line:
+            return
+        assert time.monotonic() < deadline, "the ranks did not start running"
+    pytest.fail(f"hir-run ended before its ranks ran, with status {process.wait()}")
+
+
+def ended_within(process: subprocess.Popen, seconds: float) -> tuple[int, float, str]:
+    """(exit status, seconds from now to the end, the rest of stderr); fails past `seconds`."""
+    start = time.monotonic()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hir-run still runs {seconds:g} s after the fault")
+    return process.returncode, time.monotonic() - start, process.stderr.read()
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(fusion):
+    """What a job scheduler sends: the launcher forwards it and ends by it."""
+    with running_hir_run(fusion) as process:
+        os.kill(process.pid, signal.SIGTERM)
+        status, took, stderr = ended_within(process, STOP_GRACE_S + SLACK_S)
+        assert status == -signal.SIGTERM, stderr
+        assert "Traceback" not in stderr, stderr
+        assert_nothing_left(process.pid)
+
+
+def test_sigkill_to_the_launcher_leaves_no_orphan(fusion):
+    """The launcher cannot act: its ranks end by their parent-death signal, then the
+    resource tracker, whose pipe the ranks held."""
+    with running_hir_run(fusion) as process:
+        ranks = ranks_of(process.pid)
+        assert len(ranks) == 2, group_processes(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        status, _, _ = ended_within(process, SLACK_S)
+        assert status == -signal.SIGKILL
+        assert_nothing_left(process.pid)
+
+
+def test_ctrl_c_stops_every_rank_and_says_so(fusion):
+    """A terminal sends SIGINT to the whole foreground group, ranks included."""
+    with running_hir_run(fusion) as process:
+        os.killpg(process.pid, signal.SIGINT)
+        status, _, stderr = ended_within(process, STOP_GRACE_S + SLACK_S)
+        assert status == 128 + signal.SIGINT, stderr
+        assert stderr.strip().endswith("interrupted; every rank stopped"), stderr
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+        assert_nothing_left(process.pid)
+
+
+def test_a_killed_rank_fails_the_run_at_once(fusion):
+    with running_hir_run(fusion) as process:
+        os.kill(ranks_of(process.pid)[1], signal.SIGKILL)
+        status, _, stderr = ended_within(process, FAILURE_GRACE_S + SLACK_S)
+        assert status == 1, stderr
+        assert "rank 1: ended by SIGKILL before returning a result" in stderr, stderr
+        assert "Traceback" not in stderr, stderr
+        assert_nothing_left(process.pid)
+
+
+def test_a_stopped_rank_fails_the_run_within_the_timeout(fusion):
+    """Rank 0 waits for the stopped rank 1 until the timeout and fails; the launcher then
+    kills rank 1, which no timeout reaches."""
+    with running_hir_run(fusion) as process:
+        os.kill(ranks_of(process.pid)[1], signal.SIGSTOP)
+        status, took, stderr = ended_within(process, TIMEOUT_S + FAILURE_GRACE_S + SLACK_S)
+        assert status == 1, stderr
+        assert took >= TIMEOUT_S, f"ended {took:.1f} s after the fault, before the {TIMEOUT_S:g} s timeout"
+        assert f"rank 1: still running {FAILURE_GRACE_S:g} s after rank 0 failed; killed" in stderr, stderr
+        assert "Traceback" not in stderr, stderr
+        assert_nothing_left(process.pid)
+
+
+def rank_environment() -> tuple[int, str, list[str]]:
+    """This rank's torch threads, its OMP_NUM_THREADS, and the local addresses (hex, as
+    /proc/net/tcp writes them) on which the rendezvous store's port listens."""
+    import torch
+
+    port = f"{int(os.environ['MASTER_PORT']):04X}"
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, _remote, state = line.split()[1:4]
+            address, local_port = local.rsplit(":", 1)
+            if local_port == port and state == "0A":  # TCP_LISTEN
+                listening.append(address)
+    return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], listening
+
+
+def test_local_ranks_get_one_thread_and_a_store_on_loopback_only(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for threads, variable, listening in run_on_local_ranks(rank_environment, 2):
+        assert (threads, variable) == (1, "1")
+        assert listening == ["0100007F"], "the store listens on 127.0.0.1 alone"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert [result[:2] for result in run_on_local_ranks(rank_environment, 2, join_group=False)] == [(2, "2")] * 2
