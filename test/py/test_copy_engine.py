@@ -20,7 +20,8 @@ reduce-scatter with every reduction op (sum, product, max, min). On a world of 4
 allreduce runs in two phases: pieces of every size (empty, uneven, strided), the elements
 each member reads from its peers and the scratch it reduces into are checked too. On a
 machine with a GPU the allreduce's GPU path runs with 2 and with 4 processes sharing
-that GPU (`MemberOnOneGpu`).
+that GPU (`MemberOnOneGpu`), and so does GEMM+AR with its sums made in the GEMM
+(`allreduce-in-matmul`), which CPU ranks run with 1 to 5 chunks and on devices 1 and 2.
 
 Single-process tests check what the runtime refuses while preparing a program, and how
 long a symmetric buffer lives. GPU-only tests profile an AG+matmul and a
@@ -306,7 +307,11 @@ SUM_IN_THE_GEMM_CHUNKS = (1, 2, 3, 4, 5)
 def run_sum_in_the_gemm(mesh: list[int], cases: list[tuple[str, str, list[torch.Tensor]]]) -> list[list]:
     """On one rank: per (dtype, pipeline, whole inputs) case, the GEMM+AR's output of two runs
     on poisoned allocations (the second reusing the first's symmetric buffers)."""
-    communicator = Communicator.from_env()
+    return sum_in_the_gemm_outputs(Communicator.from_env(), mesh, cases)
+
+
+def sum_in_the_gemm_outputs(communicator: Communicator, mesh: list[int], cases: list[tuple]) -> list[list]:
+    """`run_sum_in_the_gemm` with `communicator`."""
     outputs = []
     for dtype, pipeline, whole in cases:
         program = Program.compile(matmul_ar_program(dtype, mesh), pipeline=pipeline)
@@ -1167,6 +1172,69 @@ def test_the_allreduce_of_a_team_on_the_copy_engines_of_one_gpu(size, monkeypatc
                     msg=lambda m: f"{name}, run {run}, member {rank}: {m}",
                 )
                 assert torch.equal(outputs[i][run], per_member[0][i][run]), f"{name}: members differ"
+
+
+SUMS_IN_THE_GEMM_ON_ONE_GPU = [
+    ("f32", ALLREDUCE_IN_MATMUL["pipelined"], 4),
+    ("bf16", ALLREDUCE_IN_MATMUL["pipelined"], 3),
+    ("f32", ALLREDUCE_IN_MATMUL["pool streams"], 3),
+]
+"""The GEMM+AR programs that a pair on one GPU runs: (dtype, pipeline, chunks)."""
+
+
+def load_the_gemms_kernels(device: torch.device) -> None:
+    """Runs once, on this member alone, the kernels of the programs (cuBLAS's first of all,
+    which sets itself up on its first GEMM): loading a kernel may wait for the whole GPU,
+    which a peer's transfer waiting for this member's next signal would keep busy."""
+    for dtype in DTYPES.values():
+        x, w = torch.ones(1, M, K, dtype=dtype, device=device), torch.ones(1, K, N, dtype=dtype, device=device)
+        product = torch.matmul(x, w)
+        product[0].addmm_(x[0], w[0])
+        torch.add(product, product, out=product)
+        product.fill_(float("nan")).copy_(torch.matmul(x, w))
+    torch.cuda.synchronize(device)
+
+
+def sum_in_the_gemm_member_on_one_gpu(inboxes: list, done, cases: list[tuple]) -> list[list[torch.Tensor]]:
+    """This rank as a member of a pair on one GPU (`MemberOnOneGpu`): the GEMM+AR programs of
+    `cases`, their sums made in the GEMM (allreduce-in-matmul), each run twice; its outputs,
+    once both members are done with each other's memory (`done`)."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    rank = int(os.environ["RANK"])
+    try:
+        symm_mem.empty, symm_mem.rendezvous = torch.empty, MemberOnOneGpu(rank, inboxes).rendezvous
+        # The ranks of `Program.run` agree on their inputs over a process group: gloo's, on the CPU.
+        dist.init_process_group("gloo")
+        communicator = Communicator(rank, 2, torch.device("cuda", 0), "gloo", 30.0)
+        load_the_gemms_kernels(communicator.device)
+        outputs = sum_in_the_gemm_outputs(communicator, [0, 1], cases)
+        done.wait()
+        return outputs
+    except BaseException:
+        done.abort()  # the peer waiting there fails at once, not at its timeout
+        raise
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_sum_in_the_gemm_on_the_copy_engines_of_one_gpu(monkeypatch):
+    """The GPU path of the GEMM+AR with its sums made in the GEMM (the copy engines' batches
+    of sends and recvs, pipelined with a deferred wait, an odd last chunk's allreduce), its
+    two members processes sharing one GPU (`MemberOnOneGpu`), each program run twice on
+    poisoned allocations: plain torch's result, the same bits on both members."""
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    generator = torch.Generator().manual_seed(21)
+    cases = [
+        (dtype, pipeline, [torch.randn(shape, generator=generator).to(DTYPES[dtype]) for shape in shapes])
+        for dtype, pipeline, chunks in SUMS_IN_THE_GEMM_ON_ONE_GPU
+        for shapes in [((chunks, 2, M, K), (2, K, N))]
+    ]
+    context = torch.multiprocessing.get_context("spawn")
+    inboxes, done = [context.Queue() for _ in range(2)], context.Barrier(2, timeout=90)
+    per_member = run_on_local_ranks(
+        sum_in_the_gemm_member_on_one_gpu, 2, inboxes, done, cases, timeout_s=120, join_group=False
+    )
+    check_sum_in_the_gemm(cases, per_member)
 
 
 STAY_AWAY_S = 30.0
