@@ -314,6 +314,7 @@ def test_every_collective_matches_plain_torch(n):
 def test_single_communicator_copies_locally():
     communicator = Communicator.single(torch.device("cpu"))
     assert (communicator.rank, communicator.world_size, communicator.backend) == (0, 1, "gloo")
+    assert communicator.where == "cpu, no process group"
     x = torch.randn(1, 3)
     y = torch.empty(3)
     communicator.allreduce(x, y, [0], None).wait()

@@ -1241,24 +1241,27 @@ STAY_AWAY_S = 30.0
 """How long rank 1 stays away from the allgather of `allgather_without_its_peer`, at most."""
 
 
-def allgather_without_its_peer() -> None:
+def allgather_without_its_peer(started) -> None:
     """Both ranks map a symmetric buffer; then rank 1 stays away, watching rank 0's process,
-    and rank 0 allgathers from it. Rank 1 says when rank 0's process ended."""
+    and rank 0 allgathers from it. Rank 0 writes in `started` (a shared double) when it
+    begins the allgather, on the system's monotonic clock, which every process reads alike;
+    rank 1 says how long after that rank 0's process ended."""
     communicator = Communicator.from_env()
     buffer = communicator.copy_engine.allocate((1, 4), torch.float32, [0, 1])
     pids = [None, None]
     dist.all_gather_object(pids, os.getpid())
     torch.cuda.synchronize()
-    start = time.monotonic()
     if communicator.rank == 1:
-        while time.monotonic() - start < STAY_AWAY_S:
+        watched = time.monotonic()
+        while time.monotonic() - watched < STAY_AWAY_S:
             try:
                 os.kill(pids[0], 0)
             except ProcessLookupError:
-                raise RuntimeError(f"rank 0 ended after {time.monotonic() - start:.1f} s") from None
+                raise RuntimeError(f"rank 0 ended after {time.monotonic() - started.value:.1f} s") from None
             time.sleep(0.05)
         raise RuntimeError(f"rank 0 still runs after {STAY_AWAY_S:g} s")
     output = torch.empty(2, 4, device=communicator.device)
+    started.value = time.monotonic()
     communicator.allgather(buffer.tensor, output, (0, 1), 0, hir.CommunicatorBackend.CUDA).wait()
     torch.cuda.synchronize()
     raise AssertionError("the allgather ended, yet its peer never signalled")
@@ -1267,10 +1270,13 @@ def allgather_without_its_peer() -> None:
 @needs_two_gpus
 def test_a_peer_that_never_signals_ends_the_process_within_the_timeout(monkeypatch, capfd):
     """The signals wait on the GPU without a timeout of their own; the watchdog ends the
-    process once the transfer has waited HOSTIR_TIMEOUT_S, saying why, instead of hanging."""
+    process once the transfer has waited HOSTIR_TIMEOUT_S, saying why, instead of hanging.
+    The time is measured from rank 0's own start of the allgather, so a rank slowed by a
+    loaded machine cannot make the 2 s look shorter."""
     monkeypatch.setenv("HOSTIR_TIMEOUT_S", "2")
+    started = torch.multiprocessing.get_context("spawn").Value("d", 0.0)
     with pytest.raises(RankFailed) as failed:
-        run_on_local_ranks(allgather_without_its_peer, 2, timeout_s=90)
+        run_on_local_ranks(allgather_without_its_peer, 2, started, timeout_s=90)
     failures = failed.value.failures
     assert failures[0] == "exited with code 1 before returning a result", failures[0]
     ended = re.search(r"rank 0 ended after (\d+\.\d) s", failures[1])
