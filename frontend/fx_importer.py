@@ -270,9 +270,14 @@ class Importer:
 
     def opaque(self, node: torch.fx.Node) -> Any:
         """A `fusion.aten` of the node's overload on the local pieces."""
-        target = node.target
+        target = RESHAPES.get(node.target, node.target)
         if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
             raise UnsupportedGraph(f"{node.format_node()}: {target} is not an ATen operator")
+        if target in STORAGE_LAYOUT_OPS:
+            raise UnsupportedGraph(
+                f"{node.format_node()}: {target} reads its operand's memory layout, which in hostir's "
+                "buffers differs from eager's"
+            )
         operands: list[Value] = []
 
         def operand(value: Any) -> int | None:
@@ -324,6 +329,15 @@ class Importer:
             if isinstance(value, Value):
                 value.ssa.name_hint = _name(node)
         return values if many else values[0]
+
+
+RESHAPES = {aten.view.default: aten.reshape.default, aten._unsafe_view.default: aten.reshape.default}
+"""Views whose values do not depend on strides, imported as the reshape that gives them:
+hostir's buffers are contiguous where eager's tensors may not be, so `view` may not
+apply where it did in the traced graph."""
+
+STORAGE_LAYOUT_OPS = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}
+"""Ops whose values depend on the strides and offset of their operand's storage."""
 
 
 def _concrete(value: Any) -> Any:

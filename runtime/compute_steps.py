@@ -211,13 +211,16 @@ def local_pieces(values: Sequence) -> list[bool]:
 
 @handles(hir.AtenOp)
 def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
-    """The ATen op on the local pieces, each result copied into its out.
+    """The ATen op on the local pieces, each result copied into its out (a view op's
+    outs are its views, `_aten_view`).
 
     A copy rather than handing ATen the out: an ATen op has no destination in general
-    (views, multiple results, ops without `out=`), and the program owns its buffers.
+    (multiple results, ops without `out=`), and the program owns its buffers.
     """
     call = aten_calls.prepare_call(op.target.data, op.call.data)
     varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
+    if aten_calls.returns_views(op.target.data):
+        return _aten_view(op, prep, call, varying_ins, varying_outs)
 
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         operands = [t[0] if varies else t for t, varies in zip(ins, varying_ins)]
@@ -226,6 +229,29 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
             (out[0] if varies else out).copy_(result)
 
     return _compute_step(op, prep, compute)
+
+
+def _aten_view(
+    op: hir.AtenOp, prep: Preparation, call: aten_calls.AtenCall, varying_ins: list[bool], varying_outs: list[bool]
+) -> Step:
+    """An ATen view (`view`, `t`, `permute`, `expand`, ...): its outs become the views themselves.
+
+    A copy would move every byte of the tensor (a weight's transpose, every step) for
+    nothing: the host-program contract lets only the op that fills a buffer write it,
+    so a view of an operand is never written through. The buffers the program
+    allocated for the outs are dropped unused.
+    """
+    ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
+    mesh = mesh_of(op.outs[0])
+
+    def step(env: Environment, context: RunContext) -> None:
+        if context.rank in mesh:
+            operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
+            results = aten_calls.tensor_results(call(operands, context.device))
+            for slot, result, varies in zip(outs, results, varying_outs, strict=True):
+                env[slot] = result.unsqueeze(0) if varies else result
+
+    return step
 
 
 REDUCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.sum, "max": torch.amax}
