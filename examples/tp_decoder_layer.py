@@ -8,7 +8,7 @@ norms: between the blocks every rank holds a slice of the sequence. The same pla
 torchtitan's Llama; `parallelize_module` applies it, `torch.compile(backend="hostir")`
 runs it. Run as a script, it trains the layer for a few steps on 2 local CPU ranks
 (or on torchrun's ranks) and prints the loss next to that of the same layer run
-eagerly with DTensor.
+eagerly with DTensor; on GPUs, with NCCL.
 """
 
 from __future__ import annotations
@@ -90,18 +90,28 @@ def parallelize(layer: DecoderLayer, mesh: DeviceMesh) -> DecoderLayer:
     )
 
 
+def _device() -> torch.device:
+    """This rank's GPU under NCCL, else the CPU."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def train(steps: int = 5, batch: int = 2, sequence: int = 16) -> list[tuple[float, float]]:
     """Trains the layer with AdamW on this rank, compiled with hostir and eagerly; returns both losses per step."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    device = _device()
+    mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
     reference = DecoderLayer()
     layers = []
     for _ in range(2):
-        layer = DecoderLayer()
+        layer = DecoderLayer().to(device)
         layer.load_state_dict(reference.state_dict())
         layers.append(parallelize(layer, mesh))
     compiled = torch.compile(layers[0], backend="hostir")
@@ -111,7 +121,7 @@ def train(steps: int = 5, batch: int = 2, sequence: int = 16) -> list[tuple[floa
     for step in range(steps):
         torch.manual_seed(100 + step)
         x = torch.randn(batch, sequence, 64)
-        local = x.chunk(world, dim=1)[dist.get_rank()]
+        local = x.chunk(world, dim=1)[dist.get_rank()].to(device)
         step_losses = []
         for (model, _), optimizer in zip(runs, optimizers):
             optimizer.zero_grad()
@@ -133,7 +143,9 @@ def _main() -> None:
     from runtime.launch import run_on_local_ranks
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        dist.init_process_group("gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         results = train()
     else:
         results = run_on_local_ranks(train, 2)[0]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,8 @@ class HostirGraph:
         self.name = name
         self.options = options
         self.compiled: dict[tuple, CompiledShapes | None] = {}
+        """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
+        _GRAPHS.add(self)
 
     def __call__(self, *args: Any) -> list[Any]:
         key = tuple(
@@ -171,6 +174,15 @@ class HostirGraph:
         if self.options.cuda_graphs and device.type == "cuda":
             replayer = GraphReplayer(program, communicator)
         return CompiledShapes(imported, program, communicator, replayer)
+
+
+_GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()
+
+
+def compiled_graphs() -> list[HostirGraph]:
+    """The graphs of this process that the backend compiled and that are still in use, in
+    the order they were made: their programs (`compiled`), to inspect or to time."""
+    return sorted(_GRAPHS, key=lambda graph: int(graph.name.rpartition("_")[2]))
 
 
 _graph_count = 0

@@ -197,3 +197,52 @@ def test_an_unknown_option_is_refused():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="unknown hostir backend option"):
         torch.compile(lambda x: x + 1, backend="hostir", options={"chunk": 4})(torch.randn(2))
+
+
+def _layer_on_gpu() -> dict:
+    """The layer in bf16 on this rank's GPU with NCCL: one step against eager DTensor, and
+    whether its programs replayed as CUDA graphs."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from frontend.backend import compiled_graphs
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    mesh = init_device_mesh("cuda", (world,))
+    torch.manual_seed(0)
+    reference = DecoderLayer()
+    layers = []
+    for _ in range(2):
+        layer = DecoderLayer().to(device, torch.bfloat16)
+        layer.load_state_dict(reference.state_dict())
+        layers.append(parallelize(layer, mesh))
+    compiled = torch.compile(layers[0], backend="hostir")
+    errors = {}
+    for step in range(3):
+        x = torch.randn(2, 32, 64, dtype=torch.bfloat16).chunk(world, dim=1)[rank].to(device)
+        out, expected = compiled(x), layers[1](x)
+        out.float().square().sum().backward()
+        expected.float().square().sum().backward()
+        errors[f"output {step}"] = _max_error(out.float(), expected.float())
+        for name, grad in _grads(layers[0]).items():
+            errors[f"{name} {step}"] = _max_error(grad.float(), _grads(layers[1])[name].float())
+        for layer in layers:
+            layer.zero_grad()
+    replayed = [
+        shapes.replayer is not None and shapes.replayer.replays and bool(shapes.replayer.captured)
+        for graph in compiled_graphs()
+        for shapes in graph.compiled.values()
+    ]
+    return {"errors": errors, "replayed": replayed}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: NCCL ranks and CUDA graphs")
+@pytest.mark.parametrize("world", [1, 2])
+def test_decoder_layer_on_gpus_with_nccl_and_graph_replay(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+    for rank, result in enumerate(run_on_local_ranks(_layer_on_gpu, world, timeout_s=600)):
+        bad = {what: error for what, error in result["errors"].items() if error > 3e-2}
+        assert not bad, f"rank {rank}: {bad}"
+        assert result["replayed"] and all(result["replayed"]), f"rank {rank}: {result['replayed']}"
