@@ -1,27 +1,34 @@
 """Runs `hir-run --check` on every example and every reference fusion, as a user would, on this machine's GPUs.
 
-    python3 test/gpu/hir_run_all.py [--max-ranks N] [--only NAME,...]
+    python3 test/gpu/hir_run_all.py [--max-ranks N] [--jobs J] [--only NAME,...]
 
 * Every `examples/*.mlir` runs on as many ranks as its program has devices (hir-run's
   default); an example that needs more than `--max-ranks` ranks is reported skipped.
 * Every fusion of `examples/reference_fusions.py` is written out on a mesh of
   `--max-ranks` devices (the single-device ones on one), in f32 and bf16, and runs on
-  `--max-ranks` ranks with dynamic extents of 6 (not a power of two), 2 streams and 3
-  timed runs.
+  `--max-ranks` ranks with dynamic extents of 6 (not a power of two), 2 streams and 2
+  timed runs (the first captures a CUDA graph, the second replays it: its outputs are checked).
+
+`--jobs` runs that many `hir-run`s at once (default: a quarter of the CPU cores, at most
+8): the runs share the GPUs, each with its own ranks and NCCL communicators, and most of
+a run's time is its processes starting, so the runs finish within minutes together.
 
 `--only` runs the examples and reference fusions of those names only (an example's file
 name without `.mlir`, a fusion's name in `REFERENCE_FUSIONS`), to rerun what failed or
-what a time limit cut off. Each run is `tools/hir-run.py` in a subprocess, so nothing here needs hostir installed.
-Exit status 1 if any run fails.
+what a time limit cut off. Each run is `tools/hir-run.py` in a subprocess, so nothing here needs
+hostir installed; its output is printed whole once it ends. Exit status 1 if any run fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +41,8 @@ from hostir_dialect.text import HostirError, print_module  # noqa: E402
 from runtime.program import Program  # noqa: E402
 
 HIR_RUN = [sys.executable, str(ROOT / "tools" / "hir-run.py")]
-REFERENCE_OPTIONS = ["--check", "--default-extent", "6", "--num-streams", "2", "--repeat", "3"]
+REFERENCE_OPTIONS = ["--check", "--default-extent", "6", "--num-streams", "2", "--repeat", "2"]
+PRINTING = threading.Lock()
 
 
 def devices_of(path: Path) -> int:
@@ -63,10 +71,12 @@ def reference_programs(directory: Path, num_devices: int, names: set[str] | None
 
 
 def run(path: Path, options: list[str]) -> bool:
+    """hir-run on `path`; prints the command and its output together once it ends."""
     command = [*HIR_RUN, str(path), *options]
-    print("$ hir-run", " ".join(command[2:]), flush=True)
     result = subprocess.run(command, text=True, capture_output=True)
-    print(result.stdout + result.stderr, end="", flush=True)
+    with PRINTING:
+        print("$ hir-run", " ".join(command[2:]))
+        print(result.stdout + result.stderr, end="", flush=True)
     return result.returncode == 0
 
 
@@ -76,6 +86,10 @@ def main() -> int:
         "--max-ranks", type=int, default=torch.cuda.device_count() or 2,
         help="ranks at most (default: the GPUs of this machine)",
     )  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 4) // 4)),
+        help="hir-runs at once (default: a quarter of the CPU cores, at most 8)",
+    )  # fmt: skip
     parser.add_argument("--only", help="comma-separated names of examples and reference fusions to run")
     arguments = parser.parse_args()
     max_ranks = arguments.max_ranks
@@ -83,20 +97,21 @@ def main() -> int:
     names = set(arguments.only.split(",")) if arguments.only else None
     if names is not None and (unknown := names - {e.stem for e in examples} - REFERENCE_FUSIONS.keys()):
         parser.error(f"--only: no example or reference fusion named {', '.join(sorted(unknown))}")
-    failed, skipped = [], []
+    runs, skipped = [], []
     for example in examples:
         if names is not None and example.stem not in names:
             continue
         devices = devices_of(example)
         if devices > max_ranks:
             skipped.append(f"{example.name} (needs {devices} ranks)")
-        elif not run(example, ["--check"]):
-            failed.append(example.name)
+        else:
+            runs.append((example, ["--check"]))
     with tempfile.TemporaryDirectory() as directory:
         for path in reference_programs(Path(directory), max_ranks, names):
-            nproc = devices_of(path)
-            if not run(path, [*REFERENCE_OPTIONS, "--nproc", str(nproc)]):
-                failed.append(path.name)
+            runs.append((path, [*REFERENCE_OPTIONS, "--nproc-per-node", str(devices_of(path))]))
+        with ThreadPoolExecutor(arguments.jobs) as pool:
+            passed = list(pool.map(lambda job: run(*job), runs))
+    failed = [path.name for (path, _), ok in zip(runs, passed) if not ok]
     for name in skipped:
         print(f"skipped: {name}")
     for name in failed:

@@ -10,7 +10,9 @@
 #   1. the end-to-end tests on NCCL ranks (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs),
 #   2. the rest of the pytest suite but the lit tests (which CI runs), whose GPU-only tests
 #      (CuPy kernels, CUDA streams, NCCL collectives) run here instead of skipping,
-#   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py).
+#   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
+#      several runs at once.
+# The three steps fit in 10 minutes on 2 H100.
 # Exit status 1 if any step failed. docs/hir-run.md describes the suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
