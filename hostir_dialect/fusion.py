@@ -71,7 +71,10 @@ DYNAMIC = -1
 """The extent of an axis whose size is only known at run time (`?` in text)."""
 
 INT64_MAX = 2**63 - 1
-"""The largest extent or device id: the runtime holds them in int64 (torch's sizes)."""
+"""The largest extent: the runtime holds extents in int64 (torch's sizes)."""
+
+MAX_DEVICE_ID = 2**31 - 1
+"""The largest device id: a device is a torch.distributed rank, a C `int` there and in NCCL."""
 
 Shape = tuple[int, ...]
 
@@ -193,10 +196,10 @@ class DeviceMeshAttr(ParametrizedAttribute):
             raise VerifyException("a device mesh needs at least one device")
         if any(d < 0 for d in ids):
             raise VerifyException(f"device ids must be non-negative, got {list(ids)}")
-        if (too_large := next((d for d in ids if d > INT64_MAX), None)) is not None:
+        if (too_large := next((d for d in ids if d > MAX_DEVICE_ID), None)) is not None:
             raise VerifyException(
-                f"device id {too_large} is too large: a device id must fit in a signed 64-bit "
-                f"integer (at most {INT64_MAX})"
+                f"device id {too_large} is too large: a device id is a torch.distributed rank, "
+                f"a signed 32-bit integer (at most {MAX_DEVICE_ID})"
             )
         if len(set(ids)) != len(ids):
             duplicates = sorted({d for d in ids if ids.count(d) > 1})
@@ -847,9 +850,20 @@ def _print_axes_op(
     printer.print_attribute(op.results[0].type)
 
 
+def _parse_axis(parser: Parser) -> int:
+    """An axis of an axis list, with a located error when it cannot be an i64 property."""
+    start = parser.pos
+    axis = parser.parse_integer()
+    if not -INT64_MAX - 1 <= axis <= INT64_MAX:
+        parser.raise_error(
+            f"axis {axis} is out of range: an axis must fit in a signed 64-bit integer", start, parser.pos
+        )
+    return axis
+
+
 def _parse_axes_op(parser: Parser, flag: str | None):
     operand = parser.parse_unresolved_operand()
-    axes = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+    axes = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, lambda: _parse_axis(parser))
     has_flag = flag is not None and parser.parse_optional_keyword(flag) is not None
     attributes = parser.parse_optional_attr_dict()
     parser.parse_punctuation(":")

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import io
 import re
+import struct
+import sys
 from dataclasses import dataclass
+from typing import Any
 
+from xdsl.context import Context
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
-from xdsl.ir import Operation
+from xdsl.ir import Attribute, Block, Operation, OpResult, ParametrizedAttribute
+from xdsl.irdl.dominance import DominanceInfo
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
@@ -107,8 +112,8 @@ class LocatingParser(Parser):
     file split with `// -----`.
     """
 
-    def __init__(self, text: str, filename: str, line_offset: int = 0):
-        super().__init__(hostir_context(), text, filename)
+    def __init__(self, text: str, filename: str, line_offset: int = 0, ctx: Context | None = None):
+        super().__init__(ctx or hostir_context(), text, filename)
         self.line_offset = line_offset
 
     def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
@@ -122,15 +127,45 @@ class LocatingParser(Parser):
                 return ModuleOp([])
             raise
 
+    def _parse_dialect_type_or_attribute_body(
+        self, attr_name: str, is_type: bool, is_opaque: bool, starting_opaque_pos: int | None
+    ) -> Attribute:
+        """A dialect's type or attribute; one that cannot be built is an error on its text.
+
+        xDSL builds it right after parsing its parameters, outside any span: a verifier's
+        VerifyException, or the ValueError of parameters the generic syntax parsed for
+        an attribute that takes fewer (`!hir.work<[4, 8], 2>`), would have no location.
+        """
+        start = self._current_token.span.start
+        definition = self.ctx.get_optional_type(attr_name) if is_type else self.ctx.get_optional_attr(attr_name)
+        if (
+            definition is not None
+            and issubclass(definition, ParametrizedAttribute)
+            and not definition.get_irdl_definition().parameters
+            and definition.parse_parameters.__func__ is ParametrizedAttribute.parse_parameters.__func__
+            and self._current_token.kind == MLIRTokenKind.LESS
+        ):
+            self.raise_error(f"'{'!' if is_type else '#'}{attr_name}' takes no parameters")
+        try:
+            return super()._parse_dialect_type_or_attribute_body(
+                attr_name, is_type, is_opaque, starting_opaque_pos
+            )
+        except (VerifyException, ValueError) as e:
+            self.raise_error(str(e), start, self.pos)
+
     def parse_operation(self) -> Operation:
         start_span = self._current_token.span
         start = start_span.get_location()
         try:
             op = super().parse_operation()
-        except VerifyException as e:
+        except (VerifyException, ValueError) as e:
             # A custom or declarative parser that builds an op with an operand or result
-            # of the wrong kind fails in the op's constructor, not in the parser.
+            # of the wrong kind, or a property out of its type's range, fails in the op's
+            # constructor, not in the parser.
             self.raise_error(str(e), start_span.start, self._current_token.span.start)
+        except struct.error as e:
+            # xDSL's dense arrays accept i64 values up to 2**64 - 1, then fail to pack them.
+            self.raise_error(f"a value is out of its type's range ({e})", start_span.start, self._current_token.span.start)
         if not isinstance(op.location, FileLineColLoc):
             op.location = FileLineColLoc(
                 StringAttr(start.file), IntAttr(start.line + self.line_offset), IntAttr(start.col)
@@ -147,28 +182,69 @@ def _remember_source(filename: str, text: str, line_offset: int) -> None:
 
 
 MAX_NESTING = 64
-"""How many brackets (`{`, `[`, `(`, `<`) the text may nest.
+"""How many brackets (`{`, `[`, `(`, `<`) the text may nest, read or printed.
 
 xDSL's parser, verifier and printer recurse once per level, so deeper text would
 overflow Python's stack; raising the recursion limit instead can crash the
-interpreter. Real IR nests fewer than ten.
+interpreter. The limit holds for what hostir prints too (`verify_module` checks both
+printed forms), so that whatever is read and printed reads back. Real IR nests fewer
+than ten.
 """
 
-_BRACKETS = re.compile(r'//[^\n]*|"(?:[^"\\\n]|\\.)*"|->|[{\[(<]|[}\])>]')
-"""Comments and strings (skipped), `->` (not a bracket), and opening and closing brackets."""
+_LEXEMES = re.compile(
+    r"""
+      (?P<comment>//[^\n]*)
+    | (?P<string>"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*")
+    | (?P<bad_string>")
+    | [%^@#!][\w$.-]+ | [A-Za-z_][\w$.]*                      # identifiers, digits included
+    | 0[xX][0-9A-Fa-f]+ | [0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?   # hexadecimal and float literals
+    | (?P<integer>[0-9]+)
+    | ->
+    | (?P<open>[{\[(<])
+    | (?P<close>[}\])>])
+    """,
+    re.VERBOSE | re.ASCII,
+)
+"""The lexemes `_check_text` looks at: comments and strings (whose brackets do not count),
+string quotes that open no valid string, decimal integers, and brackets (`->` is none).
+
+The string pattern matches one character per step, so a string left open fails in time
+linear in its line's length (see `_check_text`)."""
+
+_STRING_BODY = re.compile(r'(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*')
 
 
-def _check_nesting(text: str, filename: str, line_offset: int) -> None:
-    """Refuses text nested deeper than `MAX_NESTING`, at the bracket that goes too deep."""
-    depth = 0
-    for match in _BRACKETS.finditer(text):
-        token = match.group()
-        if token in "{[(<":
-            depth += 1
-            if depth > MAX_NESTING:
-                raise _too_deep(text, filename, line_offset, match.start())
-        elif token in "}])>":
-            depth = max(0, depth - 1)
+def _check_text(text: str, filename: str, line_offset: int) -> None:
+    """Refuses, with a located error, text that xDSL's lexer and parser cannot read safely.
+
+    * A string literal that is not closed on its line, or holds an invalid escape: xDSL's
+      lexer matches strings with a regular expression that backtracks exponentially in
+      the length of such a string (30 characters take half a minute).
+    * A decimal integer longer than Python converts (`sys.get_int_max_str_digits()`).
+    * Text nested deeper than `MAX_NESTING` brackets.
+    """
+
+    def error(message: str, offset: int, length: int = 1) -> HostirError:
+        return HostirError(message, SourceLocation.at_offset(text, filename, offset, length, line_offset))
+
+    max_digits = sys.get_int_max_str_digits()
+    for match in _LEXEMES.finditer(text):
+        kind = match.lastgroup
+        if kind == "integer" and max_digits and len(match.group()) > max_digits:
+            raise error(
+                f"integer literal of {len(match.group())} digits is too long (at most {max_digits})",
+                match.start(),
+                len(match.group()),
+            )
+        if kind == "bad_string":
+            end = _STRING_BODY.match(text, match.end()).end()
+            if text.startswith("\\", end):
+                raise error("invalid escape sequence in string literal", end, 2)
+            if end < len(text) and text[end] in "\v\f":
+                raise error("string literal holds a vertical tab or form feed", end)
+            raise error("string literal is not closed on its line", match.start(), end - match.start())
+    if (offset := _too_deep_offset(text)) is not None:
+        raise _too_deep(text, filename, line_offset, offset)
 
 
 def _too_deep(text: str, filename: str, line_offset: int, offset: int) -> HostirError:
@@ -179,36 +255,144 @@ def _too_deep(text: str, filename: str, line_offset: int, offset: int) -> Hostir
 
 
 def parse_module(
-    text: str, filename: str = "<stdin>", verify: bool = True, line_offset: int = 0
+    text: str,
+    filename: str = "<stdin>",
+    verify: bool = True,
+    line_offset: int = 0,
+    ctx: Context | None = None,
 ) -> ModuleOp:
     """Parses (and verifies) a module; raises `HostirError` with the failing location.
 
-    Text without any operation is an empty module, as in mlir-opt.
+    Text without any operation is an empty module, as in mlir-opt. Every way into
+    parsing (hir-opt, hir-run, `Program.compile`) comes through here. `ctx` holds the
+    dialects the text may use (default: `hostir_context()`; hir-opt's knows xDSL's too).
     """
     _remember_source(filename, text, line_offset)
-    _check_nesting(text, filename, line_offset)
-    parser = LocatingParser(text, filename, line_offset)
+    _check_text(text, filename, line_offset)
+    parser = None
     try:
+        # The parser lexes its first token when built, so building it can fail too.
+        parser = LocatingParser(text, filename, line_offset, ctx)
         module = parser.parse_module()
     except ParseError as e:
         location = SourceLocation.at_offset(text, filename, e.span.start, max(1, e.span.len), line_offset)
         raise HostirError(e.msg, location) from None
     except RecursionError:
-        # `_check_nesting` should prevent it; the parser's place is still the best one.
-        raise _too_deep(text, filename, line_offset, parser._current_token.span.start) from None
+        # `_check_text` should prevent it; the parser's place is still the best one.
+        offset = parser._current_token.span.start if parser is not None else 0
+        raise _too_deep(text, filename, line_offset, offset) from None
     if verify:
         verify_module(module)
     return module
 
 
 def verify_module(module: Operation) -> None:
-    """Verifies every op, innermost first; the first failure becomes a located HostirError."""
+    """Verifies every op, innermost first; the first failure becomes a located HostirError.
+
+    Beyond xDSL's verifiers: every operand is defined before its use (xDSL's parser
+    accepts `%y = fusion.neg %y`), and both printed forms nest at most `MAX_NESTING`
+    brackets, so that what is printed reads back.
+    """
+    positions: dict[Block, dict[Operation, int]] = {}
     for op in module.walk(reverse=True, region_first=True):
         try:
             op.verify(verify_nested_ops=False)
         except (VerifyException, DiagnosticException) as e:
             message = str(e.args[0]) if e.args else str(e)
             raise HostirError.at(op, message.removeprefix("Operation does not verify: ")) from None
+        except RecursionError:
+            raise HostirError.at(op, f"nesting too deep: more than {MAX_NESTING} levels") from None
+        _check_dominance(op, positions)
+    _check_printed_nesting(module)
+
+
+def _check_dominance(op: Operation, positions: dict[Block, dict[Operation, int]]) -> None:
+    """Refuses an operand that is not defined before `op`, in a block that encloses it."""
+    for i, operand in enumerate(op.operands):
+        if isinstance(operand, OpResult):
+            block, definer = operand.op.parent_block(), operand.op
+        else:
+            block, definer = operand.block, None
+        if block is None:
+            continue
+        user = _ancestor_in_region_of(block, op)
+        name = f"operand #{i}" + (f" (%{operand.name_hint})" if operand.name_hint else "")
+        if user is None:
+            raise HostirError.at(op, f"{name} is used outside the region that defines it")
+        if user.parent_block() is not block:
+            if block.parent is not None and not DominanceInfo(block.parent).dominates(block, user.parent_block()):
+                raise HostirError.at(op, f"{name} is used in a block that its definition does not dominate")
+        elif definer is not None:
+            order = positions.get(block)
+            if order is None:
+                order = positions[block] = {o: k for k, o in enumerate(block.ops)}
+            if definer is user:
+                raise HostirError.at(op, f"{name} is the result of the op that uses it")
+            if order[definer] > order[user]:
+                raise HostirError.at(op, f"{name} is used before it is defined")
+
+
+def _ancestor_in_region_of(block: Block, op: Operation) -> Operation | None:
+    """`op` or the op enclosing it that sits in a block of `block`'s region."""
+    while op.parent_region() is not block.parent:
+        if (op := op.parent_op()) is None:
+            return None
+    return op
+
+
+class _OpPlacePrinter(Printer):
+    """A printer that records where in its output each operation starts and ends."""
+
+    def __init__(self, stream: io.StringIO, generic: bool):
+        super().__init__(stream=stream, print_generic_format=generic)
+        self.op_spans: list[list[Any]] = []
+        """[start, end, op] in the order the ops start; the end is None until printed."""
+
+    def print_op(self, op: Operation) -> None:
+        span = [self.stream.tell(), None, op]
+        self.op_spans.append(span)
+        super().print_op(op)
+        span[1] = self.stream.tell()
+
+    def op_at(self, offset: int) -> Operation:
+        """The innermost op whose text holds `offset` (or is being printed there)."""
+        return next(op for start, end, op in reversed(self.op_spans) if start <= offset and (end is None or offset < end))
+
+
+def _check_printed_nesting(module: Operation) -> None:
+    """Refuses a module whose custom or generic text nests deeper than `MAX_NESTING`.
+
+    A module built from text within the limit can still print deeper: the printer adds
+    the implicit `builtin.module {`, expands type aliases, and the generic form puts each
+    region in `({`. The error is on the op whose text goes too deep.
+    """
+    for form, generic in (("custom", False), ("generic", True)):
+        out = io.StringIO()
+        printer = _OpPlacePrinter(out, generic)
+        try:
+            printer.print_op(module)
+            offset = _too_deep_offset(out.getvalue())
+        except RecursionError:
+            offset = out.tell()
+        if offset is not None:
+            raise HostirError.at(
+                printer.op_at(offset),
+                f"nesting too deep: the {form} form of this op nests more than {MAX_NESTING} "
+                "levels of brackets, more than the parser reads",
+            )
+
+
+def _too_deep_offset(text: str) -> int | None:
+    """The offset of the first bracket of `text` deeper than `MAX_NESTING`, if any."""
+    depth = 0
+    for match in _LEXEMES.finditer(text):
+        if match.lastgroup == "open":
+            depth += 1
+            if depth > MAX_NESTING:
+                return match.start()
+        elif match.lastgroup == "close":
+            depth = max(0, depth - 1)
+    return None
 
 
 def print_module(module: Operation, generic: bool = False) -> str:

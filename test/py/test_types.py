@@ -49,8 +49,8 @@ def test_mesh_from_a_list_or_an_array_attr():
         ([], "at least one device"),
         ([0, -1], "non-negative"),
         ([0, 2, 2, 1, 1], "lists device(s) [1, 2] more than once"),
-        ([0, 2**63], f"device id {2**63} is too large: a device id must fit in a signed 64-bit"),
-        ([10**30], "(at most 9223372036854775807)"),
+        ([0, 2**31], f"device id {2**31} is too large: a device id is a torch.distributed rank"),
+        ([2**40], "(at most 2147483647)"),
     ],
 )
 def test_mesh_verifier(devices, message):
@@ -200,9 +200,11 @@ def test_tensor_verifier(build, message):
         build()
 
 
-def test_the_largest_int64_is_a_valid_extent_and_device_id():
+def test_the_largest_int64_is_a_valid_extent_and_the_largest_int32_a_valid_device_id():
     largest = 2**63 - 1
-    assert TensorType([largest, DYNAMIC], f32, [largest]).get_shape() == (largest, DYNAMIC)
+    type = TensorType([largest, DYNAMIC], f32, [2**31 - 1])
+    assert type.get_shape() == (largest, DYNAMIC)
+    assert type.mesh.ids == (2**31 - 1,)
 
 
 @pytest.mark.parametrize("extent", [DYNAMIC, 4])

@@ -1,6 +1,6 @@
-// Extents and device ids must fit in a signed 64-bit integer (the runtime's torch
-// sizes and ranks); a larger one is an error on the type's or the list's text.
-// The largest, 9223372036854775807, is accepted.
+// Extents must fit in a signed 64-bit integer (the runtime's torch sizes), device
+// ids in a signed 32-bit one (torch.distributed ranks); a larger one is an error on
+// the type's or the list's text. The largest of each is accepted.
 // RUN: hir-opt %s --split-input-file --verify-diagnostics
 // RUN: not hir-opt %s 2>&1 | filecheck %s --strict-whitespace -DFILE=%s
 
@@ -21,15 +21,15 @@ func.func @extent_just_too_large(%x: !fusion.tensor<[4, 9223372036854775808], f3
 
 // -----
 
-// expected-error@+1 {{device id 99999999999999999999999 is too large: a device id must fit in a signed 64-bit integer (at most 9223372036854775807)}}
+// expected-error@+1 {{device id 99999999999999999999999 is too large: a device id is a torch.distributed rank, a signed 32-bit integer (at most 2147483647)}}
 func.func @device_id(%x: !fusion.tensor<[4], f32, mesh = [0, 99999999999999999999999]>) {
   func.return
 }
 
 // -----
 
-// expected-error@+1 {{device id 9223372036854775808 is too large}}
-func.func @mesh_attribute() attributes {team = #fusion.mesh<[9223372036854775808]>} {
+// expected-error@+1 {{device id 2147483648 is too large}}
+func.func @mesh_attribute() attributes {team = #fusion.mesh<[2147483648]>} {
   func.return
 }
 
@@ -58,6 +58,6 @@ func.func @negative_extent(%x: !fusion.tensor<[-4], f32>) {
 
 // -----
 
-func.func @largest(%x: !fusion.tensor<[9223372036854775807, ?], f32, mesh = [9223372036854775807]>) {
+func.func @largest(%x: !fusion.tensor<[9223372036854775807, ?], f32, mesh = [2147483647]>) {
   func.return
 }
