@@ -210,11 +210,16 @@ class Stages:
             result.name_hint = name
         yield_work.location = loop.location = location
         block.add_op(loop)
-        deferred = self.finish_at(self._minus_one(end, one, block, location), loop.results, block)
+        last_work, *last_deferred = loop.results
+        deferred = self.finish_at(self._minus_one(end, one, block, location), [last_work], block)
         if deferred is not None:
-            last_wait = hir.WaitOp(deferred)
-            last_wait.location = self.deferred.location
-            block.add_op(last_wait)
+            # Nothing is issued after the last B: both its transfer and the one before are waited
+            # for after it, so that it does not wait for the one before (the loop's B waits for
+            # that once the next A is issued).
+            for work in (*last_deferred, deferred):
+                last_wait = hir.WaitOp(work)
+                last_wait.location = self.deferred.location
+                block.add_op(last_wait)
 
     def _minus_one(self, index: SSAValue, one: SSAValue, block: Block, location: LocationAttr) -> SSAValue:
         """`index - 1` for B's iteration, appended to `block` where B reads the iteration index."""

@@ -5,8 +5,9 @@
 // whole: allreduce-in-matmul pairs the chunks, copy-engine-pipelining runs the pairs on
 // the caller's stream. Pair i's plain matmul and exchange are issued before pair i - 1's
 // wait, after which pair i - 1's accumulating matmul makes its sum, whose pull back is
-// issued then and waited for in the next iteration (or after the loop), once pair i + 1's
-// plain matmul is issued. An odd last chunk keeps its allreduce, after the pairs.
+// issued then and waited for in the next iteration, once pair i + 1's plain matmul is
+// issued (the last two after the last pair's accumulating matmul). An odd last chunk
+// keeps its allreduce, after the pairs.
 
 !x = !fusion.tensor<[?, 2, ?, ?], bf16, mesh = [0, 1], axes = [_, didx, _, _]>
 !w = !fusion.tensor<[2, ?, ?], bf16, mesh = [0, 1], axes = [didx, _, _]>
@@ -53,11 +54,11 @@ func.func @matmul_ar(%x: !x, %w: !w) -> !y {
 // CHECK-NEXT:        scf.yield %[[W]], %[[SUMMED]] : !hir.work, !hir.work
 // CHECK-NEXT:      }
 // CHECK:           hir.wait %[[LAST]]
-// CHECK-NEXT:      hir.wait %[[LAST_SUM]]
 // CHECK-NEXT:      hir.alias_select
 // CHECK-NEXT:      hir.matmul accumulate
 // CHECK:           %[[LAST_SUMMED:[^ ]+]] = hir.end_coalescing
 // CHECK-NEXT:      hir.copy
+// CHECK-NEXT:      hir.wait %[[LAST_SUM]]
 // CHECK-NEXT:      hir.wait %[[LAST_SUMMED]]
 // CHECK-NEXT:    } else {
 // CHECK-NEXT:    }
