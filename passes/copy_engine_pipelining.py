@@ -44,8 +44,22 @@ iteration). The ring below keeps one slice per mesh device: its slices are slots
 
 B uses values of A (an iteration's slices): their defining views and index arithmetic
 are cloned for `i - 1`. A loop is rewritten only where that is all B uses of A, where
-its one communication is a direct op of the body with `backend cuda` and its wait the
-only one, and where the body does not use the pool stream it was given.
+its communication before the first wait is one direct op of the body with `backend
+cuda`, and where the body does not use the pool stream it was given. B may issue one
+more copy-engine transfer of its own whose wait ends B (`allreduce-in-matmul`'s pull of
+the sums back): that wait is put off, its work carried to the next iteration, which
+waits for it after its A (so that it holds up no GEMM of A), and after the loop the last
+two are waited for after the last B:
+
+    %last:2 = scf.for %i = 1 to extent iter_args(%previous = %w of A(0), %deferred = %w of A(0)) {
+      A(i)
+      hir.wait %previous; hir.wait %deferred; B'(i - 1)      B' issues %v and ends before its wait
+      scf.yield %w of A(i), %v of B'(i - 1)
+    }
+    hir.wait %last#0; B'(extent - 1); hir.wait %last#1; hir.wait %v of B'(extent - 1)
+
+The first iteration has no deferred transfer before it and waits for A(0)'s twice (a
+second wait does nothing).
 
 The ring loop of the point-to-point allgather with `p2p_backend=cuda` (stream-parallel's
 module docstring) is rewritten the same way, its iteration 0 (the own shard, no
