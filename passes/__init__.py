@@ -33,6 +33,12 @@ def _reduce_scatter_in_matmul() -> type[ModulePass]:
     return ReduceScatterInMatmul
 
 
+def _allreduce_in_matmul() -> type[ModulePass]:
+    from passes.allreduce_in_matmul import AllreduceInMatmul
+
+    return AllreduceInMatmul
+
+
 def _copy_engine_pipelining() -> type[ModulePass]:
     from passes.copy_engine_pipelining import CopyEnginePipelining
 
@@ -62,6 +68,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
     "reduce-scatter-in-matmul": _reduce_scatter_in_matmul,
+    "allreduce-in-matmul": _allreduce_in_matmul,
     "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,

@@ -1,11 +1,11 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
 insert-reshardings, fusion-to-hir, stream-parallel, reduce-scatter-in-matmul,
-copy-engine-pipelining, per-stream-buffers, insert-deallocations, then xDSL's `canonicalize` and `cse` to fold
-the index arithmetic and share what the loops compute twice. Those two only touch ops
-whose effects are known: arith, scf, and the hir ops marked `Pure` (`hir.dim`,
-`hir.device_index`, `hir.number_of_streams`, `hir.stream`); every other hir op has
-effects they leave alone.
+allreduce-in-matmul, copy-engine-pipelining, per-stream-buffers, insert-deallocations,
+then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
+loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
+the hir ops marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`,
+`hir.stream`); every other hir op has effects they leave alone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from xdsl.transforms.common_subexpression_elimination import (
     CommonSubexpressionElimination,
 )
 
+from passes.allreduce_in_matmul import AllreduceInMatmul
 from passes.copy_engine_pipelining import CopyEnginePipelining
 from passes.fusion_to_hir import FusionToHir
 from passes.insert_deallocations import InsertDeallocations
@@ -43,7 +44,9 @@ class HirLowering(ModulePass):
     `copy-engine-pipelining`, so that the loops of copy-engine transfers stay spread
     over the pool streams as `stream-parallel` made them. `reduce_scatter_in_matmul=false`
     leaves out `reduce-scatter-in-matmul`, so that a pairwise copy-engine reduce-scatter
-    of a matmul's product sums its pieces in a pass of its own.
+    of a matmul's product sums its pieces in a pass of its own, and
+    `allreduce_in_matmul=false` leaves out `allreduce-in-matmul`, so that a pairwise
+    copy-engine allreduce of a matmul's product does too.
     """
 
     name = "hir-lowering"
@@ -55,6 +58,7 @@ class HirLowering(ModulePass):
     per_stream_buffers: bool = True
     copy_engine_pipelining: bool = True
     reduce_scatter_in_matmul: bool = True
+    allreduce_in_matmul: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
@@ -65,6 +69,7 @@ class HirLowering(ModulePass):
             FusionToHir(self.backend),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
             *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),
+            *([AllreduceInMatmul()] if self.allreduce_in_matmul else []),
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),
