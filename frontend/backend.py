@@ -15,7 +15,8 @@ Options (`torch.compile(..., options={...})`):
 
 | option | default | meaning |
 |---|---|---|
-| `pipeline` | `True` | let `auto-stream-parallel` pipeline AG+GEMM chains |
+| `pipeline` | `True` | pipeline AG+GEMM and GEMM+RS chains (`auto-stream-parallel`) |
+| `chunks` | `None` | the chunks of a GEMM+RS pipeline; None: the cost model's choice on GPUs, one on the CPU |
 | `backend` | `"nccl"` | how the collectives move bytes: `nccl`, or `cuda` for the copy engines |
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
@@ -42,9 +43,10 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from frontend.fx_importer import ImportedGraph, UnsupportedGraph, import_graph
+from frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
 from hostir_dialect.text import print_module
 from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
 from runtime.graphs import GraphReplayer
 from runtime.program import Program
 
@@ -55,9 +57,23 @@ class HostirFallbackWarning(UserWarning):
     """A graph runs as torch eager ops because hostir cannot import it; the message says why."""
 
 
+NOMINAL_GPU_RATES = Rates(link_bytes_per_s=300e9, gemm_flops_per_s=600e12)
+"""What the cost model assumes of a GPU when it chooses a GEMM+reduce-scatter's chunks:
+an H100's NVLink as NCCL uses it, and its bf16 GEMMs at large sizes."""
+
+
+def modelled_chunks(rows: int, k: int, n: int, dtype: torch.dtype, devices: int) -> int:
+    """The chunk count the cost model chooses for a GEMM+reduce-scatter (`runtime/cost_model.py`)."""
+    problem = OverlapProblem(
+        OverlapKind.MATMUL_REDUCE_SCATTER, rows * devices, k * devices, n, devices, dtype.itemsize
+    )
+    return choose_pipeline(problem, NOMINAL_GPU_RATES).chunks
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     pipeline: bool = True
+    chunks: int | None = None
     backend: str = "nccl"
     cuda_graphs: bool = True
     fallback: bool = True
@@ -73,7 +89,19 @@ class BackendOptions:
             )
         if options.get("backend", "nccl") not in ("nccl", "cuda"):
             raise ValueError(f"hostir backend option backend={options['backend']!r}: choose nccl or cuda")
+        chunks = options.get("chunks")
+        if chunks is not None and (not isinstance(chunks, int) or chunks < 1):
+            raise ValueError(f"hostir backend option chunks={chunks!r}: a positive number of chunks, or None")
         return cls(**options)
+
+    def chunks_of(self, device: torch.device) -> ChunksOf:
+        """How the importer cuts a GEMM+reduce-scatter: `chunks` if set; else by the cost
+        model on GPUs, and in one chunk on the CPU, where gloo's transfers block."""
+        if not self.pipeline:
+            return one_chunk
+        if self.chunks is not None:
+            return lambda rows, k, n, dtype, devices: self.chunks
+        return modelled_chunks if device.type == "cuda" else one_chunk
 
     def lowering(self) -> str:
         return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={self.backend}}}"
@@ -147,8 +175,9 @@ class HostirGraph:
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         with mode:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         try:
-            imported = import_graph(self.gm, self.name)
+            imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
         except UnsupportedGraph as error:
             if not self.options.fallback:
                 raise
@@ -156,7 +185,6 @@ class HostirGraph:
                 f"hostir runs graph {self.name} as torch eager ops: {error}", HostirFallbackWarning, stacklevel=2
             )
             return None
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         if imported.mesh == (0,) or not dist.is_initialized():
             communicator = Communicator.single(device)
         else:

@@ -30,6 +30,7 @@ graph once per set of input shapes.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,22 +66,21 @@ class UnsupportedGraph(HostirError):
 class Value:
     """The fusion value that holds an FX tensor.
 
-    `chunks` is set where the fusion keeps the FX tensor's first axis as two, `[chunks,
-    rows]` (an all-gather's pieces): the FX tensor is the local piece reshaped.
+    `chunks` is set where the fusion keeps the FX tensor's first axis as several,
+    `[*chunks, rows]` (an all-gather's pieces; the pieces a reduce-scatter sends, cut
+    into the chunks of its pipeline): the FX tensor is the local piece reshaped.
     """
 
     ssa: SSAValue
     shape: tuple[int, ...]
     dtype: torch.dtype
     varying: bool
-    chunks: int | None = None
+    chunks: tuple[int, ...] = ()
 
     @property
     def local_shape(self) -> tuple[int, ...]:
         """The shape of a device's piece in the fusion (the FX shape, or its chunked form)."""
-        if self.chunks is None:
-            return self.shape
-        return (self.chunks, self.shape[0] // self.chunks, *self.shape[1:])
+        return chunked_shape(self.shape, self.chunks)
 
 
 @dataclass
@@ -97,16 +97,34 @@ class ImportedGraph:
     pipelined: list[str] = field(default_factory=list)
 
 
+def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` with its first axis cut into `chunks` and the rows of each."""
+    if not chunks:
+        return shape
+    return (*chunks, shape[0] // math.prod(chunks), *shape[1:])
+
+
 def _dtype_supported(dtype: torch.dtype) -> bool:
     return dtype in TORCH_DTYPES
+
+
+ChunksOf = Callable[[int, int, int, torch.dtype, int], int]
+"""`chunks_of(rows, k, n, dtype, devices)`: how many chunks to cut a GEMM+reduce-scatter
+over `devices` into, where each device's piece has `rows` rows of a product of inner
+extent `k` (this device's) and `n` columns."""
+
+
+def one_chunk(rows: int, k: int, n: int, dtype: torch.dtype, devices: int) -> int:
+    return 1
 
 
 class Importer:
     """Imports one graph; see the module docstring."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf):
         self.gm = gm
         self.name = name
+        self.chunks_of = chunks_of
         self.mesh = self._mesh()
         self.devices = len(self.mesh)
         self.block = Block()
@@ -230,7 +248,7 @@ class Importer:
 
     def flat(self, value: Value) -> Value:
         """`value` in the FX shape: a chunked value is reshaped (each device its piece)."""
-        if value.chunks is None:
+        if not value.chunks:
             return value
         result_type = self.tensor_type(value.shape, value.dtype, value.varying)
         op = self.emit(
@@ -242,6 +260,34 @@ class Importer:
             )
         )
         return Value(op.results[0], value.shape, value.dtype, value.varying)
+
+    def rechunked(self, value: Value, chunks: tuple[int, ...]) -> Value:
+        """`value` (in the FX shape) with its first axis cut into `chunks` (each device its piece)."""
+        local = chunked_shape(value.shape, chunks)
+        result_type = self.tensor_type(local, value.dtype, value.varying)
+        op = self.emit(
+            fusion.AtenOp(
+                "aten.reshape.default",
+                encode_call([value.ssa, list(local)], {}, lambda v: 0 if v is value.ssa else None),
+                [value.ssa],
+                [result_type],
+            )
+        )
+        return Value(op.results[0], value.shape, value.dtype, value.varying, chunks)
+
+    def reduce_scatter_chunks(self, node: torch.fx.Node, lhs: Value, rhs: Value) -> tuple[int, ...]:
+        """The chunks of a matmul whose one reader is a sum reduce-scatter over the mesh:
+        the destination devices, then the pipeline's chunks of each (`chunks_of`)."""
+        readers = list(node.users)
+        if len(readers) != 1 or readers[0].target is not c10d.reduce_scatter_tensor.default:
+            return ()
+        rows = node.meta["val"].shape[0]
+        if rows % self.devices:
+            return ()
+        chunks = self.chunks_of(rows // self.devices, lhs.shape[-1], rhs.shape[-1], lhs.dtype, self.devices)
+        if chunks <= 1 or (rows // self.devices) % chunks:
+            return (self.devices,)
+        return (self.devices, chunks)
 
     def aligned(self, value: Value, rank: int) -> SSAValue:
         """`value` with extent-1 axes after its device axis, so that a varying value's device
@@ -393,7 +439,7 @@ def _all_gather(importer: Importer, node: torch.fx.Node) -> Value:
     op = importer.emit(fusion.SetOp(value.ssa, gathered))
     op.results[0].name_hint = _name(node)
     shape = (importer.devices * value.shape[0], *value.shape[1:])
-    return Value(op.results[0], shape, value.dtype, False, chunks=importer.devices)
+    return Value(op.results[0], shape, value.dtype, False, chunks=(importer.devices,))
 
 
 REDUCE_OPS = {"sum": fusion.SumOp, "max": fusion.MaxOp}
@@ -408,27 +454,15 @@ def _reduce_over_devices(importer: Importer, node: torch.fx.Node, value: Value, 
         )
     if not importer.varies(value):
         return value
-    result = _result(node)
-    local = (importer.devices, result.shape[0], *result.shape[1:]) if scatter else tuple(result.shape)
-    if scatter and value.chunks != importer.devices:
-        value = importer.flat(value)
-        split_type = importer.tensor_type(local, value.dtype, True)
-        op = importer.emit(
-            fusion.AtenOp(
-                "aten.reshape.default",
-                encode_call([value.ssa, list(local)], {}, lambda v: 0 if v is value.ssa else None),
-                [value.ssa],
-                [split_type],
-            )
-        )
-        value = Value(op.results[0], value.shape, value.dtype, True, chunks=importer.devices)
-    shape = tuple(result.shape)
-    result_type = (
-        importer.tensor_type(shape, value.dtype, True) if scatter else importer.tensor_type(shape, value.dtype, False)
-    )
+    devices = importer.devices
+    if scatter and value.chunks[:1] != (devices,):
+        value = importer.rechunked(importer.flat(value), (devices,))
+    shape = tuple(_result(node).shape)
+    chunks = value.chunks[1:] if scatter else ()
+    result_type = importer.tensor_type(chunked_shape(shape, chunks), value.dtype, scatter)
     op = importer.emit(REDUCE_OPS[reduce_op](value.ssa, [0], False, result_type))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], shape, value.dtype, scatter)
+    return Value(op.results[0], shape, value.dtype, scatter, chunks)
 
 
 @rule(c10d.reduce_scatter_tensor.default)
@@ -442,15 +476,22 @@ def _all_reduce(importer: Importer, node: torch.fx.Node) -> Value | None:
 
 
 def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Value) -> Value | None:
-    """`lhs @ rhs` as a fusion.matmul, keeping `lhs`'s chunks; None where ATen's rules differ."""
+    """`lhs @ rhs` as a fusion.matmul, keeping `lhs`'s chunks; None where ATen's rules differ.
+
+    A product whose one reader is a reduce-scatter is computed in the chunks of its
+    pipeline: the rows of each destination device cut into `reduce_scatter_chunks`.
+    """
     result = _result(node)
     if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
         return None
-    if rhs.chunks is not None or (lhs.chunks is not None and len(lhs.shape) != 2):
+    if rhs.chunks or (lhs.chunks and len(lhs.shape) != 2):
         lhs, rhs = importer.flat(lhs), importer.flat(rhs)
     varying = importer.varies(lhs, rhs)
+    chunks = importer.reduce_scatter_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
+    if chunks and lhs.chunks != chunks:
+        lhs = importer.rechunked(importer.flat(lhs), chunks)
     chunks = lhs.chunks
-    local = (chunks, result.shape[0] // chunks, *result.shape[1:]) if chunks else tuple(result.shape)
+    local = chunked_shape(tuple(result.shape), chunks)
     operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
     op = importer.emit(fusion.MatmulOp(*operands, importer.tensor_type(local, result.dtype, varying)))
     op.results[0].name_hint = _name(node)
@@ -486,19 +527,19 @@ def _pointwise(importer: Importer, node: torch.fx.Node, op_class: type, operands
         return None
     # A chunked operand keeps its chunks only if every other operand broadcasts along
     # trailing axes alone; otherwise all take the FX shape.
-    chunked = [v for v in values if v.chunks is not None]
+    chunked = [v for v in values if v.chunks]
     full = len(result.shape)
     if chunked and (
         any(v.chunks != chunked[0].chunks for v in chunked)
-        or any(v.chunks is None and len(v.shape) == full for v in values)
+        or any(not v.chunks and len(v.shape) == full for v in values)
         or tuple(chunked[0].shape) != tuple(result.shape)
     ):
         values = [importer.flat(v) for v in values]
-        chunks = None
+        chunks: tuple[int, ...] = ()
     else:
-        chunks = chunked[0].chunks if chunked else None
+        chunks = chunked[0].chunks if chunked else ()
     values = [importer.cast(v, result.dtype) for v in values]
-    local = (chunks, result.shape[0] // chunks, *result.shape[1:]) if chunks else tuple(result.shape)
+    local = chunked_shape(tuple(result.shape), chunks)
     varying = importer.varies(*values)
     ssa = [importer.aligned(v, len(local)) for v in values]
     op = importer.emit(op_class(*ssa, importer.tensor_type(local, result.dtype, varying)))
@@ -574,6 +615,6 @@ def _reduction(importer: Importer, node: torch.fx.Node) -> Value | None:
     return Value(op.results[0], tuple(result.shape), result.dtype, importer.varies(value))
 
 
-def import_graph(gm: torch.fx.GraphModule, name: str = "graph") -> ImportedGraph:
+def import_graph(gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk) -> ImportedGraph:
     """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp)."""
-    return Importer(gm, name).run()
+    return Importer(gm, name, chunks_of).run()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -25,10 +25,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue, Use
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
-from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
+from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
 from hostir_dialect import fusion
-from hostir_dialect.fusion import STREAM, TensorType, tensor_type
+from hostir_dialect.fusion import DYNAMIC, STREAM, TensorType, tensor_type
 from passes.axis_mapping import has_axis_maps, operand_axis_maps
 
 LOGGER = logging.getLogger("hostir.pipelining")
@@ -52,10 +52,10 @@ def _drops_axis(use: Use, axis: int) -> bool:
 
 def _make_stream(
     rewriter: PatternRewriter, value: SSAValue, axis: int, pipelined: Sequence[Operation] | None = None
-) -> None:
+) -> fusion.SetOp | None:
     """Makes `axis` of `value` stream. The readers in `pipelined` (None: every reader that
-    keeps the axis) read it slice by slice; the others read a copy of the whole made
-    after the loop, of the type `value` had."""
+    keeps the axis) read it slice by slice; the others read a copy of the whole, of the
+    type `value` had, which `Pipelines.compact` moves after the loop."""
     whole_type = tensor_type(value)
     copied = [
         use
@@ -68,12 +68,15 @@ def _make_stream(
         rewriter.insert_op(whole, InsertPoint.after(value.owner))
         for use in copied:
             use.operation.operands[use.index] = whole.result
+        return whole
+    return None
 
 
-def _declined(op: fusion.SetOp, reason: str) -> None:
+def _declined(op: fusion.SetOp | fusion.SumOp, reason: str) -> None:
     LOGGER.info("%s of %s is not pipelined: %s", op.name, tensor_type(op.input).sharding_str(), reason)
 
 
+@dataclass
 class PipelineAllgatherIntoMatmuls(RewritePattern):
     """`fusion.set` gathering a `didx` axis, read as the left operand of matmuls that keep
     that axis -> the axis is `stream` in the set's result and in those matmuls' results.
@@ -82,6 +85,8 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
     for the backward) read a copy of it made after the ring: an op that reads a stream
     axis whole would have to wait for the whole loop anyway, and stream-parallel
     refuses one that reduces it."""
+
+    pipelines: Pipelines
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: fusion.SetOp, rewriter: PatternRewriter, /) -> None:
@@ -111,9 +116,127 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
             if result.get_shape()[result_axis] != source.get_shape()[axis]:
                 return _declined(op, f"{user.name} broadcasts the gathered axis")
             targets.append((user, result_axis))
-        _make_stream(rewriter, op.result, axis, pipelined=users)
+        copies = [_make_stream(rewriter, op.result, axis, pipelined=users)]
         for user, result_axis in targets:
-            _make_stream(rewriter, user.result, result_axis)
+            copies.append(_make_stream(rewriter, user.result, result_axis))
+        self.pipelines.add([op, *users], copies)
+
+
+@dataclass
+class Pipelines:
+    """The ops of each pipeline the patterns made, and the copies of its wholes, to compact."""
+
+    found: list[tuple[list[Operation], list[fusion.SetOp]]] = field(default_factory=list)
+
+    def add(self, ops: list[Operation], copies: Sequence[fusion.SetOp | None]) -> None:
+        self.found.append((ops, [copy for copy in copies if copy is not None]))
+
+    def compact(self) -> None:
+        """Puts each pipeline's ops next to each other, and its copies after them.
+
+        stream-parallel merges the loops of consecutive ops only: an op between them (the
+        weight's transpose, the copy of the gathered tensor) would end the loop. The ops a
+        pipeline's ops read are moved before its first op, which fusion ops, having no
+        side effects, allow; its copies' readers after its last op.
+        """
+        for ops, copies in self.found:
+            first = ops[0]
+            for op in ops[1:]:
+                _hoist_operands(op, first, set(ops))
+            last = first
+            for op in ops[1:]:
+                op.detach()
+                last.parent_block().insert_op_after(op, last)
+                last = op
+            for copy in copies:
+                copy.detach()
+                last.parent_block().insert_op_after(copy, last)
+                _sink_readers(copy)
+
+
+def _hoist_operands(op: Operation, before: Operation, keep: set[Operation]) -> None:
+    """Moves the ops computing `op`'s operands, and theirs, to before `before` where they are after it."""
+    block = before.parent_block()
+    for operand in op.operands:
+        producer = operand.owner
+        if (
+            isinstance(producer, Operation)
+            and producer not in keep
+            and producer.parent_block() is block
+            and before.is_before_in_block(producer)
+        ):
+            _hoist_operands(producer, before, keep)
+            producer.detach()
+            block.insert_op_before(producer, before)
+
+
+def _sink_readers(op: Operation) -> None:
+    """Moves the readers of `op`'s results that sit before it, and their readers, to after it."""
+    block = op.parent_block()
+    for result in op.results:
+        for use in list(result.uses):
+            reader = use.operation
+            if reader.parent_block() is block and reader.is_before_in_block(op):
+                reader.detach()
+                block.insert_op_after(reader, op)
+                _sink_readers(reader)
+
+
+POINTWISE = (*fusion.UNARY_OPS, *fusion.BINARY_OPS, fusion.CastOp)
+
+
+@dataclass
+class PipelineMatmulIntoReduceScatter(RewritePattern):
+    """A reduce-scatter of a matmul's product -> the chunk axis of its pieces is `stream`.
+
+    The reduce-scatter is a `fusion.sum` over its input's `didx` axis whose result is
+    sharded; its *chunk axis* is the result's axis right after the `didx` axis (the
+    rows each device receives, cut into chunks: the importer cuts them so). When the
+    input is a matmul's product, through pointwise ops (a bias) that read it alone, the
+    chunk axis becomes `stream` in all of them: chunk `i`'s reduce-scatter runs while
+    the GEMM of chunk `i + 1` does.
+    """
+
+    pipelines: Pipelines
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: fusion.SumOp, rewriter: PatternRewriter, /) -> None:
+        source, result = tensor_type(op.input), tensor_type(op.result)
+        if source.didx_axis is None or op.reduced_axes != (source.didx_axis,) or result.didx_axis is None:
+            return
+        axis = result.didx_axis + 1
+        if result.stream_axis is not None or axis >= result.rank or result.get_shape()[axis] in (1, DYNAMIC):
+            return
+        ((_, input_map),) = operand_axis_maps(op)
+        chain = [(op.input, input_map.index(axis))]
+        while not isinstance(chain[-1][0].owner, fusion.MatmulOp):
+            value, value_axis = chain[-1]
+            producer = value.owner
+            if not isinstance(producer, POINTWISE):
+                return _declined(op, f"{_owner_name(value)} computes the reduce-scattered tensor, not a matmul")
+            extent = tensor_type(value).get_shape()[value_axis]
+            full = [
+                (operand, axis_map.index(value_axis))
+                for operand, axis_map in operand_axis_maps(producer)
+                if value_axis in axis_map and tensor_type(operand).get_shape()[axis_map.index(value_axis)] == extent
+            ]
+            if len(full) != 1:
+                return _declined(op, f"{producer.name} reads more than one tensor of the chunks' extent")
+            chain.append(full[0])
+        for value, _ in chain:
+            if not value.has_one_use():
+                return _declined(op, f"{_owner_name(value)}'s result is read by other ops too")
+        matmul, product_axis = chain[-1][0].owner, chain[-1][1]
+        (_, lhs_map), _ = operand_axis_maps(matmul)
+        if product_axis not in lhs_map:
+            return _declined(op, "the chunk axis is not an axis of the matmul's left operand")
+        copies = [_make_stream(rewriter, value, value_axis) for value, value_axis in chain]
+        copies.append(_make_stream(rewriter, op.result, axis))
+        self.pipelines.add([*(value.owner for value, _ in reversed(chain)), op], copies)
+
+
+def _owner_name(value: SSAValue) -> str:
+    return value.owner.name if isinstance(value.owner, Operation) else "an argument"
 
 
 def _has_stream_axis(module: ModuleOp) -> bool:
@@ -138,7 +261,14 @@ class AutoStreamParallel(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if not self.enabled or _has_stream_axis(op):
             return
-        PatternRewriteWalker(PipelineAllgatherIntoMatmuls(), apply_recursively=False).rewrite_module(op)
+        pipelines = Pipelines()
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier(
+                [PipelineAllgatherIntoMatmuls(pipelines), PipelineMatmulIntoReduceScatter(pipelines)]
+            ),
+            apply_recursively=False,
+        ).rewrite_module(op)
+        pipelines.compact()
         # A returned value may have gained a stream axis: the signature says so too.
         for function in op.ops:
             if isinstance(function, func.FuncOp) and not function.is_declaration:

@@ -126,30 +126,42 @@ def _mlp_on_rank() -> dict:
         module.load_state_dict(reference.state_dict())
         modules.append(parallelize_module(module, mesh, plan))
     x = torch.randn(16, 16).chunk(world)[rank]
+    x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
     with _dumped("host_ir") as dump:
-        out = torch.compile(modules[0], backend="hostir")(x)
+        out = torch.compile(modules[0], backend="hostir", options={"chunks": 2})(x_hostir)
         out.sum().backward()
-    expected = modules[1](x)
+    expected = modules[1](x_eager)
     expected.sum().backward()
-    errors = {"output": _max_error(out, expected)}
+    errors = {"output": _max_error(out, expected), "input": _max_error(x_hostir.grad, x_eager.grad)}
     for name, grad in _grads(modules[0]).items():
         errors[name] = _max_error(grad, _grads(modules[1])[name])
     return {"errors": errors, "dump": dump.getvalue()}
 
 
-def test_all_gather_into_matmul_is_pipelined_forward_and_backward():
-    """ColwiseParallel after a Shard(0) input: the all-gather of the forward and of the
-    backward become a ring of point-to-point transfers in the loop of the matmul."""
+def _loops(program: str) -> list[str]:
+    """The bodies of the `scf.for` loops of a printed host program (to the closing brace
+    at the loop's own indentation)."""
+    return [
+        body
+        for indent in sorted(set(re.findall(r"\n( *)scf\.for ", program)))
+        for body in re.findall(rf"\n{indent}scf\.for [^\n]*\{{\n(.*?)\n{indent}\}}", program, re.S)
+    ]
+
+
+def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
+    """ColwiseParallel after a Shard(0) input, RowwiseParallel to a Shard(0) output: in the
+    forward and in the backward, the all-gather is a ring of point-to-point transfers in the
+    loop of its matmul, and the reduce-scatter runs chunk by chunk in the loop of the
+    matmul that computes it."""
     results = run_on_local_ranks(_mlp_on_rank, 2, timeout_s=300)
     for rank, result in enumerate(results):
         assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
     programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
     assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
     for program in programs:
-        loop = re.search(r"scf\.for .*?\n(.*?)\n    }", program, re.S)
-        assert loop and "hir.recv" in program and "hir.matmul" in program
-        ring = program[program.index("hir.recv") :]
-        assert "hir.matmul" in ring, "the matmul runs in the loop that receives the pieces"
+        loops = _loops(program)
+        assert any("hir.recv" in body and "hir.matmul" in body for body in loops), program
+        assert any("hir.reduce_scatter" in body and "hir.matmul" in body for body in loops), program
 
 
 def test_an_op_hostir_does_not_model_runs_as_aten():
