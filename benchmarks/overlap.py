@@ -34,8 +34,9 @@ Python's launch time (reported apart as host_ms) nor a late peer.
 A contender that cannot run here says "unavailable: why"; one that fails says
 "failed: why", and the run goes on. Every communication times out after `--timeout`
 seconds and the whole run after `--deadline` seconds, leaving the results so far in
-`--out` (overlap.json after every measurement, overlap.md and overlap.png after every
-size). docs/benchmarks.md explains every column.
+`--out` (default: build/overlap in the checkout, which git ignores): overlap.json after
+every measurement, overlap.md and overlap.png after every size. docs/benchmarks.md
+explains every column.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ from runtime.launch import RankFailed, run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import compare, shard
 from runtime.streams import start_together
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "build" / "overlap"
+"""Where the results go without `--out`: under the checkout's `build/`, which git ignores."""
 
 ISSUE_SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
 """M, K, N of issue 6's table."""
@@ -672,7 +676,11 @@ def parser() -> argparse.ArgumentParser:
         "--check-peers", action="store_true", help="check the peers' outputs too, not only hostir's"
     )
     options.add_argument("--seed", type=int, default=0)
-    options.add_argument("--out", default="overlap-results", help="folder of overlap.json, .md, .png")
+    options.add_argument(
+        "--out",
+        default=str(DEFAULT_OUT),
+        help=f"folder of overlap.json, .md, .png (default {DEFAULT_OUT}, which git ignores)",
+    )
     options.add_argument(
         "--timeout", type=float, default=60.0, help="seconds a communication may wait (default 60)"
     )

@@ -112,6 +112,30 @@ def _commit() -> str | None:
     return completed.stdout.strip() or None
 
 
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
+           "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")  # fmt: skip
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINE_STYLES = ("-", ":", "-.")
+
+
+def series_styles(labels: list[str]) -> dict[str, dict[str, str]]:
+    """A matplotlib style per contender: the limit black and dashed; the others, in order, a
+    colour, a marker and a line style, so that no two series look alike. 10 colours and 7
+    markers (coprime) give 70 colour-marker pairs before one repeats; the line style
+    changes every 10 series besides."""
+    styles = {}
+    others = [label for label in labels if label != LIMIT]
+    for index, label in enumerate(others):
+        styles[label] = dict(
+            color=COLOURS[index % len(COLOURS)],
+            marker=MARKERS[index % len(MARKERS)],
+            linestyle=LINE_STYLES[index // len(COLOURS) % len(LINE_STYLES)],
+        )
+    if LIMIT in labels:
+        styles[LIMIT] = dict(color="black", linestyle="--", marker="")
+    return {label: styles[label] for label in labels}
+
+
 class Report:
     """Rank 0's record of a run: prints each result as it comes and keeps the files in `out` current."""
 
@@ -217,18 +241,30 @@ class Report:
         return text
 
     def write_plot(self) -> str | None:
-        """The PNG of time against size, one panel per problem; None, with the reason printed, without matplotlib."""
+        """Writes `plot()` as overlap.png; None, with the reason printed, without matplotlib."""
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            from matplotlib import pyplot
+            figure = self.plot()
         except ImportError:
             print("# no PNG: matplotlib is not installed (pip install matplotlib)", flush=True)
             return None
+        path = self.out / "overlap.png"
+        figure.savefig(path, dpi=120)
+        return str(path)
+
+    def plot(self):
+        """Time against size, one panel per problem (a matplotlib Figure).
+
+        Each contender keeps one style in every panel, no two alike (`series_styles`), and
+        one legend for all panels sits below them, clear of the axes and their labels.
+        """
+        from matplotlib.figure import Figure
+
         problems = list(dict.fromkeys(r.problem for r in self.results))
+        styles = series_styles(list(dict.fromkeys(r.label for r in self.results)))
         panels = max(1, len(problems))
-        figure, axes = pyplot.subplots(1, panels, figsize=(6.5 * panels, 6), squeeze=False)
+        figure = Figure(figsize=(6.5 * panels, 7.5), layout="constrained")
+        axes = figure.subplots(1, panels, squeeze=False)
+        lines = {}
         for axis, problem in zip(axes[0], problems):
             results = [r for r in self.results if r.problem == problem]
             sizes = list(dict.fromkeys(r.size for r in results))
@@ -237,17 +273,16 @@ class Report:
                     (sizes.index(r.size), r.ms) for r in results if r.label == label and r.ms is not None
                 ]
                 if points:
-                    style = dict(color="black", linestyle="--") if label == LIMIT else dict(marker="o")
-                    axis.plot(*zip(*points), label=label, **style)
+                    (lines[label],) = axis.plot(*zip(*points), label=label, **styles[label])
             axis.set_xticks(range(len(sizes)), ["\n".join(map(str, s)) for s in sizes], fontsize=8)
             axis.set_xlabel("M, K, N")
             axis.set_ylabel("ms (median, slowest rank)")
             axis.set_title(TITLES.get(problem, problem), fontsize=10)
             axis.set_ylim(bottom=0)
-            axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
+        labels = [label for label in styles if label in lines]
+        figure.legend(
+            [lines[label] for label in labels], labels, loc="outside lower center",
+            ncols=min(4, max(1, len(labels))), fontsize=7, frameon=False,
+        )  # fmt: skip
         figure.suptitle(self.describe_machine(), fontsize=9)
-        figure.tight_layout()
-        path = self.out / "overlap.png"
-        figure.savefig(path, dpi=120)
-        pyplot.close(figure)
-        return str(path)
+        return figure

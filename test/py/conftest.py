@@ -1,11 +1,34 @@
-"""Fixtures shared by the pytest suites."""
+"""Fixtures shared by the pytest suites, and how the suite spreads over pytest-xdist's workers."""
 
+import os
 from collections.abc import Callable
 
 import pytest
 from xdsl.ir import Operation
 
 from hostir_dialect.text import parse_module, print_module
+
+# The suite runs in `-n auto` worker processes that share the cores, and many tests spawn
+# ranks: one thread per process, as torchrun gives each of its ranks, rather than one per
+# core in every process. Set before any test module imports torch; the ranks inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SHARED_PER_PROCESS = {
+    "test_e2e.py": "every case of a world runs in one launch of its ranks (results_of_world)",
+    "test_copy_engine.py": "every case of a world runs in one launch of its ranks (results_of_world)",
+    "test_benchmarks.py": "one run of the overlap benchmark on CPU ranks serves several tests (cpu_run)",
+    "test_trace.py": "one traced hir-run serves several tests (traced_ag_linear)",
+}
+"""Modules whose tests share work done once per process, and what it is. Under pytest-xdist
+(`--dist loadgroup`) each of them runs on one worker, which does that work once."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.path.name in SHARED_PER_PROCESS:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 def _check_round_trip(module: Operation | str) -> str:

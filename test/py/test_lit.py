@@ -8,6 +8,7 @@ run it as a process.
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -43,13 +44,21 @@ func.func @g(%x: !fusion.tensor<[4], f32>) {
 """
 
 
-def test_lit_suite():
-    """Every lit test under test/lit passes (the suites of every engineer, not only hir-opt's)."""
+LIT_SHARDS = 8
+"""The lit suite runs as this many pytest tests, each one shard of its files (lit's
+`--num-shards`), so that pytest-xdist spreads them over its workers: the suite's time is
+mostly the start-up of the tools that its RUN lines call."""
+
+
+@pytest.mark.parametrize("shard", range(1, LIT_SHARDS + 1), ids=lambda shard: f"shard{shard}of{LIT_SHARDS}")
+def test_lit_suite(shard: int):
+    """Every lit test under test/lit passes, in the shard `shard` of LIT_SHARDS."""
     lit = shutil.which("lit")
     assert lit is not None, "lit is not installed (pip install -e '.[test]')"
-    result = subprocess.run(
-        [lit, "-q", str(REPOSITORY / "test" / "lit")], capture_output=True, text=True
-    )
+    command = [lit, "-q", f"--num-shards={LIT_SHARDS}", f"--run-shard={shard}", str(REPOSITORY / "test" / "lit")]
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        command.insert(1, "-j1")  # the other workers run the other shards; without xdist lit uses every core
+    result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
