@@ -1,0 +1,649 @@
+"""A tensor-parallel Llama-style decoder layer: `torch.compile(backend="hostir")` against torch's own (issue 19).
+
+    torchrun --nproc-per-node 8 benchmarks/tp_layer.py                 # one rank per GPU, bf16
+    torchrun --nproc-per-node 2 benchmarks/tp_layer.py --sizes 4096,1,8192
+    python benchmarks/tp_layer.py --smoke                               # 2 local CPU ranks, gloo, f32
+
+The layer is examples/tp_decoder_layer.py's (RMSNorm, attention with causal SDPA, RMSNorm,
+SwiGLU MLP), parallelized with torchtitan's plan by `parallelize_module`: QKV and the
+MLP's up projections colwise, the output projections rowwise, sequence parallelism on
+the norms. Head dim 128 and MLP hidden 3.5 x dim (14336 at dim 4096, 28672 at 8192).
+A size is DIM,BATCH,SEQUENCE; every rank holds SEQUENCE / D of each sequence.
+
+For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
+training step, forward then backward of the output with a fixed random gradient (no
+optimizer). The contenders, in one run, each on its own copy of the same weights and
+the same inputs:
+
+  eager DTensor       the parallelized layer run by torch eagerly
+  inductor            torch.compile(layer) with inductor
+  inductor async-TP   the same with `_micro_pipeline_tp` and symmetric memory for the
+                      group: torch's async-TP (CUDA only)
+  hostir (nccl)       torch.compile(layer, backend="hostir"): collectives on the process
+                      group (NCCL on GPUs, gloo on CPU ranks)
+  hostir (cuda)       the same with options={"backend": "cuda"}: the copy engines (CUDA only)
+  limit               no layer: the layer's GEMMs and attention of one rank, with its
+                      shapes, run back to back on a local tensor with no communication
+                      (see `limit_step`): what a perfect overlap of all communication and
+                      free pointwise work would take
+
+Before it is timed, every contender's forward output, training-step output, input
+gradient and parameter gradients (each rank's shard) are compared with eager DTensor's:
+the largest error relative to the largest |eager value|, the slowest rank's. Then each
+step runs `--warmup` times and `--reps` times timed (CUDA events around the step, after
+a barrier; host timers on CPU ranks). A contender's time is the median over the timed
+steps of one rank, the slowest rank's median; the ratio is to the limit's.
+
+Rank 0 prints the tables (Markdown) and writes tp_layer.md, tp_layer.json and
+tp_layer.png into `--output` (default build/tp_layer, ignored by git). A contender that
+cannot run here is reported as unavailable, with the reason, and one that raises as
+failed; the exit status is 1 when a contender failed or its check did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
+
+from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
+from overlap_report import machine  # noqa: E402
+from runtime.communicator import Communicator  # noqa: E402
+from runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
+
+MLP_RATIO = 3.5
+TOLERANCES = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
+"""Largest error relative to the largest |eager value| a contender may have."""
+
+EAGER = "eager DTensor"
+INDUCTOR = "inductor"
+ASYNC_TP = "inductor async-TP"
+HOSTIR = "hostir (nccl)"
+HOSTIR_CUDA = "hostir (cuda)"
+LIMIT = "limit"
+CONTENDERS = [EAGER, INDUCTOR, ASYNC_TP, HOSTIR, HOSTIR_CUDA, LIMIT]
+KEYS = dict(zip(["eager", "inductor", "async-tp", "hostir", "hostir-cuda", "limit"], CONTENDERS))
+"""The contenders' names on the command line (--contenders)."""
+STEPS = {"forward": "Forward", "train": "Training step (forward + backward)"}
+
+
+@dataclass(frozen=True)
+class LayerSize:
+    dim: int
+    batch: int
+    sequence: int
+    head_dim: int = 128
+
+    @property
+    def heads(self) -> int:
+        return self.dim // self.head_dim
+
+    @property
+    def hidden(self) -> int:
+        return int(self.dim * MLP_RATIO)
+
+    @property
+    def label(self) -> str:
+        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens"
+
+    def check(self, world: int) -> None:
+        for what, extent in (("heads", self.heads), ("MLP hidden", self.hidden), ("sequence", self.sequence)):
+            if extent == 0 or extent % world:
+                raise SystemExit(f"size {self}: {what} {extent} is not a multiple of the {world} ranks")
+        if self.dim % self.head_dim:
+            raise SystemExit(f"size {self}: dim is not a multiple of the head dim {self.head_dim}")
+
+
+ISSUE_SIZES = [LayerSize(4096, 1, 8192), LayerSize(4096, 2, 8192), LayerSize(8192, 1, 8192), LayerSize(8192, 2, 8192)]
+"""Issue 19's sizes: hidden 4096 and 8192, 8192 and 16384 tokens as sequences of 8192."""
+SMOKE_SIZES = [LayerSize(64, 2, 16, head_dim=16)]
+
+
+@dataclass
+class Result:
+    """One contender and step at one size, as the ranks agreed on it."""
+
+    size: LayerSize
+    step: str
+    contender: str
+    status: str = "ok"
+    """ok, or why there is no time: `unavailable: ...`, `failed: ...`."""
+    ms: float | None = None
+    """The slowest rank's median step time."""
+    rank_ms: list[float] = field(default_factory=list)
+    """Each rank's median."""
+    errors: dict[str, float] = field(default_factory=dict)
+    """Largest error against eager DTensor of each checked tensor, the slowest rank's."""
+    tolerance: float | None = None
+
+    @property
+    def check_ok(self) -> bool | None:
+        return None if not self.errors else max(self.errors.values()) <= self.tolerance
+
+
+# --------------------------------------------------------------------------- #
+# The contenders                                                               #
+# --------------------------------------------------------------------------- #
+
+
+def unavailable_reason(contender: str, device: torch.device) -> str | None:
+    """Why `contender` cannot run on this machine, or None."""
+    if contender in (ASYNC_TP, HOSTIR_CUDA) and device.type != "cuda":
+        what = "async-TP needs CUDA GPUs and symmetric memory" if contender == ASYNC_TP else "the copy engines are CUDA's"
+        return f"unavailable: {what}"
+    if contender == INDUCTOR and device.type == "cpu":
+        from torch._inductor import cpp_builder
+
+        compiler = cpp_builder.get_cpp_compiler()
+        if shutil.which(compiler) is None:
+            return f"unavailable: inductor on the CPU needs a C++ compiler ({compiler} is not on PATH)"
+    return None
+
+
+def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
+    """The contender's callable of `layer` (its own copy)."""
+    torch._dynamo.reset()  # no contender reuses another's graphs or counts against its recompile limit
+    if contender == EAGER:
+        return layer
+    if contender == INDUCTOR:
+        return torch.compile(layer, backend="inductor")
+    if contender == ASYNC_TP:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated in torch 2.13, needed before it
+            enable_symm_mem_for_group(mesh.get_group().group_name)
+        return torch.compile(layer, backend="inductor", options={"_micro_pipeline_tp": True})
+    if contender == HOSTIR:
+        return torch.compile(layer, backend="hostir")
+    if contender == HOSTIR_CUDA:
+        return torch.compile(layer, backend="hostir", options={"backend": "cuda"})
+    raise ValueError(contender)
+
+
+@dataclass
+class Inputs:
+    """One rank's input (its slice of the sequence) and the gradient of the output."""
+
+    x: torch.Tensor
+    grad_output: torch.Tensor
+
+
+def forward_step(model: nn.Module, inputs: Inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(inputs.x)
+
+
+def train_step(model: nn.Module, inputs: Inputs, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, then backward of the output with `grad_output`; the output and the input's gradient.
+    The gradients of the step before are dropped, so none is accumulated."""
+    for parameter in layer.parameters():
+        parameter.grad = None
+    x = inputs.x.detach().requires_grad_()
+    out = model(x)
+    out.backward(inputs.grad_output)
+    return out, x.grad
+
+
+def local_gradients(layer: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.to_local() for name, p in layer.named_parameters()}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = expected.abs().max().float().item()
+    return (actual.float() - expected.float()).abs().max().item() / max(scale, 1e-12)
+
+
+@dataclass
+class Limit:
+    """The operands of one rank's GEMMs and attention, with the shapes of the parallelized layer.
+
+    Per rank, with T = batch x sequence tokens and D ranks: the q, k and v projections
+    [T, dim] x [dim, dim/D], attention over heads/D heads of the whole sequence (causal SDPA),
+    the output projection [T, dim/D] x [dim/D, dim], w1 and w3 [T, dim] x [dim, hidden/D],
+    and w2 [T, hidden/D] x [hidden/D, dim]: the GEMMs of the layer's forward after its
+    all-gathers (which gather the sequence) and before its reduce-scatters. The training
+    step adds, for each of the 7 projections Y = X W^T, dX = dY W and dW = dY^T X, and
+    attention's backward. Norms, SiLU, the products and the residual adds are left out,
+    and so is all communication.
+    """
+
+    x: torch.Tensor
+    attention_weights: list[torch.Tensor]
+    wo: torch.Tensor
+    up_weights: list[torch.Tensor]
+    w2: torch.Tensor
+    o: torch.Tensor
+    h: torch.Tensor
+    grad_y: torch.Tensor
+    size: LayerSize
+    world: int
+
+    @classmethod
+    def of(cls, size: LayerSize, world: int, dtype: torch.dtype, device: torch.device) -> Limit:
+        tokens = size.batch * size.sequence
+        dim, hidden = size.dim, size.hidden
+
+        def random(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, dtype=dtype, device=device) * shape[-1] ** -0.5
+
+        return cls(
+            x=random(tokens, dim),
+            attention_weights=[random(dim // world, dim) for _ in range(3)],
+            wo=random(dim, dim // world),
+            up_weights=[random(hidden // world, dim) for _ in range(2)],
+            w2=random(dim, hidden // world),
+            o=random(tokens, dim // world),
+            h=random(tokens, hidden // world),
+            grad_y=random(tokens, dim),
+            size=size,
+            world=world,
+        )
+
+    def heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[T, heads/D x head_dim] as SDPA's [batch, heads/D, sequence, head_dim]."""
+        size = self.size
+        return t.view(size.batch, size.sequence, -1, size.head_dim).transpose(1, 2)
+
+    def forward(self, grad: bool = False):
+        q, k, v = (self.heads(F.linear(self.x, w)).requires_grad_(grad) for w in self.attention_weights)
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        F.linear(self.o, self.wo)
+        for w in self.up_weights:
+            F.linear(self.x, w)
+        F.linear(self.h, self.w2)
+        return (q, k, v), attention
+
+    def forward_step(self) -> None:
+        with torch.no_grad():
+            self.forward()
+
+    def train_step(self) -> None:
+        qkv, attention = self.forward(grad=True)
+        grad_attention = self.heads(self.o)
+        torch.autograd.grad(attention, qkv, grad_attention)
+        with torch.no_grad():
+            for x, w, grad_y in [
+                *((self.x, w, self.o) for w in self.attention_weights),
+                (self.o, self.wo, self.grad_y),
+                *((self.x, w, self.h) for w in self.up_weights),
+                (self.h, self.w2, self.grad_y),
+            ]:
+                grad_y @ w  # dX = dY W
+                grad_y.t() @ x  # dW = dY^T X
+
+
+# --------------------------------------------------------------------------- #
+# Timing                                                                       #
+# --------------------------------------------------------------------------- #
+
+
+def median_ms(step: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
+    """This rank's median time of `step` over `reps` runs after `warmup`, each run started after a barrier."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            dist.barrier()
+            began = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)
+
+
+def gathered(value):
+    """Every rank's `value`, in rank order."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def agreed_status(status: str) -> str:
+    """The first rank's failure, if any rank failed, so that every rank goes on alike."""
+    return next((s for s in gathered(status) if s != "ok"), "ok")
+
+
+# --------------------------------------------------------------------------- #
+# One size on one rank                                                         #
+# --------------------------------------------------------------------------- #
+
+
+def measure_size(size: LayerSize, contenders: list[str], config: dict, device: torch.device, mesh) -> list[Result]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dtype = getattr(torch, config["dtype"])
+    tolerance = TOLERANCES[dtype]
+    warmup, reps = config["warmup"], config["reps"]
+    torch.manual_seed(config["seed"])
+    with torch.device(device):
+        base = DecoderLayer(size.dim, size.heads, size.hidden).to(dtype)
+        x = torch.randn(size.batch, size.sequence, size.dim, dtype=dtype)
+        grad_output = torch.randn(size.batch, size.sequence, size.dim, dtype=dtype)
+    inputs = Inputs(x.chunk(world, dim=1)[rank].contiguous(), grad_output.chunk(world, dim=1)[rank].contiguous())
+    del x, grad_output
+    results: list[Result] = []
+    expected: dict[str, dict[str, torch.Tensor]] = {}
+    for contender in contenders:
+        outcome = {step: Result(size, step, contender, tolerance=tolerance) for step in STEPS}
+        status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
+        if status == "ok" and contender == LIMIT:
+            try:
+                limit = Limit.of(size, world, dtype, device)
+                steps = {"forward": limit.forward_step, "train": limit.train_step}
+                for step, run in steps.items():
+                    outcome[step].rank_ms = gathered(median_ms(run, device, warmup, reps))
+                del limit
+            except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
+                status = f"failed: {plain_message(error)}"
+            status = agreed_status(status)
+        elif status == "ok":
+            try:
+                layer = parallelize(copy.deepcopy(base), mesh)
+                model = wrap(contender, layer, mesh)
+                errors = check(model, layer, inputs, expected)
+                for step, what in errors.items():
+                    outcome[step].errors = {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
+                steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}
+                for step, run in steps.items():
+                    outcome[step].rank_ms = gathered(median_ms(run, device, warmup, reps))
+                del model, layer, steps
+            except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
+                status = f"failed: {plain_message(error)}"
+            status = agreed_status(status)
+        for result in outcome.values():
+            result.status = status
+            if status != "ok":
+                result.rank_ms, result.errors = [], {}
+            elif result.rank_ms:
+                result.ms = max(result.rank_ms)
+            results.append(result)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return results
+
+
+def check(
+    model: nn.Module, layer: nn.Module, inputs: Inputs, expected: dict[str, dict[str, torch.Tensor]]
+) -> dict[str, dict[str, float]]:
+    """This rank's errors against eager DTensor per step; the first contender, eager, fills `expected`."""
+    errors: dict[str, dict[str, float]] = {}
+    steps = {"forward": lambda: {"output": forward_step(model, inputs)}, "train": lambda: train_outputs(model, inputs, layer)}
+    for step, run in steps.items():
+        actual = run()
+        reference = expected.setdefault(step, {name: t.detach().clone() for name, t in actual.items()})
+        # Compared at once: a replayed CUDA graph may write its next run's results into the same memory.
+        errors[step] = {name: relative_error(t, reference[name]) for name, t in actual.items()}
+    return errors
+
+
+def train_outputs(model: nn.Module, inputs: Inputs, layer: nn.Module) -> dict[str, torch.Tensor]:
+    out, grad_x = train_step(model, inputs, layer)
+    return {"output": out, "input gradient": grad_x, **{f"{name} gradient": g for name, g in local_gradients(layer).items()}}
+
+
+def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict) -> dict | None:
+    """Every size on this rank; rank 0 returns the report's data."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    communicator = Communicator.from_env()
+    device = communicator.device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    results: list[Result] = []
+    for size in sizes:
+        size.check(dist.get_world_size())
+        results += measure_size(size, contenders, config, device, mesh)
+        if dist.get_rank() == 0:
+            print(f"# measured {size.label}", flush=True)
+    if dist.get_rank() != 0:
+        return None
+    return {"machine": machine(communicator), "config": config, "results": [asdict(r) for r in results]}
+
+
+# --------------------------------------------------------------------------- #
+# The report (rank 0)                                                          #
+# --------------------------------------------------------------------------- #
+
+
+def ratio(result: Result, results: list[Result]) -> float | None:
+    limit = next((r.ms for r in results if (r.size, r.step, r.contender) == (result.size, result.step, LIMIT)), None)
+    return None if result.ms is None or not limit else result.ms / limit
+
+
+def describe_machine(info: dict) -> str:
+    device = info.get("gpu", "CPU")
+    versions = ", ".join(f"{name} {info[name]}" for name in ("torch", "cuda", "nccl") if name in info)
+    return f"{info['ranks']} x {device} ({info['backend']}; {versions}; commit {info.get('hostir_commit')})"
+
+
+def tables(results: list[Result], info: dict, config: dict, command: str) -> str:
+    """Per step, sizes by contenders: `median ms (ratio to the limit)`; then the checks; then the notes."""
+    contenders = list(dict.fromkeys(r.contender for r in results))
+    sizes = list(dict.fromkeys(r.size for r in results))
+    notes: dict[str, str] = {}
+
+    def note(status: str) -> str:
+        mark = notes.setdefault(status, str(len(notes) + 1))
+        return f"{status.split(':')[0]} [{mark}]"
+
+    def find(size, step, contender) -> Result:
+        return next(r for r in results if (r.size, r.step, r.contender) == (size, step, contender))
+
+    sections = [
+        f"Machine: {describe_machine(info)}",
+        f"Command: `{command}`",
+        f"{config['dtype']}, median of {config['reps']} steps after {config['warmup']}, the slowest rank's",
+    ]
+    for step, title in STEPS.items():
+        rows = [f"### {title} (median ms, ratio to the limit)", "", "| size | " + " | ".join(contenders) + " |"]
+        rows.append("|---" * (len(contenders) + 1) + "|")
+        for size in sizes:
+            cells = []
+            for contender in contenders:
+                result = find(size, step, contender)
+                if result.ms is None:
+                    cells.append(note(result.status))
+                    continue
+                r = ratio(result, results)
+                text = f"{result.ms:.3f}" + (f" ({r:.2f}x)" if r is not None and contender != LIMIT else "")
+                cells.append(text + (" WRONG" if result.check_ok is False else ""))
+            rows.append(f"| {size.label} | " + " | ".join(cells) + " |")
+        sections.append("\n".join(rows))
+    checked = [c for c in contenders if c != LIMIT]
+    rows = [
+        "### Checks against eager DTensor (largest error relative to the largest |eager value|)",
+        "",
+        "| size | step | " + " | ".join(checked) + " |",
+        "|---" * (len(checked) + 2) + "|",
+    ]
+    for size in sizes:
+        for step in STEPS:
+            cells = []
+            for contender in checked:
+                result = find(size, step, contender)
+                if not result.errors:
+                    cells.append(note(result.status) if result.status != "ok" else "")
+                    continue
+                cells.append(f"{max(result.errors.values()):.1e} {'ok' if result.check_ok else 'WRONG'}")
+            rows.append(f"| {size.label} | {step} | " + " | ".join(cells) + " |")
+    sections.append("\n".join(rows))
+    tolerance = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items())
+    sections.append(
+        "Training step: the output, the input's gradient and every parameter's gradient (each rank's shard); "
+        f"forward: the output. Tolerance: {tolerance}."
+    )
+    if notes:
+        sections.append("\n".join(f"[{mark}] {status}" for status, mark in notes.items()))
+    return "\n\n".join(sections) + "\n"
+
+
+STYLES = [dict(marker=m, linestyle=s) for m, s in zip("osD^vP", ["-", "-.", ":", "-", "-.", ":"])]
+
+
+def plot(results: list[Result], info: dict, path: Path) -> bool:
+    """Time against size, a panel per step; False, with the reason printed, without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        print("# no PNG: matplotlib is not installed (pip install matplotlib)", flush=True)
+        return False
+    sizes = list(dict.fromkeys(r.size for r in results))
+    contenders = list(dict.fromkeys(r.contender for r in results))
+    figure, axes = pyplot.subplots(1, len(STEPS), figsize=(12, 5.5), squeeze=False)
+    for axis, (step, title) in zip(axes[0], STEPS.items()):
+        for index, contender in enumerate(contenders):
+            points = [
+                (sizes.index(r.size), r.ms)
+                for r in results
+                if r.step == step and r.contender == contender and r.ms is not None
+            ]
+            style = dict(color="black", linestyle="--", marker="x") if contender == LIMIT else STYLES[index % len(STYLES)]
+            # Every contender has its entry in the legend; one without points says so.
+            label = contender if points else f"{contender} (not run)"
+            axis.plot(*(zip(*points) if points else ([], [])), label=label, **style)
+        axis.set_xticks(range(len(sizes)), [f"dim {s.dim}\n{s.batch} x {s.sequence}" for s in sizes], fontsize=8)
+        axis.set_xlabel("size (dim, batch x sequence)")
+        axis.set_ylabel("ms (median, slowest rank)")
+        axis.set_title(title, fontsize=10)
+        axis.set_ylim(bottom=0)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncols=3, fontsize=8, frameon=False)
+    figure.suptitle(describe_machine(info), fontsize=9)
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    figure.savefig(path, dpi=120)
+    pyplot.close(figure)
+    return True
+
+
+def report(data: dict, output: Path, command: str) -> list[Result]:
+    results = [Result(**{**r, "size": LayerSize(**r["size"])}) for r in data["results"]]
+    output.mkdir(parents=True, exist_ok=True)
+    text = tables(results, data["machine"], data["config"], command)
+    print(text, flush=True)
+    (output / "tp_layer.md").write_text(text)
+    document = {**data, "command": command}
+    for entry, result in zip(document["results"], results):
+        entry.update(ratio_to_limit=ratio(result, results), check_ok=result.check_ok)
+    (output / "tp_layer.json").write_text(json.dumps(document, indent=1) + "\n")
+    if plot(results, data["machine"], output / "tp_layer.png"):
+        print(f"# wrote {output / 'tp_layer.md'}, tp_layer.json and tp_layer.png", flush=True)
+    return results
+
+
+# --------------------------------------------------------------------------- #
+# Command line                                                                 #
+# --------------------------------------------------------------------------- #
+
+
+def parse_sizes(text: str, head_dim: int) -> list[LayerSize]:
+    sizes = []
+    for spec in filter(None, (s.strip() for s in text.split(";"))):
+        try:
+            dim, batch, sequence = (int(v) for v in spec.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"size {spec!r}: write DIM,BATCH,SEQUENCE") from None
+        sizes.append(LayerSize(dim, batch, sequence, head_dim))
+    return sizes
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU ranks, gloo, f32, tiny sizes: CI's smoke test")
+    parser.add_argument("--sizes", help="'DIM,BATCH,SEQUENCE;...' (default: issue 19's four; --smoke: 64,2,16)")
+    parser.add_argument("--head-dim", type=int, help="default 128; --smoke: 16")
+    parser.add_argument("--contenders", help=f"comma list among {','.join(KEYS)} (default: all; eager always runs)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default bfloat16 on GPUs, float32 on CPU")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=20, help="timed steps (the median is reported)")
+    parser.add_argument("--nproc", type=int, help="local ranks to start without torchrun (default: GPUs, or 2 on CPU)")
+    parser.add_argument("--output", type=Path, default=REPOSITORY / "build" / "tp_layer")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    head_dim = args.head_dim or (16 if args.smoke else 128)
+    if args.sizes:
+        args.sizes = parse_sizes(args.sizes, head_dim)
+    else:
+        args.sizes = SMOKE_SIZES if args.smoke else [LayerSize(s.dim, s.batch, s.sequence, head_dim) for s in ISSUE_SIZES]
+    args.contenders_given = bool(args.contenders)
+    keys = [c.strip() for c in args.contenders.split(",")] if args.contenders else list(KEYS)
+    unknown = [c for c in keys if c not in KEYS]
+    if unknown:
+        parser.error(f"unknown contender(s) {unknown}; choose among {','.join(KEYS)}")
+    chosen = [KEYS[c] for c in keys]
+    # Eager DTensor runs first whatever is chosen: every check compares with it.
+    args.contenders = [c for c in CONTENDERS if c in chosen or c == EAGER]
+    args.inductor_chosen = INDUCTOR in chosen and args.contenders_given
+    return args
+
+
+CPU_INDUCTOR_SKIP = (
+    "skipped: inductor compiles C++ for every graph on the CPU, minutes for a smoke test; "
+    "--contenders inductor runs it"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    if args.smoke:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks for GPUs
+    cuda = torch.cuda.is_available()
+    config = {
+        "dtype": args.dtype or ("bfloat16" if cuda else "float32"),
+        "warmup": args.warmup,
+        "reps": args.reps,
+        "seed": args.seed,
+        "skip": {},
+    }
+    if not cuda and INDUCTOR in args.contenders and not args.inductor_chosen:
+        config["skip"][INDUCTOR] = CPU_INDUCTOR_SKIP
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+        command = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} {shlex.join(sys.argv)}"
+        data = run_rank(args.sizes, args.contenders, config)
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank != 0:
+            return 0
+    else:
+        command = shlex.join(["python", *sys.argv])
+        nproc = args.nproc or (torch.cuda.device_count() if cuda else 2)
+        data = run_on_local_ranks(run_rank, nproc, args.sizes, args.contenders, config)[0]
+    return exit_status(report(data, args.output, command))
+
+
+def exit_status(results: list[Result]) -> int:
+    """1 when a contender failed or its check did; a contender that cannot run here is no failure."""
+    return int(any(r.status.startswith("failed") or r.check_ok is False for r in results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The tensor-parallel decoder layer benchmark (benchmarks/tp_layer.py) as CI's smoke test.
+
+One run of `--smoke` (2 local CPU ranks, gloo, f32, a tiny layer) checks every contender
+that runs here against eager DTensor and writes the table, the JSON and the PNG; the
+contenders that need CUDA say so in the table. The limit is tested on its own: it runs
+exactly the GEMMs and attention of the layer, one rank's share of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from examples.tp_decoder_layer import DecoderLayer
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import tp_layer  # noqa: E402  (a script's folder, not a package)
+
+COMMAND_TIMEOUT_S = 600
+"""The smoke run compiles four graphs with hostir on each rank: tens of seconds on a loaded machine."""
+
+
+def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
+    command = [sys.executable, str(BENCHMARKS / "tp_layer.py"), "--smoke", "--warmup=1", "--reps=3", f"--output={tmp_path}"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+    document = json.loads((tmp_path / "tp_layer.json").read_text())
+    assert document["machine"]["ranks"] == 2 and document["machine"]["backend"] == "gloo"
+    assert document["config"]["dtype"] == "float32" and document["config"]["reps"] == 3
+    results = {(r["step"], r["contender"]): r for r in document["results"]}
+    assert set(results) == {(step, c) for step in tp_layer.STEPS for c in tp_layer.CONTENDERS}
+    for step in tp_layer.STEPS:
+        limit = results[step, tp_layer.LIMIT]
+        assert limit["status"] == "ok" and limit["ms"] > 0 and len(limit["rank_ms"]) == 2
+        for contender in (tp_layer.EAGER, tp_layer.HOSTIR):
+            result = results[step, contender]
+            assert result["status"] == "ok" and result["ms"] == max(result["rank_ms"])
+            assert result["ratio_to_limit"] == pytest.approx(result["ms"] / limit["ms"])
+            assert result["check_ok"] and max(result["errors"].values()) <= 1e-4
+        # Needing CUDA, or C++ builds too slow for a smoke test, is said, not hidden.
+        assert results[step, tp_layer.ASYNC_TP]["status"].startswith("unavailable: async-TP needs CUDA")
+        assert results[step, tp_layer.HOSTIR_CUDA]["status"].startswith("unavailable: the copy engines")
+        assert results[step, tp_layer.INDUCTOR]["status"] == tp_layer.CPU_INDUCTOR_SKIP
+    # Every parameter's gradient is checked, and the input's.
+    parameters = [name for name, _ in DecoderLayer().named_parameters()]
+    assert set(results["train", tp_layer.HOSTIR]["errors"]) == {
+        "output", "input gradient", *(f"{name} gradient" for name in parameters)
+    }
+    assert set(results["forward", tp_layer.HOSTIR]["errors"]) == {"output"}
+
+    table = (tmp_path / "tp_layer.md").read_text()
+    assert table in completed.stdout
+    assert "| dim 64, 2 x 16 tokens |" in table and "WRONG" not in table
+    assert tp_layer.CPU_INDUCTOR_SKIP in table and "unavailable: the copy engines are CUDA's" in table
+    assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
+
+
+class MatmulsAndAttention(TorchDispatchMode):
+    """Counts the matmul and attention calls by their operands' shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._overloadpacket.__name__
+        if name in ("mm", "bmm", "addmm") or "scaled_dot_product" in name:
+            self.calls[name, tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))] += 1
+        return func(*args, **(kwargs or {}))
+
+
+SIZE = tp_layer.LayerSize(64, 2, 16, head_dim=16)
+
+
+def _layer_steps() -> dict[str, collections.Counter]:
+    """The unsharded layer's matmuls and attention, forward and training step."""
+    layer = DecoderLayer(SIZE.dim, SIZE.heads, SIZE.hidden)
+    x = torch.randn(SIZE.batch, SIZE.sequence, SIZE.dim, requires_grad=True)
+    counted = {}
+    with MatmulsAndAttention() as forward, torch.no_grad():
+        layer(x)
+    with MatmulsAndAttention() as train:
+        layer(x).backward(torch.randn_like(x))
+    counted["forward"], counted["train"] = forward.calls, train.calls
+    return counted
+
+
+def test_the_limit_of_one_rank_runs_the_layers_matmuls_and_attention():
+    limit = tp_layer.Limit.of(SIZE, 1, torch.float32, torch.device("cpu"))
+    with MatmulsAndAttention() as forward:
+        limit.forward_step()
+    with MatmulsAndAttention() as train:
+        limit.train_step()
+    expected = _layer_steps()
+    assert forward.calls == expected["forward"]
+    assert train.calls == expected["train"]
+    assert sum(n for (name, _), n in train.calls.items() if name == "mm") == 7 * 3
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_limit_at_d_ranks_is_one_rank_share_of_the_work(world):
+    """D ranks' limits together multiply as much as the whole layer; attention over heads/D heads."""
+    layer = DecoderLayer(SIZE.dim, SIZE.heads, SIZE.hidden)
+    x = torch.randn(SIZE.batch, SIZE.sequence, SIZE.dim, requires_grad=True)
+    limit = tp_layer.Limit.of(SIZE, world, torch.float32, torch.device("cpu"))
+    for run_layer, run_limit in [
+        (lambda: layer(x.detach()), limit.forward_step),
+        (lambda: layer(x).backward(torch.randn_like(x)), limit.train_step),
+    ]:
+        with FlopCounterMode(display=False) as whole:
+            run_layer()
+        with FlopCounterMode(display=False) as share, MatmulsAndAttention() as calls:
+            run_limit()
+        assert whole.get_total_flops() > 0
+        assert share.get_total_flops() * world == whole.get_total_flops()
+        attention = [shapes for (name, shapes) in calls.calls if "scaled_dot_product" in name]
+        heads = (SIZE.batch, SIZE.heads // world, SIZE.sequence, SIZE.head_dim)
+        assert attention and all(shapes[:3] == (heads,) * 3 for shapes in attention)
+
+
+def _result(contender: str, step: str, ms: float | None, error: float = 0.0, status: str = "ok") -> tp_layer.Result:
+    errors = {"output": error} if ms is not None and contender != tp_layer.LIMIT else {}
+    return tp_layer.Result(SIZE, step, contender, status, ms, [ms] if ms else [], errors, 1e-4)
+
+
+def test_the_table_marks_wrong_results_and_notes_why_a_contender_did_not_run():
+    results = [
+        result
+        for step in tp_layer.STEPS
+        for result in (
+            _result(tp_layer.EAGER, step, 4.0),
+            _result(tp_layer.HOSTIR, step, 3.0, error=0.5),
+            _result(tp_layer.HOSTIR_CUDA, step, None, status="failed: RuntimeError: out of copy engines"),
+            _result(tp_layer.LIMIT, step, 2.0),
+        )
+    ]
+    info = {"ranks": 2, "backend": "gloo", "torch": torch.__version__}
+    text = tp_layer.tables(results, info, {"dtype": "float32", "reps": 20, "warmup": 3}, "python tp_layer.py")
+    assert "| dim 64, 2 x 16 tokens | 4.000 (2.00x) | 3.000 (1.50x) WRONG | failed [1] | 2.000 |" in text
+    assert "| dim 64, 2 x 16 tokens | train | 0.0e+00 ok | 5.0e-01 WRONG | failed [1] |" in text
+    assert "[1] failed: RuntimeError: out of copy engines" in text
+    assert tp_layer.exit_status(results) == 1
+    good = [r for r in results if r.contender in (tp_layer.EAGER, tp_layer.LIMIT)]
+    assert tp_layer.exit_status(good) == 0
