@@ -93,7 +93,6 @@ class _Chunked:
     """The loop's body between its stream prologue and epilogue."""
     matmul: hir.MatmulOp
     allreduce: hir.AllreduceOp
-    wait: hir.WaitOp
     partial: hir.AliasSelectOp
     """The iteration's slice of the partial sums."""
     out: hir.AliasSelectOp
@@ -150,11 +149,14 @@ def _match(op: hir.AllreduceOp) -> _Chunked | str:
         return "its input and output are not the iteration's slices of their buffers' stream axes"
     work = list(loop.loop.body.block.ops)[len(loop.prologue) : -len(loop.epilogue) - 1]
     if any(o not in (matmul, op, wait) and not recomputable(o) for o in work):
-        return "its loop does more than this matmul and allreduce (its other work would need pairs of chunks too)"
+        return (
+            "its loop does more than this matmul and allreduce (its other work would need "
+            "pairs of chunks too)"
+        )
     given = {result for prologue_op in loop.prologue for result in prologue_op.results}
     if any(operand in given for o in work for operand in o.operands):
         return "its loop's work uses the pool stream it runs on"
-    return _Chunked(loop, work, matmul, op, wait, partial, out)
+    return _Chunked(loop, work, matmul, op, partial, out)
 
 
 def _at(
