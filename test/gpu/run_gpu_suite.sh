@@ -12,7 +12,6 @@
 #      (CuPy kernels, CUDA streams, NCCL collectives) run here instead of skipping,
 #   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
 #      several runs at once.
-# The three steps fit in 10 minutes on 2 H100.
 # Exit status 1 if any step failed. docs/hir-run.md describes the suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

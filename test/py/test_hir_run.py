@@ -294,8 +294,11 @@ def test_inputs_the_fusion_cannot_take(files, capsys):
     for check in ([], ["--check"]):
         status, _, err = run_main(capsys, str(files["matmul"]), "--dim", "0:1=3", *check)
         assert status == 1
-        assert err.startswith(f"{files['matmul']}:2:3: error: the inputs of @matmul do not fit together "
-                              "(input #0 is [8, 3], input #1 is [8, 8]): "), err  # fmt: skip
+        assert err.startswith(
+            f"{files['matmul']}:3:5: error: the inputs of @matmul do not fit together (input #0 is [8, 3], "
+            "input #1 is [8, 8]): matmul contracts axis of extent 3 of [8, 3] with extent 8 of [8, 8]"
+        ), err
+        assert "\n    %2 = fusion.matmul %0, %1 : " in err, "the source line of the op"
     # Every rank checks the extents against each other before the program communicates.
     program = hir_run.Program.compile(files["matmul"].read_text())
     with pytest.raises(HostirError, match=r"do not fit together \(input #0 is \[2, 3\], input #1 is \[4, 5\]\)"):
