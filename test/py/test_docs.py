@@ -1,9 +1,10 @@
 """Every code block of README.md and docs/*.md that can run here runs as written, so that no
 example drifts from the code.
 
-* A ```python block runs as a script of its own (`python example.py`), as `__main__`, so
+* A ```python block runs as a script of its own (`python -P example.py`), as `__main__`, so
   that the ranks `run_on_local_ranks` spawns import its functions as they would from the
-  user's file. After `<!-- ci: continues -->` it runs after the document's earlier python
+  user's file, and its imports find what `pip install` installed, not the checkout's
+  folders. After `<!-- ci: continues -->` it runs after the document's earlier python
   blocks that run, in one script: a tour read in order, and run in order.
 * A ```sh block runs with `bash -e`: every command must succeed. The installed `hir-opt`,
   `hir-run` and `python` come first on the PATH.
@@ -124,7 +125,8 @@ def test_code_block_runs(block: Block, workdir: Path):
     if block.language == "python":
         path = workdir / "example.py"
         path.write_text(script_of(block, BLOCKS))
-        command = [sys.executable, str(path)]
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # not the script's folder on sys.path
+        command = [sys.executable, *safe_path, str(path)]
     else:
         command = ["bash", "-e", "-c", block.code]
     result = subprocess.run(
