@@ -133,6 +133,9 @@ class Result:
     errors: dict[str, float] = field(default_factory=dict)
     """Largest error against eager DTensor of each checked tensor, the slowest rank's."""
     tolerance: float | None = None
+    first_s: float | None = None
+    """The slowest rank's wall time of the contender's first forward and first training step
+    together (the checked ones): its compilation, for torch.compile's backends."""
 
     @property
     def check_ok(self) -> bool | None:
@@ -352,6 +355,7 @@ def measure_size(size: LayerSize, contenders: list[str], config: dict, device: t
     expected: dict[str, dict[str, torch.Tensor]] = {}
     for contender in contenders:
         outcome = {step: Result(size, step, contender, tolerance=tolerance) for step in STEPS}
+        first_s = None
         status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
         if status == "ok" and contender == LIMIT:
             try:
@@ -367,7 +371,9 @@ def measure_size(size: LayerSize, contenders: list[str], config: dict, device: t
             try:
                 layer = parallelize(copy.deepcopy(base), mesh)
                 model = wrap(contender, layer, mesh)
+                began = time.perf_counter()
                 errors = check(model, layer, inputs, expected)
+                first_s = max(gathered(time.perf_counter() - began))
                 for step, what in errors.items():
                     outcome[step].errors = {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
                 steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}
@@ -383,11 +389,24 @@ def measure_size(size: LayerSize, contenders: list[str], config: dict, device: t
                 result.rank_ms, result.errors = [], {}
             elif result.rank_ms:
                 result.ms = max(result.rank_ms)
+                result.first_s = first_s
             results.append(result)
+        if rank == 0:
+            print(progress(outcome), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     torch._dynamo.reset()
     return results
+
+
+def progress(outcome: dict[str, Result]) -> str:
+    """One line on a contender at one size, as it is measured."""
+    first = next(iter(outcome.values()))
+    line = f"# {first.size.label}: {first.contender}: "
+    if first.status != "ok":
+        return line + first.status
+    line += ", ".join(f"{step} {r.ms:.3f} ms" + ("" if r.check_ok is not False else " WRONG") for step, r in outcome.items())
+    return line + ("" if first.first_s is None else f" (first steps {first.first_s:.1f} s)")
 
 
 def check(
@@ -409,22 +428,26 @@ def train_outputs(model: nn.Module, inputs: Inputs, layer: nn.Module) -> dict[st
     return {"output": out, "input gradient": grad_x, **{f"{name} gradient": g for name, g in local_gradients(layer).items()}}
 
 
-def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict) -> dict | None:
-    """Every size on this rank; rank 0 returns the report's data."""
+def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output: Path, command: str) -> int:
+    """Every size on this rank. Rank 0 rewrites the report after every size, so that a run cut
+    short leaves what it measured, prints the tables at the end and returns the exit status."""
     from torch.distributed.device_mesh import init_device_mesh
 
     communicator = Communicator.from_env()
     device = communicator.device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    info = machine(communicator)
     results: list[Result] = []
     for size in sizes:
         size.check(dist.get_world_size())
         results += measure_size(size, contenders, config, device, mesh)
         if dist.get_rank() == 0:
-            print(f"# measured {size.label}", flush=True)
+            text = report(results, info, config, output, command)
     if dist.get_rank() != 0:
-        return None
-    return {"machine": machine(communicator), "config": config, "results": [asdict(r) for r in results]}
+        return 0
+    print(text, flush=True)
+    print(f"# wrote {output / 'tp_layer.md'}, tp_layer.json and tp_layer.png", flush=True)
+    return exit_status(results)
 
 
 # --------------------------------------------------------------------------- #
@@ -507,8 +530,8 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
 STYLES = [dict(marker=m, linestyle=s) for m, s in zip("osD^vP", ["-", "-.", ":", "-", "-.", ":"])]
 
 
-def plot(results: list[Result], info: dict, path: Path) -> bool:
-    """Time against size, a panel per step; False, with the reason printed, without matplotlib."""
+def plot(results: list[Result], info: dict, path: Path) -> None:
+    """Time against size, a panel per step; none, with the reason printed, without matplotlib."""
     try:
         import matplotlib
 
@@ -516,7 +539,7 @@ def plot(results: list[Result], info: dict, path: Path) -> bool:
         from matplotlib import pyplot
     except ImportError:
         print("# no PNG: matplotlib is not installed (pip install matplotlib)", flush=True)
-        return False
+        return
     sizes = list(dict.fromkeys(r.size for r in results))
     contenders = list(dict.fromkeys(r.contender for r in results))
     figure, axes = pyplot.subplots(1, len(STEPS), figsize=(12, 5.5), squeeze=False)
@@ -542,22 +565,22 @@ def plot(results: list[Result], info: dict, path: Path) -> bool:
     figure.tight_layout(rect=(0, 0.1, 1, 1))
     figure.savefig(path, dpi=120)
     pyplot.close(figure)
-    return True
 
 
-def report(data: dict, output: Path, command: str) -> list[Result]:
-    results = [Result(**{**r, "size": LayerSize(**r["size"])}) for r in data["results"]]
+def report(results: list[Result], info: dict, config: dict, output: Path, command: str) -> str:
+    """Writes tp_layer.md, tp_layer.json and tp_layer.png into `output`; returns the tables."""
     output.mkdir(parents=True, exist_ok=True)
-    text = tables(results, data["machine"], data["config"], command)
-    print(text, flush=True)
+    text = tables(results, info, config, command)
     (output / "tp_layer.md").write_text(text)
-    document = {**data, "command": command}
-    for entry, result in zip(document["results"], results):
-        entry.update(ratio_to_limit=ratio(result, results), check_ok=result.check_ok)
+    document = {
+        "machine": info,
+        "command": command,
+        "config": config,
+        "results": [{**asdict(r), "ratio_to_limit": ratio(r, results), "check_ok": r.check_ok} for r in results],
+    }
     (output / "tp_layer.json").write_text(json.dumps(document, indent=1) + "\n")
-    if plot(results, data["machine"], output / "tp_layer.png"):
-        print(f"# wrote {output / 'tp_layer.md'}, tp_layer.json and tp_layer.png", flush=True)
-    return results
+    plot(results, info, output / "tp_layer.png")
+    return text
 
 
 # --------------------------------------------------------------------------- #
@@ -628,16 +651,12 @@ def main(argv: list[str] | None = None) -> int:
         config["skip"][INDUCTOR] = CPU_INDUCTOR_SKIP
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
         command = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} {shlex.join(sys.argv)}"
-        data = run_rank(args.sizes, args.contenders, config)
-        rank = dist.get_rank()
+        status = run_rank(args.sizes, args.contenders, config, args.output, command)
         dist.destroy_process_group()
-        if rank != 0:
-            return 0
-    else:
-        command = shlex.join(["python", *sys.argv])
-        nproc = args.nproc or (torch.cuda.device_count() if cuda else 2)
-        data = run_on_local_ranks(run_rank, nproc, args.sizes, args.contenders, config)[0]
-    return exit_status(report(data, args.output, command))
+        return status
+    command = shlex.join(["python", *sys.argv])
+    nproc = args.nproc or (torch.cuda.device_count() if cuda else 2)
+    return run_on_local_ranks(run_rank, nproc, args.sizes, args.contenders, config, args.output, command)[0]
 
 
 def exit_status(results: list[Result]) -> int:
