@@ -15,6 +15,11 @@ included, so a streamed result streams the gather too (nvFuser's AG+GEMM pipelin
 A reduction over its input's `didx` axis is itself a communication and stays; one
 that also reduces other axes is split so that the communication reduces the `didx`
 axis alone.
+
+A fusion input whose `stream` axis no op streams is refused first, as nvFuser's
+stream lowering refuses a stream-parallel input (its test
+InputsAreNotStreamParallelized): the caller passes an input whole, and what streams is
+the loop of an op whose result streams, which reads the input slice by slice.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -33,9 +39,16 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from hostir_dialect import fusion
-from hostir_dialect.fusion import SERIAL, FusionOp, TensorType, reduction_shape, tensor_type
+from hostir_dialect import fusion, hir
+from hostir_dialect.fusion import (
+    SERIAL,
+    FusionOp,
+    TensorType,
+    reduction_shape,
+    tensor_type,
+)
 from hostir_dialect.text import HostirError
+from passes.axis_mapping import operand_axis_maps
 from passes.sharding import (
     UnsupportedResharding,
     local_operand_type,
@@ -123,6 +136,60 @@ def check_lowerable(op: Operation, indices: list[int], inserted: fusion.SetOp) -
         ) from None
 
 
+def refuse_inputs_streamed_alone(module: ModuleOp) -> None:
+    """Refuses a fusion input whose `stream` axis no op streams, at the op that drops it.
+
+    A fusion is a public function of fusion ops; a host program (it holds hir ops) and
+    its segments (private) are left alone. An input's stream axis is kept when each op
+    that uses it has its result stream the axis it maps to. `stream-parallel` refuses,
+    saying why, an op that reduces or contracts it, and one whose operands' stream axes
+    map to different axes of its result. Any other use, or no use at all, would drop it
+    in silence.
+    """
+    for function in module.ops:
+        if not isinstance(function, func.FuncOp) or function.is_declaration:
+            continue
+        if function.sym_visibility is not None and function.sym_visibility.data == "private":
+            continue
+        if any(inner.dialect_name() == hir.Hir.name for inner in function.walk()):
+            continue
+        for index, argument in enumerate(function.args):
+            stream = argument.type.stream_axis if isinstance(argument.type, TensorType) else None
+            if stream is not None:
+                _refuse_stream_dropped(function, index, argument, stream)
+
+
+def _refuse_stream_dropped(function: func.FuncOp, index: int, argument: SSAValue, stream: int) -> None:
+    name = f"input #{index} of @{function.sym_name.data}"
+    why = (
+        "a fusion's input cannot be stream-parallel alone (nvFuser's "
+        "InputsAreNotStreamParallelized): the caller passes it whole, and what streams is "
+        "the loop of an op whose result streams"
+    )
+    fusion_uses = [use.operation for use in argument.uses if isinstance(use.operation, FusionOp)]
+    if not fusion_uses:
+        raise HostirError.at(
+            function, f"{name} has a stream axis ({argument.type.sharding_str()}) that no op uses; {why}"
+        )
+    for op in fusion_uses:
+        result = tensor_type(op.results[0])
+        maps = operand_axis_maps(op)
+        targets = {axis_map[stream] for operand, axis_map in maps if operand is argument} - {None}
+        others = {
+            axis_map[tensor_type(operand).stream_axis]
+            for operand, axis_map in maps
+            if operand is not argument and tensor_type(operand).stream_axis is not None
+        }
+        for target in targets:
+            if target != result.stream_axis and result.stream_axis not in others:
+                raise HostirError.at(
+                    op,
+                    f"{op.name}: {name} has stream axis {stream} ({argument.type.sharding_str()}), "
+                    f"which is axis {target} of the result ({result.sharding_str()}), not its "
+                    f"stream axis; {why}",
+                )
+
+
 @dataclass(frozen=True)
 class InsertReshardings(ModulePass):
     """Makes every fusion op but sets and `didx` reductions local (nvFuser's InsertReshardings)."""
@@ -130,6 +197,7 @@ class InsertReshardings(ModulePass):
     name = "insert-reshardings"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        refuse_inputs_streamed_alone(op)
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
                 [SplitShardedReduction(), InsertReshardingSets()], dce_enabled=False

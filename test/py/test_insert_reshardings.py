@@ -166,6 +166,7 @@ def test_a_reduction_over_the_didx_axis_and_others_is_split(keepdim):
     fb = FusionBuilder("total")
     x = fb.input([4, None, None], "f32", mesh=range(4), axes=["didx", "stream", "_"])
     y = fb.sum(x, [0, 2], keepdim=keepdim)
+    fb.parallelize(y, 1 if keepdim else 0, "stream")
     fb.output(y)
     module = insert_reshardings(fb.build())
     ops = body(module)
