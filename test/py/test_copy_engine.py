@@ -296,6 +296,12 @@ func.func @matmul_ar(%x: {x}, %w: {w}) -> {y} {{
 """
 
 
+@functools.cache
+def compiled_matmul_ar(dtype: str, mesh: tuple[int, ...], pipeline: str) -> Program:
+    """GEMM+AR over `mesh` lowered with `pipeline`, once per process (its extents are dynamic)."""
+    return Program.compile(matmul_ar_program(dtype, list(mesh)), pipeline=pipeline)
+
+
 ALLREDUCE_IN_MATMUL = {
     "pipelined": COPY_ENGINE,
     "pool streams": "hir-lowering{backend=cuda copy_engine_pipelining=false}",
@@ -314,7 +320,7 @@ def sum_in_the_gemm_outputs(communicator: Communicator, mesh: list[int], cases: 
     """`run_sum_in_the_gemm` with `communicator`."""
     outputs = []
     for dtype, pipeline, whole in cases:
-        program = Program.compile(matmul_ar_program(dtype, mesh), pipeline=pipeline)
+        program = compiled_matmul_ar(dtype, tuple(mesh), pipeline)
         local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
         runs = []
         for _ in range(2):
