@@ -34,10 +34,12 @@ step runs `--warmup` times and `--reps` times timed (CUDA events around the step
 a barrier; host timers on CPU ranks). A contender's time is the median over the timed
 steps of one rank, the slowest rank's median; the ratio is to the limit's.
 
-Rank 0 prints the tables (Markdown) and writes tp_layer.md, tp_layer.json and
-tp_layer.png into `--output` (default build/tp_layer, ignored by git). A contender that
-cannot run here is reported as unavailable, with the reason, and one that raises as
-failed; the exit status is 1 when a contender failed or its check did.
+Rank 0 prints a line per contender as it is measured, rewrites tp_layer.md,
+tp_layer.json and tp_layer.png in `--output` (default build/tp_layer, ignored by git)
+after every size, so that a run cut short leaves what it measured, and prints the
+tables (Markdown) at the end. A contender that cannot run here is reported as
+unavailable (or skipped), with the reason, and one that raises as failed; the exit
+status is 1 when a contender failed or its check did.
 """
 
 from __future__ import annotations
