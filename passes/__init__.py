@@ -1,12 +1,18 @@
-"""hostir's passes, by name, as hir-opt and the Python API find them.
+"""hostir's passes and dialects, by name, as hir-opt, xDSL's tools and the Python API find them.
 
-Each factory imports its pass lazily, as xDSL's own registry does, so that naming a
-pass does not import every other one.
+Each factory imports its pass or dialect lazily, as xDSL's own registry does, so that
+naming a pass does not import every other one. `HOSTIR_UNIVERSE` is what xDSL's plugin
+entry point (`xdsl.universe` in pyproject.toml) names, so that `xdsl-opt` and `xdsl-run`
+know hostir's dialects and passes once hostir is installed; hir-opt and `Program.compile`
+know every pass of every universe installed (`available_passes`), xDSL's own among them.
 """
 
+import functools
 from collections.abc import Callable
 
+from xdsl.ir import Dialect
 from xdsl.passes import ModulePass
+from xdsl.universe import Universe
 
 
 def _insert_reshardings() -> type[ModulePass]:
@@ -74,6 +80,44 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "insert-deallocations": _insert_deallocations,
     "hir-lowering": _hir_lowering,
 }
+
+
+
+def _fusion_dialect() -> Dialect:
+    from hostir_dialect.fusion import Fusion
+
+    return Fusion
+
+
+def _hir_dialect() -> Dialect:
+    from hostir_dialect.hir import Hir
+
+    return Hir
+
+
+HOSTIR_DIALECTS: dict[str, Callable[[], Dialect]] = {"fusion": _fusion_dialect, "hir": _hir_dialect}
+"""hostir's own dialects; the others a hostir program uses (builtin, func, arith, scf, shard) are xDSL's."""
+
+HOSTIR_UNIVERSE = Universe(all_dialects=HOSTIR_DIALECTS, all_passes=HOSTIR_PASSES)
+"""hostir's dialects and passes, as xDSL's plugin entry point `xdsl.universe` names them."""
+
+
+@functools.cache
+def _multiverse() -> Universe:
+    return Universe.get_multiverse()
+
+
+def available_dialects() -> dict[str, Callable[[], Dialect]]:
+    """Every dialect of every xDSL universe installed, and hostir's (also when it is run
+    from a checkout that is not installed)."""
+    return {**_multiverse().all_dialects, **HOSTIR_DIALECTS}
+
+
+def available_passes() -> dict[str, Callable[[], type[ModulePass]]]:
+    """Every pass of every xDSL universe installed, and hostir's (also when it is run from a
+    checkout that is not installed)."""
+    return {**_multiverse().all_passes, **HOSTIR_PASSES}
+
 
 DEFAULT_PIPELINE = "hir-lowering"
 """The pipeline `hir-run` and `Program.compile` use unless told otherwise."""

@@ -6,15 +6,16 @@ then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what
 loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
 the hir ops marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`,
 `hir.stream`); every other hir op has effects they leave alone.
+
+It is a `Pipeline`: hir-opt, `Program.compile` and hir-run run, print, time and verify
+each of its passes by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.context import Context
-from xdsl.dialects import builtin
-from xdsl.passes import ModulePass, PassPipeline
+from xdsl.passes import ModulePass
 from xdsl.transforms.canonicalize import CanonicalizePass
 from xdsl.transforms.common_subexpression_elimination import (
     CommonSubexpressionElimination,
@@ -22,6 +23,7 @@ from xdsl.transforms.common_subexpression_elimination import (
 
 from passes.allreduce_in_matmul import AllreduceInMatmul
 from passes.copy_engine_pipelining import CopyEnginePipelining
+from passes.driver import Pipeline
 from passes.fusion_to_hir import FusionToHir
 from passes.insert_deallocations import InsertDeallocations
 from passes.insert_reshardings import InsertReshardings
@@ -31,7 +33,7 @@ from passes.stream_parallel import StreamParallelLowering
 
 
 @dataclass(frozen=True)
-class HirLowering(ModulePass):
+class HirLowering(Pipeline):
     """Lowers a fusion to a host program.
 
     `backend` goes to `fusion-to-hir` (who moves the bytes of the collectives), the
@@ -76,6 +78,3 @@ class HirLowering(ModulePass):
             CanonicalizePass(),
             CommonSubexpressionElimination(),
         )
-
-    def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PassPipeline(self.passes()).apply(ctx, op)

@@ -21,13 +21,12 @@ import torch
 import torch.distributed as dist
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import PassPipeline
-from xdsl.utils.exceptions import ArgSpecParseError
 
 from hostir_dialect import hir, hostir_context
 from hostir_dialect.fusion import DYNAMIC, ParallelType, TensorType, shape_str
-from hostir_dialect.text import HostirError, parse_module, verify_module
-from passes import DEFAULT_PIPELINE, HOSTIR_PASSES
+from hostir_dialect.text import HostirError, parse_module
+from passes import DEFAULT_PIPELINE, available_passes
+from passes.driver import parse_pass_pipeline, run_passes
 from runtime.communicator import Communicator
 from runtime.fusion_eval import torch_dtype
 from runtime.interpreter import Interpreter, RunContext, StepWrapper
@@ -55,12 +54,9 @@ def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:
 
 
 def _lower(module: ModuleOp, pipeline: str) -> None:
-    try:
-        passes = PassPipeline.parse_spec(HOSTIR_PASSES, pipeline)
-    except (ValueError, ArgSpecParseError) as error:
-        raise HostirError(f"bad pass pipeline '{pipeline}': {error}") from None
-    passes.apply(hostir_context(), module)
-    verify_module(module)
+    """Runs `pipeline` as hir-opt does: the same passes, and the same errors, located in
+    the pipeline text, for an unknown pass or a bad option."""
+    run_passes(parse_pass_pipeline(pipeline, available_passes()), hostir_context(), module, verify=True)
 
 
 def _tensor_types(function: func.FuncOp, types: Sequence, what: str) -> list[TensorType]:

@@ -1,9 +1,9 @@
 """`hir-opt`: hostir's pass driver, xdsl-opt with hostir's dialects, passes and errors.
 
-It is xDSL's `xDSLOptMain` with hostir's dialects, hostir's passes and xDSL's three
-generic ones (`canonicalize`, `cse`, `dce`) registered, and with every error a user
-can cause printed the way mlir-opt prints one, `file:line:col: error: message` with
-the source line and a caret, followed by exit status 1, instead of a traceback:
+It is xDSL's `xDSLOptMain` with every dialect and pass of xDSL's universe (xDSL's own,
+and those of any plugin installed) next to hostir's, and with every error a user can
+cause printed the way mlir-opt prints one, `file:line:col: error: message` with the
+source line and a caret, followed by exit status 1, instead of a traceback:
 
     hir-opt fusion.mlir -p 'stream-parallel{p2p-backend=cuda},insert-deallocations'
     hir-opt --split-input-file --verify-diagnostics invalid.mlir
@@ -11,7 +11,8 @@ the source line and a caret, followed by exit status 1, instead of a traceback:
 The run loop is hir-opt's own (xDSL's stops at the first error and prints
 diagnostics to stdout): with `--split-input-file` every chunk is processed and every
 error reported, and `--verify-diagnostics` checks the errors against MLIR's
-`// expected-error` annotations instead of printing them.
+`// expected-error` annotations instead of printing them. A pipeline pass
+(`hir-lowering`) runs as its passes, each printed, timed and verified by name.
 """
 
 from __future__ import annotations
@@ -21,45 +22,42 @@ import dataclasses
 import os
 import re
 import sys
+import textwrap
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import BytesIO
 from typing import IO, Any
 
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass, PassPipeline
+from xdsl.passes import ModulePass
+from xdsl.printer import Printer
 from xdsl.targets import get_all_targets
-from xdsl.transforms import get_all_passes
-from xdsl.utils.arg_spec import (
-    ArgSpec,
-    PipelineLexer,
-    SpecTokenKind,
-    _convert_arg_to_type,
-    parse_pipeline,
-)
-from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from hostir_dialect import DIALECTS
-from hostir_dialect.text import (
-    HostirError,
-    SourceLocation,
-    parse_module,
-    print_module,
-    verify_module,
+from hostir_dialect.text import HostirError, SourceLocation, parse_module, print_module
+from passes import available_dialects, available_passes
+from passes.driver import (
+    describe_type,
+    expand,
+    load_pass,
+    option_fields,
+    parse_pass_pipeline,
+    run_passes,
 )
-from passes import HOSTIR_PASSES
+from passes.options import option_choices
 
 CHUNK_SEPARATOR = "// -----\n"
 _CHUNK_SEPARATOR_LINE = re.compile(rb"^// -----[ \t]*\r?$", re.MULTILINE)
 
-XDSL_PASSES = {
-    "canonicalize": "Applies the canonicalization patterns of every op.",
+STDIO = "-"
+"""The file name that means stdin for the input and stdout for `-o`, as in mlir-opt."""
+
+XDSL_PASS_SUMMARIES = {
     "cse": "Replaces an op by an identical earlier one (common subexpression elimination).",
     "dce": "Removes ops whose results are unused and that have no side effects.",
 }
-"""The generic xDSL passes hir-opt offers, with a summary for those without a docstring."""
+"""Summaries of the generic xDSL passes that have no docstring."""
 
 UNSUPPORTED_XDSL_OPTIONS = {
     "allow_unregistered_dialect": "--allow-unregistered-dialect",
@@ -75,8 +73,11 @@ class HirOptMain(xDSLOptMain):
 
     version_format = "hir-opt built from xdsl version {xdsl_version}"
 
-    running_pass: ModulePass | None = None
-    """The pass being applied, to name it when it fails."""
+    passes: tuple[ModulePass, ...] = ()
+    """The pipeline, its pipeline passes expanded."""
+
+    passes_done = 0
+    """How many passes have run on the current chunk."""
 
     def __init__(self, args: list[str] | None = None):
         super().__init__("hostir's pass driver (xdsl-opt conventions)", args)
@@ -87,14 +88,11 @@ class HirOptMain(xDSLOptMain):
     # -- registration --------------------------------------------------------- #
 
     def register_all_dialects(self) -> None:
-        for dialect in DIALECTS:
-            self.ctx.load_dialect(dialect)
+        for name, factory in available_dialects().items():
+            self.ctx.register_dialect(name, factory)
 
     def register_all_passes(self) -> None:
-        xdsl_passes = get_all_passes()
-        for name in XDSL_PASSES:
-            self.register_pass(name, xdsl_passes[name])
-        for name, factory in HOSTIR_PASSES.items():
+        for name, factory in available_passes().items():
             self.register_pass(name, factory)
 
     def register_all_targets(self) -> None:
@@ -111,10 +109,14 @@ class HirOptMain(xDSLOptMain):
             "Comma-separated pass pipeline; options as name{key=value ...}, "
             "e.g. 'stream-parallel{p2p-backend=cuda},cse'. See --list-passes"
         )
+        options["--output-file"].help = "Write the output there instead of to stdout ('-': stdout)"
+        options["--time-passes"].help = "Print the time each pass takes to stderr"
         options["--disable-verify"].help = "Skip verification after parsing and after each pass"
         options["--version"].help = "Print the xDSL version hir-opt is built on and exit"
         for flag in UNSUPPORTED_XDSL_OPTIONS.values():
             options[flag].help = argparse.SUPPRESS
+        (input_file,) = (a for a in arg_parser._actions if a.dest == "input_file")
+        input_file.help = "The input file ('-' or none: stdin)"
         arg_parser.add_argument(
             "--print-ir-after-all",
             default=False,
@@ -125,79 +127,40 @@ class HirOptMain(xDSLOptMain):
             "--list-passes",
             action=ListPassesAction,
             passes=self.available_passes,
-            help="List the passes with a one-line summary each and exit",
+            help="List the passes, each with its summary and options, and exit",
         )
 
     # -- the pass pipeline ---------------------------------------------------- #
 
     def setup_pipeline(self) -> None:
-        """Checks the pipeline first, so that a bad one is an error on the `-p` text.
-
-        xDSL then builds it with its own callback (`--print-between-passes`,
-        `--time-passes`), which hostir's runs before: located verification after every
-        pass and `--print-ir-after-all`.
-        """
-        text = self.args.passes
-        for spec, place in zip(self.pass_specs(), pipeline_places(text), strict=True):
-            if spec.name not in self.available_passes:
-                raise place.error(
-                    text,
-                    f"unknown pass '{spec.name}'; known passes: "
-                    + ", ".join(sorted(self.available_passes)),
-                )
-            try:
-                pass_class = load_pass(spec.name, self.available_passes[spec.name])
-            except HostirError as error:
-                raise place.error(text, error.message) from None
-            check_pass_options(pass_class, spec, place, text)
-        super().setup_pipeline()
-        xdsl_callback = self.pipeline.callback
-        assert xdsl_callback is not None
-
-        def callback(previous: ModulePass | None, module: ModuleOp, next: ModulePass | None):
-            self.after_pass(previous, module)
-            xdsl_callback(previous, module, next)
-            self.running_pass = next
-
-        self.pipeline = PassPipeline(self.pipeline.passes, callback)
-
-    def pass_specs(self) -> list[ArgSpec]:
-        try:
-            return list(parse_pipeline(self.args.passes))
-        except ArgSpecParseError as error:
-            raise pipeline_syntax_error(error) from None
-
-    def after_pass(self, previous: ModulePass | None, module: ModuleOp) -> None:
-        if previous is None:
-            return
-        if not self.args.disable_verify:
-            try:
-                verify_module(module)
-            except HostirError as error:
-                raise HostirError(
-                    f"pass '{previous.name}' produced invalid IR: {error.message}",
-                    error.location,
-                    error.op_name,
-                ) from None
-        if self.args.print_ir_after_all:
-            sys.stderr.write(
-                f"// -----// IR Dump After {previous.name} //----- //\n"
-                + print_module(module, generic=self.args.print_op_generic)
-            )
+        """Builds the pipeline first, so that a bad one is an error on the `-p` text."""
+        self.passes = expand(parse_pass_pipeline(self.args.passes, self.available_passes))
 
     def apply_passes(self, prog: ModuleOp) -> None:
-        """Applies the pipeline; an xDSL diagnostic from a pass becomes a HostirError."""
-        try:
-            super().apply_passes(prog)
-        except DiagnosticException as error:
-            name = self.running_pass.name if self.running_pass else "pipeline"
-            raise HostirError(f"pass '{name}' failed: {error}") from None
+        """Applies the pipeline, verifying after each pass; prints what the options ask."""
+        run_passes(
+            self.passes, self.ctx, prog, verify=not self.args.disable_verify, after=self.after_pass
+        )
+
+    def after_pass(self, done: ModulePass, module: ModuleOp, seconds: float) -> None:
+        if self.args.time_passes:
+            print(f"Pass {done.name} took {seconds:.6f} seconds", file=sys.stderr)
+        if self.args.print_ir_after_all:
+            sys.stderr.write(
+                f"// -----// IR Dump After {done.name} //----- //\n"
+                + print_module(module, generic=self.args.print_op_generic)
+            )
+        self.passes_done += 1
+        if self.args.print_between_passes and self.passes_done < len(self.passes):
+            print(f"IR after {done.name}:")
+            Printer(stream=sys.stdout).print_op(module)
+            print("\n\n\n")
 
     # -- input and output ----------------------------------------------------- #
 
     def get_input_stream(self) -> tuple[IO[bytes], str]:
         """The input; any file, whatever its extension, is hostir text."""
-        if self.args.input_file is None:
+        if self.args.input_file in (None, STDIO):
             return sys.stdin.buffer, "mlir"
         try:
             return open(self.args.input_file, "rb"), "mlir"
@@ -228,11 +191,13 @@ class HirOptMain(xDSLOptMain):
         return chunks, extension
 
     def get_input_name(self) -> str:
-        return self.args.input_file or "<stdin>"
+        return "<stdin>" if self.args.input_file in (None, STDIO) else self.args.input_file
 
     def prepare_output(self) -> IO[str]:
+        if self.args.output_file in (None, STDIO):
+            return sys.stdout
         try:
-            return super().prepare_output()
+            return open(self.args.output_file, "w")
         except OSError as error:
             raise HostirError(
                 f"cannot open output file '{self.args.output_file}': {error.strerror}"
@@ -254,7 +219,9 @@ class HirOptMain(xDSLOptMain):
             self.get_input_name(),
             verify=not self.args.disable_verify,
             line_offset=line_offset,
+            ctx=self.ctx,
         )
+        self.passes_done = 0
         self.apply_passes(module)
         return self.output_resulting_program(module)
 
@@ -285,149 +252,6 @@ class HirOptMain(xDSLOptMain):
         return 1 if errors else 0
 
 
-# --------------------------------------------------------------------------- #
-# Passes                                                                       #
-# --------------------------------------------------------------------------- #
-
-
-@dataclass
-class PassPlace:
-    """Where one pass of a `-p` pipeline is written: offsets into the pipeline text."""
-
-    name_start: int
-    name_end: int
-    options: list[tuple[str, int, int]] = field(default_factory=list)
-    """Each option as written (`p2p-backend`), with the offsets of `key=value`."""
-
-    def error(
-        self, text: str, message: str, start: int | None = None, end: int | None = None
-    ) -> HostirError:
-        """An error on the pass name, or on `text[start:end]`."""
-        start = self.name_start if start is None else start
-        end = self.name_end if end is None else end
-        # `pass-pipeline:line:col` as xDSL's; the caret stops at the end of the line.
-        return HostirError(message, SourceLocation.at_offset(text, "pass-pipeline", start, max(1, end - start)))
-
-
-def pipeline_places(text: str) -> list[PassPlace]:
-    """Where each pass and each option of a pipeline xDSL has parsed is written.
-
-    xDSL's `ArgSpec` keeps no positions, so the pipeline's tokens are walked again.
-    """
-    places: list[PassPlace] = []
-    state = "pass"
-    lexer = PipelineLexer(text)
-    while (token := lexer.lex()).kind is not SpecTokenKind.EOF:
-        kind, span = token.kind, token.span
-        if state == "pass" and kind is SpecTokenKind.IDENT:
-            places.append(PassPlace(span.start, span.end))
-            state = "after pass"
-            continue
-        if not places:
-            continue
-        place = places[-1]
-        if state == "after pass" and kind is SpecTokenKind.COMMA:
-            state = "pass"
-            continue
-        if state == "after pass":
-            if kind is SpecTokenKind.L_BRACE:
-                state = "key"
-        elif state == "key" and kind is SpecTokenKind.IDENT:
-            place.options.append((span.text, span.start, span.end))
-            state = "option"
-        elif kind is SpecTokenKind.R_BRACE:
-            state = "after pass"
-        elif kind is SpecTokenKind.SPACE:
-            state = "key"
-        elif state == "option":
-            name, start, _ = place.options[-1]
-            place.options[-1] = (name, start, span.end)
-    return places
-
-
-_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _describe_type(hint: Any) -> str:
-    """`bool` -> 'true or false', ...: what an option takes (the passes hir-opt knows take
-    booleans, integers and strings)."""
-    return _TYPE_NAMES.get(hint, str(hint))
-
-
-def _in_users_words(message: str, pass_class: type[ModulePass], spellings: dict[str, str]) -> str:
-    """A pass's message with its option fields spelt as the user wrote them (or with dashes)."""
-    for field_name in _option_fields(pass_class):
-        spelling = spellings.get(field_name, field_name.replace("_", "-"))
-        message = re.sub(rf"(?<![\w-]){re.escape(field_name)}(?![\w-])", spelling, message)
-    return message
-
-
-def _option_fields(pass_class: type[ModulePass]) -> dict[str, dataclasses.Field[Any]]:
-    return {
-        f.name: f
-        for f in dataclasses.fields(pass_class)  # type: ignore[arg-type]
-        if f.init and f.name != "name"
-    }
-
-
-def check_pass_options(pass_class: type[ModulePass], spec: ArgSpec, place: PassPlace, text: str) -> None:
-    """Refuses an option the pass lacks, a value of the wrong type or one the pass rejects.
-
-    Each error points at the option as written in the pipeline. A pass refuses a value
-    it cannot use when it is built (hostir's passes check their values in
-    `__post_init__`), so each option is tried alone.
-    """
-    name = spec.name
-    fields = _option_fields(pass_class)
-    hints = typing.get_type_hints(pass_class)
-    spellings: dict[str, str] = {}
-    for key, start, end in place.options:
-        field_name = key.replace("-", "_")
-        if field_name not in fields:
-            known = ", ".join(f.replace("_", "-") for f in fields)
-            raise place.error(
-                text,
-                f"pass '{name}' has no option '{key}'; "
-                + (f"its options are {known}" if known else "it takes no options"),
-                start,
-                start + len(key),
-            )
-        if field_name in spellings:
-            raise place.error(text, f"option '{key}' of pass '{name}' is given twice", start, end)
-        spellings[field_name] = key
-        value = spec.parameters[key]
-        value_text = text[start + len(key) + 1 : end] if end > start + len(key) else ""
-        try:
-            _convert_arg_to_type(value, hints[field_name])
-        except ValueError:
-            got = f"'{value_text}'" if value_text else "no value"
-            raise place.error(
-                text,
-                f"option '{key}' of pass '{name}' takes "
-                f"{_describe_type(hints[field_name])}, got {got}",
-                start,
-                end,
-            ) from None
-        problem = _refusal(pass_class, ArgSpec(name, {key: value}))
-        if problem is not None:
-            raise place.error(text, f"{name}: {_in_users_words(problem, pass_class, spellings)}", start, end)
-
-
-def _refusal(pass_class: type[ModulePass], spec: ArgSpec) -> str | None:
-    """Why the pass refuses to be built with these options, or None."""
-    try:
-        pass_class.from_spec(spec)
-    except HostirError as error:
-        message = error.message
-    except ValueError as error:
-        message = str(error)
-    else:
-        return None
-    # A pass names itself ("stream-parallel: unknown ..."), or the pass it builds (a
-    # pipeline); the caller names the pass the user wrote.
-    return re.sub(r"^[\w-]+: ", "", message)
-
-
 def not_utf8_error(
     filename: str, data: bytes, error: UnicodeDecodeError, line_offset: int
 ) -> HostirError:
@@ -443,26 +267,56 @@ def not_utf8_error(
     )
 
 
-def load_pass(name: str, factory: Callable[[], type[ModulePass]]) -> type[ModulePass]:
-    """The pass class; a pass whose module cannot be imported is an error about it alone."""
-    try:
-        return factory()
-    except ImportError as error:
-        raise HostirError(f"pass '{name}' is not available: {error}") from None
+# --------------------------------------------------------------------------- #
+# --list-passes                                                                #
+# --------------------------------------------------------------------------- #
 
 
-def pass_summary(name: str, factory: Callable[[], type[ModulePass]]) -> str:
-    if name in XDSL_PASSES:
-        return XDSL_PASSES[name]
+def pass_summary(name: str, pass_class: type[ModulePass]) -> str:
+    """The first paragraph of the pass's docstring, on one line."""
+    doc = pass_class.__dict__.get("__doc__") or ""
+    if doc.startswith(f"{pass_class.__name__}("):  # the signature dataclass writes for a class without one
+        doc = ""
+    paragraph = textwrap.dedent(doc).strip().split("\n\n")[0]
+    return " ".join(paragraph.split()) or XDSL_PASS_SUMMARIES.get(name, "(no summary)")
+
+
+def _option_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(map(_option_value, value))
+    return "none" if value is None else str(value)
+
+
+def option_lines(pass_class: type[ModulePass]) -> list[str]:
+    """One line per option of the pass: `name=default  (what it takes)`."""
+    hints = typing.get_type_hints(pass_class)
+    choices = option_choices(pass_class)
+    lines = []
+    for name, field in option_fields(pass_class).items():
+        takes = f"one of {', '.join(choices[name])}" if name in choices else describe_type(hints[name])
+        if field.default is not dataclasses.MISSING:
+            default = f"={_option_value(field.default)}"
+        elif field.default_factory is not dataclasses.MISSING:
+            default = f"={_option_value(field.default_factory())}"
+        else:
+            default, takes = "", f"required; {takes}"
+        lines.append(f"{name.replace('_', '-')}{default}  ({takes})")
+    return lines
+
+
+def pass_listing(name: str, factory: Callable[[], type[ModulePass]]) -> list[str]:
+    """The lines `--list-passes` prints for one pass: its name and summary, then its options."""
     try:
-        doc = load_pass(name, factory).__doc__ or ""
+        pass_class = load_pass(name, factory)
     except HostirError as error:
-        return f"(unavailable: {error.message})"
-    return doc.strip().partition("\n")[0]
+        return [f"{name}  (unavailable: {error.message})"]
+    return [f"{name}  {pass_summary(name, pass_class)}", *(f"    {line}" for line in option_lines(pass_class))]
 
 
 class ListPassesAction(argparse.Action):
-    """`--list-passes`: prints every pass and its summary, then exits as `--version` does."""
+    """`--list-passes`: prints every pass, its summary and options, then exits as `--version` does."""
 
     def __init__(
         self, *args: Any, passes: dict[str, Callable[[], type[ModulePass]]], **kwargs: Any
@@ -477,71 +331,87 @@ class ListPassesAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        width = max(map(len, self.passes))
         for name in sorted(self.passes):
-            print(f"{name:<{width}}  {pass_summary(name, self.passes[name])}")
+            print("\n".join(pass_listing(name, self.passes[name])))
         parser.exit()
-
-
-_PIPELINE_ERROR = re.compile(r"pass-pipeline:(\d+):(\d+)\n(.*)\n.*\n\s*(.*)")
-"""xDSL's pipeline syntax error: location, pipeline text, caret line, message."""
-
-
-def pipeline_syntax_error(error: ArgSpecParseError) -> HostirError:
-    """xDSL's error on the `-p` text, as a located error on that text."""
-    match = _PIPELINE_ERROR.search(str(error))
-    if match is None:
-        return HostirError(f"cannot parse the pass pipeline: {error}")
-    line, column, text, message = match.groups()
-    return HostirError(
-        f"cannot parse the pass pipeline: {message}",
-        SourceLocation("pass-pipeline", int(line), int(column), text),
-    )
 
 
 # --------------------------------------------------------------------------- #
 # --verify-diagnostics                                                         #
 # --------------------------------------------------------------------------- #
 
-_EXPECTED_ERROR = re.compile(r"expected-error(?:@(?P<offset>[+-]\d+))?\s*\{\{(?P<message>.*?)\}\}")
+SEVERITIES = ("error", "warning", "note", "remark")
+
+_ANNOTATION = re.compile(rf"expected-({'|'.join(SEVERITIES)})(\S*?)\s*\{{\{{(.*)\}}\}}")
+"""What looks like an annotation: `expected-<severity><suffix> {{message}}` (the message
+ends at the line's last `}}`, as in MLIR). Text that names a severity without `{{` is prose."""
+
+_SUFFIX = re.compile(r"(?P<regex>-re)?(?:@(?P<where>above|below|[+-]\d+))?")
+"""What may follow the severity: `-re`, then `@above`, `@below`, `@+N` or `@-N`."""
+
+_REGEX_PART = re.compile(r"\{\{(.*?)\}\}")
 
 
 @dataclass
-class ExpectedError:
-    """An annotation: an error whose message contains `message` is expected on `line`."""
+class ExpectedDiagnostic:
+    """An annotation: a diagnostic of `severity` whose message matches `pattern`, on `line`."""
 
     annotation: SourceLocation
+    severity: str
     line: int
     message: str
+    pattern: re.Pattern[str]
 
 
 class DiagnosticVerifier:
-    """Matches the errors of a run against MLIR's `expected-error` annotations.
+    """Matches the errors of a run against MLIR's `expected-*` annotations, as mlir-opt does.
 
-    `// expected-error {{text}}` expects an error on its own line, `expected-error@+N`
-    and `@-N` on the line N below or above; an error matches when its message
-    contains the text.
+    `// expected-error {{text}}` expects an error on its own line; `@above` and `@below`
+    the line above or below, `@+N` and `@-N` the line N below or above. An error matches
+    when its message contains the text; with `expected-error-re`, `{{...}}` parts of the
+    text are regular expressions. hostir reports errors only, so an
+    `expected-warning`, `expected-note` or `expected-remark` is never produced and fails
+    the check, as in mlir-opt when the diagnostic does not occur. An annotation that
+    cannot be read (`expected-error@3 {{...}}`) is an error, never skipped.
     """
 
     def __init__(self):
-        self.expected: list[ExpectedError] = []
+        self.expected: list[ExpectedDiagnostic] = []
+        self.unreadable: list[HostirError] = []
 
     def expect(self, filename: str, source: str, line_offset: int) -> None:
         """Collects the annotations of a chunk whose first line is `line_offset + 1`."""
         for number, text in enumerate(source.splitlines(), line_offset + 1):
-            for match in _EXPECTED_ERROR.finditer(text):
-                self.expected.append(
-                    ExpectedError(
-                        SourceLocation(
-                            filename, number, match.start() + 1, text, match.end() - match.start()
-                        ),
-                        number + int(match["offset"] or 0),
-                        match["message"],
-                    )
+            for match in _ANNOTATION.finditer(text):
+                location = SourceLocation(
+                    filename, number, match.start() + 1, text, match.end() - match.start()
                 )
+                severity, suffix, message = match.groups()
+                parsed = _SUFFIX.fullmatch(suffix)
+                if parsed is None:
+                    self.unreadable.append(
+                        HostirError(
+                            f"cannot read the annotation 'expected-{severity}{suffix}': expected "
+                            f"expected-{severity}, then -re, @above, @below, @+N or @-N, then {{{{message}}}}",
+                            dataclasses.replace(location, length=len(severity) + len(suffix) + 9),
+                        )
+                    )
+                    continue
+                try:
+                    pattern = _message_pattern(message, parsed["regex"])
+                except re.error as error:
+                    self.unreadable.append(
+                        HostirError(f"cannot read the regular expression of the annotation: {error}", location)
+                    )
+                    continue
+                where = parsed["where"]
+                offset = {None: 0, "above": -1, "below": 1}.get(where)
+                line = number + (int(where) if offset is None else offset)
+                self.expected.append(ExpectedDiagnostic(location, severity, line, message, pattern))
 
     def mismatches(self, errors: list[HostirError]) -> list[HostirError]:
-        """The errors no annotation expects, then the annotations no error produced."""
+        """The errors no annotation expects, the annotations that cannot be read, then the
+        annotations no error produced."""
         pending = list(self.expected)
         unexpected: list[HostirError] = []
         for error in errors:
@@ -552,19 +422,28 @@ class DiagnosticVerifier:
                 )
             else:
                 pending.remove(match)
-        return unexpected + [
-            HostirError(f'expected error "{e.message}" was not produced', e.annotation)
+        return unexpected + self.unreadable + [
+            HostirError(f'expected {e.severity} "{e.message}" was not produced', e.annotation)
             for e in pending
         ]
 
     @staticmethod
-    def matches(expected: ExpectedError, error: HostirError) -> bool:
+    def matches(expected: ExpectedDiagnostic, error: HostirError) -> bool:
         return (
-            error.location is not None
+            expected.severity == "error"
+            and error.location is not None
             and error.location.file == expected.annotation.file
             and error.location.line == expected.line
-            and expected.message in error.message
+            and expected.pattern.search(error.message) is not None
         )
+
+
+def _message_pattern(message: str, regex: str | None) -> re.Pattern[str]:
+    """The message as a pattern: literal text, with its `{{...}}` parts as regexes in `-re` form."""
+    if not regex:
+        return re.compile(re.escape(message))
+    parts = _REGEX_PART.split(message)
+    return re.compile("".join(part if i % 2 else re.escape(part) for i, part in enumerate(parts)))
 
 
 BROKEN_PIPE_STATUS = 141

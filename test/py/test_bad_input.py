@@ -271,7 +271,7 @@ def test_a_collective_without_the_sharding_its_layout_needs():
 
 
 def test_bad_compile_arguments():
-    with pytest.raises(HostirError, match=r"bad pass pipeline 'no-such-pass'"):
+    with pytest.raises(HostirError, match=r"unknown pass 'no-such-pass'; hostir's passes are"):
         Program.compile(COPY, pipeline="no-such-pass")
     with pytest.raises(HostirError, match=r"the module has no function @other; it has @main"):
         Program.compile(COPY, pipeline=None, entry="other")

@@ -10,18 +10,24 @@ the lowered programs compute is checked end to end in test_e2e.py.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
 from xdsl.traits import is_side_effect_free
+from xdsl.universe import Universe
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir, hostir_context
+from hostir_dialect.fusion import Fusion
+from hostir_dialect.hir import Hir
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
-from passes import HOSTIR_PASSES
+from passes import HOSTIR_PASSES, available_passes, driver
 from passes.pipeline import HirLowering
+from runtime.program import Program
+from tools import hir_opt
 from test_stream_parallel import (
     ALLOC,
     P2P,
@@ -33,6 +39,8 @@ from test_stream_parallel import (
     loop,
     outline,
 )
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 FREE = "hir.deallocate"
 PER_STREAM = "arith.minui"
@@ -255,3 +263,67 @@ def test_cse_shares_pure_hir_ops_and_keeps_the_others():
     assert names["hir.dim"] == 1 and names["hir.stream"] == 1
     assert names["hir.allocate"] == 2 and names["hir.copy"] == 3
     assert names["hir.set_current_stream"] == 2 and names["hir.deallocate"] == 1
+
+
+# --------------------------------------------------------------------------- #
+# The drivers: hir-opt, Program.compile and hir-run read and run pipelines alike #
+# --------------------------------------------------------------------------- #
+
+AG_LINEAR = (REPOSITORY / "examples" / "ag_linear.mlir").read_text()
+
+
+def test_hir_lowering_runs_as_its_passes():
+    """A pipeline pass is expanded into its passes, which the drivers run, time and print by name."""
+    lowering = HirLowering(per_stream_buffers=False)
+    names = [p.name for p in driver.expand([lowering])]
+    assert names == [p.name for p in lowering.passes()]
+    assert names[:3] == ["insert-reshardings", "fusion-to-hir", "stream-parallel"]
+    assert "per-stream-buffers" not in names and names[-2:] == ["canonicalize", "cse"]
+    ran = []
+    driver.run_passes(
+        driver.parse_pass_pipeline("hir-lowering{per-stream-buffers=false},dce", available_passes()),
+        hostir_context(),
+        build(("allgather",), 2),
+        verify=True,
+        after=lambda done, module, seconds: ran.append(done.name),
+    )
+    assert ran == [*names, "dce"]
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        "no-such-pass",
+        "cse,stream-paralel",
+        "cse,,dce",
+        "fusion-to-hir{bakend=cuda}",
+        "hir-lowering{backend=ucc}",
+        "stream-parallel{separate-sync-loop=maybe}",
+        # A pass that fails: fusion-to-hir without insert-reshardings before it.
+        "fusion-to-hir",
+    ],
+)
+def test_program_compile_reports_a_pipeline_error_as_hir_opt_does(pipeline, tmp_path, capsys):
+    path = tmp_path / "ag_linear.mlir"
+    path.write_text(AG_LINEAR)
+    with pytest.raises(HostirError) as raised:
+        Program.compile(AG_LINEAR, pipeline=pipeline, filename=str(path))
+    assert hir_opt.main([str(path), "-p", pipeline]) == 1
+    assert capsys.readouterr().err == f"{raised.value}\n"
+    assert str(raised.value).startswith("pass-pipeline:1:" if pipeline != "fusion-to-hir" else f"{path}:10:")
+
+
+def test_a_pipeline_of_xdsl_passes_compiles():
+    """Program.compile knows every pass hir-opt knows, xDSL's among them."""
+    program = Program.compile(AG_LINEAR, pipeline="hir-lowering,licm,dce")
+    assert program.host.sym_name.data == "ag_linear"
+
+
+def test_xdsl_finds_hostir_through_its_plugin_entry_point():
+    """`pip install` registers `passes:HOSTIR_UNIVERSE` in the `xdsl.universe` group, where
+    xdsl-opt and xdsl-run look for dialects and passes."""
+    multiverse = Universe.get_multiverse()
+    assert multiverse.all_dialects["fusion"]() is Fusion
+    assert multiverse.all_dialects["hir"]() is Hir
+    assert {name: multiverse.all_passes[name] for name in HOSTIR_PASSES} == HOSTIR_PASSES
+    assert {"licm", "convert-scf-to-cf"} <= set(available_passes())

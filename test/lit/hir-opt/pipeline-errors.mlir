@@ -1,6 +1,7 @@
 // An unknown pass or a bad pass option is an error on the -p text, like a pipeline
 // syntax error: `pass-pipeline:1:col: error: ...`, the pipeline and a caret under the
-// pass name or under the option. Options are spelt with dashes or underscores, and
+// pass name or under the option. An unknown pass is told the closest names and
+// hostir's passes. Options are spelt with dashes or underscores, and
 // an error names an option as it was written.
 // RUN: not hir-opt %s -p bogus 2>&1 | filecheck %s --strict-whitespace --check-prefix=UNKNOWN
 // RUN: not hir-opt %s -p 'cse,dce,fusion-to-hirr' 2>&1 | filecheck %s --strict-whitespace --check-prefix=UNKNOWN-LATER
@@ -16,12 +17,12 @@
 // RUN: hir-opt %s -p 'stream-parallel{p2p-backend=cuda separate_sync_loop=false}' | filecheck %s --check-prefix=OK
 // RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda separate-sync-loop=false}' | filecheck %s --check-prefix=OK
 
-// UNKNOWN: {{^}}pass-pipeline:1:1: error: unknown pass 'bogus'; known passes: canonicalize, copy-engine-pipelining, cse, dce, fusion-to-hir, hir-lowering,
+// UNKNOWN: {{^}}pass-pipeline:1:1: error: unknown pass 'bogus'; hostir's passes are {{.*}}copy-engine-pipelining, fusion-to-hir, hir-lowering, {{.*}}; `hir-opt --list-passes` lists them with xDSL's {{[0-9]+}} others{{$}}
 // UNKNOWN-NEXT: {{^}}bogus{{$}}
 // UNKNOWN-NEXT: {{^}}^^^^^{{$}}
 // UNKNOWN-NOT: Traceback
 
-// UNKNOWN-LATER: {{^}}pass-pipeline:1:9: error: unknown pass 'fusion-to-hirr'
+// UNKNOWN-LATER: {{^}}pass-pipeline:1:9: error: unknown pass 'fusion-to-hirr' (did you mean 'fusion-to-hir'?); hostir's passes are
 // UNKNOWN-LATER-NEXT: {{^}}cse,dce,fusion-to-hirr{{$}}
 // UNKNOWN-LATER-NEXT: {{^}}        ^^^^^^^^^^^^^^{{$}}
 
