@@ -8,7 +8,7 @@
 # directory exists, $HOSTIR_SITE (default /tmp/site: xdsl, filecheck, lit, pytest installed
 # there with `pip install --target`). Steps, each run even if an earlier one failed:
 #   1. the end-to-end tests on NCCL ranks (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs),
-#   2. the rest of the pytest suite but the lit tests (which CI runs), whose GPU-only tests
+#   2. the rest of the pytest suite but the lit, docs and fuzz tests (which CI runs), whose GPU-only tests
 #      (CuPy kernels, CUDA streams, NCCL collectives) run here instead of skipping,
 #   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
 #      several runs at once.
@@ -56,8 +56,11 @@ step "end-to-end tests on NCCL" \
     env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -rs test/py/test_e2e.py
 # test_lit.py runs lit and the installed console scripts, which need hostir installed in
 # an environment (as CI does, `pip install -e .`), not run from a checkout: CI runs it.
+# test_docs.py (the docs' examples, those that need a GPU marked no-ci) and test_fuzz.py
+# (the parsers and passes under Hypothesis) need no GPU: CI runs them too.
 step "pytest suite on GPUs" \
-    "$PYTHON" -m pytest -q -rs test/py --ignore=test/py/test_e2e.py --ignore=test/py/test_lit.py
+    "$PYTHON" -m pytest -q -rs test/py --ignore=test/py/test_e2e.py --ignore=test/py/test_lit.py \
+    --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py
 step "hir-run --check on every example" \
     "$PYTHON" test/gpu/hir_run_all.py
 
