@@ -104,6 +104,21 @@ class Program:
             default=0,
         )
 
+    def __repr__(self) -> str:
+        """The entry's signature in IR types, the world it needs, its process-group teams, and
+        whether it was lowered here (from the fusion kept in `fusion`) or given lowered."""
+        inputs = ", ".join(
+            f"{type}{' symmetric' if i in self.symmetric_inputs else ''}"
+            for i, type in enumerate(self.input_types)
+        )
+        outputs = ", ".join(map(str, self.output_types))
+        teams = ", ".join("[" + ", ".join(map(str, team)) + "]" for team in self.teams) or "none"
+        origin = "lowered from its fusion" if self.fusion is not None else "given lowered"
+        return (
+            f"<Program @{self.host.sym_name.data}({inputs}) -> ({outputs}); "
+            f"needs {self.largest_device + 1} rank(s); teams {teams}; {origin}>"
+        )
+
     @classmethod
     def compile(
         cls,

@@ -327,3 +327,14 @@ def test_xdsl_finds_hostir_through_its_plugin_entry_point():
     assert multiverse.all_dialects["hir"]() is Hir
     assert {name: multiverse.all_passes[name] for name in HOSTIR_PASSES} == HOSTIR_PASSES
     assert {"licm", "convert-scf-to-cf"} <= set(available_passes())
+
+
+def test_program_repr_shows_the_signature_the_world_and_the_teams():
+    program = Program.compile(AG_LINEAR)
+    x, w, b = program.input_types
+    (out,) = program.output_types
+    assert repr(program) == (
+        f"<Program @ag_linear({x}, {w}, {b}) -> ({out}); needs 4 rank(s); "
+        "teams [0, 1, 2, 3]; lowered from its fusion>"
+    )
+    assert repr(Program.compile(program.module, pipeline=None)).endswith("; given lowered>")
