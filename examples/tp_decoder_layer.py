@@ -90,7 +90,7 @@ def parallelize(layer: DecoderLayer, mesh: DeviceMesh) -> DecoderLayer:
     )
 
 
-def _device() -> torch.device:
+def rank_device() -> torch.device:
     """This rank's GPU under NCCL, else the CPU."""
     import torch.distributed as dist
 
@@ -105,7 +105,7 @@ def train(steps: int = 5, batch: int = 2, sequence: int = 16) -> list[tuple[floa
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()
-    device = _device()
+    device = rank_device()
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
     reference = DecoderLayer()

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from examples.tp_decoder_layer import DecoderLayer, parallelize, train
+from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
 from frontend.backend import HostirFallbackWarning
 from runtime.launch import run_on_local_ranks
 
@@ -48,10 +48,11 @@ def _layer_on_rank(sequences: tuple[int, ...]) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (world,))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
     reference = DecoderLayer()
-    hostir_layer, eager_layer = DecoderLayer(), DecoderLayer()
+    hostir_layer, eager_layer = DecoderLayer().to(device), DecoderLayer().to(device)
     for layer in (hostir_layer, eager_layer):
         layer.load_state_dict(reference.state_dict())
         parallelize(layer, mesh)
@@ -60,7 +61,7 @@ def _layer_on_rank(sequences: tuple[int, ...]) -> dict:
     with _dumped("fusion,host_ir") as dump:
         for sequence in sequences:
             torch.manual_seed(sequence)
-            x = torch.randn(2, sequence, 64).chunk(world, dim=1)[rank]
+            x = torch.randn(2, sequence, 64).chunk(world, dim=1)[rank].to(device)
             x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
             out = compiled(x_hostir)
             expected = eager_layer(x_eager)
@@ -116,16 +117,17 @@ def _mlp_on_rank() -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (world,))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
     plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
     reference = MLP()
     modules = []
     for _ in range(2):
-        module = MLP()
+        module = MLP().to(device)
         module.load_state_dict(reference.state_dict())
         modules.append(parallelize_module(module, mesh, plan))
-    x = torch.randn(16, 16).chunk(world)[rank]
+    x = torch.randn(16, 16).chunk(world)[rank].to(device)
     x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
     with _dumped("host_ir") as dump:
         out = torch.compile(modules[0], backend="hostir", options={"chunks": 2})(x_hostir)
@@ -220,7 +222,7 @@ def _layer_on_gpu() -> dict:
     from frontend.backend import compiled_graphs
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = rank_device()
     mesh = init_device_mesh("cuda", (world,))
     torch.manual_seed(0)
     reference = DecoderLayer()
