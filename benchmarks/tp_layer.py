@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import shlex
@@ -164,8 +165,8 @@ def unavailable_reason(contender: str, device: torch.device) -> str | None:
 
 
 def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
-    """The contender's callable of `layer` (its own copy)."""
-    torch._dynamo.reset()  # no contender reuses another's graphs or counts against its recompile limit
+    """The contender's callable of `layer` (its own copy). The caller resets dynamo after each
+    contender: none reuses another's graphs or counts against another's recompile limit."""
     if contender == EAGER:
         return layer
     if contender == INDUCTOR:
@@ -240,7 +241,6 @@ class Limit:
     h: torch.Tensor
     grad_y: torch.Tensor
     size: LayerSize
-    world: int
 
     @classmethod
     def of(cls, size: LayerSize, world: int, dtype: torch.dtype, device: torch.device) -> Limit:
@@ -260,7 +260,6 @@ class Limit:
             h=random(tokens, hidden // world),
             grad_y=random(tokens, dim),
             size=size,
-            world=world,
         )
 
     def heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -342,6 +341,7 @@ def agreed_status(status: str) -> str:
 
 
 def measure_size(size: LayerSize, contenders: list[str], config: dict, device: torch.device, mesh) -> list[Result]:
+    """Every contender at `size`, as the ranks agreed on it; eager DTensor first, the reference of the checks."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, config["dtype"])
     tolerance = TOLERANCES[dtype]
@@ -357,48 +357,60 @@ def measure_size(size: LayerSize, contenders: list[str], config: dict, device: t
     expected: dict[str, dict[str, torch.Tensor]] = {}
     for contender in contenders:
         outcome = {step: Result(size, step, contender, tolerance=tolerance) for step in STEPS}
-        first_s = None
         status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
-        if status == "ok" and contender == LIMIT:
+        if status == "ok":
             try:
-                limit = Limit.of(size, world, dtype, device)
-                steps = {"forward": limit.forward_step, "train": limit.train_step}
-                for step, run in steps.items():
-                    outcome[step].rank_ms = gathered(median_ms(run, device, warmup, reps))
-                del limit
+                if contender == LIMIT:
+                    times, errors, first_s = measure_limit(size, world, dtype, device, warmup, reps), {}, None
+                else:
+                    times, errors, first_s = measure_layer(contender, base, mesh, inputs, expected, warmup, reps)
             except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
                 status = f"failed: {plain_message(error)}"
+            finally:
+                # What the contender compiled and allocated goes before the next one runs.
+                torch._dynamo.reset()
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             status = agreed_status(status)
-        elif status == "ok":
-            try:
-                layer = parallelize(copy.deepcopy(base), mesh)
-                model = wrap(contender, layer, mesh)
-                began = time.perf_counter()
-                errors = check(model, layer, inputs, expected)
-                first_s = max(gathered(time.perf_counter() - began))
-                for step, what in errors.items():
-                    outcome[step].errors = {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
-                steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}
-                for step, run in steps.items():
-                    outcome[step].rank_ms = gathered(median_ms(run, device, warmup, reps))
-                del model, layer, steps
-            except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
-                status = f"failed: {plain_message(error)}"
-            status = agreed_status(status)
-        for result in outcome.values():
+        for step, result in outcome.items():
             result.status = status
-            if status != "ok":
-                result.rank_ms, result.errors = [], {}
-            elif result.rank_ms:
+            if status == "ok":
+                result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
                 result.ms = max(result.rank_ms)
-                result.first_s = first_s
             results.append(result)
         if rank == 0:
             print(progress(outcome), flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    torch._dynamo.reset()
     return results
+
+
+def measure_limit(
+    size: LayerSize, world: int, dtype: torch.dtype, device: torch.device, warmup: int, reps: int
+) -> dict[str, list[float]]:
+    """Every rank's median of the limit's steps."""
+    limit = Limit.of(size, world, dtype, device)
+    steps = {"forward": limit.forward_step, "train": limit.train_step}
+    return {step: gathered(median_ms(run, device, warmup, reps)) for step, run in steps.items()}
+
+
+def measure_layer(
+    contender: str, base: nn.Module, mesh, inputs: Inputs, expected: dict[str, dict[str, torch.Tensor]], warmup: int, reps: int
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], float]:
+    """A copy of `base` parallelized and run by `contender`: every rank's median of each step, the
+    slowest rank's error of each checked tensor, the slowest rank's time of the first (checked) steps."""
+    layer = parallelize(copy.deepcopy(base), mesh)
+    model = wrap(contender, layer, mesh)
+    began = time.perf_counter()
+    errors = check(model, layer, inputs, expected, reference=contender == EAGER)
+    first_s = max(gathered(time.perf_counter() - began))
+    errors = {
+        step: {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
+        for step, what in errors.items()
+    }
+    steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}
+    device = inputs.x.device
+    times = {step: gathered(median_ms(run, device, warmup, reps)) for step, run in steps.items()}
+    return times, errors, first_s
 
 
 def progress(outcome: dict[str, Result]) -> str:
@@ -412,16 +424,23 @@ def progress(outcome: dict[str, Result]) -> str:
 
 
 def check(
-    model: nn.Module, layer: nn.Module, inputs: Inputs, expected: dict[str, dict[str, torch.Tensor]]
+    model: nn.Module,
+    layer: nn.Module,
+    inputs: Inputs,
+    expected: dict[str, dict[str, torch.Tensor]],
+    reference: bool = False,
 ) -> dict[str, dict[str, float]]:
-    """This rank's errors against eager DTensor per step; the first contender, eager, fills `expected`."""
+    """This rank's errors against eager DTensor per step; eager's run (`reference`) fills `expected`."""
+    if not reference and not expected:
+        raise RuntimeError("nothing to check against: eager DTensor did not run")
     errors: dict[str, dict[str, float]] = {}
     steps = {"forward": lambda: {"output": forward_step(model, inputs)}, "train": lambda: train_outputs(model, inputs, layer)}
     for step, run in steps.items():
         actual = run()
-        reference = expected.setdefault(step, {name: t.detach().clone() for name, t in actual.items()})
+        if reference:
+            expected[step] = {name: t.detach().clone() for name, t in actual.items()}
         # Compared at once: a replayed CUDA graph may write its next run's results into the same memory.
-        errors[step] = {name: relative_error(t, reference[name]) for name, t in actual.items()}
+        errors[step] = {name: relative_error(t, expected[step][name]) for name, t in actual.items()}
     return errors
 
 
