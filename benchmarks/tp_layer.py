@@ -12,20 +12,20 @@ A size is DIM,BATCH,SEQUENCE; every rank holds SEQUENCE / D of each sequence.
 
 For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
 training step, forward then backward of the output with a fixed random gradient (no
-optimizer). The contenders, in one run, each on its own copy of the same weights and
-the same inputs:
+optimizer). The contenders, in one run and in this order, each on its own copy of the
+same weights and the same inputs:
 
   eager DTensor       the parallelized layer run by torch eagerly
+  limit               no layer: the layer's GEMMs and attention of one rank, with its
+                      shapes, run back to back on local tensors with no communication
+                      (`Limit` says which): what a perfect overlap of all communication
+                      and free pointwise work would take
   inductor            torch.compile(layer) with inductor
   inductor async-TP   the same with `_micro_pipeline_tp` and symmetric memory for the
                       group: torch's async-TP (CUDA only)
   hostir (nccl)       torch.compile(layer, backend="hostir"): collectives on the process
                       group (NCCL on GPUs, gloo on CPU ranks)
   hostir (cuda)       the same with options={"backend": "cuda"}: the copy engines (CUDA only)
-  limit               no layer: the layer's GEMMs and attention of one rank, with its
-                      shapes, run back to back on a local tensor with no communication
-                      (see `limit_step`): what a perfect overlap of all communication and
-                      free pointwise work would take
 
 Before it is timed, every contender's forward output, training-step output, input
 gradient and parameter gradients (each rank's shard) are compared with eager DTensor's:
@@ -34,10 +34,10 @@ step runs `--warmup` times and `--reps` times timed (CUDA events around the step
 a barrier; host timers on CPU ranks). A contender's time is the median over the timed
 steps of one rank, the slowest rank's median; the ratio is to the limit's.
 
-Rank 0 prints a line per contender as it is measured, rewrites tp_layer.md,
+Rank 0 prints a line per contender as it is measured and rewrites tp_layer.md,
 tp_layer.json and tp_layer.png in `--output` (default build/tp_layer, ignored by git)
-after every size, so that a run cut short leaves what it measured, and prints the
-tables (Markdown) at the end. A contender that cannot run here is reported as
+after each, so that a run cut short leaves what it measured; it prints the tables
+(Markdown) at the end. A contender that cannot run here is reported as
 unavailable (or skipped), with the reason, and one that raises as failed; the exit
 status is 1 when a contender failed or its check did.
 """
@@ -82,8 +82,9 @@ ASYNC_TP = "inductor async-TP"
 HOSTIR = "hostir (nccl)"
 HOSTIR_CUDA = "hostir (cuda)"
 LIMIT = "limit"
-CONTENDERS = [EAGER, INDUCTOR, ASYNC_TP, HOSTIR, HOSTIR_CUDA, LIMIT]
-KEYS = dict(zip(["eager", "inductor", "async-tp", "hostir", "hostir-cuda", "limit"], CONTENDERS))
+CONTENDERS = [EAGER, LIMIT, INDUCTOR, ASYNC_TP, HOSTIR, HOSTIR_CUDA]
+"""In the order they run: a contender that hangs leaves the ones before it in the report."""
+KEYS = dict(zip(["eager", "limit", "inductor", "async-tp", "hostir", "hostir-cuda"], CONTENDERS))
 """The contenders' names on the command line (--contenders)."""
 STEPS = {"forward": "Forward", "train": "Training step (forward + backward)"}
 
@@ -340,8 +341,17 @@ def agreed_status(status: str) -> str:
 # --------------------------------------------------------------------------- #
 
 
-def measure_size(size: LayerSize, contenders: list[str], config: dict, device: torch.device, mesh) -> list[Result]:
-    """Every contender at `size`, as the ranks agreed on it; eager DTensor first, the reference of the checks."""
+def measure_size(
+    size: LayerSize,
+    contenders: list[str],
+    config: dict,
+    device: torch.device,
+    mesh,
+    results: list[Result],
+    measured: Callable[[], None],
+) -> None:
+    """Adds every contender at `size` to `results`, as the ranks agreed on it, calling `measured`
+    after each; eager DTensor runs first: it is the reference of the checks."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, config["dtype"])
     tolerance = TOLERANCES[dtype]
@@ -353,7 +363,6 @@ def measure_size(size: LayerSize, contenders: list[str], config: dict, device: t
         grad_output = torch.randn(size.batch, size.sequence, size.dim, dtype=dtype)
     inputs = Inputs(x.chunk(world, dim=1)[rank].contiguous(), grad_output.chunk(world, dim=1)[rank].contiguous())
     del x, grad_output
-    results: list[Result] = []
     expected: dict[str, dict[str, torch.Tensor]] = {}
     for contender in contenders:
         outcome = {step: Result(size, step, contender, tolerance=tolerance) for step in STEPS}
@@ -379,9 +388,7 @@ def measure_size(size: LayerSize, contenders: list[str], config: dict, device: t
                 result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
                 result.ms = max(result.rank_ms)
             results.append(result)
-        if rank == 0:
-            print(progress(outcome), flush=True)
-    return results
+        measured()
 
 
 def measure_limit(
@@ -413,13 +420,13 @@ def measure_layer(
     return times, errors, first_s
 
 
-def progress(outcome: dict[str, Result]) -> str:
-    """One line on a contender at one size, as it is measured."""
-    first = next(iter(outcome.values()))
+def progress(outcome: list[Result]) -> str:
+    """One line on a contender at one size (a result per step), as it is measured."""
+    first = outcome[0]
     line = f"# {first.size.label}: {first.contender}: "
     if first.status != "ok":
         return line + first.status
-    line += ", ".join(f"{step} {r.ms:.3f} ms" + ("" if r.check_ok is not False else " WRONG") for step, r in outcome.items())
+    line += ", ".join(f"{r.step} {r.ms:.3f} ms" + ("" if r.check_ok is not False else " WRONG") for r in outcome)
     return line + ("" if first.first_s is None else f" (first steps {first.first_s:.1f} s)")
 
 
@@ -450,23 +457,29 @@ def train_outputs(model: nn.Module, inputs: Inputs, layer: nn.Module) -> dict[st
 
 
 def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output: Path, command: str) -> int:
-    """Every size on this rank. Rank 0 rewrites the report after every size, so that a run cut
-    short leaves what it measured, prints the tables at the end and returns the exit status."""
+    """Every size on this rank. Rank 0 prints a line per contender and rewrites the report after
+    each, so that a run cut short leaves what it measured; at the end it prints the tables and
+    returns the exit status."""
     from torch.distributed.device_mesh import init_device_mesh
 
     communicator = Communicator.from_env()
     device = communicator.device
+    for size in sizes:
+        size.check(dist.get_world_size())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     info = machine(communicator)
     results: list[Result] = []
-    for size in sizes:
-        size.check(dist.get_world_size())
-        results += measure_size(size, contenders, config, device, mesh)
+
+    def measured() -> None:
         if dist.get_rank() == 0:
-            text = report(results, info, config, output, command)
+            print(progress(results[-len(STEPS) :]), flush=True)
+            report(results, info, config, output, command)
+
+    for size in sizes:
+        measure_size(size, contenders, config, device, mesh, results, measured)
     if dist.get_rank() != 0:
         return 0
-    print(text, flush=True)
+    print(tables(results, info, config, command), flush=True)
     print(f"# wrote {output / 'tp_layer.md'}, tp_layer.json and tp_layer.png", flush=True)
     return exit_status(results)
 
@@ -497,8 +510,9 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
         mark = notes.setdefault(status, str(len(notes) + 1))
         return f"{status.split(':')[0]} [{mark}]"
 
-    def find(size, step, contender) -> Result:
-        return next(r for r in results if (r.size, r.step, r.contender) == (size, step, contender))
+    def find(size, step, contender) -> Result | None:
+        """None for a contender not measured yet at `size` (in a report written during the run)."""
+        return next((r for r in results if (r.size, r.step, r.contender) == (size, step, contender)), None)
 
     sections = [
         f"Machine: {describe_machine(info)}",
@@ -512,6 +526,9 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
             cells = []
             for contender in contenders:
                 result = find(size, step, contender)
+                if result is None:
+                    cells.append("")
+                    continue
                 if result.ms is None:
                     cells.append(note(result.status))
                     continue
@@ -532,8 +549,8 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
             cells = []
             for contender in checked:
                 result = find(size, step, contender)
-                if not result.errors:
-                    cells.append(note(result.status) if result.status != "ok" else "")
+                if result is None or not result.errors:
+                    cells.append(note(result.status) if result and result.status != "ok" else "")
                     continue
                 cells.append(f"{max(result.errors.values()):.1e} {'ok' if result.check_ok else 'WRONG'}")
             rows.append(f"| {size.label} | {step} | " + " | ".join(cells) + " |")
@@ -588,11 +605,10 @@ def plot(results: list[Result], info: dict, path: Path) -> None:
     pyplot.close(figure)
 
 
-def report(results: list[Result], info: dict, config: dict, output: Path, command: str) -> str:
-    """Writes tp_layer.md, tp_layer.json and tp_layer.png into `output`; returns the tables."""
+def report(results: list[Result], info: dict, config: dict, output: Path, command: str) -> None:
+    """Writes tp_layer.md, tp_layer.json and tp_layer.png into `output`."""
     output.mkdir(parents=True, exist_ok=True)
-    text = tables(results, info, config, command)
-    (output / "tp_layer.md").write_text(text)
+    (output / "tp_layer.md").write_text(tables(results, info, config, command))
     document = {
         "machine": info,
         "command": command,
@@ -601,7 +617,6 @@ def report(results: list[Result], info: dict, config: dict, output: Path, comman
     }
     (output / "tp_layer.json").write_text(json.dumps(document, indent=1) + "\n")
     plot(results, info, output / "tp_layer.png")
-    return text
 
 
 # --------------------------------------------------------------------------- #
