@@ -21,15 +21,18 @@ import torch
 import torch.distributed as dist
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import hir, hostir_context
-from hostir_dialect.fusion import DYNAMIC, ParallelType, TensorType, shape_str
+from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str
 from hostir_dialect.text import HostirError, parse_module
 from passes import DEFAULT_PIPELINE, available_passes
 from passes.driver import parse_pass_pipeline, run_passes
 from runtime.communicator import Communicator
 from runtime.fusion_eval import torch_dtype
 from runtime.interpreter import Interpreter, RunContext, StepWrapper
+from runtime.reference import full_shape
 from runtime.streams import configured_num_streams, stream_pool
 
 
@@ -57,6 +60,10 @@ def _lower(module: ModuleOp, pipeline: str) -> None:
     """Runs `pipeline` as hir-opt does: the same passes, and the same errors, located in
     the pipeline text, for an unknown pass or a bad option."""
     run_passes(parse_pass_pipeline(pipeline, available_passes()), hostir_context(), module, verify=True)
+
+
+def _with_shape(type: TensorType, shape: Sequence[int]) -> TensorType:
+    return TensorType(shape, type.element_type, type.mesh, type.axes.data)
 
 
 def _tensor_types(function: func.FuncOp, types: Sequence, what: str) -> list[TensorType]:
@@ -87,6 +94,8 @@ class Program:
         mesh (`symmetric_empty`)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         self.interpreter = Interpreter(host)
+        self._fitting_shapes: set[tuple[tuple[int, ...], ...]] = set()
+        """The whole input shapes `check_extents` found to fit the fusion."""
         communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
         symmetric = [op for op in host.walk() if isinstance(op, hir.AllocateOp) and op.symmetric]
         self.teams = list(
@@ -235,7 +244,41 @@ class Program:
                 f"the inputs of @{self.host.sym_name.data} are wrong on another rank, so no rank "
                 f"runs it: {'; '.join(faults)}"
             )
-        return self._agreed_extents(rows)
+        extents = self._agreed_extents(rows)
+        self.check_extents([full_shape(t, i, extents, UNKNOWN_EXTENT) for i, t in enumerate(self.input_types)])
+        return extents
+
+    def check_extents(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Raises `HostirError` if whole inputs of `shapes` cannot go through the fusion together
+        (the K of a matmul differs between its operands, say), which their types alone allow.
+
+        The shapes go through a copy of the fusion op by op, by each op's `infer_shape` (the
+        shape rule its verifier uses); each set of shapes is checked once. `check` calls it
+        on every rank alike, before the program communicates. Without the fusion (a program
+        given lowered) there is nothing to check against.
+        """
+        key = tuple(tuple(shape) for shape in shapes)
+        if self.fusion is None or key in self._fitting_shapes:
+            return
+        copy = self.fusion.clone()
+        for argument, shape in zip(copy.args, key):
+            Rewriter.replace_value_with_new_type(argument, _with_shape(argument.type, shape))
+        for op, original in zip(list(copy.walk()), list(self.fusion.walk())):
+            if not isinstance(op, FusionOp):
+                continue
+            try:
+                shape = op.infer_shape()
+            except NotImplementedError:  # an op without a shape rule (fusion.aten) keeps its type
+                continue
+            except (VerifyException, HostirError) as error:
+                shapes_text = ", ".join(f"input #{i} is {shape_str(shape)}" for i, shape in enumerate(key))
+                raise HostirError.at(
+                    original,
+                    f"the inputs of @{self.fusion.sym_name.data} do not fit together ({shapes_text}): "
+                    + (error.message if isinstance(error, HostirError) else str(error)),
+                ) from None
+            Rewriter.replace_value_with_new_type(op.results[0], _with_shape(op.results[0].type, shape))
+        self._fitting_shapes.add(key)
 
     def _input_problem(
         self, inputs: Sequence[torch.Tensor], communicator: Communicator
