@@ -15,10 +15,18 @@ Result shapes come from the fusion dialect's shape rules; a result lives on the 
 its first tensor operand has when the op is defined, with every axis serial, until
 the schedule says otherwise.
 Mistakes raise `HostirError` when the call that makes them is made.
+
+Each op's location is the line of the user's code that defined it (the innermost
+caller outside this module, with its column), and the function's is the line that
+made the builder: an error found later, by a pass or at run time, is then reported as
+`file.py:line:col: error: ...` with that line, as for a fusion written in text.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -28,9 +36,12 @@ from xdsl.dialects.builtin import (
     AnyFloat,
     ArrayAttr,
     DictionaryAttr,
+    FileLineColLoc,
     FloatAttr,
+    IntAttr,
     IntegerAttr,
     ModuleOp,
+    StringAttr,
     UnitAttr,
     bf16,
     f16,
@@ -84,7 +95,7 @@ from hostir_dialect.fusion import (
     reduction_shape,
 )
 from hostir_dialect.hir import SYMMETRIC_INPUT
-from hostir_dialect.text import HostirError, verify_module
+from hostir_dialect.text import HostirError, source_location, verify_module
 
 ELEMENT_TYPES: dict[str, Attribute] = {
     "f64": f64,
@@ -117,13 +128,38 @@ Definition = tuple[type[FusionOp], tuple[object, ...]]
 """The op class that computes a tensor, and its constructor's arguments but the result type."""
 
 
+_NOT_THE_CALLER = {__file__, contextlib.__file__}
+"""The files of the frames between the user's call and `caller_location`."""
+
+
+def caller_location() -> FileLineColLoc | None:
+    """Where the user's code calls the builder: the line and column of the innermost frame
+    outside this module and `contextlib` (None if there is none)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename in _NOT_THE_CALLER:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    column = 1
+    if hasattr(frame.f_code, "co_positions"):  # Python 3.11: the call's own span
+        _, _, start, _ = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None))
+        column = 1 if start is None else start + 1
+    return FileLineColLoc(StringAttr(frame.f_code.co_filename), IntAttr(frame.f_lineno), IntAttr(column))
+
+
 @contextmanager
 def _reported_as(op_name: str = "") -> Iterator[None]:
-    """Turns the dialect's VerifyExceptions into HostirErrors (about `op_name` if given)."""
+    """Turns the dialect's VerifyExceptions into HostirErrors (about `op_name` if given),
+    located at the user's call."""
     try:
         yield
     except VerifyException as e:
-        raise HostirError(str(e), op_name=op_name) from None
+        location = caller_location()
+        if location is None:
+            raise HostirError(str(e), op_name=op_name) from None
+        # A located error shows the user's line, not the op; the message names it.
+        message = f"{op_name}: {e}" if op_name else str(e)
+        raise HostirError(message, source_location(location), op_name) from None
 
 
 def element_type(dtype: DType) -> Attribute:
@@ -191,6 +227,8 @@ class Tensor:
         self.builder = builder
         self.type = type
         self.definition = definition
+        self.location = caller_location()
+        """The line of the user's code that made the tensor, which the op that computes it gets."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -282,6 +320,8 @@ class FusionBuilder:
 
     def __init__(self, name: str):
         self.name = name
+        self.location = caller_location()
+        """The line of the user's code that made the builder, which the function gets."""
         self.inputs: list[Tensor] = []
         self.symmetric_inputs: set[Tensor] = set()
         self.outputs: list[Tensor] = []
@@ -337,6 +377,8 @@ class FusionBuilder:
         for tensor in self.computed:
             op_class, args = tensor.definition
             op = op_class(*(values[a] if isinstance(a, Tensor) else a for a in args), tensor.type)
+            if tensor.location is not None:
+                op.location = tensor.location
             body.add_op(op)
             values[tensor] = op.results[0]
         body.add_op(func.ReturnOp(*(values[t] for t in self.outputs)))
@@ -353,6 +395,8 @@ class FusionBuilder:
             if self.symmetric_inputs
             else None,
         )
+        if self.location is not None:
+            function.location = self.location
         module = ModuleOp([function])
         verify_module(module)
         return module

@@ -16,6 +16,7 @@ Python have no location and are reported by name.
 from __future__ import annotations
 
 import io
+import linecache
 import re
 import struct
 import sys
@@ -98,10 +99,19 @@ def operation_location(op: Operation) -> SourceLocation | None:
     loc = op.location
     if not isinstance(loc, FileLineColLoc):
         return None
+    return source_location(loc)
+
+
+def source_location(loc: FileLineColLoc) -> SourceLocation:
+    """The place `loc` names, with its line: from IR text parsed here, or else from the file
+    itself (the Python line where the builder made an op)."""
     file = loc.filename.data
     line = loc.line.data
-    lines = _SOURCES.get(file, [])
-    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    lines = _SOURCES.get(file)
+    if lines is None:
+        text = linecache.getline(file, line).rstrip("\n")
+    else:
+        text = lines[line - 1] if 0 < line <= len(lines) else ""
     return SourceLocation(file, line, loc.column.data, text)
 
 

@@ -51,6 +51,7 @@ from hostir_dialect.text import HostirError
 from passes.axis_mapping import operand_axis_maps
 from passes.sharding import (
     UnsupportedResharding,
+    describe_operand,
     local_operand_type,
     plan_resharding,
     reduces_didx_axis,
@@ -127,10 +128,10 @@ def check_lowerable(op: Operation, indices: list[int], inserted: fusion.SetOp) -
         plan_resharding(inserted)
     except UnsupportedResharding as error:
         source, target = tensor_type(inserted.input), tensor_type(inserted.result)
-        which = ("operand " if len(indices) == 1 else "operands ") + ", ".join(map(str, indices))
+        which = " and ".join(describe_operand(op, index) for index in indices)
         raise HostirError.at(
             op,
-            f"{op.name}: {which} must be resharded from {source.sharding_str()} to "
+            f"{op.name}: {which} must {'' if len(indices) == 1 else 'each '}be resharded from {source.sharding_str()} to "
             f"{target.sharding_str()} (by a fusion.set that insert-reshardings inserts), "
             f"and no communication does that: {error.reason}",
         ) from None

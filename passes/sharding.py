@@ -13,18 +13,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xdsl.dialects import func
 from xdsl.dialects.shard import ReductionKind
+from xdsl.ir import BlockArgument, Operation
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DIDX, SERIAL, FusionOp, TensorType, shape_str, tensor_type
-from hostir_dialect.text import HostirError
+from hostir_dialect.text import HostirError, operation_location
 from passes.axis_mapping import operand_axis_maps
 
 REDUCTION_KINDS: dict[type[fusion.ReductionOp], ReductionKind] = {
     fusion.SumOp: ReductionKind.SUM,
     fusion.MaxOp: ReductionKind.MAX,
 }
+
+
+def describe_operand(op: Operation, index: int) -> str:
+    """Operand `index` of `op` as the user knows it: its name in the op and where its value
+    comes from, ``operand 1 `rhs` (input #0 of @f)`` or
+    ``operand 0 `lhs` (the fusion.matmul at model.py:12)``."""
+    value = op.operands[index]
+    names = [name for name, _ in op.get_irdl_definition().operands]
+    name = f" `{names[index]}`" if index < len(names) else ""
+    if isinstance(value, BlockArgument):
+        owner = value.block.parent_op()
+        function = f" of @{owner.sym_name.data}" if isinstance(owner, func.FuncOp) else ""
+        origin = f"input #{value.index}{function}"
+    else:
+        place = operation_location(value.op)
+        origin = f"the {value.op.name}" + (f" at {place.file}:{place.line}" if place else "")
+    return f"operand {index}{name} ({origin})"
 
 
 def local_operand_type(op: FusionOp, index: int) -> TensorType:
@@ -61,7 +80,7 @@ def local_operand_type(op: FusionOp, index: int) -> TensorType:
     except VerifyException as error:
         raise HostirError.at(
             op,
-            f"{op.name}: operand {index} of shape {shape_str(operand_type.get_shape())} cannot "
+            f"{op.name}: {describe_operand(op, index)} of shape {shape_str(operand_type.get_shape())} cannot "
             f"be laid out as the result, {result.sharding_str()}: {error}",
         ) from None
 

@@ -4,6 +4,8 @@ Static result shapes are checked against what torch itself computes on tensors o
 those shapes; every built module must print and parse back to the same text.
 """
 
+import inspect
+
 import pytest
 import torch
 from xdsl.dialects import func
@@ -44,6 +46,7 @@ from hostir_dialect.fusion import (
     element_type_name,
 )
 from hostir_dialect.text import HostirError
+from runtime.program import Program
 
 
 def tensor(shape, dtype=f32, mesh=(0,), axes=None) -> TensorType:
@@ -422,13 +425,13 @@ def _two_inputs(fb: FusionBuilder):
         (lambda fb, x, y: fb.input([-2], "f32"), "negative extent -2"),
         (
             lambda fb, x, y: fb.add(x, y),
-            r"'fusion.add' op: shapes \[\?, 4\], \[3, 5\] do not broadcast",
+            r"fusion.add: shapes \[\?, 4\], \[3, 5\] do not broadcast",
         ),
         (
             lambda fb, x, y: fb.matmul(x, y),
-            r"'fusion.matmul' op: matmul contracts axis of extent 4",
+            r"fusion.matmul: matmul contracts axis of extent 4",
         ),
-        (lambda fb, x, y: fb.linear(y, x), r"'fusion.linear' op: linear contracts the last axis"),
+        (lambda fb, x, y: fb.linear(y, x), r"fusion.linear: linear contracts the last axis"),
         (lambda fb, x, y: fb.linear(x, x, x), r"linear bias must have rank 0 or 1"),
         (
             lambda fb, x, y: fb.mul(x, fb.cast(x, "bf16")),
@@ -501,6 +504,63 @@ def test_a_tensor_of_another_fusion_is_refused(use):
     fb = FusionBuilder("mine")
     with pytest.raises(HostirError, match=r"belongs to fusion 'other', not to 'mine'"):
         use(fb, foreign)
+
+
+# --------------------------------------------------------------------------- #
+# Locations: the Python line that built an op                                  #
+# --------------------------------------------------------------------------- #
+
+
+def _line() -> int:
+    """The line of the caller."""
+    return inspect.currentframe().f_back.f_lineno
+
+
+def test_each_op_has_the_python_line_that_defined_it():
+    here = _line()
+    fb = FusionBuilder("located")
+    x = fb.input([4], "f32")
+    y = fb.neg(x)
+    z = y * 2.0
+    fb.output(z)
+    function = fb.build().ops.first
+    neg, constant, mul, _ = function.body.block.ops
+    places = [(op.location.filename.data, op.location.line.data, op.location.column.data) for op in (function, neg, constant, mul)]
+    assert places == [(__file__, here + 1, 10), (__file__, here + 3, 9), (__file__, here + 4, 9), (__file__, here + 4, 9)]
+
+
+def test_an_error_after_building_shows_the_python_line_and_names_the_operand():
+    fb = FusionBuilder("moved")
+    a = fb.input([2, 4], "f32", mesh=[0, 1], axes=["didx", "_"])
+    w = fb.input([4, 4], "f32", mesh=[0, 1])
+    here = _line()
+    y = fb.matmul(a, w)
+    z = fb.neg(y)
+    fb.set_mesh(z, [2, 3])
+    fb.parallelize(z, 0, "didx")
+    fb.output(z)
+    with pytest.raises(HostirError) as raised:
+        Program.compile(fb.build())
+    lines = str(raised.value).splitlines()
+    assert lines[0].startswith(
+        f"{__file__}:{here + 2}:9: error: fusion.neg: operand 0 `input` (the fusion.matmul at "
+        f"{__file__}:{here + 1}) must be resharded from mesh = [0, 1], axes = [_, _] to "
+        "mesh = [2, 3], axes = [didx, _]"
+    )
+    assert lines[1:] == ["    z = fb.neg(y)", "        ^"]
+
+
+def test_a_mistake_while_building_is_located_at_the_call():
+    fb = FusionBuilder("bad")
+    here = _line()
+    with pytest.raises(HostirError, match="didx axis 0 has extent 5 but the mesh has 4") as raised:
+        fb.input([5], "f32", mesh=range(4), axes=["didx"])
+    location = raised.value.location
+    assert (location.file, location.line, location.text.strip()) == (
+        __file__,
+        here + 2,
+        'fb.input([5], "f32", mesh=range(4), axes=["didx"])',
+    )
 
 
 # --------------------------------------------------------------------------- #

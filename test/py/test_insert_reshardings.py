@@ -225,7 +225,7 @@ def test_a_resharding_no_communication_does_is_an_error_at_the_users_op():
     assert error.value.op_name == "fusion.add"
     assert (error.value.location.file, error.value.location.line) == ("transposed.mlir", 4)
     assert error.value.message.startswith(
-        "fusion.add: operand 1 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] "
+        "fusion.add: operand 1 `rhs` (input #1 of @f) must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] "
         "to mesh = [0, 1, 2, 3], axes = [didx, _]"
     )
     assert error.value.message.endswith("no communication moves a didx axis to another axis")

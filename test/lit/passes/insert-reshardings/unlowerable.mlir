@@ -8,11 +8,11 @@
 !rows = !fusion.tensor<[4, 4], f32, mesh = [0, 1, 2, 3], axes = [didx, _]>
 !cols = !fusion.tensor<[4, 4], f32, mesh = [0, 1, 2, 3], axes = [_, didx]>
 
-// CHECK: {{^}}[[FILE]]:[[# @LINE + 5]]:3: error: fusion.add: operand 1 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [0, 1, 2, 3], axes = [didx, _] (by a fusion.set that insert-reshardings inserts), and no communication does that: no communication moves a didx axis to another axis{{$}}
+// CHECK: {{^}}[[FILE]]:[[# @LINE + 5]]:3: error: fusion.add: operand 1 `rhs` (input #1 of @add) must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [0, 1, 2, 3], axes = [didx, _] (by a fusion.set that insert-reshardings inserts), and no communication does that: no communication moves a didx axis to another axis{{$}}
 // CHECK-NEXT: {{^}}  %c = fusion.add %a, %b : (!rows, !cols) -> !rows{{$}}
 // CHECK-NEXT: {{^}}  ^{{$}}
 func.func @add(%a: !rows, %b: !cols) -> !rows {
-  // expected-error@+1 {{fusion.add: operand 1 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [0, 1, 2, 3], axes = [didx, _]}}
+  // expected-error@+1 {{fusion.add: operand 1 `rhs` (input #1 of @add) must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [0, 1, 2, 3], axes = [didx, _]}}
   %c = fusion.add %a, %b : (!rows, !cols) -> !rows
   func.return %c : !rows
 }
@@ -23,9 +23,9 @@ func.func @add(%a: !rows, %b: !cols) -> !rows {
 !cols = !fusion.tensor<[4, 4], f32, mesh = [0, 1, 2, 3], axes = [_, didx]>
 
 // One set serves both operands; the error names both.
-// CHECK: {{^}}[[FILE]]:[[# @LINE + 3]]:3: error: fusion.mul: operands 0, 1 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [0, 1, 2, 3], axes = [didx, _]
+// CHECK: {{^}}[[FILE]]:[[# @LINE + 3]]:3: error: fusion.mul: operand 0 `lhs` (input #0 of @same_operand_twice) and operand 1 `rhs` (input #0 of @same_operand_twice) must each be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [0, 1, 2, 3], axes = [didx, _]
 func.func @same_operand_twice(%b: !cols) -> !rows {
-  // expected-error@+1 {{fusion.mul: operands 0, 1 must be resharded}}
+  // expected-error@+1 {{fusion.mul: operand 0 `lhs` (input #0 of @same_operand_twice) and operand 1 `rhs` (input #0 of @same_operand_twice) must each be resharded}}
   %c = fusion.mul %b, %b : (!cols, !cols) -> !rows
   func.return %c : !rows
 }
@@ -36,9 +36,9 @@ func.func @same_operand_twice(%b: !cols) -> !rows {
 !far = !fusion.tensor<[4, 4], f32, mesh = [4, 5, 6, 7], axes = [didx, _]>
 
 // A change of mesh and of the didx axis at once.
-// CHECK: {{^}}[[FILE]]:[[# @LINE + 3]]:3: error: fusion.neg: operand 0 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [4, 5, 6, 7], axes = [didx, _] {{.*}}: no communication
+// CHECK: {{^}}[[FILE]]:[[# @LINE + 3]]:3: error: fusion.neg: operand 0 `input` (input #0 of @other_mesh) must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [4, 5, 6, 7], axes = [didx, _] {{.*}}: no communication
 func.func @other_mesh(%b: !cols) -> !far {
-  // expected-error@+1 {{fusion.neg: operand 0 must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [4, 5, 6, 7], axes = [didx, _]}}
+  // expected-error@+1 {{fusion.neg: operand 0 `input` (input #0 of @other_mesh) must be resharded from mesh = [0, 1, 2, 3], axes = [_, didx] to mesh = [4, 5, 6, 7], axes = [didx, _]}}
   %c = fusion.neg %b : !cols -> !far
   func.return %c : !far
 }
