@@ -12,6 +12,7 @@ multiprocessing resource tracker). Whatever happens, the group is killed at the 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -113,12 +114,16 @@ def running_hir_run(fusion: Path) -> Iterator[subprocess.Popen]:
 
 
 def _wait_for_a_run(process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + START_S
-    for line in process.stderr:
-        if ": run " in line:
-            return
-        assert time.monotonic() < deadline, "the ranks did not start running"
-    pytest.fail(f"hir-run ended before its ranks ran, with status {process.wait()}")
+    """Reads hir-run's stderr until a rank says it runs, for START_S at most."""
+    deadline, said = time.monotonic() + START_S, b""
+    while b": run " not in said:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"the ranks did not start running: {said.decode()}"
+        if select.select([process.stderr], [], [], remaining)[0]:
+            chunk = os.read(process.stderr.fileno(), 4096)
+            if not chunk:
+                pytest.fail(f"hir-run ended before its ranks ran, with status {process.wait()}: {said.decode()}")
+            said += chunk
 
 
 def ended_within(process: subprocess.Popen, seconds: float) -> tuple[int, float, str]:
