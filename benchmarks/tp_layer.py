@@ -109,11 +109,13 @@ class LayerSize:
         return f"dim {self.dim}, {self.batch} x {self.sequence} tokens"
 
     def check(self, world: int) -> None:
+        """Exits with a message where `world` ranks cannot split this size."""
+        where = f"size {self.dim},{self.batch},{self.sequence} (head dim {self.head_dim})"
+        if self.dim % self.head_dim:
+            raise SystemExit(f"{where}: dim is not a multiple of the head dim")
         for what, extent in (("heads", self.heads), ("MLP hidden", self.hidden), ("sequence", self.sequence)):
             if extent == 0 or extent % world:
-                raise SystemExit(f"size {self}: {what} {extent} is not a multiple of the {world} ranks")
-        if self.dim % self.head_dim:
-            raise SystemExit(f"size {self}: dim is not a multiple of the head dim {self.head_dim}")
+                raise SystemExit(f"{where}: {what} {extent} is not a multiple of the {world} ranks")
 
 
 ISSUE_SIZES = [LayerSize(4096, 1, 8192), LayerSize(4096, 2, 8192), LayerSize(8192, 1, 8192), LayerSize(8192, 2, 8192)]
@@ -464,8 +466,6 @@ def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output
 
     communicator = Communicator.from_env()
     device = communicator.device
-    for size in sizes:
-        size.check(dist.get_world_size())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     info = machine(communicator)
     results: list[Result] = []
@@ -630,7 +630,7 @@ def parse_sizes(text: str, head_dim: int) -> list[LayerSize]:
         try:
             dim, batch, sequence = (int(v) for v in spec.split(","))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"size {spec!r}: write DIM,BATCH,SEQUENCE") from None
+            raise ValueError(f"size {spec!r}: write DIM,BATCH,SEQUENCE") from None
         sizes.append(LayerSize(dim, batch, sequence, head_dim))
     return sizes
 
@@ -650,7 +650,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     head_dim = args.head_dim or (16 if args.smoke else 128)
     if args.sizes:
-        args.sizes = parse_sizes(args.sizes, head_dim)
+        try:
+            args.sizes = parse_sizes(args.sizes, head_dim)
+        except ValueError as error:
+            parser.error(str(error))
     else:
         args.sizes = SMOKE_SIZES if args.smoke else [LayerSize(s.dim, s.batch, s.sequence, head_dim) for s in ISSUE_SIZES]
     args.contenders_given = bool(args.contenders)
@@ -685,13 +688,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not cuda and INDUCTOR in args.contenders and not args.inductor_chosen:
         config["skip"][INDUCTOR] = CPU_INDUCTOR_SKIP
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    nproc = int(os.environ["WORLD_SIZE"]) if torchrun else args.nproc or (torch.cuda.device_count() if cuda else 2)
+    for size in args.sizes:
+        size.check(nproc)
+    if torchrun:
         command = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} {shlex.join(sys.argv)}"
         status = run_rank(args.sizes, args.contenders, config, args.output, command)
         dist.destroy_process_group()
         return status
     command = shlex.join(["python", *sys.argv])
-    nproc = args.nproc or (torch.cuda.device_count() if cuda else 2)
     return run_on_local_ranks(run_rank, nproc, args.sizes, args.contenders, config, args.output, command)[0]
 
 

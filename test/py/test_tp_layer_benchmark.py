@@ -153,3 +153,21 @@ def test_the_table_marks_wrong_results_and_notes_why_a_contender_did_not_run():
     assert tp_layer.exit_status(results) == 1
     good = [r for r in results if r.contender in (tp_layer.EAGER, tp_layer.LIMIT)]
     assert tp_layer.exit_status(good) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sizes", "64,2"], "size '64,2': write DIM,BATCH,SEQUENCE"),
+        (["--contenders", "eager,async_tp"], "unknown contender(s) ['async_tp']"),
+        (["--sizes", "64,2,15", "--head-dim", "16", "--nproc", "2"], "size 64,2,15 (head dim 16): sequence 15 is not a multiple of the 2 ranks"),
+        (["--sizes", "64,2,16", "--head-dim", "32", "--nproc", "4"], "heads 2 is not a multiple of the 4 ranks"),
+        (["--sizes", "60,2,16", "--head-dim", "16", "--nproc", "2"], "dim is not a multiple of the head dim"),
+    ],
+)
+def test_bad_arguments_exit_with_a_message_before_any_rank_starts(argv, message, capsys):
+    # Not --smoke, which hides the GPUs from the process that runs it.
+    with pytest.raises(SystemExit) as exited:
+        tp_layer.main(argv)
+    assert exited.value.code != 0
+    assert message in capsys.readouterr().err + str(exited.value.code)
