@@ -1,10 +1,11 @@
 // hir-opt knows every dialect and pass of xDSL's universe next to hostir's: memref
-// parses, xDSL's licm and convert-scf-to-cf run. And xDSL's own xdsl-opt knows
-// hostir's dialects and passes, through the `xdsl.universe` entry point that
-// `pip install` registers.
+// parses, xDSL's licm and convert-scf-to-cf run. And xDSL's own xdsl-opt and xdsl-run
+// know hostir's dialects and passes, through the `xdsl.universe` entry point that
+// `pip install` registers (xdsl-run reads a module that holds a fusion).
 // RUN: hir-opt %s -p licm | filecheck %s --check-prefix=LICM
 // RUN: hir-opt %s -p convert-scf-to-cf | filecheck %s --check-prefix=CF
 // RUN: %python -m xdsl.tools.xdsl_opt %s -p insert-reshardings,fusion-to-hir | filecheck %s --check-prefix=XDSL-OPT
+// RUN: %python -m xdsl.tools.xdsl_run %S/Inputs/xdsl-run.mlir --verbose | filecheck %s --check-prefix=XDSL-RUN
 
 // LICM: func.func @loop
 // LICM: %next = arith.addi %n, %c1 : index
@@ -14,6 +15,8 @@
 // CF: func.func @loop
 // CF-NOT: scf.for
 // CF: cf.cond_br
+
+// XDSL-RUN: result: 3
 
 // XDSL-OPT: func.func @loop
 // XDSL-OPT: func.func @neg
