@@ -5,7 +5,7 @@
 // RUN: hir-opt %s -p licm | filecheck %s --check-prefix=LICM
 // RUN: hir-opt %s -p convert-scf-to-cf | filecheck %s --check-prefix=CF
 // RUN: %python -m xdsl.tools.xdsl_opt %s -p insert-reshardings,fusion-to-hir | filecheck %s --check-prefix=XDSL-OPT
-// RUN: %python -m xdsl.tools.xdsl_run %S/Inputs/xdsl-run.mlir --verbose | filecheck %s --check-prefix=XDSL-RUN
+// RUN: %python -m xdsl.tools.xdsl_run %S/Inputs/xdsl-run.mlir --verbose | filecheck %s --check-prefix=RAN
 
 // LICM: func.func @loop
 // LICM: %next = arith.addi %n, %c1 : index
@@ -16,7 +16,7 @@
 // CF-NOT: scf.for
 // CF: cf.cond_br
 
-// XDSL-RUN: result: 3
+// RAN: result: 3
 
 // XDSL-OPT: func.func @loop
 // XDSL-OPT: func.func @neg
