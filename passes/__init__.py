@@ -63,6 +63,12 @@ def _insert_deallocations() -> type[ModulePass]:
     return InsertDeallocations
 
 
+def _auto_stream_parallel() -> type[ModulePass]:
+    from passes.auto_stream_parallel import AutoStreamParallel
+
+    return AutoStreamParallel
+
+
 def _hir_lowering() -> type[ModulePass]:
     from passes.pipeline import HirLowering
 
@@ -70,6 +76,7 @@ def _hir_lowering() -> type[ModulePass]:
 
 
 HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "auto-stream-parallel": _auto_stream_parallel,
     "insert-reshardings": _insert_reshardings,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
