@@ -113,8 +113,7 @@ class GraphReplayer:
         """Why this replayer runs the program eagerly; None while it replays."""
         if self.communicator.device.type != "cuda":
             self._run_eagerly(
-                f"CUDA graphs need CUDA devices, and this rank runs {self.communicator.backend} "
-                f"on {self.communicator.device}"
+                f"CUDA graphs need CUDA devices, and this rank runs {self.communicator.where}"
             )
 
     @property

@@ -167,7 +167,7 @@ def test_cpu_runs_eagerly_says_so_once_and_matches_torch():
     program = Program.compile(case.build())
     with pytest.warns(GraphReplayFallback, match="runs eagerly: CUDA graphs need CUDA devices"):
         replayer = GraphReplayer(program, Communicator.single(torch.device("cpu")))
-    assert not replayer.replays and "gloo on cpu" in replayer.eager_reason
+    assert not replayer.replays and replayer.eager_reason.endswith("this rank runs cpu, no process group")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for seed, S in ((0, 3), (1, 4)):
