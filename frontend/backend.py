@@ -45,6 +45,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
 from hostir_dialect.text import print_module
+from runtime.aten_calls import CARRIERS
 from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
 from runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
 from runtime.graphs import GraphReplayer
@@ -128,7 +129,7 @@ class CompiledShapes:
     def run(self, args: Sequence[Any]) -> list[Any]:
         imported = self.imported
         inputs = [
-            args[i].unsqueeze(0) if varying else args[i]
+            _carried(args[i]).unsqueeze(0) if varying else _carried(args[i])
             for i, varying in zip(imported.inputs, imported.input_varying)
         ]
         if self.replayer is not None:
@@ -138,13 +139,18 @@ class CompiledShapes:
         outputs: list[Any] = []
         for kind, what in imported.outputs:
             if kind == "fusion":
-                index, shape = what
-                outputs.append(results[index].reshape(shape))
+                index, shape, dtype = what
+                outputs.append(results[index].reshape(shape).view(dtype))
             elif kind == "input":
                 outputs.append(args[what])
             else:
                 outputs.append(what)
         return outputs
+
+
+def _carried(tensor: torch.Tensor) -> torch.Tensor:
+    """A graph input as the program takes it: its bits in the IR's dtype (`CARRIERS`)."""
+    return tensor.view(CARRIERS[tensor.dtype]) if tensor.dtype in CARRIERS else tensor
 
 
 class HostirGraph:

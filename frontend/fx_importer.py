@@ -47,7 +47,7 @@ from hostir_dialect import fusion
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
 from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
-from runtime.aten_calls import NotEncodable, encode_call
+from runtime.aten_calls import CARRIERS, NotEncodable, encode_call
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -92,7 +92,7 @@ class ImportedGraph:
     """For each fusion input, the index of the graph input it is."""
     input_varying: list[bool]
     outputs: list[tuple[str, Any]]
-    """For each graph output: ("fusion", (index, FX shape)), ("input", index) or ("constant", value)."""
+    """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index) or ("constant", value)."""
     mesh: tuple[int, ...]
     pipelined: list[str] = field(default_factory=list)
 
@@ -163,6 +163,7 @@ class Importer:
     # -- types ------------------------------------------------------------------ #
 
     def tensor_type(self, local_shape: Sequence[int], dtype: torch.dtype, varying: bool) -> TensorType:
+        dtype = CARRIERS.get(dtype, dtype)
         if not _dtype_supported(dtype):
             raise UnsupportedGraph(f"tensors of dtype {dtype} are not supported")
         shape = [self.devices, *local_shape] if varying else list(local_shape)
@@ -219,7 +220,7 @@ class Importer:
                 continue
             value = self.values[item] if isinstance(item, torch.fx.Node) else item
             if isinstance(value, Value):
-                plan.append(("fusion", (len(self.values_returned), value.shape)))
+                plan.append(("fusion", (len(self.values_returned), value.shape, value.dtype)))
                 self.values_returned.append(value.ssa)
             else:
                 plan.append(("constant", value))
@@ -336,6 +337,9 @@ class Importer:
             operands.append(flat)
             return len(operands) - 1
 
+        def views() -> dict[int, torch.dtype]:
+            return {i: v.dtype for i, v in enumerate(operands) if v.dtype in CARRIERS}
+
         def resolve(item: Any) -> Any:
             if isinstance(item, torch.fx.Node):
                 return self.values[item]
@@ -346,7 +350,8 @@ class Importer:
         args = [resolve(a) for a in node.args]
         kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
         try:
-            call = encode_call(args, kwargs, operand)
+            encode_call(args, kwargs, operand)  # finds the operands, whose dtypes the call names
+            call = encode_call(args, kwargs, operand, views())
         except NotEncodable as error:
             raise UnsupportedGraph(f"{node.format_node()}: {error}") from None
         results = node.meta.get("val")
@@ -454,6 +459,8 @@ def _reduce_over_devices(importer: Importer, node: torch.fx.Node, value: Value, 
         )
     if not importer.varies(value):
         return value
+    if value.dtype in CARRIERS:
+        raise UnsupportedGraph(f"{node.format_node()}: a reduction of {value.dtype} tensors is not supported")
     devices = importer.devices
     if scatter and value.chunks[:1] != (devices,):
         value = importer.rechunked(importer.flat(value), (devices,))
@@ -483,6 +490,8 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     """
     result = _result(node)
     if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
+        return None
+    if lhs.dtype in CARRIERS:
         return None
     if rhs.chunks or (lhs.chunks and len(lhs.shape) != 2):
         lhs, rhs = importer.flat(lhs), importer.flat(rhs)
@@ -523,7 +532,7 @@ def _pointwise(importer: Importer, node: torch.fx.Node, op_class: type, operands
         importer.scalar(o, result.dtype) if isinstance(o, (int, float)) and not isinstance(o, bool) else o
         for o in operands
     ]
-    if not all(isinstance(v, Value) for v in values):
+    if not all(isinstance(v, Value) for v in values) or any(v.dtype in CARRIERS for v in values):
         return None
     # A chunked operand keeps its chunks only if every other operand broadcasts along
     # trailing axes alone; otherwise all take the FX shape.
@@ -591,7 +600,7 @@ def _to_dtype(importer: Importer, node: torch.fx.Node) -> Value | None:
     kwargs = set(node.kwargs) - {"dtype", "layout", "device"}
     if kwargs or result.device != node.args[0].meta["val"].device:
         return None
-    if not _dtype_supported(result.dtype):
+    if not _dtype_supported(result.dtype) or value.dtype in CARRIERS:
         return None
     return importer.cast(value, result.dtype)
 
@@ -604,7 +613,7 @@ def _reduction(importer: Importer, node: torch.fx.Node) -> Value | None:
     result = _result(node)
     dims = node.args[1] or list(range(len(value.shape)))
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    if result.dtype != value.dtype or not value.shape:
+    if result.dtype != value.dtype or not value.shape or value.dtype in CARRIERS:
         return None
     offset = 1 if importer.varies(value) else 0
     axes = [(d % len(value.shape)) + offset for d in dims]

@@ -7,6 +7,7 @@ literal cannot hold is a one-key dict:
 | argument | encoded as |
 |---|---|
 | operand `i` (a tensor) | `{'operand': i}` |
+| operand `i` of a dtype the IR carries in another (`uint64`) | `{'operand': i, 'view': 'uint64'}` |
 | a dtype | `{'dtype': 'bfloat16'}` |
 | a device | `{'device': None}`: the device of the run, wherever the graph was traced |
 | a layout, a memory format | `{'layout': 'strided'}`, `{'memory_format': 'contiguous_format'}` |
@@ -38,11 +39,25 @@ class NotEncodable(HostirError):
     """An argument that no literal of the `call` property can hold."""
 
 
-def encode_call(args: Sequence[Any], kwargs: dict[str, Any], operand: Callable[[Any], int | None]) -> str:
-    """The `call` text of `args` and `kwargs`; `operand(value)` is the operand index of a tensor argument."""
+CARRIERS: dict[torch.dtype, torch.dtype] = {
+    torch.uint64: torch.int64,
+    torch.uint32: torch.int32,
+    torch.uint8: torch.int8,
+}
+"""Dtypes the fusion dialect has no element type for, and the signed type of the same size
+whose buffers carry their bits (flash attention's random state is a uint64 tensor)."""
+
+
+def encode_call(
+    args: Sequence[Any], kwargs: dict[str, Any], operand: Callable[[Any], int | None], views: dict[int, torch.dtype] = {}
+) -> str:
+    """The `call` text of `args` and `kwargs`; `operand(value)` is the operand index of a
+    tensor argument, and `views[index]` the dtype an operand carried in another has."""
 
     def encode(value: Any) -> Any:
         index = operand(value)
+        if index is not None and index in views:
+            return {"operand": index, "view": str(views[index]).removeprefix("torch.")}
         if index is not None:
             return {"operand": index}
         match value:
@@ -93,6 +108,9 @@ def prepare_call(target: str, call: str) -> AtenCall:
         raise HostirError(f"the arguments of {target} are not a literal [args, kwargs]: {error}") from None
 
     def decoder(value: Any) -> Callable[[Sequence[torch.Tensor], torch.device], Any]:
+        if isinstance(value, dict) and set(value) == {"operand", "view"}:
+            index, view = value["operand"], getattr(torch, value["view"])
+            return lambda operands, device: operands[index].view(view)
         if isinstance(value, dict) and len(value) == 1:
             ((kind, payload),) = value.items()
             if kind == "operand":
@@ -120,6 +138,11 @@ def prepare_call(target: str, call: str) -> AtenCall:
         )
 
     return run
+
+
+def carried(result: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`result` as the buffer `out` holds it: its bits, where `out` carries its dtype."""
+    return result.view(out.dtype) if CARRIERS.get(result.dtype) == out.dtype else result
 
 
 def tensor_results(result: Any) -> list[Any]:

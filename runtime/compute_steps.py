@@ -226,7 +226,7 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
         operands = [t[0] if varies else t for t, varies in zip(ins, varying_ins)]
         results = aten_calls.tensor_results(call(operands, outs[0].device))
         for out, result, varies in zip(outs, results, varying_outs, strict=True):
-            (out[0] if varies else out).copy_(result)
+            (out[0] if varies else out).copy_(aten_calls.carried(result, out))
 
     return _compute_step(op, prep, compute)
 
@@ -249,6 +249,7 @@ def _aten_view(
             operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
             results = aten_calls.tensor_results(call(operands, context.device))
             for slot, result, varies in zip(outs, results, varying_outs, strict=True):
+                result = aten_calls.carried(result, env[slot])
                 env[slot] = result.unsqueeze(0) if varies else result
 
     return step

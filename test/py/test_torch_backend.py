@@ -186,6 +186,21 @@ def test_an_op_hostir_does_not_model_runs_as_aten():
     assert "fusion.mul" in dump.getvalue() and "fusion.add" in dump.getvalue()
 
 
+def test_unsigned_tensors_are_carried_bit_for_bit():
+    """uint8 (and flash attention's uint64 random state) have no element type in the
+    fusion dialect: their buffers carry their bits in the signed type of the same size."""
+
+    def f(x, y):
+        return (torch.bitwise_xor(x, 3) + 1).to(torch.float32) * y, x.flip(0)
+
+    x, y = torch.randint(0, 256, (4, 8), dtype=torch.uint8), torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostirFallbackWarning)
+        out = torch.compile(f, backend="hostir")(x, y)
+    for actual, expected in zip(out, f(x, y), strict=True):
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
 def test_inputs_of_a_new_shape_recompile():
     def f(x, w):
         return F.silu(x @ w).sum(dim=-1)
@@ -252,7 +267,10 @@ def _layer_on_gpu() -> dict:
         for layer in layers:
             layer.zero_grad()
     replayed = [
-        shapes.replayer is not None and shapes.replayer.replays and bool(shapes.replayer.captured)
+        shapes is not None
+        and shapes.replayer is not None
+        and shapes.replayer.replays
+        and bool(shapes.replayer.captured)
         for graph in compiled_graphs()
         for shapes in graph.compiled.values()
     ]
