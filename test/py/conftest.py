@@ -4,9 +4,19 @@ import os
 from collections.abc import Callable
 
 import pytest
+from hypothesis import Phase, settings
 from xdsl.ir import Operation
 
 from hostir_dialect.text import parse_module, print_module
+
+# Hypothesis (test_fuzz.py): CI's short search, and a long one for a night or the GPU
+# machine, `pytest test/py/test_fuzz.py --hypothesis-profile=long`. No example database
+# and no explain phase (which reruns a failure a hundred times): a failure prints the
+# shrunk example that reproduces it.
+_PHASES = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
+settings.register_profile("ci", max_examples=30, deadline=None, database=None, phases=_PHASES)
+settings.register_profile("long", max_examples=3000, deadline=None, database=None, phases=_PHASES)
+settings.load_profile("ci")
 
 # The suite runs in `-n auto` worker processes that share the cores, and many tests spawn
 # ranks: one thread per process, as torchrun gives each of its ranks, rather than one per

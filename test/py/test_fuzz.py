@@ -1,0 +1,378 @@
+"""Property tests (Hypothesis) of what hostir does with any input, not just the inputs we wrote.
+
+Two sources of programs:
+
+* mutants of the repository's own IR (every `.mlir` under examples/ and test/lit/, split
+  at `// -----`): tokens deleted, swapped, replaced by awkward ones (a stray `"`, an
+  integer of 5,000 digits, a self-use `%y`, ...), lines duplicated or dropped;
+* fusions built with `FusionBuilder` from random shapes, dtypes, meshes and parallel
+  types.
+
+The properties: hir-opt, alone and with `-p hir-lowering` and
+`-p 'hir-lowering{backend=cuda}'`, ends every mutant with exit status 0 or 1 and a
+`file:line:col: error:` diagnostic, never a traceback and never a hang; what it prints
+parses back and prints the same (custom and generic forms); and a fusion that lowers runs
+on CPU ranks and matches plain torch on the whole tensors.
+
+CI runs the `ci` profile (a few dozen examples, about a minute for the file); a longer
+search: `pytest test/py/test_fuzz.py --hypothesis-profile=long` (profiles in conftest.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+
+from hostir_dialect.builder import FusionBuilder
+from hostir_dialect.fusion import ParallelType
+from hostir_dialect.text import HostirError, print_module
+from runtime.communicator import Communicator
+from runtime.launch import run_on_local_ranks
+from runtime.program import Program
+from runtime.reference import compare, random_inputs, reference_outputs, shard, unshard
+from test_communicator import needs_ranks
+from tools.hir_opt import main as hir_opt_main
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+# --------------------------------------------------------------------------- #
+# Mutants of the repository's IR                                              #
+# --------------------------------------------------------------------------- #
+
+_CORPUS_FILES = sorted((REPOSITORY / "examples").glob("*.mlir")) + sorted(
+    (REPOSITORY / "test" / "lit").rglob("*.mlir")
+)
+CORPUS = [
+    chunk
+    for path in _CORPUS_FILES
+    for chunk in re.split(r"^// -----[ \t]*$", path.read_text(), flags=re.MULTILINE)
+    if chunk.strip()
+]
+"""Every chunk of every `.mlir` file of the repository, as hir-opt --split-input-file cuts them."""
+
+_TOKEN = re.compile(r'%[\w.$-]+|[@!#^][\w.$-]+|"[^"\n]*"|[A-Za-z_][\w.$]*|\d+|->|\S')
+
+AWKWARD = [
+    *'@!\\`"{}[]()<>,:=?',
+    "\ufeff",
+    "->",
+    "-1",
+    "0",
+    str(2**31),
+    str(2**40),
+    str(2**63),
+    str(2**64),
+    "9" * 5000,
+    "0x" + "f" * 40,
+    '"' + "a" * 40,
+    '"\\q"',
+    "//",
+    "\n",
+    "%y",
+    "%0",
+    "didx",
+    "stream",
+    "_",
+    "keepdim",
+    "index",
+    "!hir.work<[4, 8], 2>",
+    "!fusion.tensor<[4], f32, mesh = [0, 1]>",
+    "mesh = [1099511627776]",
+    "{" * 70,
+    "[" * 70,
+    "builtin.module {",
+    "^bb1:",
+    "loc(unknown)",
+]
+"""Text that broke hostir's parsing once, or that sits at a limit."""
+
+
+def _at_token(draw, text: str) -> re.Match:
+    return draw(st.sampled_from(list(_TOKEN.finditer(text)) or [re.match("", text)]))
+
+
+def _delete_token(draw, text: str) -> str:
+    token = _at_token(draw, text)
+    return text[: token.start()] + text[token.end() :]
+
+
+def _insert_awkward(draw, text: str) -> str:
+    token = _at_token(draw, text)
+    return text[: token.start()] + draw(st.sampled_from(AWKWARD)) + text[token.start() :]
+
+
+def _replace_by_awkward(draw, text: str) -> str:
+    token = _at_token(draw, text)
+    return text[: token.start()] + draw(st.sampled_from(AWKWARD)) + text[token.end() :]
+
+
+def _replace_by_other_token(draw, text: str) -> str:
+    """Also makes self-uses and uses before definition, when both tokens are SSA names."""
+    token, other = _at_token(draw, text), _at_token(draw, text)
+    return text[: token.start()] + other.group() + text[token.end() :]
+
+
+def _insert_character(draw, text: str) -> str:
+    at = draw(st.integers(0, len(text)))
+    return text[:at] + draw(st.characters(exclude_categories=["Cs"])) + text[at:]
+
+
+def _shuffle_lines(draw, text: str) -> str:
+    lines = text.split("\n")
+    i, j = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, len(lines) - 1))
+    how = draw(st.sampled_from(["duplicate", "delete", "swap"]))
+    if how == "duplicate":
+        lines.insert(j, lines[i])
+    elif how == "delete":
+        del lines[i]
+    else:
+        lines[i], lines[j] = lines[j], lines[i]
+    return "\n".join(lines)
+
+
+MUTATIONS = [
+    _delete_token,
+    _insert_awkward,
+    _replace_by_awkward,
+    _replace_by_other_token,
+    _insert_character,
+    _shuffle_lines,
+]
+
+
+@st.composite
+def mutants(draw) -> str:
+    text = draw(st.sampled_from(CORPUS))
+    for _ in range(draw(st.integers(1, 3))):
+        text = draw(st.sampled_from(MUTATIONS))(draw, text)
+    return text
+
+
+# --------------------------------------------------------------------------- #
+# hir-opt, in this process                                                     #
+# --------------------------------------------------------------------------- #
+
+PIPELINES = {
+    "parse": [],
+    "hir-lowering": ["-p", "hir-lowering"],
+    "hir-lowering{backend=cuda}": ["-p", "hir-lowering{backend=cuda}"],
+}
+
+HANG_S = 20
+"""Longer than any run of hir-opt on a chunk of the corpus takes on a loaded CI machine."""
+
+DIAGNOSTIC = re.compile(r"(\S+:\d+:\d+: )?error: ")
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def no_hang(what: str):
+    """Raises `Hang` after HANG_S seconds (SIGALRM; only where the test runs in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(*_):
+        raise Hang(f"{what} still running after {HANG_S} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(HANG_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def hir_opt(text: str, *arguments: str) -> tuple[int, str, str]:
+    """`hir-opt FILE arguments` on `text`: exit status, stdout, stderr."""
+    with tempfile.NamedTemporaryFile("w", suffix=".mlir", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        out, err = io.StringIO(), io.StringIO()
+        with no_hang(f"hir-opt {' '.join(arguments)}"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = hir_opt_main([file.name, *arguments])
+    return status, out.getvalue(), err.getvalue()
+
+
+def check_round_trip(text: str) -> None:
+    """hir-opt reads `text`, and what it prints reads back and prints the same: the custom
+    form is a fixed point, and the generic form reads back to the same module."""
+    forms = {}
+    for form, arguments in (("custom", []), ("generic", ["--print-op-generic"])):
+        status, forms[form], err = hir_opt(text, *arguments)
+        assert status == 0, f"hir-opt's output does not read back:\n{err}\n{text}"
+    for form, printed in forms.items():
+        status, again, err = hir_opt(printed)
+        assert status == 0, f"the {form} form does not read back:\n{err}\n{printed}"
+        assert again == forms["custom"], f"the {form} form does not print the same:\n{printed}\n---\n{again}"
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(mutants())
+def test_hir_opt_ends_every_mutant_with_a_diagnostic_or_text_that_reads_back(text):
+    for name, arguments in PIPELINES.items():
+        status, out, err = hir_opt(text, *arguments)
+        note(f"{name}: status {status}\n{err}")
+        assert "Traceback" not in err
+        if status == 0:
+            event(f"{name}: accepted")
+            check_round_trip(out)
+        else:
+            event(f"{name}: refused")
+            assert status == 1
+            assert DIAGNOSTIC.match(err), err
+
+
+# --------------------------------------------------------------------------- #
+# Fusions from the builder                                                     #
+# --------------------------------------------------------------------------- #
+
+UNARY = ["neg", "abs", "relu", "tanh", "sigmoid"]
+BINARY = ["add", "sub", "mul", "maximum", "minimum"]
+
+
+@st.composite
+def fusions(draw, world: int) -> FusionBuilder:
+    """A fusion of 1 to 3 ops on one input, on a mesh of devices below `world`, with random
+    extents (some dynamic), dtype, `didx` axis, resharding `fusion.set`s and stream axis."""
+    devices = draw(st.permutations(range(world)))
+    mesh = list(devices[: draw(st.integers(1, world))])
+    dtype = draw(st.sampled_from(["f32", "f64"]))
+    rank = draw(st.integers(1, 3))
+    extents = draw(st.lists(st.one_of(st.none(), st.integers(1, 4)), min_size=rank, max_size=rank))
+    axes = ["_"] * rank
+    if len(mesh) > 1 and draw(st.booleans()):
+        sharded = draw(st.integers(0, rank - 1))
+        axes[sharded], extents[sharded] = "didx", len(mesh)
+    fb = FusionBuilder("fuzzed")
+    x = fb.input(extents, dtype, mesh, axes)
+
+    def like(t):
+        """Another input of `t`'s type."""
+        shape = [None if e < 0 else e for e in t.shape]
+        return fb.input(shape, dtype, t.type.mesh, t.type.parallel_types())
+
+    for _ in range(draw(st.integers(1, 3))):
+        step = draw(st.sampled_from(["unary", "binary", "sum", "broadcast", "set", "matmul"]))
+        rank = x.type.rank
+        if step == "unary":
+            x = getattr(fb, draw(st.sampled_from(UNARY)))(x)
+        elif step == "binary":
+            x = getattr(fb, draw(st.sampled_from(BINARY)))(x, like(x))
+        elif step == "sum" and rank > 1:
+            x = fb.sum(x, draw(st.integers(0, rank - 1)), keepdim=draw(st.booleans()))
+        elif step == "broadcast":
+            x = fb.broadcast(x, draw(st.integers(0, rank)))
+        elif step == "set":
+            x = fb.set(x)
+            target = draw(st.permutations(range(world)))[: draw(st.integers(1, world))]
+            fb.set_mesh(x, target)
+            fitting = [i for i, e in enumerate(x.shape) if e in (len(target), -1)]
+            if len(target) > 1 and fitting and draw(st.booleans()):
+                fb.parallelize(x, draw(st.sampled_from(fitting)), "didx")
+        elif step == "matmul" and rank >= 2:
+            k = x.shape[-1]
+            weight_axes = ["didx" if x.type.didx_axis == rank - 1 else "_", "_"]
+            weight = fb.input([None if k < 0 else k, draw(st.integers(1, 4))], dtype, x.type.mesh, weight_axes)
+            x = fb.matmul(x, weight)
+    serial = x.type.axes_of(ParallelType.SERIAL)
+    if serial and draw(st.booleans()):
+        fb.parallelize(x, draw(st.sampled_from(serial)), "stream")
+    fb.output(x)
+    return fb
+
+
+def lowered(fb: FusionBuilder) -> Program | None:
+    """The fusion compiled with the default pipeline, or None where hostir refuses it (in words)."""
+    module = fb.build()
+    note(print_module(module))
+    try:
+        program = Program.compile(module)
+    except HostirError as error:
+        event(f"refused: {error.message.split(':')[0][:60]}")
+        return None
+    event("lowered")
+    return program
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(fusions(world=4))
+def test_a_built_fusion_and_its_host_program_read_back(fb):
+    module = fb.build()
+    check_round_trip(print_module(module))
+    program = lowered(fb)
+    if program is not None:
+        check_round_trip(print_module(program.module))
+
+
+def check_outputs(program: Program, inputs: list[torch.Tensor], per_rank: list[list[torch.Tensor]]) -> None:
+    """The outputs of the ranks, unsharded, match plain torch on the whole inputs."""
+    expected = reference_outputs(program.fusion, inputs)
+    for index, (type, reference) in enumerate(zip(program.output_types, expected)):
+        actual = unshard([per_rank[device][index] for device in type.mesh.ids], type)
+        comparison = compare(actual, reference)
+        assert comparison.ok, (index, comparison, print_module(program.module))
+
+
+def _examples(fraction: int) -> int:
+    """A share of the profile's examples, for properties whose examples cost more."""
+    return max(2, settings().max_examples // fraction)
+
+
+@settings(max_examples=_examples(3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fusions(world=1), st.integers(0, 2**16))
+def test_a_fusion_that_lowers_matches_torch_on_one_cpu_rank(fb, seed):
+    program = lowered(fb)
+    if program is None:
+        return
+    inputs = random_inputs(program.input_types, seed=seed)
+    communicator = Communicator.single(torch.device("cpu"))
+    outputs = program.run([shard(x, t, 0) for x, t in zip(inputs, program.input_types)], communicator)
+    check_outputs(program, inputs, [outputs])
+
+
+def run_lowered(cases: list[tuple[str, list[torch.Tensor]]]) -> list[list[torch.Tensor]]:
+    """On one rank: each host program (text, as hir-opt prints it) run on this rank's shards."""
+    communicator = Communicator.from_env()
+    results = []
+    for text, inputs in cases:
+        program = Program.compile(text, pipeline=None)
+        local = [shard(x, t, communicator.rank) for x, t in zip(inputs, program.input_types)]
+        results.append([output.cpu() for output in program.run(local, communicator)])
+    return results
+
+
+WORLD = 2
+
+
+@needs_ranks(WORLD)
+@settings(max_examples=_examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(fusions(world=WORLD), min_size=1, max_size=4), st.integers(0, 2**16))
+def test_fusions_that_lower_match_torch_on_cpu_ranks(builders, seed):
+    """One launch of the ranks runs every fusion of the example that lowers."""
+    programs = [p for p in map(lowered, builders) if p is not None]
+    if not programs:
+        return
+    inputs = [random_inputs(p.input_types, seed=seed) for p in programs]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        patch.setenv("HOSTIR_TIMEOUT_S", "30")
+        per_rank = run_on_local_ranks(
+            run_lowered, WORLD, [(print_module(p.module), x) for p, x in zip(programs, inputs)], timeout_s=120
+        )
+    for k, (program, whole) in enumerate(zip(programs, inputs)):
+        check_outputs(program, whole, [results[k] for results in per_rank])
