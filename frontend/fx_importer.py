@@ -66,21 +66,30 @@ class UnsupportedGraph(HostirError):
 class Value:
     """The fusion value that holds an FX tensor.
 
-    `chunks` is set where the fusion keeps the FX tensor's first axis as several,
-    `[*chunks, rows]` (an all-gather's pieces; the pieces a reduce-scatter sends, cut
-    into the chunks of its pipeline): the FX tensor is the local piece reshaped.
+    A device's piece of the fusion value has the shape `local` (None: the FX shape), and
+    the FX tensor is that piece reshaped: an all-gather keeps its pieces as an axis of
+    their own, a product that a reduce-scatter reads is computed in the chunks of the
+    reduce-scatter's pipeline, and FX views and reshapes change `shape` alone.
     """
 
     ssa: SSAValue
     shape: tuple[int, ...]
     dtype: torch.dtype
     varying: bool
-    chunks: tuple[int, ...] = ()
+    local: tuple[int, ...] | None = None
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        """The shape of a device's piece in the fusion (the FX shape, or its chunked form)."""
-        return chunked_shape(self.shape, self.chunks)
+        """The shape of a device's piece in the fusion."""
+        return self.shape if self.local is None else self.local
+
+    @property
+    def is_flat(self) -> bool:
+        return self.local_shape == self.shape
+
+    def reshaped(self, shape: tuple[int, ...]) -> Value:
+        """The same piece, read as an FX tensor of `shape` (a view or a reshape of it)."""
+        return Value(self.ssa, shape, self.dtype, self.varying, self.local_shape)
 
 
 @dataclass
@@ -249,7 +258,7 @@ class Importer:
 
     def flat(self, value: Value) -> Value:
         """`value` in the FX shape: a chunked value is reshaped (each device its piece)."""
-        if not value.chunks:
+        if value.is_flat:
             return value
         result_type = self.tensor_type(value.shape, value.dtype, value.varying)
         op = self.emit(
@@ -263,7 +272,7 @@ class Importer:
         return Value(op.results[0], value.shape, value.dtype, value.varying)
 
     def rechunked(self, value: Value, chunks: tuple[int, ...]) -> Value:
-        """`value` (in the FX shape) with its first axis cut into `chunks` (each device its piece)."""
+        """`value` (flat) with its first axis cut into `chunks` (each device its piece)."""
         local = chunked_shape(value.shape, chunks)
         result_type = self.tensor_type(local, value.dtype, value.varying)
         op = self.emit(
@@ -274,13 +283,12 @@ class Importer:
                 [result_type],
             )
         )
-        return Value(op.results[0], value.shape, value.dtype, value.varying, chunks)
+        return Value(op.results[0], value.shape, value.dtype, value.varying, local)
 
     def reduce_scatter_chunks(self, node: torch.fx.Node, lhs: Value, rhs: Value) -> tuple[int, ...]:
         """The chunks of a matmul whose one reader is a sum reduce-scatter over the mesh:
         the destination devices, then the pipeline's chunks of each (`chunks_of`)."""
-        readers = list(node.users)
-        if len(readers) != 1 or readers[0].target is not c10d.reduce_scatter_tensor.default:
+        if not _reaches_reduce_scatter(node):
             return ()
         rows = node.meta["val"].shape[0]
         if rows % self.devices:
@@ -305,7 +313,7 @@ class Importer:
             return value
         result_type = self.tensor_type(value.local_shape, dtype, value.varying)
         op = self.emit(fusion.CastOp(value.ssa, result_type))
-        return Value(op.results[0], value.shape, dtype, value.varying, value.chunks)
+        return Value(op.results[0], value.shape, dtype, value.varying, value.local)
 
     def scalar(self, number: int | float | bool, dtype: torch.dtype) -> Value:
         result_type = self.tensor_type((), dtype, False)
@@ -317,7 +325,7 @@ class Importer:
 
     def opaque(self, node: torch.fx.Node) -> Any:
         """A `fusion.aten` of the node's overload on the local pieces."""
-        target = RESHAPES.get(node.target, node.target)
+        target = node.target
         if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
             raise UnsupportedGraph(f"{node.format_node()}: {target} is not an ATen operator")
         if target in STORAGE_LAYOUT_OPS:
@@ -382,11 +390,6 @@ class Importer:
         return values if many else values[0]
 
 
-RESHAPES = {aten.view.default: aten.reshape.default, aten._unsafe_view.default: aten.reshape.default}
-"""Views whose values do not depend on strides, imported as the reshape that gives them:
-hostir's buffers are contiguous where eager's tensors may not be, so `view` may not
-apply where it did in the traced graph."""
-
 STORAGE_LAYOUT_OPS = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}
 """Ops whose values depend on the strides and offset of their operand's storage."""
 
@@ -430,6 +433,60 @@ def _result(node: torch.fx.Node) -> torch.Tensor:
     return node.meta["val"]
 
 
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+"""Ops whose result is their operand's elements in row-major order, in another shape."""
+
+
+@rule(*RESHAPES)
+def _reshape(importer: Importer, node: torch.fx.Node) -> Value:
+    """The same piece read in another shape: no op. (`view` could not always be applied to
+    hostir's buffers, laid out anew where eager's tensors keep their strides.)"""
+    return importer.arg(node.args[0]).reshaped(tuple(_result(node).shape))
+
+
+def _concatenated_split(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor that `cat(split(x, size, dim), 0)` of `node` only reshapes, if it is one:
+    every piece of the split in order, and no axis before `dim` longer than 1."""
+    pieces, dim = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if dim != 0 or not pieces or not all(isinstance(p, torch.fx.Node) and p.target is operator.getitem for p in pieces):
+        return None
+    split = pieces[0].args[0]
+    if split.target is not aten.split.Tensor or [p.args for p in pieces] != [(split, i) for i in range(len(pieces))]:
+        return None
+    source, split_dim = split.args[0], split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    if len(pieces) != len(split.meta["val"]) or math.prod(source.meta["val"].shape[:split_dim]) != 1:
+        return None
+    return source
+
+
+@rule(aten.cat.default)
+def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """The concatenation that a sequence-parallel reduce-scatter of a batch of one writes
+    (split along the sequence, pieces stacked along the batch): a reshape."""
+    source = _concatenated_split(node)
+    if source is None:
+        return None
+    return importer.arg(source).reshaped(tuple(_result(node).shape))
+
+
+def _reaches_reduce_scatter(node: torch.fx.Node) -> bool:
+    """Whether the one reader of `node`, through reshapes, is a reduce-scatter."""
+    while len(node.users) == 1:
+        (reader,) = node.users
+        if reader.target is c10d.reduce_scatter_tensor.default:
+            return True
+        if reader.target in RESHAPES:
+            node = reader
+        elif reader.target is aten.split.Tensor and all(p.target is operator.getitem for p in reader.users):
+            cats = {user for piece in reader.users for user in piece.users}
+            if len(cats) != 1 or _concatenated_split(next(iter(cats))) is not reader.args[0]:
+                return False
+            node = next(iter(cats))
+        else:
+            return False
+    return False
+
+
 @rule(c10d.wait_tensor.default)
 def _wait(importer: Importer, node: torch.fx.Node) -> Value:
     return importer.arg(node.args[0])
@@ -437,14 +494,13 @@ def _wait(importer: Importer, node: torch.fx.Node) -> Value:
 
 @rule(c10d.all_gather_into_tensor.default)
 def _all_gather(importer: Importer, node: torch.fx.Node) -> Value:
-    value = importer.flat(importer.arg(node.args[0]))
+    value = importer.arg(node.args[0])
     if not importer.varies(value):
         return value
-    gathered = importer.tensor_type((importer.devices, *value.shape), value.dtype, False)
-    op = importer.emit(fusion.SetOp(value.ssa, gathered))
+    local = (importer.devices, *value.local_shape)
+    op = importer.emit(fusion.SetOp(value.ssa, importer.tensor_type(local, value.dtype, False)))
     op.results[0].name_hint = _name(node)
-    shape = (importer.devices * value.shape[0], *value.shape[1:])
-    return Value(op.results[0], shape, value.dtype, False, chunks=(importer.devices,))
+    return Value(op.results[0], tuple(_result(node).shape), value.dtype, False, local)
 
 
 REDUCE_OPS = {"sum": fusion.SumOp, "max": fusion.MaxOp}
@@ -462,14 +518,14 @@ def _reduce_over_devices(importer: Importer, node: torch.fx.Node, value: Value, 
     if value.dtype in CARRIERS:
         raise UnsupportedGraph(f"{node.format_node()}: a reduction of {value.dtype} tensors is not supported")
     devices = importer.devices
-    if scatter and value.chunks[:1] != (devices,):
+    if scatter and value.local_shape[:1] != (devices,):
         value = importer.rechunked(importer.flat(value), (devices,))
-    shape = tuple(_result(node).shape)
-    chunks = value.chunks[1:] if scatter else ()
-    result_type = importer.tensor_type(chunked_shape(shape, chunks), value.dtype, scatter)
+    # Each device receives the rows of its position: the piece's axes after the first.
+    local = value.local_shape[1:] if scatter else value.local_shape
+    result_type = importer.tensor_type(local, value.dtype, scatter)
     op = importer.emit(REDUCE_OPS[reduce_op](value.ssa, [0], False, result_type))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], shape, value.dtype, scatter, chunks)
+    return Value(op.results[0], tuple(_result(node).shape), value.dtype, scatter, local)
 
 
 @rule(c10d.reduce_scatter_tensor.default)
@@ -479,32 +535,35 @@ def _reduce_scatter(importer: Importer, node: torch.fx.Node) -> Value | None:
 
 @rule(c10d.all_reduce.default)
 def _all_reduce(importer: Importer, node: torch.fx.Node) -> Value | None:
-    return _reduce_over_devices(importer, node, importer.flat(importer.arg(node.args[0])), scatter=False)
+    return _reduce_over_devices(importer, node, importer.arg(node.args[0]), scatter=False)
 
 
 def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Value) -> Value | None:
-    """`lhs @ rhs` as a fusion.matmul, keeping `lhs`'s chunks; None where ATen's rules differ.
+    """`lhs @ rhs` as a fusion.matmul, keeping the axes of `lhs`'s piece; None where ATen's
+    rules differ.
 
-    A product whose one reader is a reduce-scatter is computed in the chunks of its
-    pipeline: the rows of each destination device cut into `reduce_scatter_chunks`.
+    A product that a reduce-scatter reads is computed in the chunks of its pipeline: the
+    rows of each destination device cut into `reduce_scatter_chunks`.
     """
     result = _result(node)
     if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
         return None
     if lhs.dtype in CARRIERS:
         return None
-    if rhs.chunks or (lhs.chunks and len(lhs.shape) != 2):
-        lhs, rhs = importer.flat(lhs), importer.flat(rhs)
+    rhs = importer.flat(rhs)
+    if len(lhs.shape) != 2 or lhs.local_shape[-1] != lhs.shape[-1]:
+        lhs = importer.flat(lhs)
     varying = importer.varies(lhs, rhs)
     chunks = importer.reduce_scatter_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
-    if chunks and lhs.chunks != chunks:
+    if chunks and _squeezed(lhs.local_shape) == _squeezed(lhs.shape):
+        # A piece that differs from the FX tensor by axes of extent 1 alone (not the
+        # pieces of an all-gather, which would then not be pipelined) takes the chunks.
         lhs = importer.rechunked(importer.flat(lhs), chunks)
-    chunks = lhs.chunks
-    local = chunked_shape(tuple(result.shape), chunks)
+    local = (*lhs.local_shape[:-1], result.shape[-1]) if len(lhs.shape) == 2 else tuple(result.shape)
     operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
     op = importer.emit(fusion.MatmulOp(*operands, importer.tensor_type(local, result.dtype, varying)))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], tuple(result.shape), result.dtype, varying, chunks)
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local)
 
 
 @rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
@@ -534,26 +593,37 @@ def _pointwise(importer: Importer, node: torch.fx.Node, op_class: type, operands
     ]
     if not all(isinstance(v, Value) for v in values) or any(v.dtype in CARRIERS for v in values):
         return None
-    # A chunked operand keeps its chunks only if every other operand broadcasts along
-    # trailing axes alone; otherwise all take the FX shape.
-    chunked = [v for v in values if v.chunks]
-    full = len(result.shape)
-    if chunked and (
-        any(v.chunks != chunked[0].chunks for v in chunked)
-        or any(not v.chunks and len(v.shape) == full for v in values)
-        or tuple(chunked[0].shape) != tuple(result.shape)
-    ):
+    local = _shared_local(values, tuple(result.shape))
+    if local is None:
         values = [importer.flat(v) for v in values]
-        chunks: tuple[int, ...] = ()
-    else:
-        chunks = chunked[0].chunks if chunked else ()
+        local = tuple(result.shape)
     values = [importer.cast(v, result.dtype) for v in values]
-    local = chunked_shape(tuple(result.shape), chunks)
     varying = importer.varies(*values)
     ssa = [importer.aligned(v, len(local)) for v in values]
     op = importer.emit(op_class(*ssa, importer.tensor_type(local, result.dtype, varying)))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], tuple(result.shape), result.dtype, varying, chunks)
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(extent for extent in shape if extent != 1)
+
+
+def _shared_local(values: list[Value], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The piece shape in which an elementwise op of result `shape` may compute, keeping its
+    full-shape operands' piece shape: where they all share one, and every other operand
+    broadcasts along trailing axes that the piece shape leaves as they are."""
+    full = [v for v in values if v.shape == shape]
+    if not full or any(v.local_shape != full[0].local_shape for v in full):
+        return None
+    local = full[0].local_shape
+    for value in values:
+        if value.shape == shape:
+            continue
+        rank = len(value.shape)
+        if not value.is_flat or rank > len(local) or (rank and local[-rank:] != shape[-rank:]):
+            return None
+    return local
 
 
 def _elementwise_rule(op_class: type, check: Callable[[torch.fx.Node], bool] = lambda node: True) -> Rule:

@@ -25,6 +25,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue, Use
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint
+from xdsl.transforms.dead_code_elimination import dce
 from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
 from hostir_dialect import fusion
@@ -261,6 +262,9 @@ class AutoStreamParallel(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if not self.enabled or _has_stream_axis(op):
             return
+        # Ops nothing reads (what an importer wrote and then did without) would count as
+        # readers that keep a tensor from being pipelined.
+        dce(op)
         pipelines = Pipelines()
         PatternRewriteWalker(
             GreedyRewritePatternApplier(

@@ -43,7 +43,7 @@ def _dumped(kinds: str):
         del os.environ["HOSTIR_DUMP"]
 
 
-def _layer_on_rank(sequences: tuple[int, ...], dtype: torch.dtype) -> dict:
+def _layer_on_rank(sequences: tuple[int, ...], dtype: torch.dtype, batch: int) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -56,12 +56,12 @@ def _layer_on_rank(sequences: tuple[int, ...], dtype: torch.dtype) -> dict:
     for layer in (hostir_layer, eager_layer):
         layer.load_state_dict(reference.state_dict())
         parallelize(layer, mesh)
-    compiled = torch.compile(hostir_layer, backend="hostir")
+    compiled = torch.compile(hostir_layer, backend="hostir", options={"chunks": 2})
     errors: dict[str, float] = {}
     with _dumped("fusion,host_ir") as dump:
         for sequence in sequences:
             torch.manual_seed(sequence)
-            x = torch.randn(2, sequence, 64, dtype=dtype).chunk(world, dim=1)[rank].to(device)
+            x = torch.randn(batch, sequence, 64, dtype=dtype).chunk(world, dim=1)[rank].to(device)
             x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
             out = compiled(x_hostir)
             expected = eager_layer(x_eager)
@@ -81,11 +81,15 @@ TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 rounds where hostir's fused kernels keep f32, and the other way round)."""
 
 
-@pytest.mark.parametrize("world, dtype", [(4, torch.float32), (2, torch.bfloat16)])
-def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype):
+@pytest.mark.parametrize("world, dtype, batch", [(4, torch.float32, 1), (2, torch.bfloat16, 2)])
+def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, batch):
     """The layer at 4 ranks in f32 and at 2 in bf16, then at a new sequence length (a
-    recompilation). The AdamW test runs it at 2 ranks in f32."""
-    results = run_on_local_ranks(_layer_on_rank, world, (16, 24), dtype, timeout_s=600)
+    recompilation). The AdamW test runs it at 2 ranks in f32.
+
+    With a batch of one sequence, sequence parallelism's all-gathers and reduce-scatters
+    are pipelined with the GEMMs next to them; with two, the sequences' pieces are
+    interleaved in the gathered tensor, and the collectives run whole."""
+    results = run_on_local_ranks(_layer_on_rank, world, (16, 24), dtype, batch, timeout_s=600)
     for rank, result in enumerate(results):
         bad = {what: error for what, error in result["errors"].items() if error > TOLERANCES[dtype]}
         assert not bad, f"rank {rank}: {bad}"
@@ -96,6 +100,14 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype):
     assert 'fusion.aten "aten._scaled_dot_product' in dump
     assert "hir.allgather" in dump and "hir.reduce_scatter" in dump
     assert results[1]["dump"] == "", "only the first rank of the mesh dumps"
+    forward = dump.split("// hostir: the host program of graph ")[1]
+    pipelined = [body for body in _loops(forward) if "hir.matmul" in body]
+    if batch == 1:
+        # Attention's QKV and the MLP's up projections on the ring, wo and w2 in chunks.
+        assert sum("hir.recv" in body for body in pipelined) == 2, forward
+        assert sum("hir.reduce_scatter" in body for body in pipelined) == 2, forward
+    else:
+        assert not pipelined and "hir.allgather" in forward
 
 
 def test_adamw_steps_track_eager():
