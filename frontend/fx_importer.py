@@ -21,11 +21,13 @@ passes that hir-opt runs apply unchanged:
 * any other ATen op becomes a `fusion.aten` that calls it on the local pieces
   (`docs/frontend.md` has the table, with the sharding rule of each op).
 
-An all-gather's result keeps the gathered pieces as an axis of their own (the *chunk*
-axis: `[D, rows, ...]` for the FX tensor `[D * rows, ...]`) through the matmuls that
-read it, which is where `auto-stream-parallel` finds the pieces to pipeline; an op that
-needs the FX shape gets a reshape first. All shapes are static: the backend imports a
-graph once per set of input shapes.
+An FX tensor is its fusion value's piece read in the FX shape (`Value`): views and
+reshapes write no op, an all-gather's result keeps the gathered pieces as an axis of
+their own (the *chunk* axis: `[D, rows, ...]` for the FX tensor `[D * rows, ...]`)
+through the matmuls that read it, and a GEMM that a reduce-scatter reads is computed in
+the chunks of its pipeline; that is where `auto-stream-parallel` finds what to
+pipeline. An op that needs the FX shape gets a reshape first. All shapes are static:
+the backend imports a graph once per set of input shapes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -103,13 +105,10 @@ class ImportedGraph:
     outputs: list[tuple[str, Any]]
     """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index) or ("constant", value)."""
     mesh: tuple[int, ...]
-    pipelined: list[str] = field(default_factory=list)
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
     """`shape` with its first axis cut into `chunks` and the rows of each."""
-    if not chunks:
-        return shape
     return (*chunks, shape[0] // math.prod(chunks), *shape[1:])
 
 
