@@ -228,9 +228,12 @@ class PipelineMatmulIntoReduceScatter(RewritePattern):
             if not value.has_one_use():
                 return _declined(op, f"{_owner_name(value)}'s result is read by other ops too")
         matmul, product_axis = chain[-1][0].owner, chain[-1][1]
-        (_, lhs_map), _ = operand_axis_maps(matmul)
-        if product_axis not in lhs_map:
-            return _declined(op, "the chunk axis is not an axis of the matmul's left operand")
+        (lhs, lhs_map), _ = operand_axis_maps(matmul)
+        lhs_axis = lhs_map.index(product_axis) if product_axis in lhs_map else None
+        if lhs_axis is None or lhs_axis >= tensor_type(lhs).rank - 2:
+            # Its M axis would be the rows of each destination, not chunks of them, and a
+            # batched matmul of slices of M is no slice of the product.
+            return _declined(op, "the axis after the scattered one is not a batch axis of the matmul's left operand")
         copies = [_make_stream(rewriter, value, value_axis) for value, value_axis in chain]
         copies.append(_make_stream(rewriter, op.result, axis))
         self.pipelines.add([*(value.owner for value, _ in reversed(chain)), op], copies)

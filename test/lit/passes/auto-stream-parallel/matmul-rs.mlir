@@ -31,3 +31,21 @@ func.func @matmul_rs(%a: !a, %b: !b, %bias: !bias) -> !out {
 // LOOP:            hir.reduce_scatter
 // LOOP:            hir.wait
 // LOOP:          }
+
+// Without chunks, the axis after the scattered one is the rows of each destination, the
+// matmul's M axis: slices of it are not slices of a batched product, so nothing streams.
+
+!a1 = !fusion.tensor<[2, 2, 4, 16], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!b1 = !fusion.tensor<[2, 1, 16, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!p1 = !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!out1 = !fusion.tensor<[2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _]>
+
+func.func @rows_not_chunks(%a: !a1, %b: !b1) -> !out1 {
+  %p = fusion.matmul %a, %b : (!a1, !b1) -> !p1
+  %out = fusion.sum %p [0] : !p1 -> !out1
+  func.return %out : !out1
+}
+
+// CHECK-LABEL: func.func @rows_not_chunks(
+// CHECK-NOT:     stream
+// CHECK:         func.return
