@@ -597,7 +597,17 @@ class SetOp(FusionOp):
         super().__init__(operands=[input], result_types=[result_type])
 
     def infer_shape(self) -> Shape:
-        return tensor_type(self.input).get_shape()
+        """The input's shape, whose extent on the axis the result splits over its mesh, if
+        known, must be the mesh's size: a `?` there would hide an extent no rank can hold."""
+        shape = tensor_type(self.input).get_shape()
+        result = tensor_type(self.result)
+        axis = result.didx_axis
+        if axis is not None and axis < len(shape) and shape[axis] >= 0 and shape[axis] != result.mesh.size:
+            raise VerifyException(
+                f"axis {axis} of extent {shape[axis]} cannot become a didx axis over the "
+                f"{result.mesh.size} device(s) of the result's mesh; a didx axis spans the mesh"
+            )
+        return shape
 
 
 class UnaryOp(FusionOp, ABC):

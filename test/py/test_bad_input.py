@@ -395,6 +395,11 @@ def _function(body: str, arguments: str = f"%x: {T}") -> str:
             "a value is out of its type's range",
         ),
         (_function("", "%w: !hir.work<[4, 8], 2>"), "1:27", "'!hir.work' takes no parameters"),
+        (
+            _function(f"%y = fusion.set %x : {T} -> !fusion.tensor<[?, 3], f32, mesh = [0, 1], axes = [didx, _]>"),
+            "2:3",
+            "axis 0 of extent 4 cannot become a didx axis over the 2 device(s) of the result's mesh",
+        ),
         (_function(f"%y = fusion.neg %y : {T} -> {T}"), "2:3", "operand #0 (%y) is the result of the op that uses it"),
         (
             _function(f"%y = fusion.neg %z : {T} -> {T}\n  %z = fusion.neg %x : {T} -> {T}"),
@@ -468,3 +473,23 @@ def test_every_way_into_parsing_reports_a_located_error_at_once(entry, text, loc
     assert re.search(rf"^(hir-run: )?{re.escape(f'{path}:{location}: error: {message}')}", err, re.MULTILINE), err
     assert "Traceback" not in err
     assert time.monotonic() - start < 5
+
+
+def test_a_dynamic_extent_that_a_set_splits_over_the_mesh_must_be_the_mesh_size():
+    """A `?` that `fusion.set` makes a didx axis passes the verifier; an input extent other
+    than the mesh's size is refused on that op before any rank communicates."""
+    dynamic = "!fusion.tensor<[?, 3], f32>"
+    split = "!fusion.tensor<[?, 3], f32, mesh = [0, 1], axes = [didx, _]>"
+    text = (
+        f"func.func @f(%x: {dynamic}) -> {split} {{\n"
+        f"  %y = fusion.set %x : {dynamic} -> {split}\n"
+        f"  func.return %y : {split}\n}}\n"
+    )
+    program = Program.compile(text, filename="set.mlir")
+    program.check_extents([[2, 3]])
+    with pytest.raises(HostirError) as error:
+        program.check_extents([[8, 3]])
+    assert str(error.value).startswith(
+        "set.mlir:2:3: error: the inputs of @f do not fit together (input #0 is [8, 3]): "
+        "axis 0 of extent 8 cannot become a didx axis over the 2 device(s)"
+    ), str(error.value)
