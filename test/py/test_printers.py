@@ -77,6 +77,12 @@ SNIPPETS: dict[str, list[str]] = {
         f"%o = fusion.linear %a, %m ATTRS : ({A}, {M}) -> {A}",
         f"%p = fusion.linear %a, %m, %v : ({A}, {M}, {V}) -> {A}",
     ],
+    "fusion.aten": [
+        f"%o = fusion.aten \"aten.gelu.default\"(%a) call \"[[{{'operand': 0}}], {{'approximate': 'tanh'}}]\" ATTRS"
+        f" : ({A}) -> {A}",
+        f"%p:2 = fusion.aten \"aten.var_mean.correction\"(%m) call \"[[{{'operand': 0}}, [1]], {{}}]\""
+        f" : ({M}) -> ({V}, {V})",
+    ],
     "hir.allocate": [
         f"%n = hir.dim %a, 0 : {A}",
         f"%o = hir.allocate(%n) ATTRS : {A}",
@@ -103,6 +109,11 @@ SNIPPETS: dict[str, list[str]] = {
         f"hir.linear ins(%a, %m, %v : {A}, {M}, {V}) outs(%a : {A})",
     ],
     "hir.copy": [f"hir.copy ins(%s : {S}) outs(%s : {S}) ATTRS"],
+    "hir.aten": [
+        f"hir.aten \"aten.t.default\" call \"[[{{'operand': 0}}], {{}}]\" ins(%m : {M}) outs(%m : {M}) ATTRS",
+        f"hir.aten \"aten.var_mean.correction\" call \"[[{{'operand': 0}}, [1]], {{}}]\" ins(%m : {M})"
+        f" outs(%v, %v : {V}, {V})",
+    ],
     "hir.pointwise": [
         f'hir.pointwise "add" ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS',
         f'hir.pointwise "neg" ins(%a : {A}) outs(%a : {A})',
