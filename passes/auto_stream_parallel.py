@@ -1,12 +1,19 @@
 """auto-stream-parallel: choose the stream axes of a fusion written without any.
 
 A user of torch.compile writes no `stream` axis, and neither need a user of the
-builder: this pass finds the all-gather whose pieces feed matmuls and makes the
-gathered axis the stream axis of the gather and of the matmuls' results. stream-parallel
-then lowers it to the point-to-point ring of pr4515: iteration `i` receives the piece
-of the next device while the matmul of the piece that arrived before runs, so the
-all-gather hides behind the GEMMs. The chunk count is the number of devices, which is
-what a ring takes (torch's `fused_all_gather_matmul` does the same).
+builder. This pass finds the two chains that hide communication behind GEMMs:
+
+* an all-gather whose pieces feed matmuls: the gathered axis becomes the stream axis of
+  the gather and of the matmuls' results, which stream-parallel lowers to the
+  point-to-point ring of pr4515 (iteration `i` receives the piece of the next device
+  while the matmul of the piece that arrived before runs). The chunk count is the
+  number of devices, which is what a ring takes (torch's `fused_all_gather_matmul`
+  does the same);
+* a reduce-scatter of a matmul's product whose rows for each destination are cut into
+  chunks (the torch importer cuts them into the chunks the cost model chooses): the
+  chunk axis becomes the stream axis of the matmul, of the pointwise ops between them
+  and of the reduce-scatter, so that chunk `i`'s reduce-scatter runs while chunk
+  `i + 1`'s GEMM does.
 
 A candidate the pass leaves alone is logged on the `hostir.pipelining` logger with the
 reason, at INFO level. `auto-stream-parallel{enabled=false}` turns the pass off; a
@@ -24,9 +31,15 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue, Use
 from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
 from xdsl.rewriter import InsertPoint
 from xdsl.transforms.dead_code_elimination import dce
-from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import DYNAMIC, STREAM, TensorType, tensor_type
@@ -253,7 +266,8 @@ def _has_stream_axis(module: ModuleOp) -> bool:
 
 @dataclass(frozen=True)
 class AutoStreamParallel(ModulePass):
-    """Chooses stream axes for the all-gathers that feed matmuls, in a fusion that has none.
+    """Chooses stream axes for the all-gathers that feed matmuls and the reduce-scatters of
+    matmuls' chunks, in a fusion that has none.
 
     `enabled=false` leaves every fusion as it is.
     """
