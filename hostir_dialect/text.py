@@ -163,6 +163,16 @@ class LocatingParser(Parser):
         except (VerifyException, ValueError) as e:
             self.raise_error(str(e), start, self.pos)
 
+    def parse_optional_builtin_int_or_float_attr(self) -> Attribute | None:
+        """An integer attribute out of its type's range (`0xfff...f`, `300 : i8`) is an error
+        on the literal: xDSL's IntegerAttr raises it outside any span, so in an alias
+        definition, outside every op, it had no location."""
+        start = self._current_token.span.start
+        try:
+            return super().parse_optional_builtin_int_or_float_attr()
+        except VerifyException as e:
+            self.raise_error(str(e), start, self.pos)
+
     def parse_operation(self) -> Operation:
         start_span = self._current_token.span
         start = start_span.get_location()

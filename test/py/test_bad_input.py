@@ -394,6 +394,8 @@ def _function(body: str, arguments: str = f"%x: {T}") -> str:
             "2:3",
             "a value is out of its type's range",
         ),
+        ("!t = 0x" + "f" * 40 + "<[4], f32>\n", "1:6", "Integer value 14615016373309029182036848327162830196559"),
+        ("func.func @f() attributes {a = 300 : i8} {\n}", "1:32", "Integer value 300 is out of range for type i8"),
         (_function("", "%w: !hir.work<[4, 8], 2>"), "1:27", "'!hir.work' takes no parameters"),
         (
             _function(f"%y = fusion.set %x : {T} -> !fusion.tensor<[?, 3], f32, mesh = [0, 1], axes = [didx, _]>"),
