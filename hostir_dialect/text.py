@@ -25,7 +25,7 @@ from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
-from xdsl.ir import Attribute, Block, Operation, OpResult, ParametrizedAttribute
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, ParametrizedAttribute
 from xdsl.irdl.dominance import DominanceInfo
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -329,14 +329,17 @@ def verify_module(module: Operation) -> None:
 def _check_dominance(op: Operation, positions: dict[Block, dict[Operation, int]]) -> None:
     """Refuses an operand that is not defined before `op`, in a block that encloses it."""
     for i, operand in enumerate(op.operands):
+        name = f"operand #{i}" + (f" (%{operand.name_hint})" if operand.name_hint else "")
         if isinstance(operand, OpResult):
             block, definer = operand.op.parent_block(), operand.op
-        else:
+        elif isinstance(operand, BlockArgument):
             block, definer = operand.block, None
+        else:
+            # xDSL's parser leaves a name used above the region that defines it unresolved.
+            raise HostirError.at(op, f"{name} is not defined in a region that encloses its use")
         if block is None:
             continue
         user = _ancestor_in_region_of(block, op)
-        name = f"operand #{i}" + (f" (%{operand.name_hint})" if operand.name_hint else "")
         if user is None:
             raise HostirError.at(op, f"{name} is used outside the region that defines it")
         if user.parent_block() is not block:

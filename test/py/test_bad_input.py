@@ -396,6 +396,11 @@ def _function(body: str, arguments: str = f"%x: {T}") -> str:
         ),
         ("!t = 0x" + "f" * 40 + "<[4], f32>\n", "1:6", "Integer value 14615016373309029182036848327162830196559"),
         ("func.func @f() attributes {a = 300 : i8} {\n}", "1:32", "Integer value 300 is out of range for type i8"),
+        (
+            _function("%c1 = arith.constant 1 : index\n  scf.for %i = %c1 to %n step %c1 {\n    %n = hir.dim %x, 0 : " + T + "\n  }"),
+            "3:3",
+            "operand #1 is not defined in a region that encloses its use",
+        ),
         (_function("", "%w: !hir.work<[4, 8], 2>"), "1:27", "'!hir.work' takes no parameters"),
         (
             _function(f"%y = fusion.set %x : {T} -> !fusion.tensor<[?, 3], f32, mesh = [0, 1], axes = [didx, _]>"),
