@@ -270,6 +270,7 @@ class Program:
                 continue
             try:
                 shape = op.infer_shape()
+                result_type = _with_shape(op.results[0].type, shape)
             except NotImplementedError:  # an op without a shape rule (fusion.aten) keeps its type
                 continue
             except (VerifyException, HostirError) as error:
@@ -279,7 +280,7 @@ class Program:
                     f"the inputs of @{self.fusion.sym_name.data} do not fit together ({shapes_text}): "
                     + (error.message if isinstance(error, HostirError) else str(error)),
                 ) from None
-            Rewriter.replace_value_with_new_type(op.results[0], _with_shape(op.results[0].type, shape))
+            Rewriter.replace_value_with_new_type(op.results[0], result_type)
         self._fitting_shapes.add(key)
 
     def _input_problem(
