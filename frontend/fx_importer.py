@@ -256,30 +256,21 @@ class Importer:
         return self.values[node_or_value] if isinstance(node_or_value, torch.fx.Node) else node_or_value
 
     def flat(self, value: Value) -> Value:
-        """`value` in the FX shape: a chunked value is reshaped (each device its piece)."""
-        if value.is_flat:
-            return value
-        result_type = self.tensor_type(value.shape, value.dtype, value.varying)
-        op = self.emit(
-            fusion.AtenOp(
-                "aten.reshape.default",
-                encode_call([value.ssa, list(value.shape)], {}, lambda v: 0 if v is value.ssa else None),
-                [value.ssa],
-                [result_type],
-            )
-        )
-        return Value(op.results[0], value.shape, value.dtype, value.varying)
+        """`value` in the FX shape: a piece of another shape is reshaped (each device its own)."""
+        return value if value.is_flat else self.with_piece(value, value.shape)
 
     def rechunked(self, value: Value, chunks: tuple[int, ...]) -> Value:
         """`value` (flat) with its first axis cut into `chunks` (each device its piece)."""
-        local = chunked_shape(value.shape, chunks)
-        result_type = self.tensor_type(local, value.dtype, value.varying)
+        return self.with_piece(value, chunked_shape(value.shape, chunks))
+
+    def with_piece(self, value: Value, local: tuple[int, ...]) -> Value:
+        """`value` with each device's piece reshaped to `local` (a view at run time)."""
         op = self.emit(
             fusion.AtenOp(
                 "aten.reshape.default",
                 encode_call([value.ssa, list(local)], {}, lambda v: 0 if v is value.ssa else None),
                 [value.ssa],
-                [result_type],
+                [self.tensor_type(local, value.dtype, value.varying)],
             )
         )
         return Value(op.results[0], value.shape, value.dtype, value.varying, local)
@@ -344,8 +335,9 @@ class Importer:
             operands.append(flat)
             return len(operands) - 1
 
-        def views() -> dict[int, torch.dtype]:
-            return {i: v.dtype for i, v in enumerate(operands) if v.dtype in CARRIERS}
+        def carried_dtype(index: int) -> torch.dtype | None:
+            dtype = operands[index].dtype
+            return dtype if dtype in CARRIERS else None
 
         def resolve(item: Any) -> Any:
             if isinstance(item, torch.fx.Node):
@@ -357,8 +349,7 @@ class Importer:
         args = [resolve(a) for a in node.args]
         kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
         try:
-            encode_call(args, kwargs, operand)  # finds the operands, whose dtypes the call names
-            call = encode_call(args, kwargs, operand, views())
+            call = encode_call(args, kwargs, operand, carried_dtype)
         except NotEncodable as error:
             raise UnsupportedGraph(f"{node.format_node()}: {error}") from None
         results = node.meta.get("val")

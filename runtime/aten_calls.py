@@ -20,6 +20,7 @@ call drops it from the operands and adds it back to the results.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,15 +50,19 @@ whose buffers carry their bits (flash attention's random state is a uint64 tenso
 
 
 def encode_call(
-    args: Sequence[Any], kwargs: dict[str, Any], operand: Callable[[Any], int | None], views: dict[int, torch.dtype] = {}
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    operand: Callable[[Any], int | None],
+    carried_dtype: Callable[[int], torch.dtype | None] = lambda index: None,
 ) -> str:
     """The `call` text of `args` and `kwargs`; `operand(value)` is the operand index of a
-    tensor argument, and `views[index]` the dtype an operand carried in another has."""
+    tensor argument, and `carried_dtype(index)` the dtype of an operand whose buffer
+    carries it in another (`CARRIERS`), else None."""
 
     def encode(value: Any) -> Any:
         index = operand(value)
-        if index is not None and index in views:
-            return {"operand": index, "view": str(views[index]).removeprefix("torch.")}
+        if index is not None and (view := carried_dtype(index)) is not None:
+            return {"operand": index, "view": str(view).removeprefix("torch.")}
         if index is not None:
             return {"operand": index}
         match value:
@@ -99,8 +104,10 @@ AtenCall = Callable[[Sequence[torch.Tensor], torch.device], Any]
 """`call(operands, device)`: the overload's result on these operand tensors."""
 
 
+@functools.cache
 def prepare_call(target: str, call: str) -> AtenCall:
-    """Resolves the overload and decodes the arguments once; the result makes the call."""
+    """Resolves the overload and decodes the arguments once (per text: the reference
+    evaluator asks at every evaluation); the result makes the call."""
     overload = aten_overload(target)
     try:
         args, kwargs = ast.literal_eval(call)
