@@ -70,6 +70,7 @@ sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from overlap_report import machine  # noqa: E402
 from runtime.communicator import Communicator  # noqa: E402
+from runtime.graphs import release_captured_graphs  # noqa: E402
 from runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
 
 MLP_RATIO = 3.5
@@ -695,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     if torchrun:
         command = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} {shlex.join(sys.argv)}"
         status = run_rank(args.sizes, args.contenders, config, args.output, command)
+        release_captured_graphs()
         dist.destroy_process_group()
         return status
     command = shlex.join(["python", *sys.argv])

@@ -140,18 +140,23 @@ def _main() -> None:
 
     import torch.distributed as dist
 
+    from runtime.graphs import release_captured_graphs
     from runtime.launch import run_on_local_ranks
 
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         results = train()
     else:
         results = run_on_local_ranks(train, 2)[0]
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if not torchrun or dist.get_rank() == 0:
         for step, (hostir_loss, eager_loss) in enumerate(results):
             print(f"step {step}: loss {hostir_loss:.6f} with hostir, {eager_loss:.6f} eagerly")
+    if torchrun:
+        release_captured_graphs()  # NCCL cannot destroy a communicator that a live graph uses
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

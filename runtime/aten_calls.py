@@ -94,12 +94,6 @@ def aten_overload(target: str) -> torch._ops.OpOverload:
         raise HostirError(f"'{target}' names no ATen operator overload of this torch") from None
 
 
-def returns_views(target: str) -> bool:
-    """Whether every result of the overload aliases an operand without writing it (a view)."""
-    returns = aten_overload(target)._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-
-
 AtenCall = Callable[[Sequence[torch.Tensor], torch.device], Any]
 """`call(operands, device)`: the overload's result on these operand tensors."""
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from xdsl.dialects import func
-from xdsl.ir import Operation
+from xdsl.ir import Operation, OpResult
 from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
@@ -211,46 +211,36 @@ def local_pieces(values: Sequence) -> list[bool]:
 
 @handles(hir.AtenOp)
 def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
-    """The ATen op on the local pieces, each result copied into its out (a view op's
-    outs are its views, `_aten_view`).
+    """The ATen op on the local pieces. An out that is a whole buffer of the program
+    (`hir.allocate`) becomes ATen's result itself; any other out gets the result copied in.
 
-    A copy rather than handing ATen the out: an ATen op has no destination in general
-    (multiple results, ops without `out=`), and the program owns its buffers.
+    Adopting the result keeps what ATen gives the next ATen op: a view stays a view (a
+    copy would move every byte of a weight's transpose, every step), and a result keeps
+    its strides (flash attention's backward reads the forward's output with the layout
+    the forward gave it, and is wrong with any other). The host-program contract lets
+    only the op that fills a buffer write it, so a result that aliases an operand is
+    never written through. The buffer the program allocated for an adopted out is
+    dropped unused.
     """
     call = aten_calls.prepare_call(op.target.data, op.call.data)
     varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
-    if aten_calls.returns_views(op.target.data):
-        return _aten_view(op, prep, call, varying_ins, varying_outs)
-
-    def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        operands = [t[0] if varies else t for t, varies in zip(ins, varying_ins)]
-        results = aten_calls.tensor_results(call(operands, outs[0].device))
-        for out, result, varies in zip(outs, results, varying_outs, strict=True):
-            (out[0] if varies else out).copy_(aten_calls.carried(result, out))
-
-    return _compute_step(op, prep, compute)
-
-
-def _aten_view(
-    op: hir.AtenOp, prep: Preparation, call: aten_calls.AtenCall, varying_ins: list[bool], varying_outs: list[bool]
-) -> Step:
-    """An ATen view (`view`, `t`, `permute`, `expand`, ...): its outs become the views themselves.
-
-    A copy would move every byte of the tensor (a weight's transpose, every step) for
-    nothing: the host-program contract lets only the op that fills a buffer write it,
-    so a view of an operand is never written through. The buffers the program
-    allocated for the outs are dropped unused.
-    """
+    adopted = [isinstance(out, OpResult) and isinstance(out.op, hir.AllocateOp) for out in op.outs]
+    for out in op.outs:
+        prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
     mesh = mesh_of(op.outs[0])
 
     def step(env: Environment, context: RunContext) -> None:
-        if context.rank in mesh:
-            operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
-            results = aten_calls.tensor_results(call(operands, context.device))
-            for slot, result, varies in zip(outs, results, varying_outs, strict=True):
-                result = aten_calls.carried(result, env[slot])
+        if context.rank not in mesh:
+            return
+        operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
+        results = aten_calls.tensor_results(call(operands, context.device))
+        for slot, result, varies, adopt in zip(outs, results, varying_outs, adopted, strict=True):
+            result = aten_calls.carried(result, env[slot])
+            if adopt:
                 env[slot] = result.unsqueeze(0) if varies else result
+            else:
+                (env[slot][0] if varies else env[slot]).copy_(result)
 
     return step
 

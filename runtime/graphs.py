@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -94,6 +95,24 @@ def _end_generator_capture(device: torch.device) -> None:
     generator.graphsafe_set_state(generator.clone_state())
 
 
+_REPLAYERS: weakref.WeakSet[GraphReplayer] = weakref.WeakSet()
+"""The replayers alive in this process, for `release_captured_graphs`."""
+
+
+def release_captured_graphs() -> None:
+    """Frees every CUDA graph that a replayer of this process captured; a later run of a
+    replayer captures again.
+
+    Call it before `dist.destroy_process_group()`: NCCL cannot destroy a communicator that
+    a live graph captured a communication of, and the call hangs
+    (pytorch/pytorch#115388). hostir's launchers do so.
+    """
+    for replayer in list(_REPLAYERS):
+        replayer.captured.clear()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class GraphReplayer:
     """Runs a `Program` on one rank by replaying CUDA graphs, or eagerly where it cannot."""
 
@@ -111,6 +130,7 @@ class GraphReplayer:
         self.captured: dict[Signature, CapturedRun] = {}
         self.eager_reason: str | None = None
         """Why this replayer runs the program eagerly; None while it replays."""
+        _REPLAYERS.add(self)
         if self.communicator.device.type != "cuda":
             self._run_eagerly(
                 f"CUDA graphs need CUDA devices, and this rank runs {self.communicator.where}"

@@ -44,6 +44,7 @@ import torch.multiprocessing as mp
 
 from hostir_dialect.text import HostirError
 from runtime.communicator import Communicator
+from runtime.graphs import release_captured_graphs
 
 T = TypeVar("T")
 
@@ -120,6 +121,7 @@ def _rank_main(
         except RuntimeError:
             pass
     if dist.is_initialized():
+        release_captured_graphs()
         dist.destroy_process_group()
 
 

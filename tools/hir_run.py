@@ -45,7 +45,7 @@ from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
 from passes import DEFAULT_PIPELINE
 from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
-from runtime.graphs import GraphReplayer, GraphReplayFallback
+from runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs
 from runtime.launch import RankFailed, plain_message, run_on_local_ranks
 from runtime.program import Program
 from runtime.streams import configured_num_streams
@@ -493,6 +493,7 @@ def run_under_torchrun(arguments: argparse.Namespace, progress: Progress) -> int
         result = run_rank(program, inputs, communicator, options)
         results = [None] * communicator.world_size if communicator.rank == 0 else None
         dist.gather_object(result, results, dst=0)
+        release_captured_graphs()
         dist.destroy_process_group()
         if communicator.rank != 0:
             return 0

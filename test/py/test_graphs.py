@@ -24,7 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
 from hostir_dialect.builder import FusionBuilder
 from runtime.communicator import Communicator
-from runtime.graphs import GraphReplayer, GraphReplayFallback, signature
+from runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
 from runtime.launch import run_on_local_ranks
 from runtime.program import Program
 from runtime.reference import compare, shard
@@ -115,7 +115,8 @@ def replay_checks(case: Case, communicator: Communicator) -> list[str]:
     """Replays `case` on this rank as the GPU tests want it; returns what went wrong (nothing: ok).
 
     A capture on inputs of trip count 3, a replay of new values into poisoned static
-    outputs, a new signature (trip count 4) that is captured anew.
+    outputs, a new signature (trip count 4) that is captured anew; after
+    `release_captured_graphs`, a run that captures again.
     """
     program = Program.compile(case.build(), pipeline=case.pipeline)
     device, rank = communicator.device, communicator.rank
@@ -154,6 +155,12 @@ def replay_checks(case: Case, communicator: Communicator) -> list[str]:
     if len(replayer.captured) != 2:
         problems.append(f"a new signature was not captured: {len(replayer.captured)} graph(s)")
     run(3, 3)
+    release_captured_graphs()
+    if replayer.captured:
+        problems.append(f"release_captured_graphs left {len(replayer.captured)} graph(s)")
+    run(4, 3)
+    if len(replayer.captured) != 1:
+        problems.append(f"a run after release_captured_graphs did not capture anew: {len(replayer.captured)}")
     return problems
 
 

@@ -287,6 +287,34 @@ def test_alias_select_is_a_view_that_writes_through(rng):
     assert (buffer[:, 2] == 4.0).all()
 
 
+ATEN_RESULTS = f"""
+func.func @main(%x: {tensor([3, 5])}) -> ({tensor([5, 3])}, {tensor([5, 3])}, {tensor([2, 5, 3])}) {{
+  %c1 = arith.constant 1 : index
+  %t = hir.allocate() : {tensor([5, 3])}
+  hir.aten "aten.t.default" call "[[{{'operand': 0}}], {{}}]" ins(%x : {tensor([3, 5])}) outs(%t : {tensor([5, 3])})
+  %clone = hir.allocate() : {tensor([5, 3])}
+  hir.aten "aten.clone.default" call "[[{{'operand': 0}}], {{}}]" ins(%t : {tensor([5, 3])}) outs(%clone : {tensor([5, 3])})
+  %both = hir.allocate() : {tensor([2, 5, 3])}
+  %second = hir.alias_select %both[0 = %c1] : {tensor([2, 5, 3])} -> {tensor([5, 3])}
+  hir.aten "aten.clone.default" call "[[{{'operand': 0}}], {{}}]" ins(%t : {tensor([5, 3])}) outs(%second : {tensor([5, 3])})
+  func.return %t, %clone, %both : {tensor([5, 3])}, {tensor([5, 3])}, {tensor([2, 5, 3])}
+}}
+"""
+
+
+def test_an_aten_result_keeps_atens_layout_and_a_slice_out_gets_a_copy(rng):
+    """A whole buffer is ATen's result as ATen made it: a view stays a view of the input,
+    a clone of a transpose keeps the transposed strides (which flash attention's backward
+    depends on); a slice of a larger buffer gets the result copied in."""
+    x = torch.randn(3, 5, generator=rng)
+    t, clone, both = run_host(ATEN_RESULTS, [x])
+    assert t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert clone.stride() == x.t().clone().stride() == (1, 5)
+    torch.testing.assert_close(clone, x.t())
+    torch.testing.assert_close(both[1], x.t())
+    assert both[0].isnan().all()  # the rest of the buffer is not written
+
+
 DEALLOCATION = f"""
 func.func @main(%x: {tensor([64])}) -> {tensor([64])} {{
   %c0 = arith.constant 0 : index
