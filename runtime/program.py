@@ -19,19 +19,20 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from xdsl.dialects import func
+from xdsl.dialects import arith, func
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import hir, hostir_context
-from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str
+from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from passes import DEFAULT_PIPELINE, available_passes
 from passes.driver import parse_pass_pipeline, run_passes
 from runtime.communicator import Communicator
 from runtime.fusion_eval import torch_dtype
-from runtime.interpreter import Interpreter, RunContext, StepWrapper
+from runtime.interpreter import Interpreter, RunContext, StepWrapper, _buffer_root
 from runtime.reference import full_shape
 from runtime.streams import configured_num_streams, stream_pool
 
@@ -251,19 +252,30 @@ class Program:
         return extents
 
     def check_extents(self, shapes: Sequence[Sequence[int]]) -> None:
-        """Raises `HostirError` if whole inputs of `shapes` cannot go through the fusion together
-        (the K of a matmul differs between its operands, say), which their types alone allow.
+        """Raises `HostirError` if whole inputs of `shapes` cannot go through the program
+        together (the K of a matmul differs between its operands, say), which their types
+        alone allow; each set of shapes is checked once. `check` calls it on every rank
+        alike, before the program communicates.
 
-        The shapes go through a copy of the fusion op by op, by each op's `infer_shape` (the
-        shape rule its verifier uses); each set of shapes is checked once. `check` calls it
-        on every rank alike, before the program communicates. Without the fusion (a program
-        given lowered) there is nothing to check against.
+        With the fusion, the shapes go through a copy of it op by op, by each op's
+        `infer_shape` (the shape rule its verifier uses). A program given lowered is
+        checked where a wrong extent would go unnoticed: a `hir.scatter` gives each device
+        of its output's mesh one slice of its input, so it would drop the input's further
+        slices, or send unwritten ones, in silence (`_check_scatters`).
         """
         key = tuple(tuple(shape) for shape in shapes)
-        if self.fusion is None or key in self._fitting_shapes:
+        if key in self._fitting_shapes:
             return
+        if self.fusion is None:
+            self._check_scatters(key)
+        else:
+            self._check_fusion(key)
+        self._fitting_shapes.add(key)
+
+    def _check_fusion(self, shapes: tuple[tuple[int, ...], ...]) -> None:
+        """Refuses the first op of the fusion whose shape rule refuses the shapes it gets."""
         copy = self.fusion.clone()
-        for argument, shape in zip(copy.args, key):
+        for argument, shape in zip(copy.args, shapes):
             Rewriter.replace_value_with_new_type(argument, _with_shape(argument.type, shape))
         for op, original in zip(list(copy.walk()), list(self.fusion.walk())):
             if not isinstance(op, FusionOp):
@@ -274,14 +286,56 @@ class Program:
             except NotImplementedError:  # an op without a shape rule (fusion.aten) keeps its type
                 continue
             except (VerifyException, HostirError) as error:
-                shapes_text = ", ".join(f"input #{i} is {shape_str(shape)}" for i, shape in enumerate(key))
-                raise HostirError.at(
-                    original,
-                    f"the inputs of @{self.fusion.sym_name.data} do not fit together ({shapes_text}): "
-                    + (error.message if isinstance(error, HostirError) else str(error)),
+                raise self._misfit(
+                    original, shapes, error.message if isinstance(error, HostirError) else str(error)
                 ) from None
             Rewriter.replace_value_with_new_type(op.results[0], result_type)
-        self._fitting_shapes.add(key)
+
+    def _check_scatters(self, shapes: tuple[tuple[int, ...], ...]) -> None:
+        """Refuses a `hir.scatter` whose input's extent on the axis it splits, where the
+        input shapes fix it, is not the number of devices of its output's mesh."""
+        for op in self.host.walk():
+            if not isinstance(op, hir.ScatterOp) or (axis := tensor_type(op.output).didx_axis) is None:
+                continue
+            extent, devices = self._known_extent(op.input, axis, shapes), tensor_type(op.output).mesh.size
+            if extent is not None and extent != devices:
+                raise self._misfit(
+                    op,
+                    shapes,
+                    f"hir.scatter splits axis {axis} of its input, of extent {extent}, over the "
+                    f"{devices} device(s) of its output's mesh, one slice each; the extent must be {devices}",
+                )
+
+    def _known_extent(self, buffer: SSAValue, axis: int, shapes: Sequence[Sequence[int]]) -> int | None:
+        """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it:
+        traced through views to an input, or to an allocation whose size is a constant or
+        the extent of another such buffer. None where only running the program tells it."""
+        type = tensor_type(buffer)
+        if type.get_shape()[axis] != DYNAMIC:
+            return type.get_shape()[axis]
+        if type.didx_axis == axis:
+            return type.mesh.size
+        root, root_axis = _buffer_root(buffer, axis)
+        if root is not buffer:
+            return self._known_extent(root, root_axis, shapes)
+        if isinstance(buffer, BlockArgument) and buffer.owner is self.host.body.block:
+            extent = shapes[buffer.index][axis]
+            return extent if extent >= 0 else None
+        if isinstance(buffer, OpResult) and isinstance(buffer.op, hir.AllocateOp):
+            dynamic_axes = [a for a, e in enumerate(type.get_shape()) if e == DYNAMIC]
+            size = buffer.op.dynamic_sizes[dynamic_axes.index(axis)]
+            if isinstance(size.owner, arith.ConstantOp):
+                return size.owner.value.value.data
+            if isinstance(size.owner, hir.DimOp):
+                return self._known_extent(size.owner.buffer, size.owner.axis.data, shapes)
+        return None
+
+    def _misfit(self, op: Operation, shapes: Sequence[Sequence[int]], why: str) -> HostirError:
+        """The error of inputs of `shapes` that do not fit together at `op`."""
+        shapes_text = ", ".join(f"input #{i} is {shape_str(shape)}" for i, shape in enumerate(shapes))
+        return HostirError.at(
+            op, f"the inputs of @{self.host.sym_name.data} do not fit together ({shapes_text}): {why}"
+        )
 
     def _input_problem(
         self, inputs: Sequence[torch.Tensor], communicator: Communicator

@@ -500,3 +500,83 @@ def test_a_dynamic_extent_that_a_set_splits_over_the_mesh_must_be_the_mesh_size(
         "set.mlir:2:3: error: the inputs of @f do not fit together (input #0 is [8, 3]): "
         "axis 0 of extent 8 cannot become a didx axis over the 2 device(s)"
     ), str(error.value)
+
+
+
+def _scatter_program(input_type: str, body: str = "", scattered: str = "%x") -> str:
+    """A program given lowered: `scattered`, made by `body` from `%x`, scattered over devices 0 and 1."""
+    dynamic, split = tensor(["?", 3]), tensor(["?", 3], mesh=[0, 1], axes="didx _")
+    return (
+        f"func.func @f(%x: {input_type}) -> {split} {{\n"
+        + "".join(f"  {line.format(x=input_type, s=dynamic)}\n" for line in body.splitlines())
+        + f"  %c2 = arith.constant 2 : index\n"
+        f"  %y = hir.allocate(%c2) : {split}\n"
+        f"  %w = hir.scatter {scattered} into %y team [0, 1] root 0 backend nccl : {dynamic}, {split}\n"
+        f"  hir.wait %w\n"
+        f"  func.return %y : {split}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "input_type, body, fitting, too_long, extent",
+    [
+        (tensor(["?", 3]), "", [2, 3], [8, 3], 8),
+        (
+            tensor(["?", "?", 3]),
+            "%c0 = arith.constant 0 : index\n%s = hir.alias_select %x[0 = %c0] : {x} -> {s}",
+            [5, 2, 3],
+            [5, 8, 3],
+            8,
+        ),
+        (tensor(["?", "?"]), "%n = hir.dim %x, 0 : {x}\n%s = hir.allocate(%n) : {s}", [2, 7], [3, 7], 3),
+    ],
+    ids=["input", "view", "allocation"],
+)
+def test_a_lowered_scatter_refuses_an_input_extent_other_than_its_mesh_size(
+    input_type, body, fitting, too_long, extent
+):
+    """A `?` on the axis a `hir.scatter` splits, traced to the inputs' extents through views
+    and allocation sizes, must be the output mesh's size, as the fusion path asks of `fusion.set`."""
+    text = _scatter_program(input_type, body, "%s" if body else "%x")
+    program = Program.compile(text, pipeline=None, filename="scatter.mlir")
+    program.check_extents([fitting])
+    with pytest.raises(HostirError) as error:
+        program.check_extents([too_long])
+    line = 4 + len(body.splitlines())
+    assert str(error.value).splitlines()[0] == (
+        f"scatter.mlir:{line}:3: error: the inputs of @f do not fit together (input #0 is "
+        f"[{', '.join(map(str, too_long))}]): hir.scatter splits axis 0 of its input, of extent "
+        f"{extent}, over the 2 device(s) of its output's mesh, one slice each; the extent must be 2"
+    )
+
+
+def scatter_rows(row_counts: list[int]) -> list[torch.Tensor | str]:
+    """This rank's result, or its error, of a lowered scatter of the first rows of one matrix."""
+    communicator = Communicator.from_env()
+    program = Program.compile(_scatter_program(tensor(["?", 3])), pipeline=None, filename="scatter.mlir")
+    whole = torch.arange(24, dtype=torch.float32, device=communicator.device).reshape(8, 3)
+    outcomes = []
+    for rows in row_counts:
+        inputs = [whole[:rows] if communicator.rank == 0 else whole.new_empty(0)]
+        try:
+            outcomes.append(program.run(inputs, communicator)[0].cpu())
+        except HostirError as error:
+            outcomes.append(str(error).splitlines()[0])
+    return outcomes
+
+
+@needs_ranks(2)
+def test_a_lowered_scatter_of_too_many_or_too_few_slices_fails_on_every_rank(monkeypatch):
+    """Rank 1 holds no input, yet refuses it as rank 0 does, before the scatter; then a
+    fitting input scatters one row to each rank, as plain torch splits it."""
+    monkeypatch.setenv("HOSTIR_TIMEOUT_S", str(EXCHANGE_TIMEOUT_S))
+    per_rank = run_on_local_ranks(scatter_rows, 2, [8, 1, 2], timeout_s=90)
+    whole = torch.arange(24, dtype=torch.float32).reshape(8, 3)
+    for rank, (too_long, too_short, fitting) in enumerate(per_rank):
+        for rows, message in ((8, too_long), (1, too_short)):
+            assert message == (
+                f"scatter.mlir:4:3: error: the inputs of @f do not fit together (input #0 is [{rows}, 3]): "
+                f"hir.scatter splits axis 0 of its input, of extent {rows}, over the 2 device(s) of its "
+                "output's mesh, one slice each; the extent must be 2"
+            ), (rank, message)
+        assert torch.equal(fitting, whole[:2].chunk(2)[rank]), (rank, fitting)
