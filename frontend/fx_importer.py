@@ -545,9 +545,10 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
         lhs = importer.flat(lhs)
     varying = importer.varies(lhs, rhs)
     chunks = importer.reduce_scatter_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
-    if chunks and _squeezed(lhs.local_shape) == _squeezed(lhs.shape):
-        # A piece that differs from the FX tensor by axes of extent 1 alone (not the
-        # pieces of an all-gather, which would then not be pipelined) takes the chunks.
+    gathered = isinstance(lhs.ssa.owner, fusion.SetOp) and _squeezed(lhs.local_shape) != _squeezed(lhs.shape)
+    if chunks and not gathered:
+        # The pieces of an all-gather read right here keep their axis, or its ring would
+        # not reach this matmul; any other piece takes the chunks (a view of it).
         lhs = importer.rechunked(importer.flat(lhs), chunks)
     local = (*lhs.local_shape[:-1], result.shape[-1]) if len(lhs.shape) == 2 else tuple(result.shape)
     operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
@@ -649,8 +650,113 @@ for _targets, _op, _check in (
     ((aten.relu.default,), fusion.ReluOp, lambda node: True),
     ((aten.tanh.default,), fusion.TanhOp, lambda node: True),
     ((aten.sigmoid.default,), fusion.SigmoidOp, lambda node: True),
+    ((aten.erf.default,), fusion.ErfOp, lambda node: True),
 ):
     rule(*_targets)(_elementwise_rule(_op, _check))
+
+
+OPMATH = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
+"""The dtype ATen computes a reduced float's activation in: each result is rounded once."""
+
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+GELU_TANH_KAPPA = 0.044715
+
+
+class Pointwise:
+    """Fusion ops on values of one piece shape, for an ATen activation written as the
+    composition of fusion ops that ATen's kernel computes (so that it joins the pointwise
+    run around it in one generated kernel, where a `fusion.aten` would cut the run)."""
+
+    def __init__(self, importer: Importer, like: Value):
+        self.importer, self.like = importer, like
+
+    def __call__(self, op_class: type, *operands: Value | float) -> Value:
+        like = self.like
+        values = [o if isinstance(o, Value) else self.importer.scalar(o, like.dtype) for o in operands]
+        varying = self.importer.varies(*values)
+        ssa = [self.importer.aligned(v, len(like.local_shape)) for v in values]
+        result_type = self.importer.tensor_type(like.local_shape, like.dtype, varying)
+        op = self.importer.emit(op_class(*ssa, result_type))
+        return Value(op.results[0], like.shape, like.dtype, varying, like.local)
+
+
+def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
+    """A rule for an ATen activation (or its backward) of `tensors` tensor operands of the
+    result's shape: they are cast to the opmath dtype, `compose(f, *values, *other args)`
+    builds the result with `f` (a `Pointwise`), and the result is cast back."""
+
+    def lower(importer: Importer, node: torch.fx.Node) -> Value | None:
+        result = _result(node)
+        values = [importer.arg(a) for a in node.args[:tensors]]
+        if not result.dtype.is_floating_point or set(node.kwargs) - {"approximate"}:
+            return None
+        if not all(isinstance(v, Value) and v.shape == tuple(result.shape) for v in values):
+            return None
+        if _shared_local(values, tuple(result.shape)) is None:
+            values = [importer.flat(v) for v in values]
+        wide = OPMATH.get(result.dtype, result.dtype)
+        values = [importer.cast(v, wide) for v in values]
+        composed = compose(Pointwise(importer, values[0]), *values, *node.args[tensors:], **node.kwargs)
+        if composed is None:
+            return None
+        out = importer.cast(composed, result.dtype)
+        out.ssa.name_hint = _name(node)
+        return out
+
+    return lower
+
+
+def _silu(f: Pointwise, x: Value) -> Value:
+    return f(fusion.MulOp, x, f(fusion.SigmoidOp, x))
+
+
+def _silu_backward(f: Pointwise, grad: Value, x: Value) -> Value:
+    s = f(fusion.SigmoidOp, x)
+    slope = f(fusion.AddOp, f(fusion.MulOp, x, f(fusion.SubOp, 1.0, s)), 1.0)
+    return f(fusion.MulOp, grad, f(fusion.MulOp, s, slope))
+
+
+def _gelu_parts(f: Pointwise, x: Value, approximate: str, slope: bool) -> tuple[Value, Value | None] | None:
+    """GELU's Gaussian CDF at `x`, exact (`erf`) or tanh's approximation, and with `slope`
+    its derivative; None for another approximation."""
+    if approximate == "none":
+        cdf = f(fusion.MulOp, f(fusion.AddOp, f(fusion.ErfOp, f(fusion.MulOp, x, math.sqrt(0.5))), 1.0), 0.5)
+        if not slope:
+            return cdf, None
+        exponent = f(fusion.MulOp, f(fusion.MulOp, x, x), -0.5)
+        return cdf, f(fusion.MulOp, f(fusion.ExpOp, exponent), 1 / math.sqrt(2 * math.pi))
+    if approximate == "tanh":
+        x_squared = f(fusion.MulOp, x, x)
+        cubic = f(fusion.AddOp, f(fusion.MulOp, f(fusion.MulOp, x_squared, x), GELU_TANH_KAPPA), x)
+        t = f(fusion.TanhOp, f(fusion.MulOp, cubic, SQRT_2_OVER_PI))
+        cdf = f(fusion.MulOp, f(fusion.AddOp, t, 1.0), 0.5)
+        if not slope:
+            return cdf, None
+        cubic_slope = f(fusion.MulOp, f(fusion.AddOp, f(fusion.MulOp, x_squared, 3 * GELU_TANH_KAPPA), 1.0), SQRT_2_OVER_PI)
+        return cdf, f(fusion.MulOp, f(fusion.MulOp, f(fusion.SubOp, 1.0, f(fusion.MulOp, t, t)), cubic_slope), 0.5)
+    return None
+
+
+def _gelu(f: Pointwise, x: Value, approximate: str = "none") -> Value | None:
+    parts = _gelu_parts(f, x, approximate, slope=False)
+    return None if parts is None else f(fusion.MulOp, x, parts[0])
+
+
+def _gelu_backward(f: Pointwise, grad: Value, x: Value, approximate: str = "none") -> Value | None:
+    parts = _gelu_parts(f, x, approximate, slope=True)
+    if parts is None:
+        return None
+    cdf, density = parts
+    return f(fusion.MulOp, grad, f(fusion.AddOp, cdf, f(fusion.MulOp, x, density)))
+
+
+for _target, _compose, _tensors in (
+    (aten.silu.default, _silu, 1),
+    (aten.silu_backward.default, _silu_backward, 2),
+    (aten.gelu.default, _gelu, 1),
+    (aten.gelu_backward.default, _gelu_backward, 2),
+):
+    rule(_target)(_activation(_compose, _tensors))
 
 
 @rule(aten._to_copy.default, torch.ops.prims.convert_element_type.default)

@@ -64,6 +64,7 @@ from hostir_dialect.fusion import (
     ConstantOp,
     DeviceMeshAttr,
     DivOp,
+    ErfOp,
     ExpOp,
     FusionOp,
     LinearOp,
@@ -435,6 +436,7 @@ class FusionBuilder:
     relu = _unary(ReluOp)
     tanh = _unary(TanhOp)
     sigmoid = _unary(SigmoidOp)
+    erf = _unary(ErfOp)
 
     add = _binary(AddOp)
     sub = _binary(SubOp)

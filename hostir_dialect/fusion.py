@@ -666,6 +666,13 @@ class SigmoidOp(UnaryOp):
     name = "fusion.sigmoid"
 
 
+@irdl_op_definition
+class ErfOp(UnaryOp):
+    """The error function: the exact GELU is `0.5 x (1 + erf(x / sqrt 2))`."""
+
+    name = "fusion.erf"
+
+
 class BinaryOp(FusionOp, ABC):
     """A pointwise op of two operands with torch broadcasting."""
 
@@ -1090,6 +1097,7 @@ UNARY_OPS: tuple[type[UnaryOp], ...] = (
     ReluOp,
     TanhOp,
     SigmoidOp,
+    ErfOp,
 )
 BINARY_OPS: tuple[type[BinaryOp], ...] = (
     AddOp,

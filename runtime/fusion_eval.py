@@ -94,6 +94,7 @@ POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.ReluOp: torch.relu,
     fusion.TanhOp: torch.tanh,
     fusion.SigmoidOp: torch.sigmoid,
+    fusion.ErfOp: torch.erf,
     fusion.AddOp: torch.add,
     fusion.SubOp: torch.sub,
     fusion.MulOp: torch.mul,

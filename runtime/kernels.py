@@ -225,6 +225,7 @@ EXPRESSIONS: dict[type[Operation], Expression] = {
     fusion.ReluOp: _pointwise(**{FLOATING: "({0} < 0 ? 0 : {0})", INTEGER: "({0} < 0 ? 0 : {0})"}),
     fusion.TanhOp: _pointwise(**{FLOATING: "tanh{f}({0})"}),
     fusion.SigmoidOp: _pointwise(**{FLOATING: "1 / (1 + exp{f}(-{0}))"}),
+    fusion.ErfOp: _pointwise(**{FLOATING: "erf{f}({0})"}),
     fusion.AddOp: _pointwise(
         **{FLOATING: "{0} + {1}", INTEGER: "{0} + {1}", BOOLEAN: "{0} || {1}"}
     ),

@@ -245,7 +245,7 @@ def test_hir_opt_ends_every_mutant_with_a_diagnostic_or_text_that_reads_back(tex
 # Fusions from the builder                                                     #
 # --------------------------------------------------------------------------- #
 
-UNARY = ["neg", "abs", "relu", "tanh", "sigmoid"]
+UNARY = ["neg", "abs", "relu", "tanh", "sigmoid", "erf"]
 BINARY = ["add", "sub", "mul", "maximum", "minimum"]
 
 

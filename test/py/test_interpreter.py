@@ -415,7 +415,7 @@ def test_stream_index_past_the_pool_is_an_error_at_hir_stream():
 # --------------------------------------------------------------------------- #
 
 UNARY = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-         "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+         "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf}
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
           "maximum": torch.maximum, "minimum": torch.minimum, "pow": torch.pow}
 

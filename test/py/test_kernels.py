@@ -55,6 +55,7 @@ UNARY_OPS: dict[str, tuple[str, ...]] = {
     "relu": FLOATS + INTEGERS,
     "tanh": FLOATS,
     "sigmoid": FLOATS,
+    "erf": FLOATS,
 }
 """Each unary op and the dtypes on which torch gives a result of the operand's dtype."""
 

@@ -187,6 +187,7 @@ UNARY = {
     "relu": lambda x: x.clamp(min=0),
     "tanh": lambda x: x.tanh(),
     "sigmoid": lambda x: 1 / (1 + (-x).exp()),
+    "erf": lambda x: x.erf(),
 }
 BINARY = {
     "add": lambda x, y: x + y,

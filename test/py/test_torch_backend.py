@@ -186,7 +186,7 @@ def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
 
 def test_an_op_hostir_does_not_model_runs_as_aten():
     def f(x, y, tokens, table):
-        return torch.cumsum(x, dim=1) * torch.special.erf(y) + x.flip(0) + F.embedding(tokens, table)
+        return torch.cumsum(x, dim=1) * torch.atan(y) + x.flip(0) + F.embedding(tokens, table)
 
     x, y, table = torch.randn(4, 8), torch.randn(4, 8), torch.randn(10, 8)
     tokens = torch.randint(0, 10, (4,))
@@ -196,6 +196,34 @@ def test_an_op_hostir_does_not_model_runs_as_aten():
     assert 'fusion.aten "aten.cumsum.default"' in dump.getvalue()
     assert 'fusion.aten "aten.embedding.default"' in dump.getvalue()
     assert "fusion.mul" in dump.getvalue() and "fusion.add" in dump.getvalue()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activations_and_their_gradients_are_one_fused_pointwise_run(dtype):
+    """gelu (exact and tanh), silu and their backward ops are imported as the fusion ops
+    ATen's kernels compute, in f32 for bf16, so each graph's pointwise run is one segment."""
+
+    def f(x, y, z):
+        return F.gelu(x) * F.gelu(y, approximate="tanh") + F.silu(z)
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(6, 8, dtype=dtype) for _ in range(3)]
+    compiled_inputs = [x.clone().requires_grad_() for x in inputs]
+    eager_inputs = [x.clone().requires_grad_() for x in inputs]
+    torch._dynamo.reset()
+    with _dumped("fusion,host_ir") as dump:
+        out = torch.compile(f, backend="hostir")(*compiled_inputs)
+        out.backward(torch.ones_like(out))
+    expected = f(*eager_inputs)
+    expected.backward(torch.ones_like(expected))
+    tolerance = TOLERANCES[dtype]
+    assert _max_error(out.float(), expected.float()) < tolerance
+    for actual, reference in zip(compiled_inputs, eager_inputs, strict=True):
+        assert _max_error(actual.grad.float(), reference.grad.float()) < tolerance
+    text = dump.getvalue()
+    assert "fusion.aten" not in text and all(op in text for op in ("fusion.erf", "fusion.tanh", "fusion.sigmoid"))
+    programs = text.split("// hostir: the host program of graph ")[1:]
+    assert len(programs) == 2 and all(p.count("hir.launch_kernel") == 1 for p in programs), programs
 
 
 def test_unsigned_tensors_are_carried_bit_for_bit():
