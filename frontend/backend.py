@@ -15,8 +15,8 @@ Options (`torch.compile(..., options={...})`):
 
 | option | default | meaning |
 |---|---|---|
-| `pipeline` | `True` | pipeline AG+GEMM and GEMM+RS chains (`auto-stream-parallel`) |
-| `chunks` | `None` | the chunks of a GEMM+RS pipeline; None: the cost model's choice on GPUs, one on the CPU |
+| `pipeline` | `True` | pipeline AG+GEMM, GEMM+RS and GEMM+AR chains (`auto-stream-parallel`) |
+| `chunks` | `None` | the chunks of a GEMM+RS or GEMM+AR pipeline; None: the cost model's choice on GPUs, one on the CPU |
 | `backend` | `"nccl"` | how the collectives move bytes: `nccl`, or `cuda` for the copy engines |
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
@@ -47,7 +47,7 @@ from frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, impo
 from hostir_dialect.text import print_module
 from runtime.aten_calls import CARRIERS
 from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
-from runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
+from runtime.cost_model import OverlapProblem, Rates, choose_pipeline
 from runtime.graphs import GraphReplayer
 from runtime.program import Program
 
@@ -59,15 +59,13 @@ class HostirFallbackWarning(UserWarning):
 
 
 NOMINAL_GPU_RATES = Rates(link_bytes_per_s=300e9, gemm_flops_per_s=600e12)
-"""What the cost model assumes of a GPU when it chooses a GEMM+reduce-scatter's chunks:
+"""What the cost model assumes of a GPU when it chooses a GEMM+RS or GEMM+AR pipeline's chunks:
 an H100's NVLink as NCCL uses it, and its bf16 GEMMs at large sizes."""
 
 
-def modelled_chunks(rows: int, k: int, n: int, dtype: torch.dtype, devices: int) -> int:
-    """The chunk count the cost model chooses for a GEMM+reduce-scatter (`runtime/cost_model.py`)."""
-    problem = OverlapProblem(
-        OverlapKind.MATMUL_REDUCE_SCATTER, rows * devices, k * devices, n, devices, dtype.itemsize
-    )
+def modelled_chunks(problem: OverlapProblem) -> int:
+    """The chunk count the cost model chooses for a GEMM+reduce-scatter or GEMM+allreduce
+    (`runtime/cost_model.py`)."""
     return choose_pipeline(problem, NOMINAL_GPU_RATES).chunks
 
 
@@ -96,12 +94,12 @@ class BackendOptions:
         return cls(**options)
 
     def chunks_of(self, device: torch.device) -> ChunksOf:
-        """How the importer cuts a GEMM+reduce-scatter: `chunks` if set; else by the cost
+        """How the importer cuts a GEMM+RS or GEMM+AR: `chunks` if set; else by the cost
         model on GPUs, and in one chunk on the CPU, where gloo's transfers block."""
         if not self.pipeline:
             return one_chunk
         if self.chunks is not None:
-            return lambda rows, k, n, dtype, devices: self.chunks
+            return lambda problem: self.chunks
         return modelled_chunks if device.type == "cuda" else one_chunk
 
     def lowering(self) -> str:

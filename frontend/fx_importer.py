@@ -50,6 +50,7 @@ from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
 from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
 from runtime.aten_calls import CARRIERS, NotEncodable, encode_call
+from runtime.cost_model import OverlapKind, OverlapProblem
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -116,13 +117,12 @@ def _dtype_supported(dtype: torch.dtype) -> bool:
     return dtype in TORCH_DTYPES
 
 
-ChunksOf = Callable[[int, int, int, torch.dtype, int], int]
-"""`chunks_of(rows, k, n, dtype, devices)`: how many chunks to cut a GEMM+reduce-scatter
-over `devices` into, where each device's piece has `rows` rows of a product of inner
-extent `k` (this device's) and `n` columns."""
+ChunksOf = Callable[[OverlapProblem], int]
+"""`chunks_of(problem)`: how many chunks to cut a GEMM+reduce-scatter or GEMM+allreduce
+into, the problem in the cost model's terms (global extents)."""
 
 
-def one_chunk(rows: int, k: int, n: int, dtype: torch.dtype, devices: int) -> int:
+def one_chunk(problem: OverlapProblem) -> int:
     return 1
 
 
@@ -275,18 +275,28 @@ class Importer:
         )
         return Value(op.results[0], value.shape, value.dtype, value.varying, local)
 
-    def reduce_scatter_chunks(self, node: torch.fx.Node, lhs: Value, rhs: Value) -> tuple[int, ...]:
-        """The chunks of a matmul whose one reader is a sum reduce-scatter over the mesh:
-        the destination devices, then the pipeline's chunks of each (`chunks_of`)."""
-        if not _reaches_reduce_scatter(node):
+    def pipeline_chunks(self, node: torch.fx.Node, lhs: Value, rhs: Value) -> tuple[int, ...]:
+        """The chunks of the rows of a matmul whose one reader is a reduce-scatter over the
+        mesh (the destination devices, then the pipeline's chunks of each) or an
+        all-reduce (the pipeline's chunks), as `chunks_of` chooses them."""
+        collective = _collective_reader(node)
+        if collective is None:
             return ()
-        rows = node.meta["val"].shape[0]
-        if rows % self.devices:
+        rows, devices = node.meta["val"].shape[0], self.devices
+        kind = (
+            OverlapKind.MATMUL_REDUCE_SCATTER
+            if collective is c10d.reduce_scatter_tensor.default
+            else OverlapKind.MATMUL_ALLREDUCE
+        )
+        problem = OverlapProblem(kind, rows, lhs.shape[-1] * devices, rhs.shape[-1], devices, lhs.dtype.itemsize)
+        chunks = self.chunks_of(problem)
+        if kind is OverlapKind.MATMUL_ALLREDUCE:
+            return (chunks,) if chunks > 1 and rows % chunks == 0 else ()
+        if rows % devices:
             return ()
-        chunks = self.chunks_of(rows // self.devices, lhs.shape[-1], rhs.shape[-1], lhs.dtype, self.devices)
-        if chunks <= 1 or (rows // self.devices) % chunks:
-            return (self.devices,)
-        return (self.devices, chunks)
+        if chunks <= 1 or (rows // devices) % chunks:
+            return (devices,)
+        return (devices, chunks)
 
     def aligned(self, value: Value, rank: int) -> SSAValue:
         """`value` with extent-1 axes after its device axis, so that a varying value's device
@@ -459,22 +469,25 @@ def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
     return importer.arg(source).reshaped(tuple(_result(node).shape))
 
 
-def _reaches_reduce_scatter(node: torch.fx.Node) -> bool:
-    """Whether the one reader of `node`, through reshapes, is a reduce-scatter."""
+def _collective_reader(node: torch.fx.Node) -> Any:
+    """The reduce-scatter or sum all-reduce that is the one reader of `node` through
+    reshapes, if any."""
     while len(node.users) == 1:
         (reader,) = node.users
-        if reader.target is c10d.reduce_scatter_tensor.default:
-            return True
+        if reader.target is c10d.reduce_scatter_tensor.default or (
+            reader.target is c10d.all_reduce.default and reader.args[1] == "sum"
+        ):
+            return reader.target
         if reader.target in RESHAPES:
             node = reader
         elif reader.target is aten.split.Tensor and all(p.target is operator.getitem for p in reader.users):
             cats = {user for piece in reader.users for user in piece.users}
             if len(cats) != 1 or _concatenated_split(next(iter(cats))) is not reader.args[0]:
-                return False
+                return None
             node = next(iter(cats))
         else:
-            return False
-    return False
+            return None
+    return None
 
 
 @rule(c10d.wait_tensor.default)
@@ -532,8 +545,8 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     """`lhs @ rhs` as a fusion.matmul, keeping the axes of `lhs`'s piece; None where ATen's
     rules differ.
 
-    A product that a reduce-scatter reads is computed in the chunks of its pipeline: the
-    rows of each destination device cut into `reduce_scatter_chunks`.
+    A product that a reduce-scatter or an all-reduce reads is computed in the chunks of
+    its pipeline (`pipeline_chunks`).
     """
     result = _result(node)
     if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
@@ -544,7 +557,7 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     if len(lhs.shape) != 2 or lhs.local_shape[-1] != lhs.shape[-1]:
         lhs = importer.flat(lhs)
     varying = importer.varies(lhs, rhs)
-    chunks = importer.reduce_scatter_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
+    chunks = importer.pipeline_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
     gathered = isinstance(lhs.ssa.owner, fusion.SetOp) and _squeezed(lhs.local_shape) != _squeezed(lhs.shape)
     if chunks and not gathered:
         # The pieces of an all-gather read right here keep their axis, or its ring would

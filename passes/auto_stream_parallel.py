@@ -10,10 +10,10 @@ builder. This pass finds the two chains that hide communication behind GEMMs:
   number of devices, which is what a ring takes (torch's `fused_all_gather_matmul`
   does the same);
 * a reduce-scatter of a matmul's product whose rows for each destination are cut into
-  chunks (the torch importer cuts them into the chunks the cost model chooses): the
-  chunk axis becomes the stream axis of the matmul, of the pointwise ops between them
-  and of the reduce-scatter, so that chunk `i`'s reduce-scatter runs while chunk
-  `i + 1`'s GEMM does.
+  chunks, or an allreduce of one whose rows are (the torch importer cuts them into the
+  chunks the cost model chooses): the chunk axis becomes the stream axis of the matmul,
+  of the pointwise ops between them and of the reduction, so that chunk `i`'s
+  reduction runs while chunk `i + 1`'s GEMM does.
 
 A candidate the pass leaves alone is logged on the `hostir.pipelining` logger with the
 reason, at INFO level. `auto-stream-parallel{enabled=false}` turns the pass off; a
@@ -200,15 +200,17 @@ POINTWISE = (*fusion.UNARY_OPS, *fusion.BINARY_OPS, fusion.CastOp)
 
 
 @dataclass
-class PipelineMatmulIntoReduceScatter(RewritePattern):
-    """A reduce-scatter of a matmul's product -> the chunk axis of its pieces is `stream`.
+class PipelineMatmulIntoReduction(RewritePattern):
+    """A reduce-scatter or an allreduce of a matmul's product -> the chunk axis of its
+    pieces is `stream`.
 
-    The reduce-scatter is a `fusion.sum` over its input's `didx` axis whose result is
-    sharded; its *chunk axis* is the result's axis right after the `didx` axis (the
-    rows each device receives, cut into chunks: the importer cuts them so). When the
+    Both are a `fusion.sum` over the input's `didx` axis; a reduce-scatter's result is
+    sharded and an allreduce's replicated. The *chunk axis* is the result's axis right
+    after its `didx` axis (a reduce-scatter: the rows each device receives, cut into
+    chunks), or its first axis (an allreduce): the importer cuts the rows so. When the
     input is a matmul's product, through pointwise ops (a bias) that read it alone, the
-    chunk axis becomes `stream` in all of them: chunk `i`'s reduce-scatter runs while
-    the GEMM of chunk `i + 1` does.
+    chunk axis becomes `stream` in all of them: chunk `i`'s reduction runs while the
+    GEMM of chunk `i + 1` does.
     """
 
     pipelines: Pipelines
@@ -216,9 +218,9 @@ class PipelineMatmulIntoReduceScatter(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: fusion.SumOp, rewriter: PatternRewriter, /) -> None:
         source, result = tensor_type(op.input), tensor_type(op.result)
-        if source.didx_axis is None or op.reduced_axes != (source.didx_axis,) or result.didx_axis is None:
+        if source.didx_axis is None or op.reduced_axes != (source.didx_axis,):
             return
-        axis = result.didx_axis + 1
+        axis = 0 if result.didx_axis is None else result.didx_axis + 1
         if result.stream_axis is not None or axis >= result.rank or result.get_shape()[axis] in (1, DYNAMIC):
             return
         ((_, input_map),) = operand_axis_maps(op)
@@ -246,7 +248,7 @@ class PipelineMatmulIntoReduceScatter(RewritePattern):
         if lhs_axis is None or lhs_axis >= tensor_type(lhs).rank - 2:
             # Its M axis would be the rows of each destination, not chunks of them, and a
             # batched matmul of slices of M is no slice of the product.
-            return _declined(op, "the axis after the scattered one is not a batch axis of the matmul's left operand")
+            return _declined(op, "the chunk axis is not a batch axis of the matmul's left operand")
         copies = [_make_stream(rewriter, value, value_axis) for value, value_axis in chain]
         copies.append(_make_stream(rewriter, op.result, axis))
         self.pipelines.add([*(value.owner for value, _ in reversed(chain)), op], copies)
@@ -266,8 +268,8 @@ def _has_stream_axis(module: ModuleOp) -> bool:
 
 @dataclass(frozen=True)
 class AutoStreamParallel(ModulePass):
-    """Chooses stream axes for the all-gathers that feed matmuls and the reduce-scatters of
-    matmuls' chunks, in a fusion that has none.
+    """Chooses stream axes for the all-gathers that feed matmuls and the reduce-scatters
+    and allreduces of matmuls' chunks, in a fusion that has none.
 
     `enabled=false` leaves every fusion as it is.
     """
@@ -285,7 +287,7 @@ class AutoStreamParallel(ModulePass):
         pipelines = Pipelines()
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
-                [PipelineAllgatherIntoMatmuls(pipelines), PipelineMatmulIntoReduceScatter(pipelines)]
+                [PipelineAllgatherIntoMatmuls(pipelines), PipelineMatmulIntoReduction(pipelines)]
             ),
             apply_recursively=False,
         ).rewrite_module(op)

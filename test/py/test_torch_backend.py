@@ -128,7 +128,9 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
-def _mlp_on_rank() -> dict:
+def _mlp_on_rank(sequence_parallel: bool) -> dict:
+    """The MLP, tensor parallel with its rows sharded between the blocks (`sequence_parallel`)
+    or replicated, compiled with two chunks, against eager DTensor."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
@@ -138,14 +140,18 @@ def _mlp_on_rank() -> dict:
     device = rank_device()
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
-    plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
+    if sequence_parallel:
+        plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
+    else:
+        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
     reference = MLP()
     modules = []
     for _ in range(2):
         module = MLP().to(device)
         module.load_state_dict(reference.state_dict())
         modules.append(parallelize_module(module, mesh, plan))
-    x = torch.randn(16, 16).chunk(world)[rank].to(device)
+    x = torch.randn(16, 16)
+    x = (x.chunk(world)[rank] if sequence_parallel else x).to(device)
     x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
     with _dumped("host_ir") as dump:
         out = torch.compile(modules[0], backend="hostir", options={"chunks": 2})(x_hostir)
@@ -173,7 +179,7 @@ def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
     forward and in the backward, the all-gather is a ring of point-to-point transfers in the
     loop of its matmul, and the reduce-scatter runs chunk by chunk in the loop of the
     matmul that computes it."""
-    results = run_on_local_ranks(_mlp_on_rank, 2, timeout_s=300)
+    results = run_on_local_ranks(_mlp_on_rank, 2, True, timeout_s=300)
     for rank, result in enumerate(results):
         assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
     programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
@@ -182,6 +188,19 @@ def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
         loops = _loops(program)
         assert any("hir.recv" in body and "hir.matmul" in body for body in loops), program
         assert any("hir.reduce_scatter" in body and "hir.matmul" in body for body in loops), program
+
+
+def test_allreduce_is_pipelined_with_its_matmul():
+    """ColwiseParallel, then RowwiseParallel to a replicated output: the forward's allreduce
+    of the second matmul's product, and the backward's of the input gradient, run chunk by
+    chunk in the loop of the matmul that computes them."""
+    results = run_on_local_ranks(_mlp_on_rank, 2, False, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
+    programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
+    assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
+    for program in programs:
+        assert any("hir.allreduce" in body and "hir.matmul" in body for body in _loops(program)), program
 
 
 def test_an_op_hostir_does_not_model_runs_as_aten():
