@@ -51,6 +51,7 @@ from passes.options import check_choice
 from passes.sharding import (
     LocalCopy,
     LocalSlice,
+    describe_operand,
     local_operand_type,
     plan_resharding,
     reduces_didx_axis,
@@ -82,7 +83,7 @@ def require_local(op: FusionOp) -> None:
         index = resharded[0]
         raise HostirError.at(
             op,
-            f"{op.name}: operand {index} is at {tensor_type(op.operands[index]).sharding_str()} "
+            f"{op.name}: {describe_operand(op, index)} is at {tensor_type(op.operands[index]).sharding_str()} "
             f"but the op computes at {local_operand_type(op, index).sharding_str()}; run "
             "insert-reshardings first, which moves it with a fusion.set",
         )

@@ -94,6 +94,7 @@ from passes.axis_mapping import (
 )
 from passes.copy_engine import peer_readable
 from passes.options import check_choice
+from passes.sharding import describe_operand
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
@@ -144,8 +145,9 @@ def _reduced_stream_axis(op: Operation, maps: AxisMaps) -> str | None:
         if stream is not None and axis_map[stream] is None:
             verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
             return (
-                f"{op.name} {verb} axis {stream} of operand {index} {tensor_type(operand)}, "
-                "which is its stream axis; a reduced axis cannot be stream-parallel"
+                f"{op.name} {verb} axis {stream} of {describe_operand(op, index)} of type "
+                f"{tensor_type(operand)}, which is that operand's stream axis; a reduced axis "
+                "cannot be stream-parallel"
             )
     return None
 
@@ -155,7 +157,8 @@ def _disagreeing_stream_axes(op: Operation, maps: AxisMaps) -> str | None:
     for index, (operand, axis_map) in enumerate(maps):
         stream = tensor_type(operand).stream_axis
         if stream is not None:
-            targets.setdefault(axis_map[stream], f"operand {index} {tensor_type(operand)}")
+            described = f"{describe_operand(op, index)} of type {tensor_type(operand)}"
+            targets.setdefault(axis_map[stream], described)
     if len(targets) < 2:
         return None
     return (
@@ -211,9 +214,9 @@ def _didx_to_stream(op: Operation, maps: AxisMaps) -> str | None:
         if source_axis is not None and source_axis == tensor_type(operand).didx_axis:
             return (
                 f"the stream axis {output.stream_axis} of the output {output} of {op.name} is "
-                f"the didx axis {source_axis} of operand {index} {tensor_type(operand)}; only an "
-                "allgather or a copy can turn a didx axis into a stream axis (the "
-                "point-to-point allgather)"
+                f"the didx axis {source_axis} of {describe_operand(op, index)} of type "
+                f"{tensor_type(operand)}; only an allgather or a copy can turn a didx axis "
+                "into a stream axis (the point-to-point allgather)"
             )
     return None
 

@@ -551,7 +551,8 @@ def test_a_resharding_compute_op_asks_for_insert_reshardings():
     with pytest.raises(HostirError) as error:
         FusionToHir().apply(hostir_context(), module)
     assert error.value.message == (
-        "fusion.matmul: operand 0 is at mesh = [0, 1, 2, 3], axes = [_, didx, _, _] but the op "
+        "fusion.matmul: operand 0 `lhs` (input #0 of @ag_matmul) is at mesh = [0, 1, 2, 3], "
+        "axes = [_, didx, _, _] but the op "
         "computes at mesh = [0, 1, 2, 3], axes = [stream, _, _, _]; run insert-reshardings "
         "first, which moves it with a fusion.set"
     )
@@ -561,7 +562,8 @@ def test_a_resharding_pointwise_op_asks_for_insert_reshardings():
     fb = FusionBuilder("neg")
     fb.output(fb.neg(fb.input([2, 3], "f32", mesh=[0, 1], axes=["didx", "_"])))
     module = fb.build()  # the result is replicated on the input's mesh
-    with pytest.raises(HostirError, match="fusion.neg: operand 0 is at .* run insert-reshardings"):
+    expected = r"fusion.neg: operand 0 `input` \(input #0 of @neg\) is at .* run insert-reshardings"
+    with pytest.raises(HostirError, match=expected):
         FusionToHir().apply(hostir_context(), module)
 
 

@@ -15,6 +15,7 @@ and run in both orders on CPU ranks.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import pytest
@@ -426,6 +427,30 @@ def test_point_to_point_backend_is_the_option():
 def test_unknown_backend_is_refused():
     with pytest.raises(HostirError, match="unknown p2p_backend 'ucc'; expected one of nccl, cuda"):
         stream_parallel(host_program("allgather_p2p"), p2p_backend="ucc")
+
+
+def test_an_uncovered_stream_axis_names_the_users_operand_and_line():
+    """A fusion built in Python whose matmul contracts a stream axis: the error is at the
+    matmul's line and names its operand as `fusion.matmul` does (`lhs`, `rhs`) and where
+    its value comes from, an input or the line of the op that filled its buffer."""
+    cases = []
+    for streamed in ("input", "computed"):
+        fb = FusionBuilder("f")
+        a, w = fb.input([None, None], "f32"), fb.input([None, None], "f32")
+        lhs, rhs = (fb.neg(a), w) if streamed == "computed" else (a, w)
+        fb.parallelize(lhs, 1, "stream")
+        matmul_line = inspect.currentframe().f_lineno + 1
+        fb.output(fb.matmul(lhs, rhs))
+        with pytest.raises(HostirError) as error:
+            Program.compile(fb.build())
+        cases.append((streamed, matmul_line, str(error.value).splitlines()[0]))
+    type = "!fusion.tensor<[?, ?], f32, axes = [_, stream]>"
+    for streamed, line, message in cases:
+        origin = "input #0 of @f" if streamed == "input" else f"the buffer allocated at {__file__}:{line - 3}"
+        assert message == (
+            f"{__file__}:{line}:19: error: hir.matmul contracts axis 1 of operand 0 `lhs` ({origin}) "
+            f"of type {type}, which is that operand's stream axis; a reduced axis cannot be stream-parallel"
+        ), message
 
 
 def test_device_order_is_pr4515s_loop():

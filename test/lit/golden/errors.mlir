@@ -4,7 +4,7 @@
 // names the op, the axis and the sharding of the operand at fault.
 
 // A sum over its stream axis: each iteration would hold a partial sum.
-// CHECK: error: {{.*}}hir.reduction reduces axis 1 of operand 0 !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is its stream axis; a reduced axis cannot be stream-parallel
+// CHECK: error: {{.*}}hir.reduction reduces axis 1 of operand 0 `input` (input #0 of @sum_over_stream) of type !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is that operand's stream axis; a reduced axis cannot be stream-parallel
 
 func.func @sum_over_stream(%x: !fusion.tensor<[?, ?], f32, axes = [_, stream]>) -> !fusion.tensor<[?], f32> {
   %y = fusion.sum %x [1] : !fusion.tensor<[?, ?], f32, axes = [_, stream]> -> !fusion.tensor<[?], f32>
@@ -14,7 +14,7 @@ func.func @sum_over_stream(%x: !fusion.tensor<[?, ?], f32, axes = [_, stream]>) 
 // -----
 
 // A matmul whose lhs streams its K axis.
-// CHECK: error: {{.*}}hir.matmul contracts axis 1 of operand 0 !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is its stream axis
+// CHECK: error: {{.*}}hir.matmul contracts axis 1 of operand 0 `lhs` (input #0 of @matmul_k) of type !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is that operand's stream axis
 
 func.func @matmul_k(%a: !fusion.tensor<[?, ?], f32, axes = [_, stream]>, %b: !fusion.tensor<[?, ?], f32>) -> !fusion.tensor<[?, ?], f32> {
   %c = fusion.matmul %a, %b : (!fusion.tensor<[?, ?], f32, axes = [_, stream]>, !fusion.tensor<[?, ?], f32>) -> !fusion.tensor<[?, ?], f32>
@@ -24,7 +24,7 @@ func.func @matmul_k(%a: !fusion.tensor<[?, ?], f32, axes = [_, stream]>, %b: !fu
 // -----
 
 // A linear whose weight streams its K axis.
-// CHECK: error: {{.*}}hir.linear contracts axis 1 of operand 1 !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is its stream axis
+// CHECK: error: {{.*}}hir.linear contracts axis 1 of operand 1 `weight` (input #1 of @linear_k) of type !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is that operand's stream axis
 
 func.func @linear_k(%a: !fusion.tensor<[?, ?], f32>, %w: !fusion.tensor<[?, ?], f32, axes = [_, stream]>) -> !fusion.tensor<[?, ?], f32, axes = [stream, _]> {
   %c = fusion.linear %a, %w : (!fusion.tensor<[?, ?], f32>, !fusion.tensor<[?, ?], f32, axes = [_, stream]>) -> !fusion.tensor<[?, ?], f32, axes = [stream, _]>
@@ -34,7 +34,7 @@ func.func @linear_k(%a: !fusion.tensor<[?, ?], f32>, %w: !fusion.tensor<[?, ?], 
 // -----
 
 // Operands streamed along different axes of the output (fused into one kernel).
-// CHECK: error: {{.*}}the stream axes of the operands of hir.launch_kernel map to different axes [0, 1] of its output !fusion.tensor<[?, ?], f32, axes = [stream, _]>
+// CHECK: error: {{.*}}the stream axes of the operands of hir.launch_kernel map to different axes [0, 1] of its output !fusion.tensor<[?, ?], f32, axes = [stream, _]>: axis 0 from operand 0 `ins[0]` (input #0 of @different) of type !fusion.tensor<[?, ?], f32, axes = [stream, _]>; axis 1 from operand 1 `ins[1]` (input #1 of @different) of type !fusion.tensor<[?, ?], f32, axes = [_, stream]>
 
 func.func @different(%x: !fusion.tensor<[?, ?], f32, axes = [stream, _]>, %y: !fusion.tensor<[?, ?], f32, axes = [_, stream]>) -> !fusion.tensor<[?, ?], f32, axes = [stream, _]> {
   %z = fusion.add %x, %y : (!fusion.tensor<[?, ?], f32, axes = [stream, _]>, !fusion.tensor<[?, ?], f32, axes = [_, stream]>) -> !fusion.tensor<[?, ?], f32, axes = [stream, _]>

@@ -5,7 +5,7 @@ func.func @linear_k(%x: !fusion.tensor<[?, ?], f32>, %w: !fusion.tensor<[?, ?], 
   %m = hir.dim %x, 0 : !fusion.tensor<[?, ?], f32>
   %n = hir.dim %w, 0 : !fusion.tensor<[?, ?], f32, axes = [_, stream]>
   %y = hir.allocate(%m, %n) : !fusion.tensor<[?, ?], f32, axes = [stream, _]>
-  // CHECK: [[# @LINE + 1]]:3: error: hir.linear contracts axis 1 of operand 1 !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is its stream axis
+  // CHECK: [[# @LINE + 1]]:3: error: hir.linear contracts axis 1 of operand 1 `weight` (input #1 of @linear_k) of type !fusion.tensor<[?, ?], f32, axes = [_, stream]>, which is that operand's stream axis
   hir.linear ins(%x, %w : !fusion.tensor<[?, ?], f32>, !fusion.tensor<[?, ?], f32, axes = [_, stream]>) outs(%y : !fusion.tensor<[?, ?], f32, axes = [stream, _]>)
   func.return %y : !fusion.tensor<[?, ?], f32, axes = [stream, _]>
 }
