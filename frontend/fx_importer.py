@@ -133,6 +133,8 @@ class Importer:
         self.gm = gm
         self.name = name
         self.chunks_of = chunks_of
+        self.collective_chunks: dict[torch.fx.Node, int] = {}
+        """The chunk count of each reduce-scatter or all-reduce that reads chunked GEMMs."""
         self.mesh = self._mesh()
         self.devices = len(self.mesh)
         self.block = Block()
@@ -285,11 +287,15 @@ class Importer:
         rows, devices = node.meta["val"].shape[0], self.devices
         kind = (
             OverlapKind.MATMUL_REDUCE_SCATTER
-            if collective is c10d.reduce_scatter_tensor.default
+            if collective.target is c10d.reduce_scatter_tensor.default
             else OverlapKind.MATMUL_ALLREDUCE
         )
-        problem = OverlapProblem(kind, rows, lhs.shape[-1] * devices, rhs.shape[-1], devices, lhs.dtype.itemsize)
-        chunks = self.chunks_of(problem)
+        if collective not in self.collective_chunks:
+            # The GEMMs whose sum a collective reads are cut alike; the first one met
+            # stands for them in the cost model.
+            problem = OverlapProblem(kind, rows, lhs.shape[-1] * devices, rhs.shape[-1], devices, lhs.dtype.itemsize)
+            self.collective_chunks[collective] = self.chunks_of(problem)
+        chunks = self.collective_chunks[collective]
         if kind is OverlapKind.MATMUL_ALLREDUCE:
             return (chunks,) if chunks > 1 and rows % chunks == 0 else ()
         if rows % devices:
@@ -469,16 +475,22 @@ def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
     return importer.arg(source).reshaped(tuple(_result(node).shape))
 
 
-def _collective_reader(node: torch.fx.Node) -> Any:
+def _same_shapes(node: torch.fx.Node) -> bool:
+    """Whether every argument of `node` is a tensor of its result's shape."""
+    shape = _result(node).shape
+    return all(isinstance(a, torch.fx.Node) and a.meta["val"].shape == shape for a in node.args)
+
+
+def _collective_reader(node: torch.fx.Node) -> torch.fx.Node | None:
     """The reduce-scatter or sum all-reduce that is the one reader of `node` through
-    reshapes, if any."""
+    reshapes and sums of tensors of its shape (a gradient's GEMMs), if any."""
     while len(node.users) == 1:
         (reader,) = node.users
         if reader.target is c10d.reduce_scatter_tensor.default or (
             reader.target is c10d.all_reduce.default and reader.args[1] == "sum"
         ):
-            return reader.target
-        if reader.target in RESHAPES:
+            return reader
+        if reader.target in RESHAPES or (reader.target is aten.add.Tensor and _no_alpha(reader) and _same_shapes(reader)):
             node = reader
         elif reader.target is aten.split.Tensor and all(p.target is operator.getitem for p in reader.users):
             cats = {user for piece in reader.users for user in piece.users}

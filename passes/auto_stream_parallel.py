@@ -208,9 +208,10 @@ class PipelineMatmulIntoReduction(RewritePattern):
     sharded and an allreduce's replicated. The *chunk axis* is the result's axis right
     after its `didx` axis (a reduce-scatter: the rows each device receives, cut into
     chunks), or its first axis (an allreduce): the importer cuts the rows so. When the
-    input is a matmul's product, through pointwise ops (a bias) that read it alone, the
-    chunk axis becomes `stream` in all of them: chunk `i`'s reduction runs while the
-    GEMM of chunk `i + 1` does.
+    input is computed from matmuls' products by pointwise ops (a bias; the sum of the
+    GEMMs of a gradient), each value read by that computation alone, the chunk axis
+    becomes `stream` in all of them: chunk `i`'s reduction runs while the GEMMs of chunk
+    `i + 1` do.
     """
 
     pipelines: Pipelines
@@ -224,34 +225,41 @@ class PipelineMatmulIntoReduction(RewritePattern):
         if result.stream_axis is not None or axis >= result.rank or result.get_shape()[axis] in (1, DYNAMIC):
             return
         ((_, input_map),) = operand_axis_maps(op)
-        chain = [(op.input, input_map.index(axis))]
-        while not isinstance(chain[-1][0].owner, fusion.MatmulOp):
-            value, value_axis = chain[-1]
+        # The values that compute the reduced tensor, back to matmuls, each with its chunk
+        # axis: pointwise ops (a bias, the sum of several GEMMs) whose operands of the
+        # chunks' extent are all computed so too.
+        chain: list[tuple[SSAValue, int]] = []
+        pending = [(op.input, input_map.index(axis))]
+        while pending:
+            value, value_axis = pending.pop()
+            chain.append((value, value_axis))
             producer = value.owner
+            if not value.has_one_use():
+                return _declined(op, f"{_owner_name(value)}'s result is read by other ops too")
+            if isinstance(producer, fusion.MatmulOp):
+                (lhs, lhs_map), _ = operand_axis_maps(producer)
+                lhs_axis = lhs_map.index(value_axis) if value_axis in lhs_map else None
+                if lhs_axis is None or lhs_axis >= tensor_type(lhs).rank - 2:
+                    # Its M axis would be the rows of each destination, not chunks of them,
+                    # and a batched matmul of slices of M is no slice of the product.
+                    return _declined(op, "the chunk axis is not a batch axis of the matmul's left operand")
+                continue
             if not isinstance(producer, POINTWISE):
-                return _declined(op, f"{_owner_name(value)} computes the reduce-scattered tensor, not a matmul")
+                return _declined(op, f"{_owner_name(value)} computes the reduced tensor, not a matmul")
             extent = tensor_type(value).get_shape()[value_axis]
-            full = [
+            pending += [
                 (operand, axis_map.index(value_axis))
                 for operand, axis_map in operand_axis_maps(producer)
                 if value_axis in axis_map and tensor_type(operand).get_shape()[axis_map.index(value_axis)] == extent
             ]
-            if len(full) != 1:
-                return _declined(op, f"{producer.name} reads more than one tensor of the chunks' extent")
-            chain.append(full[0])
-        for value, _ in chain:
-            if not value.has_one_use():
-                return _declined(op, f"{_owner_name(value)}'s result is read by other ops too")
-        matmul, product_axis = chain[-1][0].owner, chain[-1][1]
-        (lhs, lhs_map), _ = operand_axis_maps(matmul)
-        lhs_axis = lhs_map.index(product_axis) if product_axis in lhs_map else None
-        if lhs_axis is None or lhs_axis >= tensor_type(lhs).rank - 2:
-            # Its M axis would be the rows of each destination, not chunks of them, and a
-            # batched matmul of slices of M is no slice of the product.
-            return _declined(op, "the chunk axis is not a batch axis of the matmul's left operand")
         copies = [_make_stream(rewriter, value, value_axis) for value, value_axis in chain]
-        copies.append(_make_stream(rewriter, op.result, axis))
-        self.pipelines.add([*(value.owner for value, _ in reversed(chain)), op], copies)
+        # The reduction's readers read the whole, after the loop: one that keeps the axis
+        # may share a fused kernel with one that reduces it, which stream-parallel refuses.
+        returns = [use.operation for use in op.result.uses if isinstance(use.operation, func.ReturnOp)]
+        copies.append(_make_stream(rewriter, op.result, axis, pipelined=returns))
+        block = op.parent_block()
+        ops = sorted((value.owner for value, _ in chain), key=block.get_operation_index)
+        self.pipelines.add([*ops, op], copies)
 
 
 def _owner_name(value: SSAValue) -> str:

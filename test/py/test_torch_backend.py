@@ -87,7 +87,8 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     recompilation). The AdamW test runs it at 2 ranks in f32.
 
     With a batch of one sequence, sequence parallelism's all-gathers and reduce-scatters
-    are pipelined with the GEMMs next to them; with two, the sequences' pieces are
+    are pipelined with the GEMMs next to them (in the backward, the reduce-scatters of the
+    input gradients' sums of GEMMs too); with two, the sequences' pieces are
     interleaved in the gathered tensor, and the collectives run whole."""
     results = run_on_local_ranks(_layer_on_rank, world, (16, 24), dtype, batch, timeout_s=600)
     for rank, result in enumerate(results):
@@ -100,12 +101,18 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     assert 'fusion.aten "aten._scaled_dot_product' in dump
     assert "hir.allgather" in dump and "hir.reduce_scatter" in dump
     assert results[1]["dump"] == "", "only the first rank of the mesh dumps"
-    forward = dump.split("// hostir: the host program of graph ")[1]
+    forward, backward = dump.split("// hostir: the host program of graph ")[1:3]
     pipelined = [body for body in _loops(forward) if "hir.matmul" in body]
+    backward_pipelined = [body for body in _loops(backward) if "hir.matmul" in body]
     if batch == 1:
         # Attention's QKV and the MLP's up projections on the ring, wo and w2 in chunks.
         assert sum("hir.recv" in body for body in pipelined) == 2, forward
         assert sum("hir.reduce_scatter" in body for body in pipelined) == 2, forward
+        # The backward's input gradients through QKV and through w1 and w3 are sums of
+        # GEMMs, reduce-scattered chunk by chunk.
+        assert sum(
+            "hir.reduce_scatter" in body and body.count("hir.matmul") >= 2 for body in backward_pipelined
+        ) == 2, backward
     else:
         assert not pipelined and "hir.allgather" in forward
 

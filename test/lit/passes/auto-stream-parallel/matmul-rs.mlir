@@ -49,3 +49,30 @@ func.func @rows_not_chunks(%a: !a1, %b: !b1) -> !out1 {
 // CHECK-LABEL: func.func @rows_not_chunks(
 // CHECK-NOT:     stream
 // CHECK:         func.return
+
+// A sum of two GEMMs (a gradient through two projections), reduce-scattered: both GEMMs
+// and the sum stream with the reduce-scatter.
+
+!c = !fusion.tensor<[2, 2, 2, 4, 32], f32, mesh = [0, 1], axes = [didx, _, _, _, _]>
+!d = !fusion.tensor<[2, 1, 1, 32, 8], f32, mesh = [0, 1], axes = [didx, _, _, _, _]>
+
+func.func @sum_of_gemms(%a: !a, %b: !b, %c: !c, %d: !d) -> !out {
+  %p = fusion.matmul %a, %b : (!a, !b) -> !p
+  %q = fusion.matmul %c, %d : (!c, !d) -> !p
+  %s = fusion.add %p, %q : (!p, !p) -> !p
+  %out = fusion.sum %s [0] : !p -> !out
+  func.return %out : !out
+}
+
+// CHECK-LABEL: func.func @sum_of_gemms(
+// CHECK:         fusion.matmul {{.*}} -> !fusion.tensor<[2, 2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, stream, _, _]>
+// CHECK-NEXT:    fusion.matmul {{.*}} -> !fusion.tensor<[2, 2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, stream, _, _]>
+// CHECK-NEXT:    fusion.add {{.*}} -> !fusion.tensor<[2, 2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, stream, _, _]>
+// CHECK-NEXT:    fusion.sum {{.*}} -> !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, stream, _, _]>
+
+// LOOP-LABEL:    func.func @sum_of_gemms(
+// LOOP:          scf.for
+// LOOP:            hir.matmul
+// LOOP:            hir.matmul
+// LOOP:            hir.reduce_scatter
+// LOOP:          }
