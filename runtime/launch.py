@@ -2,12 +2,20 @@
 
     results = run_on_local_ranks(check_allgather, 4, seed)   # [rank 0's result, ...]
 
-Each rank is a fresh process (`torch.multiprocessing.start_processes`, spawn) with
-torchrun's environment variables, `OMP_NUM_THREADS=1` unless the caller set it (as
-torchrun does: N ranks of one thread each share the cores better than N ranks of all
-of them), and a joined process group (`Communicator.from_env()`), so a function that
+Each rank is a fresh process (`torch.multiprocessing.start_processes`) with the
+launcher's environment, torchrun's variables, `OMP_NUM_THREADS=1` unless the caller set
+it (as torchrun does: N ranks of one thread each share the cores better than N ranks of
+all of them), and a joined process group (`Communicator.from_env()`), so a function that
 works here works unchanged under torchrun. The rendezvous store listens on the
 loopback interface only.
+
+The ranks start from multiprocessing's forkserver, which imports torch and hostir once
+(`PRELOAD`) and forks a rank per request: a spawned rank would import them again, seconds
+of CPU per rank. The server is started from the launcher the first time it launches,
+and serves every later launch of the process. It imports torch without initialising
+CUDA, so its ranks may use the GPU. A forked rank starts with the server's environment,
+as it was when the server started; it takes on the launcher's environment of the launch
+before it imports the module of `fn`.
 
 A rank that raises or exits makes the call raise `RankFailed` with every failing rank's
 message. The others see their peer go away and fail their communication within the
@@ -16,10 +24,12 @@ process-group timeout (HOSTIR_TIMEOUT_S) instead of hanging; a rank still runnin
 reaches) is killed. Nothing else limits how long the ranks may compute, unless the
 caller gives `timeout_s`.
 
-No rank outlives its launcher. Each rank asks the kernel for SIGKILL when its launcher
-dies (a parent-death signal), whatever kills the launcher. SIGTERM to the launcher
-(what a job scheduler sends) and Ctrl-C stop the ranks first: SIGTERM to each, SIGKILL
-to those still there `STOP_GRACE_S` later. The ranks start with SIGINT blocked, so a
+No rank outlives its launcher. Each rank asks the kernel for SIGKILL when its parent, the
+forkserver, dies (a parent-death signal), and the forkserver ends when the launcher does,
+whatever kills the launcher: it reads a pipe that only the launcher holds open once the
+ranks have closed their copy. SIGTERM to the launcher (what a job scheduler sends) and
+Ctrl-C stop the ranks first: SIGTERM to each, SIGKILL to those still there
+`STOP_GRACE_S` later. The ranks start with SIGINT blocked, so a
 Ctrl-C at the terminal reaches the launcher alone, which stops them. The
 multiprocessing resource tracker ends with the last process that holds its pipe.
 """
@@ -41,6 +51,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing import forkserver
 
 from hostir_dialect.text import HostirError
 from runtime.communicator import Communicator
@@ -51,6 +62,10 @@ T = TypeVar("T")
 FAILURE_GRACE_S = 5.0
 """How long the other ranks may run after one failed: they fail on their own as soon as they
 next talk to the failed rank, and a rank that has not by then is stopped or stuck."""
+PRELOAD = ["torch", "torch.distributed", f"{__package__}.program", __name__]
+"""What the forkserver imports before it forks any rank: torch, and hostir's compiler and runtime
+(through `program`). Not the main module, which may use CUDA as it is imported (multiprocessing's
+default): each rank imports it, as a spawned rank does."""
 STOP_GRACE_S = 3.0
 """How long a rank sent SIGTERM may take to end before it gets SIGKILL."""
 POLL_S = 0.1
@@ -77,9 +92,43 @@ def plain_message(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
+class _LauncherEnvironment:
+    """The launcher's environment variables, which a rank takes on as this is unpickled: among
+    the rank's arguments it comes before `fn` and `args`, whose modules the rank imports as they
+    are unpickled (a module may read a variable as it is imported). OMP_NUM_THREADS is 1 unless
+    the launcher set it."""
+
+    def __init__(self) -> None:
+        self.variables = {"OMP_NUM_THREADS": "1", **os.environ}
+
+    def __reduce__(self):
+        return (_take_on_environment, (self.variables,))
+
+
+def _take_on_environment(variables: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(variables)
+    threads = variables["OMP_NUM_THREADS"]
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))  # the forkserver's torch read the variable as it was then
+
+
+def _die_with_launcher() -> None:
+    """Arms the parent-death signal: SIGKILL when the forkserver dies, which it does once the
+    launcher has died and every rank has closed the server's "alive" pipe, which each rank
+    inherits (the server ends at the end of file)."""
+    mp._prctl_pr_set_pdeathsig(signal.SIGKILL)  # torch's prctl(2) wrapper; nothing off Linux
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    if not mp.parent_process().is_alive():  # the launcher died before the lines above
+        os._exit(1)
+
+
 def _rank_main(
     rank: int,
-    launcher: int,
+    _environment: None,
     nproc: int,
     port: int,
     results: mp.Queue,
@@ -87,9 +136,8 @@ def _rank_main(
     args: tuple,
     join_group: bool,
 ) -> None:
-    mp._prctl_pr_set_pdeathsig(signal.SIGKILL)  # torch's prctl(2) wrapper; nothing off Linux
-    if os.getppid() != launcher:  # the launcher died before the line above
-        os._exit(1)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # also if another started the server
+    _die_with_launcher()
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -100,9 +148,6 @@ def _rank_main(
         # Every rank joins the launcher's store as a client, as under torchrun's agent.
         TORCHELASTIC_USE_AGENT_STORE=str(True),
     )
-    if "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = "1"
-        torch.set_num_threads(1)  # torch read the variable when this process imported it
     try:
         if join_group:
             _join()
@@ -158,23 +203,26 @@ def run_on_local_ranks(
     `fn` and `args` must be picklable (`fn` defined at module level); so must the results.
     `timeout_s`, if given, limits the whole call: ranks still running then are killed.
     With `join_group=False` the ranks get torchrun's variables but join no process group:
-    `fn` talks to its peers by other means (queues of the spawn context in `args`, say), and
+    `fn` talks to its peers by other means (multiprocessing queues in `args`, say), and
     several ranks may share one GPU.
     """
-    results = mp.get_context("spawn").Queue()
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # for the server, once: the first launch starts it
+    results = context.Queue()
     store = _loopback_store()
     processes: list = []
     try:
         with _sigterm_raises():
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the ranks inherit it
+            # The forkserver, started here at the first launch, and so the ranks, inherit it.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 processes = mp.start_processes(
                     _rank_main,
-                    args=(os.getpid(), nproc, store.port, results, fn, args, join_group),
+                    args=(_LauncherEnvironment(), nproc, store.port, results, fn, args, join_group),
                     nprocs=nproc,
                     join=False,
                     daemon=True,
-                    start_method="spawn",
+                    start_method="forkserver",
                 ).processes
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -57,12 +57,11 @@ def group_processes(group: int) -> dict[int, str]:
 
 
 def ranks_of(launcher: int) -> list[int]:
-    """The launcher's spawned ranks."""
-    return sorted(
-        pid
-        for pid, command in group_processes(launcher).items()
-        if "spawn_main" in command and _parent(pid) == launcher
-    )
+    """The launcher's ranks: the children of its forkserver, the child of the launcher that
+    forks them."""
+    processes = group_processes(launcher)
+    servers = {pid for pid, command in processes.items() if "forkserver" in command and _parent(pid) == launcher}
+    return sorted(pid for pid in processes if _parent(pid) in servers)
 
 
 def _parent(pid: int) -> int | None:
@@ -147,8 +146,9 @@ def test_sigterm_to_the_launcher_stops_every_rank(fusion):
 
 
 def test_sigkill_to_the_launcher_leaves_no_orphan(fusion):
-    """The launcher cannot act: its ranks end by their parent-death signal, then the
-    resource tracker, whose pipe the ranks held."""
+    """The launcher cannot act: its forkserver ends, as the launcher's end closes the pipe it
+    reads; the ranks, its children, end by their parent-death signal; then the resource
+    tracker, whose pipe the ranks held."""
     with running_hir_run(fusion) as process:
         ranks = ranks_of(process.pid)
         assert len(ranks) == 2, group_processes(process.pid)
@@ -217,3 +217,19 @@ def test_local_ranks_get_one_thread_and_a_store_on_loopback_only(monkeypatch):
         assert listening == ["0100007F"], "the store listens on 127.0.0.1 alone"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert [result[:2] for result in run_on_local_ranks(rank_environment, 2, join_group=False)] == [(2, "2")] * 2
+
+
+IMPORTED_WITH = os.environ.get("HOSTIR_TEST_LAUNCH")
+"""A variable as this module saw it when imported: in a rank, at the launch of its function."""
+
+
+def variable_at_import() -> str | None:
+    return IMPORTED_WITH
+
+
+def test_ranks_import_the_function_in_the_launchers_environment(monkeypatch):
+    """The forkserver's ranks start with the environment the server had when it started (before
+    this test set the variable); they take on the launcher's before they import this module."""
+    run_on_local_ranks(variable_at_import, 1, join_group=False)  # the forkserver runs before
+    monkeypatch.setenv("HOSTIR_TEST_LAUNCH", "set by the launcher")
+    assert run_on_local_ranks(variable_at_import, 2, join_group=False) == ["set by the launcher"] * 2
