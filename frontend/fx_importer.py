@@ -70,9 +70,11 @@ class Value:
     """The fusion value that holds an FX tensor.
 
     A device's piece of the fusion value has the shape `local` (None: the FX shape), and
-    the FX tensor is that piece reshaped: an all-gather keeps its pieces as an axis of
-    their own, a product that a reduce-scatter reads is computed in the chunks of the
-    reduce-scatter's pipeline, and FX views and reshapes change `shape` alone.
+    the FX tensor is that piece, its axes permuted by `order` (None: as they are), then
+    reshaped: an all-gather keeps its pieces as an axis of their own, a product that a
+    reduce-scatter reads is computed in the chunks of the reduce-scatter's pipeline, the
+    sequence pieces of a batch stay apart (`order`), and FX views and reshapes change
+    `shape` alone.
     """
 
     ssa: SSAValue
@@ -80,6 +82,7 @@ class Value:
     dtype: torch.dtype
     varying: bool
     local: tuple[int, ...] | None = None
+    order: tuple[int, ...] | None = None
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -88,11 +91,17 @@ class Value:
 
     @property
     def is_flat(self) -> bool:
-        return self.local_shape == self.shape
+        return self.local_shape == self.shape and self.order is None
+
+    @property
+    def keeps_last_axis(self) -> bool:
+        """Whether the piece's last axis is the FX tensor's last axis."""
+        last = len(self.local_shape) - 1
+        return self.local_shape[-1:] == self.shape[-1:] and (self.order is None or self.order[-1] == last)
 
     def reshaped(self, shape: tuple[int, ...]) -> Value:
         """The same piece, read as an FX tensor of `shape` (a view or a reshape of it)."""
-        return Value(self.ssa, shape, self.dtype, self.varying, self.local_shape)
+        return Value(self.ssa, shape, self.dtype, self.varying, self.local_shape, self.order)
 
 
 @dataclass
@@ -134,6 +143,7 @@ class Importer:
         self.name = name
         self.chunks_of = chunks_of
         self.collective_chunks: dict[torch.fx.Node, int] = {}
+        self.flattened: dict[tuple[SSAValue, tuple[int, ...], tuple[int, ...] | None], Value] = {}
         """The chunk count of each reduce-scatter or all-reduce that reads chunked GEMMs."""
         self.mesh = self._mesh()
         self.devices = len(self.mesh)
@@ -230,6 +240,8 @@ class Importer:
                 continue
             value = self.values[item] if isinstance(item, torch.fx.Node) else item
             if isinstance(value, Value):
+                if value.order is not None:
+                    value = self.flat(value)
                 plan.append(("fusion", (len(self.values_returned), value.shape, value.dtype)))
                 self.values_returned.append(value.ssa)
             else:
@@ -258,24 +270,33 @@ class Importer:
         return self.values[node_or_value] if isinstance(node_or_value, torch.fx.Node) else node_or_value
 
     def flat(self, value: Value) -> Value:
-        """`value` in the FX shape: a piece of another shape is reshaped (each device its own)."""
-        return value if value.is_flat else self.with_piece(value, value.shape)
+        """`value` in the FX shape: a piece of another shape is reshaped (each device its own),
+        once per value and shape."""
+        if value.is_flat:
+            return value
+        key = (value.ssa, value.shape, value.order)
+        if key not in self.flattened:
+            self.flattened[key] = self.with_piece(value, value.shape)
+        return self.flattened[key]
 
     def rechunked(self, value: Value, chunks: tuple[int, ...]) -> Value:
         """`value` (flat) with its first axis cut into `chunks` (each device its piece)."""
         return self.with_piece(value, chunked_shape(value.shape, chunks))
 
     def with_piece(self, value: Value, local: tuple[int, ...]) -> Value:
-        """`value` with each device's piece reshaped to `local` (a view at run time)."""
-        op = self.emit(
-            fusion.AtenOp(
-                "aten.reshape.default",
-                encode_call([value.ssa, list(local)], {}, lambda v: 0 if v is value.ssa else None),
-                [value.ssa],
-                [self.tensor_type(local, value.dtype, value.varying)],
-            )
-        )
-        return Value(op.results[0], value.shape, value.dtype, value.varying, local)
+        """`value` with each device's piece reshaped to `local` (a view at run time), its
+        axes permuted first where the value has an `order` (a copy)."""
+        piece = value.ssa
+        if value.order is not None:
+            permuted = tuple(value.local_shape[axis] for axis in value.order)
+            piece = self._aten_view("aten.permute.default", piece, list(value.order), permuted, value)
+        piece = self._aten_view("aten.reshape.default", piece, list(local), local, value)
+        return Value(piece, value.shape, value.dtype, value.varying, local)
+
+    def _aten_view(self, target: str, piece: SSAValue, argument: list[int], local: tuple[int, ...], like: Value) -> SSAValue:
+        call = encode_call([piece, argument], {}, lambda v: 0 if v is piece else None)
+        op = self.emit(fusion.AtenOp(target, call, [piece], [self.tensor_type(local, like.dtype, like.varying)]))
+        return op.results[0]
 
     def pipeline_chunks(self, node: torch.fx.Node, lhs: Value, rhs: Value) -> tuple[int, ...]:
         """The chunks of the rows of a matmul whose one reader is a reduce-scatter over the
@@ -319,7 +340,7 @@ class Importer:
             return value
         result_type = self.tensor_type(value.local_shape, dtype, value.varying)
         op = self.emit(fusion.CastOp(value.ssa, result_type))
-        return Value(op.results[0], value.shape, dtype, value.varying, value.local)
+        return Value(op.results[0], value.shape, dtype, value.varying, value.local, value.order)
 
     def scalar(self, number: int | float | bool, dtype: torch.dtype) -> Value:
         result_type = self.tensor_type((), dtype, False)
@@ -450,29 +471,81 @@ def _reshape(importer: Importer, node: torch.fx.Node) -> Value:
     return importer.arg(node.args[0]).reshaped(tuple(_result(node).shape))
 
 
-def _concatenated_split(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The tensor that `cat(split(x, size, dim), 0)` of `node` only reshapes, if it is one:
-    every piece of the split in order, and no axis before `dim` longer than 1."""
-    pieces, dim = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    if dim != 0 or not pieces or not all(isinstance(p, torch.fx.Node) and p.target is operator.getitem for p in pieces):
+def _split_pieces(node: torch.fx.Node) -> tuple[torch.fx.Node, int, int] | None:
+    """`(x, size, dim)` where `node` is `cat` of every piece of `split(x, size, dim)`, in order."""
+    pieces = node.args[0]
+    if not pieces or not all(isinstance(p, torch.fx.Node) and p.target is operator.getitem for p in pieces):
         return None
     split = pieces[0].args[0]
     if split.target is not aten.split.Tensor or [p.args for p in pieces] != [(split, i) for i in range(len(pieces))]:
         return None
-    source, split_dim = split.args[0], split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if len(pieces) != len(split.meta["val"]) or math.prod(source.meta["val"].shape[:split_dim]) != 1:
+    source, size = split.args[0], split.args[1]
+    if isinstance(size, torch.fx.Node):  # shape arithmetic of a dynamic graph
+        size = _concrete(size.meta.get("val"))
+    if not isinstance(size, int) or size <= 0:
         return None
-    return source
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    shape = source.meta["val"].shape
+    dim %= len(shape)
+    if len(pieces) != len(split.meta["val"]) or shape[dim] % size:
+        return None
+    return source, size, dim
+
+
+def _concatenated_split(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor that `cat(split(x, size, dim), 0)` of `node` only reshapes, if it is one:
+    every piece of the split in order, and no axis before `dim` longer than 1."""
+    split = _split_pieces(node)
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if split is None or dim != 0 or math.prod(split[0].meta["val"].shape[: split[2]]) != 1:
+        return None
+    return split[0]
 
 
 @rule(aten.cat.default)
 def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
-    """The concatenation that a sequence-parallel reduce-scatter of a batch of one writes
-    (split along the sequence, pieces stacked along the batch): a reshape."""
+    """The concatenation of a split, as sequence parallelism writes them: the same piece.
+
+    With a batch of one sequence it is a reshape. With several, the all-gather's pieces
+    (the ranks' sequence pieces, stacked along the batch) become the batch's sequences
+    (split along the batch, concatenated along the sequence), and the other way before a
+    reduce-scatter: each is a permutation of the piece's axes, which the value's `order`
+    records, so that the pieces stay an axis of their own for the pipelines.
+    """
     source = _concatenated_split(node)
-    if source is None:
+    if source is not None:
+        return importer.arg(source).reshaped(tuple(_result(node).shape))
+    split = _split_pieces(node)
+    value = importer.arg(split[0]) if split is not None else None
+    if not isinstance(value, Value):
         return None
-    return importer.arg(source).reshaped(tuple(_result(node).shape))
+    _, size, split_dim = split
+    cat_dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(value.shape)
+    # The FX tensor with the split axis cut into (pieces, size): a permutation of that
+    # moves the pieces' axis before the concatenated one.
+    fine = (*value.shape[:split_dim], value.shape[split_dim] // size, size, *value.shape[split_dim + 1 :])
+    if value.order is None:
+        base = tuple(range(len(fine)))
+        if value.local_shape != fine:
+            value = importer.with_piece(value, fine)
+    elif tuple(value.local_shape[axis] for axis in value.order) == fine:
+        base = value.order
+    else:
+        value, base = importer.with_piece(value, fine), tuple(range(len(fine)))
+    target = cat_dim + (cat_dim > split_dim) + (cat_dim == split_dim)
+    axes = [axis for axis in range(len(fine)) if axis != split_dim]
+    axes.insert(axes.index(target), split_dim)
+    order = tuple(base[axis] for axis in axes)
+    local = value.local_shape
+    moved = [axis for axis in order if local[axis] != 1]
+    return Value(
+        value.ssa,
+        tuple(_result(node).shape),
+        value.dtype,
+        value.varying,
+        local,
+        None if moved == sorted(moved) else order,
+    )
 
 
 def _same_shapes(node: torch.fx.Node) -> bool:
@@ -512,6 +585,8 @@ def _all_gather(importer: Importer, node: torch.fx.Node) -> Value:
     value = importer.arg(node.args[0])
     if not importer.varies(value):
         return value
+    if value.order is not None:
+        value = importer.flat(value)
     local = (importer.devices, *value.local_shape)
     op = importer.emit(fusion.SetOp(value.ssa, importer.tensor_type(local, value.dtype, False)))
     op.results[0].name_hint = _name(node)
@@ -533,14 +608,14 @@ def _reduce_over_devices(importer: Importer, node: torch.fx.Node, value: Value, 
     if value.dtype in CARRIERS:
         raise UnsupportedGraph(f"{node.format_node()}: a reduction of {value.dtype} tensors is not supported")
     devices = importer.devices
-    if scatter and value.local_shape[:1] != (devices,):
+    if scatter and (value.order is not None or value.local_shape[:1] != (devices,)):
         value = importer.rechunked(importer.flat(value), (devices,))
     # Each device receives the rows of its position: the piece's axes after the first.
     local = value.local_shape[1:] if scatter else value.local_shape
     result_type = importer.tensor_type(local, value.dtype, scatter)
     op = importer.emit(REDUCE_OPS[reduce_op](value.ssa, [0], False, result_type))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], tuple(_result(node).shape), value.dtype, scatter, local)
+    return Value(op.results[0], tuple(_result(node).shape), value.dtype, scatter, local, value.order)
 
 
 @rule(c10d.reduce_scatter_tensor.default)
@@ -566,12 +641,12 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     if lhs.dtype in CARRIERS:
         return None
     rhs = importer.flat(rhs)
-    if len(lhs.shape) != 2 or lhs.local_shape[-1] != lhs.shape[-1]:
+    if len(lhs.shape) != 2 or not lhs.keeps_last_axis:
         lhs = importer.flat(lhs)
     varying = importer.varies(lhs, rhs)
     chunks = importer.pipeline_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
     gathered = isinstance(lhs.ssa.owner, fusion.SetOp) and _squeezed(lhs.local_shape) != _squeezed(lhs.shape)
-    if chunks and not gathered:
+    if chunks and not gathered and lhs.order is None:
         # The pieces of an all-gather read right here keep their axis, or its ring would
         # not reach this matmul; any other piece takes the chunks (a view of it).
         lhs = importer.rechunked(importer.flat(lhs), chunks)
@@ -579,7 +654,8 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
     op = importer.emit(fusion.MatmulOp(*operands, importer.tensor_type(local, result.dtype, varying)))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local)
+    order = lhs.order if len(lhs.shape) == 2 else None
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local, order)
 
 
 @rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
@@ -609,37 +685,43 @@ def _pointwise(importer: Importer, node: torch.fx.Node, op_class: type, operands
     ]
     if not all(isinstance(v, Value) for v in values) or any(v.dtype in CARRIERS for v in values):
         return None
-    local = _shared_local(values, tuple(result.shape))
-    if local is None:
+    model = _shared_piece(values, tuple(result.shape))
+    if model is None:
         values = [importer.flat(v) for v in values]
-        local = tuple(result.shape)
+        local, order = tuple(result.shape), None
+    else:
+        local, order = model.local_shape, model.order
     values = [importer.cast(v, result.dtype) for v in values]
     varying = importer.varies(*values)
     ssa = [importer.aligned(v, len(local)) for v in values]
     op = importer.emit(op_class(*ssa, importer.tensor_type(local, result.dtype, varying)))
     op.results[0].name_hint = _name(node)
-    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local)
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local, order)
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(extent for extent in shape if extent != 1)
 
 
-def _shared_local(values: list[Value], shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The piece shape in which an elementwise op of result `shape` may compute, keeping its
-    full-shape operands' piece shape: where they all share one, and every other operand
-    broadcasts along trailing axes that the piece shape leaves as they are."""
+def _shared_piece(values: list[Value], shape: tuple[int, ...]) -> Value | None:
+    """The full-shape operand whose piece layout an elementwise op of result `shape` may
+    compute in: where all full-shape operands share one (shape and order), and every other
+    operand broadcasts along trailing axes that the layout leaves as they are (only the
+    last one where the pieces' axes are permuted)."""
     full = [v for v in values if v.shape == shape]
-    if not full or any(v.local_shape != full[0].local_shape for v in full):
+    if not full or any((v.local_shape, v.order) != (full[0].local_shape, full[0].order) for v in full):
         return None
-    local = full[0].local_shape
+    model = full[0]
+    local = model.local_shape
     for value in values:
         if value.shape == shape:
             continue
         rank = len(value.shape)
         if not value.is_flat or rank > len(local) or (rank and local[-rank:] != shape[-rank:]):
             return None
-    return local
+        if model.order is not None and rank and (rank > 1 or not model.keeps_last_axis):
+            return None
+    return model
 
 
 def _elementwise_rule(op_class: type, check: Callable[[torch.fx.Node], bool] = lambda node: True) -> Rule:
@@ -702,7 +784,7 @@ class Pointwise:
         ssa = [self.importer.aligned(v, len(like.local_shape)) for v in values]
         result_type = self.importer.tensor_type(like.local_shape, like.dtype, varying)
         op = self.importer.emit(op_class(*ssa, result_type))
-        return Value(op.results[0], like.shape, like.dtype, varying, like.local)
+        return Value(op.results[0], like.shape, like.dtype, varying, like.local, like.order)
 
 
 def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
@@ -717,7 +799,7 @@ def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
             return None
         if not all(isinstance(v, Value) and v.shape == tuple(result.shape) for v in values):
             return None
-        if _shared_local(values, tuple(result.shape)) is None:
+        if _shared_piece(values, tuple(result.shape)) is None:
             values = [importer.flat(v) for v in values]
         wide = OPMATH.get(result.dtype, result.dtype)
         values = [importer.cast(v, wide) for v in values]
