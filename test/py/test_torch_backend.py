@@ -186,17 +186,22 @@ def _loops(program: str) -> list[str]:
     ]
 
 
+def _mlp_programs(sequence_parallel: bool) -> list[str]:
+    """The MLP's forward and backward host programs on 2 ranks, after checking its numbers."""
+    results = run_on_local_ranks(_mlp_on_rank, 2, sequence_parallel, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
+    programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
+    assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
+    return programs
+
+
 def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
     """ColwiseParallel after a Shard(0) input, RowwiseParallel to a Shard(0) output: in the
     forward and in the backward, the all-gather is a ring of point-to-point transfers in the
     loop of its matmul, and the reduce-scatter runs chunk by chunk in the loop of the
     matmul that computes it."""
-    results = run_on_local_ranks(_mlp_on_rank, 2, True, timeout_s=300)
-    for rank, result in enumerate(results):
-        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
-    programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
-    assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
-    for program in programs:
+    for program in _mlp_programs(sequence_parallel=True):
         loops = _loops(program)
         assert any("hir.recv" in body and "hir.matmul" in body for body in loops), program
         assert any("hir.reduce_scatter" in body and "hir.matmul" in body for body in loops), program
@@ -206,12 +211,7 @@ def test_allreduce_is_pipelined_with_its_matmul():
     """ColwiseParallel, then RowwiseParallel to a replicated output: the forward's allreduce
     of the second matmul's product, and the backward's of the input gradient, run chunk by
     chunk in the loop of the matmul that computes them."""
-    results = run_on_local_ranks(_mlp_on_rank, 2, False, timeout_s=300)
-    for rank, result in enumerate(results):
-        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
-    programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
-    assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
-    for program in programs:
+    for program in _mlp_programs(sequence_parallel=False):
         assert any("hir.allreduce" in body and "hir.matmul" in body for body in _loops(program)), program
 
 
