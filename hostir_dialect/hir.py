@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from xdsl.dialects.builtin import (
     I64,
@@ -446,6 +446,9 @@ class CommunicationOp(IRDLOperation, ABC):
     peers' copies of the (symmetric) input, and a reduction then reduces the pulled
     pieces locally. The rooted collectives have none: their data flows to or from one
     device, which may sit outside the mesh of the buffer the others would read."""
+    SPLIT: ClassVar[str | None] = None
+    """The operand, "input" or "output", of which an axis holds one slice per member of
+    the team in the other operand's mesh (`split_axis`); None where whole buffers move."""
 
     input = operand_def(TensorType)
     output = operand_def(TensorType)
@@ -508,6 +511,27 @@ class CommunicationOp(IRDLOperation, ABC):
                 f"{self.name} has no copy-engine form, so it cannot take backend cuda; "
                 f"the copy engines move the bytes of {', '.join(COPY_ENGINE_OPS)} and of send/recv"
             )
+        split = self.split_axis()
+        if split is not None:
+            shape = tensor_type(split.buffer).get_shape()
+            if split.axis >= len(shape):
+                raise VerifyException(
+                    f"{self.name} {split.verb} axis {split.axis} of its {split.role}, but the "
+                    f"{split.role} has rank {len(shape)}"
+                )
+            if shape[split.axis] not in (DYNAMIC, split.members):
+                raise VerifyException(split.mismatch(self, shape[split.axis]))
+
+    def split_axis(self) -> SplitAxis | None:
+        """The axis of the `SPLIT` operand that holds one slice per member: the other
+        operand's didx axis (None where that has none, which the runtime refuses)."""
+        if self.SPLIT is None:
+            return None
+        sharded = tensor_type(self.output if self.SPLIT == "input" else self.input)
+        if sharded.didx_axis is None:
+            return None
+        members = sum(1 for device in self.team_ids if device in sharded.mesh.ids)
+        return SplitAxis(getattr(self, self.SPLIT), self.SPLIT, sharded.didx_axis, members)
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -556,6 +580,32 @@ class CommunicationOp(IRDLOperation, ABC):
         )
 
 
+class SplitAxis(NamedTuple):
+    """An axis of a collective's buffer that holds one slice per member of its team in the
+    mesh of its other buffer: the input's axis a scatter splits, the output's axis a gather
+    fills. Its extent must be that number: a longer axis loses slices or leaves them
+    unwritten in silence, a shorter one has no room for some."""
+
+    buffer: SSAValue
+    role: str
+    """Which operand `buffer` is, "input" or "output"."""
+    axis: int
+    members: int
+
+    @property
+    def verb(self) -> str:
+        return "splits" if self.role == "input" else "fills"
+
+    def mismatch(self, op: CommunicationOp, extent: int) -> str:
+        """Why `extent` on the axis is wrong, in plain words."""
+        other, over = ("output", "over") if self.role == "input" else ("input", "from")
+        return (
+            f"{op.name} {self.verb} axis {self.axis} of its {self.role}, of extent {extent}, {over} "
+            f"the {self.members} member(s) of its team in its {other}'s mesh, one slice each; "
+            f"the extent must be {self.members}"
+        )
+
+
 SUPPORTED_REDUCTIONS = (
     ReductionKind.SUM,
     ReductionKind.PRODUCT,
@@ -568,6 +618,7 @@ SUPPORTED_REDUCTIONS = (
 class AllgatherOp(CommunicationOp):
     name = "hir.allgather"
     HAS_COPY_ENGINE_FORM: ClassVar[bool] = True
+    SPLIT: ClassVar[str | None] = "output"
 
 
 @irdl_op_definition
@@ -582,6 +633,7 @@ class ReduceScatterOp(CommunicationOp):
     name = "hir.reduce_scatter"
     HAS_REDUCE_OP: ClassVar[bool] = True
     HAS_COPY_ENGINE_FORM: ClassVar[bool] = True
+    SPLIT: ClassVar[str | None] = "input"
 
     def scattered_axis(self) -> int | None:
         """The input's axis whose slice `k` member `k` of the team gets: the output's didx
@@ -593,6 +645,11 @@ class ReduceScatterOp(CommunicationOp):
         if target.rank < source.rank and scattered >= reduced:
             scattered += 1
         return scattered
+
+    def split_axis(self) -> SplitAxis | None:
+        """The input's `scattered_axis`, one slice per member of the team in the output's mesh."""
+        split, scattered = super().split_axis(), self.scattered_axis()
+        return None if split is None or scattered is None else split._replace(axis=scattered)
 
 
 @irdl_op_definition
@@ -612,12 +669,14 @@ class ReduceOp(CommunicationOp):
 class GatherOp(CommunicationOp):
     name = "hir.gather"
     HAS_ROOT: ClassVar[bool] = True
+    SPLIT: ClassVar[str | None] = "output"
 
 
 @irdl_op_definition
 class ScatterOp(CommunicationOp):
     name = "hir.scatter"
     HAS_ROOT: ClassVar[bool] = True
+    SPLIT: ClassVar[str | None] = "input"
 
 
 @irdl_op_definition

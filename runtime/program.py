@@ -261,13 +261,14 @@ class Program:
         `infer_shape` (the shape rule its verifier uses). A program given lowered is
         checked where a wrong extent would go unnoticed: a `hir.scatter` gives each device
         of its output's mesh one slice of its input, so it would drop the input's further
-        slices, or send unwritten ones, in silence (`_check_scatters`).
+        slices, or send unwritten ones, in silence; a gather, an allgather and a
+        reduce-scatter alike (`_check_split_axes`).
         """
         key = tuple(tuple(shape) for shape in shapes)
         if key in self._fitting_shapes:
             return
         if self.fusion is None:
-            self._check_scatters(key)
+            self._check_split_axes(key)
         else:
             self._check_fusion(key)
         self._fitting_shapes.add(key)
@@ -291,20 +292,16 @@ class Program:
                 ) from None
             Rewriter.replace_value_with_new_type(op.results[0], result_type)
 
-    def _check_scatters(self, shapes: tuple[tuple[int, ...], ...]) -> None:
-        """Refuses a `hir.scatter` whose input's extent on the axis it splits, where the
-        input shapes fix it, is not the number of devices of its output's mesh."""
+    def _check_split_axes(self, shapes: tuple[tuple[int, ...], ...]) -> None:
+        """Refuses a collective whose axis of one slice per member (`CommunicationOp.split_axis`:
+        the input's axis a scatter splits, the output's axis a gather fills), where the input
+        shapes fix its extent, has another extent than that number of members."""
         for op in self.host.walk():
-            if not isinstance(op, hir.ScatterOp) or (axis := tensor_type(op.output).didx_axis) is None:
+            if not isinstance(op, hir.CommunicationOp) or (split := op.split_axis()) is None:
                 continue
-            extent, devices = self._known_extent(op.input, axis, shapes), tensor_type(op.output).mesh.size
-            if extent is not None and extent != devices:
-                raise self._misfit(
-                    op,
-                    shapes,
-                    f"hir.scatter splits axis {axis} of its input, of extent {extent}, over the "
-                    f"{devices} device(s) of its output's mesh, one slice each; the extent must be {devices}",
-                )
+            extent = self._known_extent(split.buffer, split.axis, shapes)
+            if extent is not None and extent != split.members:
+                raise self._misfit(op, shapes, split.mismatch(op, extent))
 
     def _known_extent(self, buffer: SSAValue, axis: int, shapes: Sequence[Sequence[int]]) -> int | None:
         """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it:

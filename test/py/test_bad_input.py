@@ -546,7 +546,7 @@ def test_a_lowered_scatter_refuses_an_input_extent_other_than_its_mesh_size(
     assert str(error.value).splitlines()[0] == (
         f"scatter.mlir:{line}:3: error: the inputs of @f do not fit together (input #0 is "
         f"[{', '.join(map(str, too_long))}]): hir.scatter splits axis 0 of its input, of extent "
-        f"{extent}, over the 2 device(s) of its output's mesh, one slice each; the extent must be 2"
+        f"{extent}, over the 2 member(s) of its team in its output's mesh, one slice each; the extent must be 2"
     )
 
 
@@ -576,7 +576,115 @@ def test_a_lowered_scatter_of_too_many_or_too_few_slices_fails_on_every_rank(mon
         for rows, message in ((8, too_long), (1, too_short)):
             assert message == (
                 f"scatter.mlir:4:3: error: the inputs of @f do not fit together (input #0 is [{rows}, 3]): "
-                f"hir.scatter splits axis 0 of its input, of extent {rows}, over the 2 device(s) of its "
-                "output's mesh, one slice each; the extent must be 2"
+                f"hir.scatter splits axis 0 of its input, of extent {rows}, over the 2 member(s) of its "
+                "team in its output's mesh, one slice each; the extent must be 2"
             ), (rank, message)
         assert torch.equal(fitting, whole[:2].chunk(2)[rank]), (rank, fitting)
+
+
+ALLOCATED = "%y = hir.allocate(%n) : {rows}"
+VIEWED = (
+    "%z = hir.allocate(%n) : {stack}\n"
+    "%c1 = arith.constant 1 : index\n"
+    "%y = hir.alias_select %z[0 = %c1] : {stack} -> {rows}"
+)
+
+
+def _gather_program(body: str, collective: str = "gather") -> str:
+    """A program given lowered: the rows of `%x`, one per device, gathered (at root 0) or
+    all-gathered into `%y`, which `body` makes with as many rows as `%like` has."""
+    mesh = [0] if collective == "gather" else [0, 1]
+    rows, stack = tensor(["?", 3], mesh=mesh), tensor([2, "?", 3], mesh=mesh)
+    root = " root 0" if collective == "gather" else ""
+    lines = [
+        f"%n = hir.dim %like, 0 : {rows}",
+        *body.format(rows=rows, stack=stack).splitlines(),
+        f"%w = hir.{collective} %x into %y team [0, 1]{root} backend nccl : {SHARDED}, {rows}",
+        "hir.wait %w",
+        f"func.return %y : {rows}",
+    ]
+    return f"func.func @f(%x: {SHARDED}, %like: {rows}) -> {rows} {{\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
+
+
+def _fill_misfit(collective: str, rows: int) -> str:
+    """The reason a `_gather_program` refuses `%like` of `rows` rows."""
+    return (
+        f"the inputs of @f do not fit together (input #0 is [2, 3], input #1 is [{rows}, 3]): "
+        f"hir.{collective} fills axis 0 of its output, of extent {rows}, from the 2 member(s) of "
+        "its team in its input's mesh, one slice each; the extent must be 2"
+    )
+
+
+@pytest.mark.parametrize(
+    "collective, body",
+    [("gather", ALLOCATED), ("gather", VIEWED), ("allgather", ALLOCATED)],
+    ids=["gather-allocation", "gather-view", "allgather-allocation"],
+)
+def test_a_lowered_gather_refuses_an_output_extent_other_than_its_team_size(collective, body):
+    """A `?` on the axis a `hir.gather` or `hir.allgather` fills, traced to the inputs' extents
+    through views and allocation sizes, must be the number of devices that send a slice."""
+    program = Program.compile(_gather_program(body, collective), pipeline=None, filename="gather.mlir")
+    program.check_extents([[2, 3], [2, 3]])
+    for rows in (8, 1):
+        with pytest.raises(HostirError) as error:
+            program.check_extents([[2, 3], [rows, 3]])
+        line = 3 + len(body.splitlines())
+        assert str(error.value).splitlines()[0] == (
+            f"gather.mlir:{line}:3: error: {_fill_misfit(collective, rows)}"
+        )
+
+
+def test_a_lowered_reduce_scatter_refuses_an_input_extent_other_than_its_team_size():
+    """The input's axis a `hir.reduce_scatter` splits (the output's didx axis, counted past
+    the reduced one) must hold one slice per member, as a scatter's."""
+    partial, scattered = tensor([2, "?", 3], mesh=[0, 1], axes="didx _ _"), SHARDED
+    text = (
+        f"func.func @f(%p: {partial}) -> {scattered} {{\n"
+        f"  %y = hir.allocate() : {scattered}\n"
+        f"  %w = hir.reduce_scatter %p into %y team [0, 1] op sum backend nccl : {partial}, {scattered}\n"
+        "  hir.wait %w\n"
+        f"  func.return %y : {scattered}\n}}\n"
+    )
+    program = Program.compile(text, pipeline=None, filename="rs.mlir")
+    program.check_extents([[2, 2, 3]])
+    with pytest.raises(HostirError) as error:
+        program.check_extents([[2, 5, 3]])
+    assert str(error.value).splitlines()[0] == (
+        "rs.mlir:3:3: error: the inputs of @f do not fit together (input #0 is [2, 5, 3]): "
+        "hir.reduce_scatter splits axis 1 of its input, of extent 5, over the 2 member(s) of its "
+        "team in its output's mesh, one slice each; the extent must be 2"
+    )
+
+
+def gather_rows(row_counts: list[int]) -> list[torch.Tensor | str]:
+    """This rank's result, or its error, of a lowered gather of one row per rank into as
+    many rows as rank 0's `%like` has."""
+    communicator = Communicator.from_env()
+    program = Program.compile(_gather_program(ALLOCATED), pipeline=None, filename="gather.mlir")
+    whole = torch.arange(6, dtype=torch.float32, device=communicator.device).reshape(2, 3)
+    shard = whole[communicator.rank : communicator.rank + 1]
+    outcomes = []
+    for rows in row_counts:
+        like = whole.new_zeros(rows, 3) if communicator.rank == 0 else whole.new_empty(0)
+        try:
+            outcomes.append(program.run([shard, like], communicator)[0].cpu())
+        except HostirError as error:
+            outcomes.append(str(error).splitlines()[0])
+    return outcomes
+
+
+@needs_ranks(2)
+def test_a_lowered_gather_into_too_many_or_too_few_rows_fails_on_every_rank(monkeypatch):
+    """Rank 1 holds neither `%like` nor the output (its result is empty), yet refuses the
+    extent as rank 0 does, before the gather; then a fitting output gets every rank's row
+    at the root, as plain torch concatenates them."""
+    monkeypatch.setenv("HOSTIR_TIMEOUT_S", str(EXCHANGE_TIMEOUT_S))
+    per_rank = run_on_local_ranks(gather_rows, 2, [8, 1, 2], timeout_s=90)
+    whole = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    for rank, (too_long, too_short, fitting) in enumerate(per_rank):
+        for rows, message in ((8, too_long), (1, too_short)):
+            assert message == f"gather.mlir:4:3: error: {_fill_misfit('gather', rows)}", (rank, message)
+        if rank == 0:
+            assert torch.equal(fitting, torch.cat([whole[r : r + 1] for r in range(2)])), fitting
+        else:
+            assert fitting.numel() == 0, fitting
