@@ -15,7 +15,7 @@ P2PCommunication, Wait, LaunchKernel, PostOnStream, ...), lower-cased.
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
 
 from xdsl.dialects.builtin import (
@@ -512,15 +512,39 @@ class CommunicationOp(IRDLOperation, ABC):
                 f"the copy engines move the bytes of {', '.join(COPY_ENGINE_OPS)} and of send/recv"
             )
         split = self.split_axis()
+        if split is not None and split.axis >= tensor_type(split.buffer).rank:
+            raise VerifyException(
+                f"{self.name} {split.verb} axis {split.axis} of its {split.role}, but the "
+                f"{split.role} has rank {tensor_type(split.buffer).rank}"
+            )
+        problem = self.extent_problem(_type_extent)
+        if problem is not None:
+            raise VerifyException(problem)
+
+    def extent_problem(self, extent_of: Callable[[SSAValue, int], int | None]) -> str | None:
+        """Why the extents of the buffers do not fit the collective, where `extent_of(buffer,
+        axis)` tells them (None: unknown): the verifier asks the types, `Program.check_extents`
+        the inputs' extents too. The axis of one slice per member (`split_axis`) must have
+        that many; every member must send as many elements (per slice) as it receives, or
+        the receiver's buffer is left partly unwritten, or the transfer fails on one side."""
+        split = self.split_axis()
+        if split is None and self.SPLIT is not None:
+            return None  # no didx axis to split or fill along: the runtime refuses the op
         if split is not None:
-            shape = tensor_type(split.buffer).get_shape()
-            if split.axis >= len(shape):
-                raise VerifyException(
-                    f"{self.name} {split.verb} axis {split.axis} of its {split.role}, but the "
-                    f"{split.role} has rank {len(shape)}"
-                )
-            if shape[split.axis] not in (DYNAMIC, split.members):
-                raise VerifyException(split.mismatch(self, shape[split.axis]))
+            extent = extent_of(split.buffer, split.axis)
+            if extent is not None and extent != split.members:
+                return split.mismatch(self, extent)
+        sent, received = (
+            _piece_size(buffer, split.axis if split is not None and split.role == role else None, extent_of)
+            for buffer, role in ((self.input, "input"), (self.output, "output"))
+        )
+        if sent is None or received is None or sent == received:
+            return None
+        per_slice = "" if split is None else " per slice"
+        return (
+            f"{self.name} moves {sent} element(s){per_slice} of its input into {received} of its "
+            "output; they must be as many"
+        )
 
     def split_axis(self) -> SplitAxis | None:
         """The axis of the `SPLIT` operand that holds one slice per member: the other
@@ -604,6 +628,31 @@ class SplitAxis(NamedTuple):
             f"the {self.members} member(s) of its team in its {other}'s mesh, one slice each; "
             f"the extent must be {self.members}"
         )
+
+
+def _type_extent(buffer: SSAValue, axis: int) -> int | None:
+    """The extent of `axis` of `buffer` that its type gives (a didx axis spans its mesh)."""
+    type = tensor_type(buffer)
+    if type.didx_axis == axis:
+        return type.mesh.size
+    extent = type.get_shape()[axis]
+    return None if extent == DYNAMIC else extent
+
+
+def _piece_size(
+    buffer: SSAValue, split_axis: int | None, extent_of: Callable[[SSAValue, int], int | None]
+) -> int | None:
+    """The elements one member holds of `buffer`, or of one slice of it along `split_axis`
+    (None where `extent_of` does not know them all)."""
+    type, size = tensor_type(buffer), 1
+    for axis in range(type.rank):
+        if axis in (type.didx_axis, split_axis):
+            continue
+        extent = extent_of(buffer, axis)
+        if extent is None:
+            return None
+        size *= extent
+    return size
 
 
 SUPPORTED_REDUCTIONS = (

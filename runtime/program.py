@@ -262,13 +262,14 @@ class Program:
         checked where a wrong extent would go unnoticed: a `hir.scatter` gives each device
         of its output's mesh one slice of its input, so it would drop the input's further
         slices, or send unwritten ones, in silence; a gather, an allgather and a
-        reduce-scatter alike (`_check_split_axes`).
+        reduce-scatter alike, and a collective that would receive more elements than
+        are sent (`_check_collectives`).
         """
         key = tuple(tuple(shape) for shape in shapes)
         if key in self._fitting_shapes:
             return
         if self.fusion is None:
-            self._check_split_axes(key)
+            self._check_collectives(key)
         else:
             self._check_fusion(key)
         self._fitting_shapes.add(key)
@@ -292,16 +293,15 @@ class Program:
                 ) from None
             Rewriter.replace_value_with_new_type(op.results[0], result_type)
 
-    def _check_split_axes(self, shapes: tuple[tuple[int, ...], ...]) -> None:
-        """Refuses a collective whose axis of one slice per member (`CommunicationOp.split_axis`:
-        the input's axis a scatter splits, the output's axis a gather fills), where the input
-        shapes fix its extent, has another extent than that number of members."""
+    def _check_collectives(self, shapes: tuple[tuple[int, ...], ...]) -> None:
+        """Refuses a collective whose buffers' extents, where the input shapes fix them, do
+        not fit it (`CommunicationOp.extent_problem`, which the verifier asks of the types)."""
         for op in self.host.walk():
-            if not isinstance(op, hir.CommunicationOp) or (split := op.split_axis()) is None:
+            if not isinstance(op, hir.CommunicationOp):
                 continue
-            extent = self._known_extent(split.buffer, split.axis, shapes)
-            if extent is not None and extent != split.members:
-                raise self._misfit(op, shapes, split.mismatch(op, extent))
+            problem = op.extent_problem(lambda buffer, axis: self._known_extent(buffer, axis, shapes))
+            if problem is not None:
+                raise self._misfit(op, shapes, problem)
 
     def _known_extent(self, buffer: SSAValue, axis: int, shapes: Sequence[Sequence[int]]) -> int | None:
         """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it:

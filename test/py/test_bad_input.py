@@ -688,3 +688,25 @@ def test_a_lowered_gather_into_too_many_or_too_few_rows_fails_on_every_rank(monk
             assert torch.equal(fitting, torch.cat([whole[r : r + 1] for r in range(2)])), fitting
         else:
             assert fitting.numel() == 0, fitting
+
+
+def test_a_lowered_send_recv_refuses_an_output_longer_than_its_input():
+    """A receive buffer sized by the inputs' extents must hold as many elements as are sent,
+    or the receiver returns elements that nobody wrote."""
+    sent, received = tensor(["?"], mesh=[0]), tensor(["?"], mesh=[1])
+    text = (
+        f"func.func @f(%x: {sent}, %like: {received}) -> {received} {{\n"
+        f"  %n = hir.dim %like, 0 : {received}\n"
+        f"  %y = hir.allocate(%n) : {received}\n"
+        f"  %w = hir.send_recv %x into %y team [0, 1] root 0 backend nccl : {sent}, {received}\n"
+        "  hir.wait %w\n"
+        f"  func.return %y : {received}\n}}\n"
+    )
+    program = Program.compile(text, pipeline=None, filename="p2p.mlir")
+    program.check_extents([[4], [4]])
+    with pytest.raises(HostirError) as error:
+        program.check_extents([[4], [8]])
+    assert str(error.value).splitlines()[0] == (
+        "p2p.mlir:4:3: error: the inputs of @f do not fit together (input #0 is [4], input #1 is [8]): "
+        "hir.send_recv moves 4 element(s) of its input into 8 of its output; they must be as many"
+    )

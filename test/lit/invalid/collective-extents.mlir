@@ -1,5 +1,6 @@
 // The axis a collective splits or fills holds one slice per member of its team in the
-// other buffer's mesh: a known extent other than that number is refused.
+// other buffer's mesh: a known extent other than that number is refused. So are buffers
+// whose known extents make a member receive more or fewer elements than are sent.
 // RUN: hir-opt %s --split-input-file --verify-diagnostics
 
 func.func @scatter_too_many_slices(%x: !fusion.tensor<[8, 3], f32>, %y: !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>) {
@@ -52,13 +53,38 @@ func.func @reduce_scatter_too_many_slices(%x: !fusion.tensor<[2, 3, 4], f32, mes
 
 // -----
 
-// Fitting extents, a `?` that only the inputs fix (Program.check_extents checks it), and a
-// team of two in a mesh of three verify.
+func.func @allgather_slices_of_another_size(%x: !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>, %y: !fusion.tensor<[2, 5], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{hir.allgather moves 3 element(s) per slice of its input into 5 of its output; they must be as many}}
+  %w = hir.allgather %x into %y team [0, 1] backend nccl : !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[2, 5], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+func.func @send_recv_into_a_longer_buffer(%x: !fusion.tensor<[4], f32, mesh = [0]>, %y: !fusion.tensor<[8], f32, mesh = [1]>) {
+  // expected-error@+1 {{hir.send_recv moves 4 element(s) of its input into 8 of its output; they must be as many}}
+  %w = hir.send_recv %x into %y team [0, 1] root 0 backend nccl : !fusion.tensor<[4], f32, mesh = [0]>, !fusion.tensor<[8], f32, mesh = [1]>
+  func.return
+}
+
+// -----
+
+func.func @broadcast_into_a_longer_buffer(%x: !fusion.tensor<[4], f32, mesh = [0]>, %y: !fusion.tensor<[2, 4], f32, mesh = [0, 1]>) {
+  // expected-error@+1 {{hir.broadcast moves 4 element(s) of its input into 8 of its output; they must be as many}}
+  %w = hir.broadcast %x into %y team [0, 1] root 0 backend nccl : !fusion.tensor<[4], f32, mesh = [0]>, !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
+  func.return
+}
+
+// -----
+
+// Fitting extents, a `?` that only the inputs fix (Program.check_extents checks it), a
+// team of two in a mesh of three, and an allreduce into fewer axes of the same elements verify.
 func.func @fitting(%x: !fusion.tensor<[?, 3], f32>, %s: !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>,
                    %g: !fusion.tensor<[?, 3], f32>, %p: !fusion.tensor<[3, 2, 4], f32, mesh = [0, 1, 2], axes = [didx, _, _]>,
-                   %r: !fusion.tensor<[3, 4], f32, mesh = [0, 1, 2], axes = [didx, _]>) {
+                   %r: !fusion.tensor<[3, 4], f32, mesh = [0, 1, 2], axes = [didx, _]>, %row: !fusion.tensor<[3], f32, mesh = [0, 1]>) {
   %w0 = hir.scatter %x into %s team [0, 1] root 0 backend nccl : !fusion.tensor<[?, 3], f32>, !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>
   %w1 = hir.gather %s into %g team [0, 1] root 0 backend nccl : !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[?, 3], f32>
   %w2 = hir.reduce_scatter %p into %r team [0, 1] op sum backend nccl : !fusion.tensor<[3, 2, 4], f32, mesh = [0, 1, 2], axes = [didx, _, _]>, !fusion.tensor<[3, 4], f32, mesh = [0, 1, 2], axes = [didx, _]>
+  %w3 = hir.allreduce %s into %row team [0, 1] op sum backend nccl : !fusion.tensor<[2, 3], f32, mesh = [0, 1], axes = [didx, _]>, !fusion.tensor<[3], f32, mesh = [0, 1]>
   func.return
 }
