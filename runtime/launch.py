@@ -14,8 +14,8 @@ The ranks start from multiprocessing's forkserver, which imports torch and hosti
 of CPU per rank. The server is started from the launcher the first time it launches,
 and serves every later launch of the process. It imports torch without initialising
 CUDA, so its ranks may use the GPU. A forked rank starts with the server's environment,
-as it was when the server started; it takes on the launcher's environment of the launch
-before it imports the module of `fn`.
+as it was when the server started, and imports the launcher's main module with it; it
+takes on the launcher's environment of the launch before it imports the module of `fn`.
 
 A rank that raises or exits makes the call raise `RankFailed` with every failing rank's
 message. The others see their peer go away and fail their communication within the
