@@ -40,13 +40,18 @@ def _name(op) -> str:
     return op.name.split(".", 1)[1]
 
 
+SPLIT_COLLECTIVES = {"hir.scatter", "hir.gather", "hir.allgather", "hir.reduce_scatter"}
+"""The collectives between a device's slice and the whole: the others move pieces of one size."""
+
+
 def _collective(op) -> list[str]:
     root = " root 1" if op.HAS_ROOT else ""
     reduce_op = " op sum" if op.HAS_REDUCE_OP else ""
-    return [
-        f"%w = {op.name} %x into %y team [0, 1]{root}{reduce_op} backend nccl ATTRS"
-        f" : {SLICE}, {GATHERED}"
-    ]
+    if op.name in SPLIT_COLLECTIVES:
+        operands, types = "%x into %y", f"{SLICE}, {GATHERED}"
+    else:
+        operands, types = "%y into %y", f"{GATHERED}, {GATHERED}"
+    return [f"%w = {op.name} {operands} team [0, 1]{root}{reduce_op} backend nccl ATTRS : {types}"]
 
 
 SNIPPETS: dict[str, list[str]] = {
