@@ -34,9 +34,9 @@ from collections.abc import Callable
 import torch
 
 from gpu_timing import gpu_median_ms
-from runtime.communicator import Communicator
-from runtime.graphs import GraphReplayer
-from runtime.program import Program
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.graphs import GraphReplayer
+from hostir.runtime.program import Program
 
 HOLD_MS = 10.0
 """GPU time queued before each GPU-timed run: longer than a replay takes to launch."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.communicator import Communicator
+from hostir.runtime.communicator import Communicator
 
 LIMIT = "limit"
 """The contender that is no run: the larger of the GEMM alone and the collective alone."""

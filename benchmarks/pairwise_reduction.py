@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_timing import gpu_median_ms
-from runtime.copy_engine import reduction
+from hostir.runtime.copy_engine import reduction
 
 HOLD_MS = 1.0
 """GPU time queued before each timed run: longer than Python takes to launch one."""

@@ -140,8 +140,8 @@ def _main() -> None:
 
     import torch.distributed as dist
 
-    from runtime.graphs import release_captured_graphs
-    from runtime.launch import run_on_local_ranks
+    from hostir.runtime.graphs import release_captured_graphs
+    from hostir.runtime.launch import run_on_local_ranks
 
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if torchrun:

@@ -43,13 +43,13 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
+from hostir.frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
 from hostir_dialect.text import print_module
-from runtime.aten_calls import CARRIERS
-from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
-from runtime.cost_model import OverlapProblem, Rates, choose_pipeline
-from runtime.graphs import GraphReplayer
-from runtime.program import Program
+from hostir.runtime.aten_calls import CARRIERS
+from hostir.runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from hostir.runtime.cost_model import OverlapProblem, Rates, choose_pipeline
+from hostir.runtime.graphs import GraphReplayer
+from hostir.runtime.program import Program
 
 DUMP_KINDS = ("fusion", "host_ir")
 

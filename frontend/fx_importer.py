@@ -49,8 +49,8 @@ from hostir_dialect import fusion
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
 from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
-from runtime.aten_calls import CARRIERS, NotEncodable, encode_call
-from runtime.cost_model import OverlapKind, OverlapProblem
+from hostir.runtime.aten_calls import CARRIERS, NotEncodable, encode_call
+from hostir.runtime.cost_model import OverlapKind, OverlapProblem
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional

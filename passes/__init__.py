@@ -16,61 +16,61 @@ from xdsl.universe import Universe
 
 
 def _insert_reshardings() -> type[ModulePass]:
-    from passes.insert_reshardings import InsertReshardings
+    from hostir.passes.insert_reshardings import InsertReshardings
 
     return InsertReshardings
 
 
 def _fusion_to_hir() -> type[ModulePass]:
-    from passes.fusion_to_hir import FusionToHir
+    from hostir.passes.fusion_to_hir import FusionToHir
 
     return FusionToHir
 
 
 def _stream_parallel() -> type[ModulePass]:
-    from passes.stream_parallel import StreamParallelLowering
+    from hostir.passes.stream_parallel import StreamParallelLowering
 
     return StreamParallelLowering
 
 
 def _reduce_scatter_in_matmul() -> type[ModulePass]:
-    from passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
+    from hostir.passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
 
     return ReduceScatterInMatmul
 
 
 def _allreduce_in_matmul() -> type[ModulePass]:
-    from passes.allreduce_in_matmul import AllreduceInMatmul
+    from hostir.passes.allreduce_in_matmul import AllreduceInMatmul
 
     return AllreduceInMatmul
 
 
 def _copy_engine_pipelining() -> type[ModulePass]:
-    from passes.copy_engine_pipelining import CopyEnginePipelining
+    from hostir.passes.copy_engine_pipelining import CopyEnginePipelining
 
     return CopyEnginePipelining
 
 
 def _per_stream_buffers() -> type[ModulePass]:
-    from passes.per_stream_buffers import PerStreamBuffers
+    from hostir.passes.per_stream_buffers import PerStreamBuffers
 
     return PerStreamBuffers
 
 
 def _insert_deallocations() -> type[ModulePass]:
-    from passes.insert_deallocations import InsertDeallocations
+    from hostir.passes.insert_deallocations import InsertDeallocations
 
     return InsertDeallocations
 
 
 def _auto_stream_parallel() -> type[ModulePass]:
-    from passes.auto_stream_parallel import AutoStreamParallel
+    from hostir.passes.auto_stream_parallel import AutoStreamParallel
 
     return AutoStreamParallel
 
 
 def _hir_lowering() -> type[ModulePass]:
-    from passes.pipeline import HirLowering
+    from hostir.passes.pipeline import HirLowering
 
     return HirLowering
 

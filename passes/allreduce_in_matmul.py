@@ -77,9 +77,9 @@ from xdsl.rewriter import InsertPoint
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
 from hostir_dialect.text import operation_location
-from passes.copy_engine_pipelining import recomputable
-from passes.reduce_scatter_in_matmul import PairPositions, in_function_body, nothing_writes_between, product_of
-from passes.stream_parallel import StreamLoop, index_constant, known_extent
+from hostir.passes.copy_engine_pipelining import recomputable
+from hostir.passes.reduce_scatter_in_matmul import PairPositions, in_function_body, nothing_writes_between, product_of
+from hostir.passes.stream_parallel import StreamLoop, index_constant, known_extent
 
 CUDA = hir.CommunicatorBackend.CUDA
 

@@ -103,8 +103,8 @@ from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from passes.per_stream_buffers import fewer_slices, is_private_allocation
-from passes.stream_parallel import StreamLoop, index_constant, is_index_arithmetic, known_extent
+from hostir.passes.per_stream_buffers import fewer_slices, is_private_allocation
+from hostir.passes.stream_parallel import StreamLoop, index_constant, is_index_arithmetic, known_extent
 
 TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
 

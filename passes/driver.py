@@ -37,7 +37,7 @@ from xdsl.utils.arg_spec import (
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException
 
 from hostir_dialect.text import HostirError, SourceLocation, verify_module
-from passes import HOSTIR_PASSES
+from hostir.passes import HOSTIR_PASSES
 
 PassFactories = Mapping[str, Callable[[], type[ModulePass]]]
 

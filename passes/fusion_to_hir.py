@@ -45,10 +45,10 @@ from xdsl.transforms.dead_code_elimination import dce
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, POINTWISE_OPS, FusionOp, tensor_type
 from hostir_dialect.text import HostirError
-from passes.axis_mapping import operand_axis_maps
-from passes.copy_engine import peer_readable
-from passes.options import check_choice
-from passes.sharding import (
+from hostir.passes.axis_mapping import operand_axis_maps
+from hostir.passes.copy_engine import peer_readable
+from hostir.passes.options import check_choice
+from hostir.passes.sharding import (
     LocalCopy,
     LocalSlice,
     describe_operand,

@@ -48,8 +48,8 @@ from hostir_dialect.fusion import (
     tensor_type,
 )
 from hostir_dialect.text import HostirError
-from passes.axis_mapping import operand_axis_maps
-from passes.sharding import (
+from hostir.passes.axis_mapping import operand_axis_maps
+from hostir.passes.sharding import (
     UnsupportedResharding,
     describe_operand,
     local_operand_type,

@@ -42,7 +42,7 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
-from passes.stream_parallel import StreamLoop
+from hostir.passes.stream_parallel import StreamLoop
 
 
 def _extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:

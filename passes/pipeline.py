@@ -21,15 +21,15 @@ from xdsl.transforms.common_subexpression_elimination import (
     CommonSubexpressionElimination,
 )
 
-from passes.allreduce_in_matmul import AllreduceInMatmul
-from passes.copy_engine_pipelining import CopyEnginePipelining
-from passes.driver import Pipeline
-from passes.fusion_to_hir import FusionToHir
-from passes.insert_deallocations import InsertDeallocations
-from passes.insert_reshardings import InsertReshardings
-from passes.per_stream_buffers import PerStreamBuffers
-from passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
-from passes.stream_parallel import StreamParallelLowering
+from hostir.passes.allreduce_in_matmul import AllreduceInMatmul
+from hostir.passes.copy_engine_pipelining import CopyEnginePipelining
+from hostir.passes.driver import Pipeline
+from hostir.passes.fusion_to_hir import FusionToHir
+from hostir.passes.insert_deallocations import InsertDeallocations
+from hostir.passes.insert_reshardings import InsertReshardings
+from hostir.passes.per_stream_buffers import PerStreamBuffers
+from hostir.passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
+from hostir.passes.stream_parallel import StreamParallelLowering
 
 
 @dataclass(frozen=True)

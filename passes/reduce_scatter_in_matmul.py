@@ -63,10 +63,10 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from passes.axis_mapping import operand_axis, operand_axis_maps
-from passes.copy_engine_pipelining import recomputable
-from passes.insert_deallocations import buffer_users
-from passes.stream_parallel import index_constant, runtime_value
+from hostir.passes.axis_mapping import operand_axis, operand_axis_maps
+from hostir.passes.copy_engine_pipelining import recomputable
+from hostir.passes.insert_deallocations import buffer_users
+from hostir.passes.stream_parallel import index_constant, runtime_value
 
 CUDA = hir.CommunicatorBackend.CUDA
 

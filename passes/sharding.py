@@ -22,7 +22,7 @@ from xdsl.utils.exceptions import VerifyException
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DIDX, SERIAL, FusionOp, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError, operation_location
-from passes.axis_mapping import operand_axis_maps
+from hostir.passes.axis_mapping import operand_axis_maps
 
 REDUCTION_KINDS: dict[type[fusion.ReductionOp], ReductionKind] = {
     fusion.SumOp: ReductionKind.SUM,

@@ -82,7 +82,7 @@ from xdsl.traits import SymbolTable, is_side_effect_free
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, ParallelType, tensor_type
 from hostir_dialect.text import HostirError
-from passes.axis_mapping import (
+from hostir.passes.axis_mapping import (
     AxisClasses,
     AxisMap,
     func_results,
@@ -92,9 +92,9 @@ from passes.axis_mapping import (
     output_of,
     segment_function,
 )
-from passes.copy_engine import peer_readable
-from passes.options import check_choice
-from passes.sharding import describe_operand
+from hostir.passes.copy_engine import peer_readable
+from hostir.passes.options import check_choice
+from hostir.passes.sharding import describe_operand
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""

@@ -22,8 +22,8 @@ from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from runtime.communicator import DONE, REDUCE_OPS, Communicator, Work
-from runtime.interpreter import (
+from hostir.runtime.communicator import DONE, REDUCE_OPS, Communicator, Work
+from hostir.runtime.interpreter import (
     HANDLERS,
     Environment,
     Preparation,

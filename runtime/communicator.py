@@ -44,7 +44,7 @@ from hostir_dialect.hir import CommunicatorBackend
 from hostir_dialect.text import HostirError
 
 if TYPE_CHECKING:
-    from runtime.copy_engine import CopyEngine
+    from hostir.runtime.copy_engine import CopyEngine
 
 DEFAULT_TIMEOUT_S = 120.0
 """How long a communication may wait for its peers before it fails, unless HOSTIR_TIMEOUT_S says."""
@@ -445,7 +445,7 @@ class Communicator:
     @functools.cached_property
     def copy_engine(self) -> CopyEngine:
         """This rank's copy engine (made on first use; `runtime/copy_engine.py` imports this module)."""
-        from runtime.copy_engine import copy_engine_for
+        from hostir.runtime.copy_engine import copy_engine_for
 
         return copy_engine_for(self)
 

@@ -74,9 +74,9 @@ import torch
 import torch.distributed as dist
 
 from hostir_dialect.text import HostirError
-from runtime.communicator import Communicator, Offer, Pull, collective, writable
-from runtime.signals import StreamSignals
-from runtime.watchdog import Watchdog, end_process
+from hostir.runtime.communicator import Communicator, Offer, Pull, collective, writable
+from hostir.runtime.signals import StreamSignals
+from hostir.runtime.watchdog import Watchdog, end_process
 
 WRITTEN_CHANNEL = 0
 """The signal channel on which a member says its data is in its symmetric buffer."""

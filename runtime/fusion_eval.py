@@ -26,7 +26,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from hostir_dialect import fusion
 from hostir_dialect.builder import TORCH_DTYPES
 from hostir_dialect.text import HostirError
-from runtime import aten_calls
+from hostir.runtime import aten_calls
 
 DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 

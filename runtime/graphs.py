@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.communication_steps import copy_engine_transfers
-from runtime.communicator import Communicator
-from runtime.interpreter import RunContext
-from runtime.program import Program
-from runtime.streams import configured_num_streams, stream_pool
+from hostir.runtime.communication_steps import copy_engine_transfers
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.interpreter import RunContext
+from hostir.runtime.program import Program
+from hostir.runtime.streams import configured_num_streams, stream_pool
 
 Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
 

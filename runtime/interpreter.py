@@ -34,10 +34,10 @@ from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
-from runtime import fusion_eval
-from runtime.communicator import Communicator, Work
-from runtime.copy_engine import SymmetricAllocation
-from runtime.streams import StreamPool
+from hostir.runtime import fusion_eval
+from hostir.runtime.communicator import Communicator, Work
+from hostir.runtime.copy_engine import SymmetricAllocation
+from hostir.runtime.streams import StreamPool
 
 Environment = list
 """The values of one run, indexed by slot."""
@@ -495,4 +495,4 @@ def _synchronize_stream(op: hir.SynchronizeStreamOp, prep: Preparation) -> Step:
 
 # The handlers of communication and compute ops live in their own modules and register
 # themselves in HANDLERS when imported, as xDSL's interpreter functions do per dialect.
-from runtime import communication_steps, compute_steps  # noqa: E402, F401
+from hostir.runtime import communication_steps, compute_steps  # noqa: E402, F401

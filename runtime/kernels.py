@@ -36,7 +36,7 @@ from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion
 from hostir_dialect.text import HostirError
-from runtime import fusion_eval
+from hostir.runtime import fusion_eval
 
 try:
     import cupy

@@ -54,8 +54,8 @@ import torch.multiprocessing as mp
 from multiprocessing import forkserver
 
 from hostir_dialect.text import HostirError
-from runtime.communicator import Communicator
-from runtime.graphs import release_captured_graphs
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.graphs import release_captured_graphs
 
 T = TypeVar("T")
 

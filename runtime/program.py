@@ -28,13 +28,13 @@ from xdsl.utils.exceptions import VerifyException
 from hostir_dialect import hir, hostir_context
 from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError, parse_module, verify_module
-from passes import DEFAULT_PIPELINE, available_passes
-from passes.driver import parse_pass_pipeline, run_passes
-from runtime.communicator import Communicator
-from runtime.fusion_eval import torch_dtype
-from runtime.interpreter import Interpreter, RunContext, StepWrapper, _buffer_root
-from runtime.reference import full_shape
-from runtime.streams import configured_num_streams, stream_pool
+from hostir.passes import DEFAULT_PIPELINE, available_passes
+from hostir.passes.driver import parse_pass_pipeline, run_passes
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.fusion_eval import torch_dtype
+from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, _buffer_root
+from hostir.runtime.reference import full_shape
+from hostir.runtime.streams import configured_num_streams, stream_pool
 
 
 def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:

@@ -36,8 +36,8 @@ from xdsl.targets import get_all_targets
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from hostir_dialect.text import HostirError, SourceLocation, parse_module, print_module
-from passes import available_dialects, available_passes
-from passes.driver import (
+from hostir.passes import available_dialects, available_passes
+from hostir.passes.driver import (
     describe_type,
     expand,
     load_pass,
@@ -45,7 +45,7 @@ from passes.driver import (
     parse_pass_pipeline,
     run_passes,
 )
-from passes.options import option_choices
+from hostir.passes.options import option_choices
 
 CHUNK_SEPARATOR = "// -----\n"
 _CHUNK_SEPARATOR_LINE = re.compile(rb"^// -----[ \t]*\r?$", re.MULTILINE)

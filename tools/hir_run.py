@@ -43,13 +43,13 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
-from passes import DEFAULT_PIPELINE
-from runtime.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
-from runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs
-from runtime.launch import RankFailed, plain_message, run_on_local_ranks
-from runtime.program import Program
-from runtime.streams import configured_num_streams
-from runtime.reference import (
+from hostir.passes import DEFAULT_PIPELINE
+from hostir.runtime.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
+from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs
+from hostir.runtime.launch import RankFailed, plain_message, run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.streams import configured_num_streams
+from hostir.runtime.reference import (
     DEFAULT_EXTENT,
     check_full_inputs,
     compare,
@@ -59,7 +59,7 @@ from runtime.reference import (
     shard,
     unshard,
 )
-from runtime.trace import Interval, trace_run, write_chrome_trace, write_timeline_png
+from hostir.runtime.trace import Interval, trace_run, write_chrome_trace, write_timeline_png
 
 QUIET_S = 2.0
 """How long a run goes before --progress says what it is doing: a quick run stays quiet."""

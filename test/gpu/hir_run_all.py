@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from examples.reference_fusions import REFERENCE_FUSIONS  # noqa: E402
 from hostir_dialect.text import HostirError, print_module  # noqa: E402
-from runtime.program import Program  # noqa: E402
+from hostir.runtime.program import Program  # noqa: E402
 
 HIR_RUN = [sys.executable, str(ROOT / "tools" / "hir-run.py")]
 REFERENCE_OPTIONS = ["--check", "--default-extent", "6", "--num-streams", "2", "--repeat", "2"]

@@ -19,14 +19,14 @@ import torch
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.text import HostirError, parse_module
-from runtime import compute_steps
-from runtime.communicator import Communicator
-from runtime.launch import RankFailed, run_on_local_ranks
-from runtime.program import Program
+from hostir.runtime import compute_steps
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import RankFailed, run_on_local_ranks
+from hostir.runtime.program import Program
 from test_communicator import needs_ranks
 from test_interpreter import tensor
-from tools.hir_opt import main as hir_opt_main
-from tools.hir_run import main as hir_run_main
+from hostir.tools.hir_opt import main as hir_opt_main
+from hostir.tools.hir_run import main as hir_run_main
 
 SHARDED = tensor([2, 3], mesh=[0, 1], axes="didx _")
 REPLICATED = tensor([3], mesh=[0, 1])

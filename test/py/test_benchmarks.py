@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.communicator import Communicator
-from runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
-from runtime.launch import run_on_local_ranks
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
+from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -46,7 +46,7 @@ from hostir_dialect.fusion import (
     element_type_name,
 )
 from hostir_dialect.text import HostirError
-from runtime.program import Program
+from hostir.runtime.program import Program
 
 
 def tensor(shape, dtype=f32, mesh=(0,), axes=None) -> TensorType:

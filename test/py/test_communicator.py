@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from runtime.communicator import Communicator
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import shard
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import shard
 from test_interpreter import poisoned_allocations, tensor
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from runtime.communicator import Communicator
-from runtime.cost_model import (
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
     OverlapProblem,
@@ -21,7 +21,7 @@ from runtime.cost_model import (
     pipeline_streams,
     pipeline_time,
 )
-from runtime.launch import run_on_local_ranks
+from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 
 AG, RS, AR = OverlapKind.ALLGATHER_MATMUL, OverlapKind.MATMUL_REDUCE_SCATTER, OverlapKind.MATMUL_ALLREDUCE

@@ -26,10 +26,10 @@ from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder
-from runtime.communicator import Communicator
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import shard
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import shard
 from test_interpreter import poisoned_allocations
 
 DEVICE = os.environ.get("HOSTIR_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")

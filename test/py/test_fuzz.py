@@ -36,12 +36,12 @@ from hypothesis import strategies as st
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.fusion import ParallelType
 from hostir_dialect.text import HostirError, print_module
-from runtime.communicator import Communicator
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import compare, random_inputs, reference_outputs, shard, unshard
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import compare, random_inputs, reference_outputs, shard, unshard
 from test_communicator import needs_ranks
-from tools.hir_opt import main as hir_opt_main
+from hostir.tools.hir_opt import main as hir_opt_main
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

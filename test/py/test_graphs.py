@@ -23,11 +23,11 @@ from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
 from hostir_dialect.builder import FusionBuilder
-from runtime.communicator import Communicator
-from runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import compare, shard
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import compare, shard
 from test_interpreter import poisoned_allocations
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "interpreter_overhead.py"

@@ -21,7 +21,7 @@ import torch
 
 from examples.reference_fusions import ag_linear, allgather_p2p, matmul, matmul_ar
 from hostir_dialect.text import HostirError, print_module
-from tools import hir_run
+from hostir.tools import hir_run
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "hir-run.py"
 

@@ -14,10 +14,10 @@ from hostir_dialect import fusion, hostir_context
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.fusion import DYNAMIC, TensorType, tensor_type
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
-from passes.insert_reshardings import InsertReshardings
-from passes.sharding import resharded_operands
-from runtime.communicator import Communicator
-from runtime.program import Program
+from hostir.passes.insert_reshardings import InsertReshardings
+from hostir.passes.sharding import resharded_operands
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.program import Program
 
 
 def tensor(shape, mesh, axes) -> TensorType:

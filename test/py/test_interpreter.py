@@ -22,10 +22,10 @@ from xdsl.dialects import func
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
-from runtime import compute_steps, fusion_eval
-from runtime.communicator import Communicator
-from runtime.interpreter import HANDLERS, Interpreter, RunContext
-from runtime.streams import stream_pool
+from hostir.runtime import compute_steps, fusion_eval
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext
+from hostir.runtime.streams import stream_pool
 
 # --------------------------------------------------------------------------- #
 # Helpers shared with the other runtime tests                                  #

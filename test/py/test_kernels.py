@@ -25,10 +25,10 @@ from xdsl.dialects.builtin import ModuleOp
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder, Tensor
 from hostir_dialect.text import HostirError, parse_module
-from runtime import fusion_eval, kernels
-from runtime.communicator import Communicator
-from runtime.program import Program
-from runtime.reference import compare, random_inputs
+from hostir.runtime import fusion_eval, kernels
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.program import Program
+from hostir.runtime.reference import compare, random_inputs
 from test_interpreter import poisoned_allocations
 
 EXAMPLES = Path(__file__).parents[2] / "examples"

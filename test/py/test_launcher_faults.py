@@ -27,7 +27,7 @@ from test_hir_run import SCRIPT, clean_environment
 
 from examples.reference_fusions import ag_linear
 from hostir_dialect.text import print_module
-from runtime.launch import FAILURE_GRACE_S, STOP_GRACE_S, run_on_local_ranks
+from hostir.runtime.launch import FAILURE_GRACE_S, STOP_GRACE_S, run_on_local_ranks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -24,8 +24,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import fusion
 from hostir_dialect.text import HostirError
-from passes import HOSTIR_PASSES, available_passes
-from tools.hir_opt import XDSL_PASS_SUMMARIES, main
+from hostir.passes import HOSTIR_PASSES, available_passes
+from hostir.tools.hir_opt import XDSL_PASS_SUMMARIES, main
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ class BreakTypes(ModulePass):
 
 def _missing_module() -> type[ModulePass]:
     """The factory of a pass whose module is not written yet."""
-    return importlib.import_module("passes.no_such_module").NoSuchPass
+    return importlib.import_module("hostir.passes.no_such_module").NoSuchPass
 
 
 @pytest.fixture
@@ -219,7 +219,7 @@ def test_a_missing_pass_module_breaks_only_its_pass(fusion_file: Path, extra_pas
     assert status == 1
     assert err.startswith(
         "pass-pipeline:1:5: error: pass 'not-written-yet' is not available: "
-        "No module named 'passes.no_such_module'\ncse,not-written-yet\n    ^^^^^^^^^^^^^^^\n"
+        "No module named 'hostir.passes.no_such_module'\ncse,not-written-yet\n    ^^^^^^^^^^^^^^^\n"
     )
     status, out, err = _run([fusion_file, "-p", "cse,record-options"], capsys)
     assert (status, err) == (0, "")

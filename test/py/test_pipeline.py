@@ -24,10 +24,10 @@ from hostir_dialect import hir, hostir_context
 from hostir_dialect.fusion import Fusion
 from hostir_dialect.hir import Hir
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
-from passes import HOSTIR_PASSES, available_passes, driver
-from passes.pipeline import HirLowering
-from runtime.program import Program
-from tools import hir_opt
+from hostir.passes import HOSTIR_PASSES, available_passes, driver
+from hostir.passes.pipeline import HirLowering
+from hostir.runtime.program import Program
+from hostir.tools import hir_opt
 from test_stream_parallel import (
     ALLOC,
     P2P,

@@ -15,11 +15,11 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType
 from hostir_dialect.text import parse_module, print_module
-from runtime import compute_steps
-from runtime.communicator import Communicator
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import shard
+from hostir.runtime import compute_steps
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import shard
 from test_communicator import needs_ranks
 from test_interpreter import poisoned_allocations, tensor
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from runtime import signals as signals_module
-from runtime.signals import StreamSignals
+from hostir.runtime import signals as signals_module
+from hostir.runtime.signals import StreamSignals
 
 
 class Handle:

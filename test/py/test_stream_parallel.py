@@ -28,15 +28,15 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir, hostir_context
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError, print_module, verify_module
-from passes import axis_mapping
-from passes.axis_mapping import operand_axis
-from passes.fusion_to_hir import FusionToHir
-from passes.insert_reshardings import InsertReshardings
-from passes.stream_parallel import StreamParallelLowering
-from runtime.communicator import Communicator
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import shard
+from hostir.passes import axis_mapping
+from hostir.passes.axis_mapping import operand_axis
+from hostir.passes.fusion_to_hir import FusionToHir
+from hostir.passes.insert_reshardings import InsertReshardings
+from hostir.passes.stream_parallel import StreamParallelLowering
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import shard
 from test_communicator import needs_ranks
 from test_interpreter import poisoned_allocations
 

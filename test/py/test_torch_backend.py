@@ -19,8 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
-from frontend.backend import HostirFallbackWarning
-from runtime.launch import run_on_local_ranks
+from hostir.frontend.backend import HostirFallbackWarning
+from hostir.runtime.launch import run_on_local_ranks
 
 
 def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -313,7 +313,7 @@ def _layer_on_gpu() -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from frontend.backend import compiled_graphs
+    from hostir.frontend.backend import compiled_graphs
 
     world, rank = dist.get_world_size(), dist.get_rank()
     device = rank_device()

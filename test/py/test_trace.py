@@ -24,11 +24,11 @@ from examples.reference_fusions import ag_linear
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC
 from hostir_dialect.text import print_module
-from runtime.communicator import Communicator
-from runtime.launch import run_on_local_ranks
-from runtime.program import Program
-from runtime.reference import random_inputs, shard
-from runtime.trace import Interval, trace_run
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.launch import run_on_local_ranks
+from hostir.runtime.program import Program
+from hostir.runtime.reference import random_inputs, shard
+from hostir.runtime.trace import Interval, trace_run
 from test_hir_run import SCRIPT, clean_environment
 
 STREAM_ITERATIONS = 3

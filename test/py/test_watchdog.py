@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from runtime import watchdog as watchdog_module
-from runtime.watchdog import Watchdog
+from hostir.runtime import watchdog as watchdog_module
+from hostir.runtime.watchdog import Watchdog
 
 
 class Flag:
