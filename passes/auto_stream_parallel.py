@@ -229,6 +229,7 @@ class PipelineMatmulIntoReduction(RewritePattern):
         # axis: pointwise ops (a bias, the sum of several GEMMs) whose operands of the
         # chunks' extent are all computed so too.
         chain: list[tuple[SSAValue, int]] = []
+        matmuls = 0
         pending = [(op.input, input_map.index(axis))]
         while pending:
             value, value_axis = pending.pop()
@@ -243,6 +244,7 @@ class PipelineMatmulIntoReduction(RewritePattern):
                     # Its M axis would be the rows of each destination, not chunks of them,
                     # and a batched matmul of slices of M is no slice of the product.
                     return _declined(op, "the chunk axis is not a batch axis of the matmul's left operand")
+                matmuls += 1
                 continue
             if not isinstance(producer, POINTWISE):
                 return _declined(op, f"{_owner_name(value)} computes the reduced tensor, not a matmul")
@@ -252,6 +254,8 @@ class PipelineMatmulIntoReduction(RewritePattern):
                 for operand, axis_map in operand_axis_maps(producer)
                 if value_axis in axis_map and tensor_type(operand).get_shape()[axis_map.index(value_axis)] == extent
             ]
+        if not matmuls:
+            return _declined(op, "no matmul computes the reduced tensor")
         copies = [_make_stream(rewriter, value, value_axis) for value, value_axis in chain]
         # The reduction's readers read the whole, after the loop: one that keeps the axis
         # may share a fused kernel with one that reduces it, which stream-parallel refuses.
