@@ -143,8 +143,9 @@ class Importer:
         self.name = name
         self.chunks_of = chunks_of
         self.collective_chunks: dict[torch.fx.Node, int] = {}
-        self.flattened: dict[tuple[SSAValue, tuple[int, ...], tuple[int, ...] | None], Value] = {}
         """The chunk count of each reduce-scatter or all-reduce that reads chunked GEMMs."""
+        self.flattened: dict[tuple[SSAValue, tuple[int, ...], tuple[int, ...] | None], Value] = {}
+        """The FX-shaped copy of each value that a reader needed flat."""
         self.mesh = self._mesh()
         self.devices = len(self.mesh)
         self.block = Block()
