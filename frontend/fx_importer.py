@@ -294,6 +294,19 @@ class Importer:
         piece = self._aten_view("aten.reshape.default", piece, list(local), local, value)
         return Value(piece, value.shape, value.dtype, value.varying, local)
 
+    def regrouped(self, value: Value, shape: tuple[int, ...], size: int, dim: int) -> Value:
+        """`value` (flat) read in `shape`, axis `dim` cut into pieces of `size` and the
+        pieces' axis moved first (a view): the piece of a product whose rows a
+        reduce-scatter regroups (sequence parallelism with several sequences); the FX
+        tensor is that piece permuted back (`order`)."""
+        fine = (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
+        permutation = (dim, *(axis for axis in range(len(fine)) if axis != dim))
+        local = tuple(fine[axis] for axis in permutation)
+        viewed = self.with_piece(value, fine)
+        piece = self._aten_view("aten.permute.default", viewed.ssa, list(permutation), local, value)
+        order = tuple(permutation.index(axis) for axis in range(len(permutation)))
+        return Value(piece, value.shape, value.dtype, value.varying, local, order)
+
     def _aten_view(self, target: str, piece: SSAValue, argument: list[int], local: tuple[int, ...], like: Value) -> SSAValue:
         call = encode_call([piece, argument], {}, lambda v: 0 if v is piece else None)
         op = self.emit(fusion.AtenOp(target, call, [piece], [self.tensor_type(local, like.dtype, like.varying)]))
@@ -549,6 +562,36 @@ def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
     )
 
 
+def _regrouped_reader(node: torch.fx.Node) -> tuple[tuple[int, ...], int, int] | None:
+    """`(shape, size, dim)` where the one reader of the product `node`, through reshapes to
+    `shape` (the rows in its leading axes), is `cat(split(., size, dim), 0)` of several
+    sequences, which a reduce-scatter reads: the rows regrouped by destination."""
+    current = node
+    while len(current.users) == 1:
+        (reader,) = current.users
+        if reader.target in RESHAPES:
+            current = reader
+            continue
+        if reader.target is not aten.split.Tensor:
+            return None
+        cats = {user for piece in reader.users for user in piece.users}
+        if len(cats) != 1:
+            return None
+        (cat,) = cats
+        split = _split_pieces(cat)
+        cat_dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+        collective = _collective_reader(cat)
+        if split is None or split[0] is not current or cat_dim != 0 or _concatenated_split(cat) is not None:
+            return None
+        if collective is None or collective.target is not c10d.reduce_scatter_tensor.default:
+            return None
+        shape = tuple(current.meta["val"].shape)
+        if math.prod(shape[:-1]) != node.meta["val"].shape[0] or split[2] == len(shape) - 1:
+            return None
+        return shape, split[1], split[2]
+    return None
+
+
 def _same_shapes(node: torch.fx.Node) -> bool:
     """Whether every argument of `node` is a tensor of its result's shape."""
     shape = _result(node).shape
@@ -647,6 +690,10 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     varying = importer.varies(lhs, rhs)
     chunks = importer.pipeline_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
     gathered = isinstance(lhs.ssa.owner, fusion.SetOp) and _squeezed(lhs.local_shape) != _squeezed(lhs.shape)
+    regrouping = _regrouped_reader(node) if varying and len(lhs.shape) == 2 and not gathered else None
+    if regrouping is not None and lhs.is_flat:
+        shape, size, dim = regrouping
+        lhs = importer.regrouped(lhs, (*shape[:-1], lhs.shape[-1]), size, dim)
     if chunks and not gathered and lhs.order is None:
         # The pieces of an all-gather read right here keep their axis, or its ring would
         # not reach this matmul; any other piece takes the chunks (a view of it).
