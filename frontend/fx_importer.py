@@ -299,7 +299,7 @@ class Importer:
         pieces' axis moved first (a view): the piece of a product whose rows a
         reduce-scatter regroups (sequence parallelism with several sequences); the FX
         tensor is that piece permuted back (`order`)."""
-        fine = (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
+        fine = _cut(shape, dim, size)
         permutation = (dim, *(axis for axis in range(len(fine)) if axis != dim))
         local = tuple(fine[axis] for axis in permutation)
         viewed = self.with_piece(value, fine)
@@ -485,6 +485,11 @@ def _reshape(importer: Importer, node: torch.fx.Node) -> Value:
     return importer.arg(node.args[0]).reshaped(tuple(_result(node).shape))
 
 
+def _cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
+    """`shape` with axis `dim` cut into (pieces, `size`): what `split(x, size, dim)` reads."""
+    return (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
+
+
 def _split_pieces(node: torch.fx.Node) -> tuple[torch.fx.Node, int, int] | None:
     """`(x, size, dim)` where `node` is `cat` of every piece of `split(x, size, dim)`, in order."""
     pieces = node.args[0]
@@ -537,7 +542,7 @@ def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
     cat_dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(value.shape)
     # The FX tensor with the split axis cut into (pieces, size): a permutation of that
     # moves the pieces' axis before the concatenated one.
-    fine = (*value.shape[:split_dim], value.shape[split_dim] // size, size, *value.shape[split_dim + 1 :])
+    fine = _cut(value.shape, split_dim, size)
     if value.order is None:
         base = tuple(range(len(fine)))
         if value.local_shape != fine:
@@ -733,18 +738,15 @@ def _pointwise(importer: Importer, node: torch.fx.Node, op_class: type, operands
     ]
     if not all(isinstance(v, Value) for v in values) or any(v.dtype in CARRIERS for v in values):
         return None
-    model = _shared_piece(values, tuple(result.shape))
+    shape = tuple(result.shape)
+    model = _shared_piece(values, shape)
     if model is None:
         values = [importer.flat(v) for v in values]
-        local, order = tuple(result.shape), None
-    else:
-        local, order = model.local_shape, model.order
     values = [importer.cast(v, result.dtype) for v in values]
-    varying = importer.varies(*values)
-    ssa = [importer.aligned(v, len(local)) for v in values]
-    op = importer.emit(op_class(*ssa, importer.tensor_type(local, result.dtype, varying)))
-    op.results[0].name_hint = _name(node)
-    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local, order)
+    layout = () if model is None else (model.local, model.order)
+    out = Pointwise(importer, shape, result.dtype, *layout)(op_class, *values)
+    out.ssa.name_hint = _name(node)
+    return out
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -817,22 +819,31 @@ SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 GELU_TANH_KAPPA = 0.044715
 
 
+@dataclass
 class Pointwise:
-    """Fusion ops on values of one piece shape, for an ATen activation written as the
-    composition of fusion ops that ATen's kernel computes (so that it joins the pointwise
-    run around it in one generated kernel, where a `fusion.aten` would cut the run)."""
+    """Emits pointwise fusion ops whose results are FX tensors of `shape` and `dtype` held
+    in one piece layout (`local`, `order`, as a `Value`'s): an ATen pointwise op, or an
+    activation written as the fusion ops that ATen's kernel computes (so that it joins
+    the pointwise run around it in one generated kernel, where a `fusion.aten` would cut
+    the run)."""
 
-    def __init__(self, importer: Importer, like: Value):
-        self.importer, self.like = importer, like
+    importer: Importer
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    local: tuple[int, ...] | None = None
+    order: tuple[int, ...] | None = None
+
+    @classmethod
+    def like(cls, importer: Importer, value: Value) -> Pointwise:
+        return cls(importer, value.shape, value.dtype, value.local, value.order)
 
     def __call__(self, op_class: type, *operands: Value | float) -> Value:
-        like = self.like
-        values = [o if isinstance(o, Value) else self.importer.scalar(o, like.dtype) for o in operands]
+        values = [o if isinstance(o, Value) else self.importer.scalar(o, self.dtype) for o in operands]
+        local = self.shape if self.local is None else self.local
         varying = self.importer.varies(*values)
-        ssa = [self.importer.aligned(v, len(like.local_shape)) for v in values]
-        result_type = self.importer.tensor_type(like.local_shape, like.dtype, varying)
-        op = self.importer.emit(op_class(*ssa, result_type))
-        return Value(op.results[0], like.shape, like.dtype, varying, like.local, like.order)
+        ssa = [self.importer.aligned(v, len(local)) for v in values]
+        op = self.importer.emit(op_class(*ssa, self.importer.tensor_type(local, self.dtype, varying)))
+        return Value(op.results[0], self.shape, self.dtype, varying, self.local, self.order)
 
 
 def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
@@ -851,7 +862,7 @@ def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
             values = [importer.flat(v) for v in values]
         wide = OPMATH.get(result.dtype, result.dtype)
         values = [importer.cast(v, wide) for v in values]
-        composed = compose(Pointwise(importer, values[0]), *values, *node.args[tensors:], **node.kwargs)
+        composed = compose(Pointwise.like(importer, values[0]), *values, *node.args[tensors:], **node.kwargs)
         if composed is None:
             return None
         out = importer.cast(composed, result.dtype)

@@ -93,7 +93,7 @@ def run_steps(steps: list[Step], env: Environment, context: RunContext) -> None:
         ) from error
 
 
-def _buffer_root(value: SSAValue, axis: int = 0) -> tuple[SSAValue, int]:
+def buffer_root(value: SSAValue, axis: int = 0) -> tuple[SSAValue, int]:
     """The buffer that `value` is a view of (`value` itself unless made by alias_select),
     and the axis of that buffer that `axis` of `value` is."""
     while isinstance(value, OpResult) and isinstance(value.op, hir.AliasSelectOp):
@@ -114,7 +114,7 @@ class Preparation:
         self.views: dict[SSAValue, list[SSAValue]] = defaultdict(list)
         for op in function.walk():
             if isinstance(op, hir.AliasSelectOp):
-                self.views[_buffer_root(op.result)[0]].append(op.result)
+                self.views[buffer_root(op.result)[0]].append(op.result)
 
     def slot(self, value: SSAValue) -> int:
         return self.slots.setdefault(value, len(self.slots))
@@ -145,7 +145,7 @@ class Preparation:
 
     def check_writable(self, op: Operation, buffer: SSAValue) -> None:
         """Refuses an op that would write into one of the program's inputs (or a view of one)."""
-        root, _ = _buffer_root(buffer)
+        root, _ = buffer_root(buffer)
         if self.is_input(root):
             raise HostirError.at(
                 op,
@@ -390,7 +390,7 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
         prep.constant(op.result, buffer_type.mesh.size)
         return None
     result = prep.slot(op.result)
-    root, root_axis = _buffer_root(op.buffer, axis)
+    root, root_axis = buffer_root(op.buffer, axis)
     if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):
         dynamic_axes = [a for a, e in enumerate(fusion.tensor_type(root).get_shape()) if e == DYNAMIC]
         size = prep.slot(root.op.dynamic_sizes[dynamic_axes.index(root_axis)])

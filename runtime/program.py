@@ -32,7 +32,7 @@ from hostir.passes import DEFAULT_PIPELINE, available_passes
 from hostir.passes.driver import parse_pass_pipeline, run_passes
 from hostir.runtime.communicator import Communicator
 from hostir.runtime.fusion_eval import torch_dtype
-from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, _buffer_root
+from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, buffer_root
 from hostir.runtime.reference import full_shape
 from hostir.runtime.streams import configured_num_streams, stream_pool
 
@@ -312,7 +312,7 @@ class Program:
             return type.get_shape()[axis]
         if type.didx_axis == axis:
             return type.mesh.size
-        root, root_axis = _buffer_root(buffer, axis)
+        root, root_axis = buffer_root(buffer, axis)
         if root is not buffer:
             return self._known_extent(root, root_axis, shapes)
         if isinstance(buffer, BlockArgument) and buffer.owner is self.host.body.block:
