@@ -407,17 +407,14 @@ class Importer:
         many = isinstance(results, (tuple, list))
         result_list = list(results) if many else [results]
         varying = self.varies(*operands)
-        tensor_types = [
-            self.tensor_type(tuple(r.shape), r.dtype, varying)
-            for r in result_list
-            if isinstance(r, torch.Tensor)
-        ]
+        returns = [i for i, r in enumerate(result_list) if isinstance(r, torch.Tensor)]
         op = self.emit(
             fusion.AtenOp(
                 f"{target.namespace}.{target._opname}.{target._overloadname}",
                 call,
                 [v.ssa for v in operands],
-                tensor_types,
+                [self.tensor_type(tuple(result_list[i].shape), result_list[i].dtype, varying) for i in returns],
+                returns if returns != list(range(len(result_list))) else None,
             )
         )
         tensors = iter(op.results)

@@ -1009,6 +1009,20 @@ class LinearOp(FusionOp):
         super().verify_()
 
 
+def check_returns(target: str, returns: DenseArrayBase | None, count: int, what: str) -> None:
+    """The `returns` of an ATen op name one distinct position of ATen's tuple per `what`."""
+    if returns is None:
+        return
+    positions = returns.get_values()
+    if len(positions) != count:
+        raise VerifyException(
+            f"{target}: 'returns' names {len(positions)} of ATen's results, but the op has {count} "
+            f"{what}{'' if count == 1 else 's'}"
+        )
+    if any(p < 0 for p in positions) or len(set(positions)) != len(positions):
+        raise VerifyException(f"{target}: the positions in 'returns' must be distinct and not negative")
+
+
 @irdl_op_definition
 class AtenOp(FusionOp):
     """An ATen op that hostir does not model, run by torch on each device's local pieces.
@@ -1020,6 +1034,11 @@ class AtenOp(FusionOp):
     `i`'s local piece (docs/frontend.md lists the other encodings). It is what keeps
     every graph that torch.compile hands hostir compilable: the op computes exactly
     what ATen computes, and only blocks pipelining across itself.
+
+    The results are what ATen returns: the one tensor, or each item of the tuple. When
+    ATen's tuple holds more (flash attention's sequence lengths, or a tensor that one
+    kernel leaves undefined), `returns [0, 1, 6, 7]` names the items that are
+    the results, by position; one that a run finds undefined leaves its result unwritten.
 
     The sharding rule that makes a call on local pieces correct: every operand and
     result lives on one mesh and is either replicated (no `didx` axis: the whole tensor
@@ -1035,22 +1054,31 @@ class AtenOp(FusionOp):
     outputs = var_result_def(TensorType)
     target = prop_def(StringAttr)
     call = prop_def(StringAttr)
+    returns = opt_prop_def(DenseArrayBase[I64])
 
-    assembly_format = "$target `(` $inputs `)` `call` $call attr-dict `:` functional-type($inputs, $outputs)"
+    assembly_format = (
+        "$target `(` $inputs `)` `call` $call (`returns` $returns^)? attr-dict "
+        "`:` functional-type($inputs, $outputs)"
+    )
 
     def __init__(
-        self, target: str, call: str, inputs: Sequence[SSAValue], result_types: Sequence[TensorType]
+        self,
+        target: str,
+        call: str,
+        inputs: Sequence[SSAValue],
+        result_types: Sequence[TensorType],
+        returns: Sequence[int] | None = None,
     ):
-        super().__init__(
-            operands=[inputs],
-            result_types=[result_types],
-            properties={"target": StringAttr(target), "call": StringAttr(call)},
-        )
+        properties: dict[str, Attribute] = {"target": StringAttr(target), "call": StringAttr(call)}
+        if returns is not None:
+            properties["returns"] = DenseArrayBase.from_list(i64, returns)
+        super().__init__(operands=[inputs], result_types=[result_types], properties=properties)
 
     def verify_(self) -> None:
         values = [*self.inputs, *self.outputs]
         if not self.outputs:
             raise VerifyException(f"fusion.aten {self.target.data} must have at least one result")
+        check_returns(self.target.data, self.returns, len(self.outputs), "result")
         meshes = {tensor_type(value).mesh for value in values}
         if len(meshes) > 1:
             raise VerifyException(

@@ -67,6 +67,7 @@ from hostir_dialect.fusion import (
     DeviceMeshAttr,
     TensorType,
     UnaryOp,
+    check_returns,
     normalize_axes,
     parse_device_list_checked,
     print_device_list,
@@ -1042,6 +1043,8 @@ class AtenOp(ComputeOp):
     results written into `outs` (a varying buffer's device axis dropped, as in the fusion).
 
     `hir.aten "aten.gelu.default" call "[[{'operand': 0}], {}]" ins(%a : T) outs(%b : T)`
+
+    `returns`, as in `fusion.aten`, names the items of ATen's tuple that fill `outs`.
     """
 
     name = "hir.aten"
@@ -1049,14 +1052,29 @@ class AtenOp(ComputeOp):
 
     target = prop_def(StringAttr)
     call = prop_def(StringAttr)
+    returns = opt_prop_def(DenseArrayBase[I64])
 
     assembly_format = (
-        "$target `call` $call `ins` `(` ($ins^ `:` type($ins))? `)` "
+        "$target `call` $call (`returns` $returns^)? `ins` `(` ($ins^ `:` type($ins))? `)` "
         "`outs` `(` $outs `:` type($outs) `)` attr-dict"
     )
 
-    def __init__(self, target: StringAttr, call: StringAttr, ins: Sequence[SSAValue], outs: Sequence[SSAValue]):
-        super().__init__(ins, outs, {"target": target, "call": call})
+    def __init__(
+        self,
+        target: StringAttr,
+        call: StringAttr,
+        ins: Sequence[SSAValue],
+        outs: Sequence[SSAValue],
+        returns: DenseArrayBase | None = None,
+    ):
+        properties: dict[str, Attribute] = {"target": target, "call": call}
+        if returns is not None:
+            properties["returns"] = returns
+        super().__init__(ins, outs, properties)
+
+    def verify_(self) -> None:
+        super().verify_()
+        check_returns(self.target.data, self.returns, len(self.outs), "out")
 
 
 class SegmentCallee(SymbolUserOpInterface):

@@ -322,7 +322,7 @@ class LowerAten(BufferLowering):
 
     def fill(self, op: fusion.AtenOp, outs: Sequence[SSAValue]) -> list[Operation]:
         require_local(op)
-        return [hir.AtenOp(op.target, op.call, op.inputs, outs)]
+        return [hir.AtenOp(op.target, op.call, op.inputs, outs, op.returns)]
 
 
 class LowerLocalReduction(BufferLowering):

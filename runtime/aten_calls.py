@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from xdsl.dialects.builtin import DenseArrayBase
+
 from hostir_dialect.text import HostirError
 
 _NAMED_KINDS: dict[str, tuple[type, Callable[[str], Any]]] = {
@@ -146,11 +148,22 @@ def carried(result: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return result.view(out.dtype) if CARRIERS.get(result.dtype) == out.dtype else result
 
 
-def tensor_results(result: Any) -> list[Any]:
-    """The tensors among the results of an ATen call, in order: the results of its `fusion.aten`.
+def returned(target: str, result: Any, returns: DenseArrayBase | None, count: int) -> list[torch.Tensor | None]:
+    """The results of an ATen call that its op's `count` results take: the items of the
+    tuple at `returns`, or the whole result (one tensor, or every item of the tuple).
 
-    An ATen op may also return integers (the sequence lengths of flash attention); those
-    stay out of the IR, and the importer passes their values on as constants.
+    An item may be None where the graph's trace had a tensor: a kernel that leaves a
+    result undefined (a log-sum-exp an inference call does not need), which no op reads.
     """
-    results = list(result) if isinstance(result, (tuple, list)) else [result]
-    return [r for r in results if isinstance(r, torch.Tensor)]
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    if returns is not None:
+        positions = returns.get_values()
+        if max(positions) >= len(items):
+            raise HostirError(f"{target} returned {len(items)} results, but 'returns' names position {max(positions)}")
+        items = [items[p] for p in positions]
+    if len(items) != count:
+        raise HostirError(f"{target} returned {len(items)} results for {count}; name them with 'returns'")
+    for item in items:
+        if item is not None and not isinstance(item, torch.Tensor):
+            raise HostirError(f"{target} returned a {type(item).__name__} where a tensor was expected")
+    return items

@@ -212,7 +212,9 @@ def local_pieces(values: Sequence) -> list[bool]:
 @handles(hir.AtenOp)
 def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     """The ATen op on the local pieces. An out that is a whole buffer of the program
-    (`hir.allocate`) becomes ATen's result itself; any other out gets the result copied in.
+    (`hir.allocate`, not symmetric) becomes ATen's result itself; any other out gets the
+    result copied in: a slice of a larger buffer, and a symmetric buffer, whose memory
+    peers map.
 
     Adopting the result keeps what ATen gives the next ATen op: a view stays a view (a
     copy would move every byte of a weight's transpose, every step), and a result keeps
@@ -222,9 +224,13 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     never written through. The buffer the program allocated for an adopted out is
     dropped unused.
     """
-    call = aten_calls.prepare_call(op.target.data, op.call.data)
+    target = op.target.data
+    call = aten_calls.prepare_call(target, op.call.data)
     varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
-    adopted = [isinstance(out, OpResult) and isinstance(out.op, hir.AllocateOp) for out in op.outs]
+    adopted = [
+        isinstance(out, OpResult) and isinstance(out.op, hir.AllocateOp) and out.op.symmetric is None
+        for out in op.outs
+    ]
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
@@ -234,8 +240,10 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
         if context.rank not in mesh:
             return
         operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
-        results = aten_calls.tensor_results(call(operands, context.device))
+        results = aten_calls.returned(target, call(operands, context.device), op.returns, len(outs))
         for slot, result, varies, adopt in zip(outs, results, varying_outs, adopted, strict=True):
+            if result is None:
+                continue
             result = aten_calls.carried(result, env[slot])
             if adopt:
                 env[slot] = result.unsqueeze(0) if varies else result

@@ -69,20 +69,31 @@ def _reduction(torch_function: Callable[..., torch.Tensor]):
 
 
 def _aten(op: fusion.AtenOp, *inputs: torch.Tensor) -> list[torch.Tensor]:
-    """The ATen op on whole tensors: once per device along the device axis of varying ones."""
-    call = aten_calls.prepare_call(op.target.data, op.call.data)
+    """The ATen op on whole tensors: once per device along the device axis of varying ones.
+    A result that ATen leaves undefined is zeros."""
+    target = op.target.data
+    call = aten_calls.prepare_call(target, op.call.data)
     varying = [fusion.tensor_type(v).didx_axis == 0 for v in op.inputs]
     device = inputs[0].device if inputs else torch.device("cpu")
+
+    def results(operands: list[torch.Tensor]) -> list[torch.Tensor]:
+        returned = aten_calls.returned(target, call(operands, device), op.returns, len(op.outputs))
+        return [_defined(result, out, device) for result, out in zip(returned, op.outputs)]
+
     if not any(fusion.tensor_type(r).didx_axis == 0 for r in op.outputs):
-        return aten_calls.tensor_results(call(list(inputs), device))
+        return results(list(inputs))
     devices = fusion.tensor_type(op.outputs[0]).mesh.size
-    per_device = [
-        aten_calls.tensor_results(
-            call([x[d] if varies else x for x, varies in zip(inputs, varying)], device)
-        )
-        for d in range(devices)
-    ]
+    per_device = [results([x[d] if varies else x for x, varies in zip(inputs, varying)]) for d in range(devices)]
     return [torch.stack(pieces) for pieces in zip(*per_device)]
+
+
+def _defined(result: torch.Tensor | None, out: SSAValue, device: torch.device) -> torch.Tensor:
+    """`result`, or zeros of one device's piece of `out` where ATen left it undefined."""
+    if result is not None:
+        return result
+    out_type = fusion.tensor_type(out)
+    shape = out_type.get_shape()[1:] if out_type.didx_axis == 0 else out_type.get_shape()
+    return torch.zeros(shape, dtype=torch_dtype(out_type.element_type), device=device)
 
 
 POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {

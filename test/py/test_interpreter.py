@@ -315,6 +315,33 @@ def test_an_aten_result_keeps_atens_layout_and_a_slice_out_gets_a_copy(rng):
     assert both[0].isnan().all()  # the rest of the buffer is not written
 
 
+ATEN_RETURNS = f"""
+func.func @main(%g: {tensor([4, 6])}, %x: {tensor([4, 6])}, %mean: {tensor([4, 1])}, %rstd: {tensor([4, 1])}, %w: {tensor([6])}) -> ({tensor([4, 6])}, {tensor([6])}, {tensor([6])}, {tensor([4], "i64")}) {{
+  %gx = hir.allocate() : {tensor([4, 6])}
+  %gw = hir.allocate() : {tensor([6])}
+  %gb = hir.allocate() : {tensor([6])}
+  hir.aten "aten.native_layer_norm_backward.default" call "[[{{'operand': 0}}, {{'operand': 1}}, [6], {{'operand': 2}}, {{'operand': 3}}, {{'operand': 4}}, {{'operand': 4}}, [True, False, True]], {{}}]" returns [0, 1, 2] ins(%g, %x, %mean, %rstd, %w : {tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 1])}, {tensor([4, 1])}, {tensor([6])}) outs(%gx, %gw, %gb : {tensor([4, 6])}, {tensor([6])}, {tensor([6])})
+  %where = hir.allocate() : {tensor([4], "i64")}
+  hir.aten "aten.max.dim" call "[[{{'operand': 0}}, 1], {{}}]" returns [1] ins(%x : {tensor([4, 6])}) outs(%where : {tensor([4], "i64")})
+  func.return %gx, %gw, %gb, %where : {tensor([4, 6])}, {tensor([6])}, {tensor([6])}, {tensor([4], "i64")}
+}}
+"""
+
+
+def test_aten_returns_picks_results_by_position_and_an_undefined_one_stays_unwritten(rng):
+    """`returns` names the items of ATen's tuple that fill the outs: the indices alone of
+    `max.dim`; the layer norm backward's three gradients, of which the masked-off weight
+    gradient is an undefined tensor (None) that leaves its out as it was."""
+    g, x, w = (torch.randn(*shape, generator=rng) for shape in ((4, 6), (4, 6), (6,)))
+    mean, rstd = x.mean(1, keepdim=True), x.var(1, unbiased=False, keepdim=True).add(1e-5).rsqrt()
+    gx, gw, gb, where = run_host(ATEN_RETURNS, [g, x, mean, rstd, w])
+    expected = torch.ops.aten.native_layer_norm_backward(g, x, [6], mean, rstd, w, w, [True, False, True])
+    torch.testing.assert_close(gx, expected[0])
+    assert gw.isnan().all()
+    torch.testing.assert_close(gb, expected[2])
+    assert torch.equal(where, x.argmax(1))
+
+
 DEALLOCATION = f"""
 func.func @main(%x: {tensor([64])}) -> {tensor([64])} {{
   %c0 = arith.constant 0 : index

@@ -87,6 +87,8 @@ SNIPPETS: dict[str, list[str]] = {
         f" : ({A}) -> {A}",
         f"%p:2 = fusion.aten \"aten.var_mean.correction\"(%m) call \"[[{{'operand': 0}}, [1]], {{}}]\""
         f" : ({M}) -> ({V}, {V})",
+        f"%q = fusion.aten \"aten.max.dim\"(%m) call \"[[{{'operand': 0}}, 1], {{}}]\" returns [0]"
+        f" : ({M}) -> {V}",
     ],
     "hir.allocate": [
         f"%n = hir.dim %a, 0 : {A}",
@@ -118,6 +120,8 @@ SNIPPETS: dict[str, list[str]] = {
         f"hir.aten \"aten.t.default\" call \"[[{{'operand': 0}}], {{}}]\" ins(%m : {M}) outs(%m : {M}) ATTRS",
         f"hir.aten \"aten.var_mean.correction\" call \"[[{{'operand': 0}}, [1]], {{}}]\" ins(%m : {M})"
         f" outs(%v, %v : {V}, {V})",
+        f"hir.aten \"aten.max.dim\" call \"[[{{'operand': 0}}, 1], {{}}]\" returns [0] ins(%m : {M})"
+        f" outs(%v : {V})",
     ],
     "hir.pointwise": [
         f'hir.pointwise "add" ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS',

@@ -228,6 +228,27 @@ def test_an_op_hostir_does_not_model_runs_as_aten():
     assert "fusion.mul" in dump.getvalue() and "fusion.add" in dump.getvalue()
 
 
+def test_an_aten_op_whose_tuple_holds_more_than_its_results_names_them():
+    """layer_norm without weights: its backward returns the input gradient and two
+    undefined tensors (None); the op's one result is item 0 of ATen's tuple."""
+
+    def f(x):
+        return F.layer_norm(x, (6,)) * x
+
+    x = torch.randn(4, 6)
+    compiled_x, eager_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir")(compiled_x)
+        out.backward(torch.ones_like(out))
+    expected = f(eager_x)
+    expected.backward(torch.ones_like(expected))
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(compiled_x.grad, eager_x.grad)
+    assert '"aten.native_layer_norm_backward.default"' in dump.getvalue()
+    assert "returns [0] :" in dump.getvalue()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_activations_and_their_gradients_are_one_fused_pointwise_run(dtype):
     """gelu (exact and tanh), silu and their backward ops are imported as the fusion ops
@@ -306,8 +327,9 @@ def test_an_unknown_option_is_refused():
         torch.compile(lambda x: x + 1, backend="hostir", options={"chunk": 4})(torch.randn(2))
 
 
-def _layer_on_gpu() -> dict:
-    """The layer in bf16 on this rank's GPU with NCCL: one step against eager DTensor, and
+def _layer_on_gpu(backend: str) -> dict:
+    """The layer in bf16 on this rank's GPU, its collectives on NCCL or the copy engines:
+    three training steps and three forwards under no_grad against eager DTensor, and
     whether its programs replayed as CUDA graphs."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -324,10 +346,12 @@ def _layer_on_gpu() -> dict:
         layer = DecoderLayer().to(device, torch.bfloat16)
         layer.load_state_dict(reference.state_dict())
         layers.append(parallelize(layer, mesh))
-    compiled = torch.compile(layers[0], backend="hostir")
+    compiled = torch.compile(layers[0], backend="hostir", options={"backend": backend})
     errors = {}
     for step in range(3):
         x = torch.randn(2, 32, 64, dtype=torch.bfloat16).chunk(world, dim=1)[rank].to(device)
+        with torch.no_grad():
+            errors[f"inference output {step}"] = _max_error(compiled(x).float(), layers[1](x).float())
         out, expected = compiled(x), layers[1](x)
         out.float().square().sum().backward()
         expected.float().square().sum().backward()
@@ -348,11 +372,11 @@ def _layer_on_gpu() -> dict:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: NCCL ranks and CUDA graphs")
-@pytest.mark.parametrize("world", [1, 2])
-def test_decoder_layer_on_gpus_with_nccl_and_graph_replay(world):
+@pytest.mark.parametrize(("world", "backend"), [(1, "nccl"), (2, "nccl"), (2, "cuda")])
+def test_decoder_layer_on_gpus_with_graph_replay(world, backend):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
-    for rank, result in enumerate(run_on_local_ranks(_layer_on_gpu, world, timeout_s=600)):
+    for rank, result in enumerate(run_on_local_ranks(_layer_on_gpu, world, backend, timeout_s=600)):
         bad = {what: error for what, error in result["errors"].items() if error > 3e-2}
         assert not bad, f"rank {rank}: {bad}"
         assert result["replayed"] and all(result["replayed"]), f"rank {rank}: {result['replayed']}"

@@ -230,3 +230,19 @@ func.func @operand_not_a_tensor(%i: index) {
   %y = "fusion.neg"(%i) : (index) -> !fusion.tensor<[4], f32>
   func.return
 }
+
+// -----
+
+func.func @aten_returns_count(%x: !fusion.tensor<[4, 8], f32>) {
+  // expected-error@+1 {{aten.max.dim: 'returns' names 2 of ATen's results, but the op has 1 result}}
+  %y = fusion.aten "aten.max.dim"(%x) call "[[{'operand': 0}, 1], {}]" returns [0, 1] : (!fusion.tensor<[4, 8], f32>) -> !fusion.tensor<[4], f32>
+  func.return
+}
+
+// -----
+
+func.func @aten_returns_repeated(%x: !fusion.tensor<[4, 8], f32>) {
+  // expected-error@+1 {{aten.max.dim: the positions in 'returns' must be distinct and not negative}}
+  %y:2 = fusion.aten "aten.max.dim"(%x) call "[[{'operand': 0}, 1], {}]" returns [0, 0] : (!fusion.tensor<[4, 8], f32>) -> (!fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>)
+  func.return
+}

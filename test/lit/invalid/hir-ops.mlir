@@ -267,3 +267,11 @@ func.func @not_a_buffer(%i: index) {
   "hir.deallocate"(%i) : (index) -> ()
   func.return
 }
+
+// -----
+
+func.func @aten_returns_count(%x: !fusion.tensor<[4, 8], f32>, %y: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{aten.max.dim: 'returns' names 1 of ATen's results, but the op has 2 outs}}
+  hir.aten "aten.max.dim" call "[[{'operand': 0}, 1], {}]" returns [0] ins(%x : !fusion.tensor<[4, 8], f32>) outs(%y, %y : !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>)
+  func.return
+}
