@@ -3,7 +3,8 @@
 Each public `func.func` holding fusion ops is rewritten in place into a host program
 with the same name and signature, as `docs/design.md` ("Host programs") describes:
 
-* a maximal run of pointwise ops becomes a `func.func private @<host>_segment_<k>` of
+* a maximal run of pointwise ops over one iteration space (their results' shapes
+  broadcast together) becomes a `func.func private @<host>_segment_<k>` of
   fusion ops and one `hir.launch_kernel` of it (`hir.post_on_stream` for a run of
   broadcasts, which only moves data: nvFuser's HostUnit);
 * a set or a reduction that reshards becomes the communication that
@@ -39,11 +40,19 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
 )
 from xdsl.rewriter import InsertPoint
+from xdsl.utils.exceptions import VerifyException
 from xdsl.traits import SymbolTable
 from xdsl.transforms.dead_code_elimination import dce
 
 from hostir_dialect import fusion, hir
-from hostir_dialect.fusion import DYNAMIC, POINTWISE_OPS, FusionOp, tensor_type
+from hostir_dialect.fusion import (
+    DYNAMIC,
+    POINTWISE_OPS,
+    FusionOp,
+    broadcast_shapes,
+    shapes_compatible,
+    tensor_type,
+)
 from hostir_dialect.text import HostirError
 from hostir.passes.axis_mapping import operand_axis_maps
 from hostir.passes.copy_engine import peer_readable
@@ -200,6 +209,9 @@ class Extents:
 class OutlinePointwiseRun(RewritePattern):
     """A maximal run of consecutive pointwise ops -> a segment function and a `func.call` of it.
 
+    A kernel walks one iteration space, and writes each output at every point of it,
+    so a run is cut where that does not hold (`kernel_run`); the next run starts there.
+
     The segment takes the values the run reads from outside and returns those used
     after it. A constant that only pointwise ops use stays where it is and each
     segment that reads it recomputes it, so no kernel exists to compute a scalar; it
@@ -210,9 +222,7 @@ class OutlinePointwiseRun(RewritePattern):
         function = host_function(op)
         if function is None or not is_pointwise(op) or is_pointwise(op.prev_op):
             return
-        run = [op]
-        while is_pointwise(run[-1].next_op):
-            run.append(run[-1].next_op)
+        run = kernel_run(op)
         moved = [o for o in run if not is_recomputed(o)]
         if not moved:
             return
@@ -254,6 +264,44 @@ class OutlinePointwiseRun(RewritePattern):
         for constant in constants:
             if constant.result.first_use is None:
                 rewriter.erase(constant)
+
+
+def kernel_run(first: Operation) -> list[Operation]:
+    """The consecutive pointwise ops from `first` that one kernel computes.
+
+    The run ends before an op whose result does not broadcast with those before it (two
+    independent computations side by side, say a weight's broadcast next to an
+    activation's backward); then it ends before the first op whose result is used after
+    the run but is smaller than the run's iteration space (a broadcast that a later
+    loop reads), which only a kernel of its own can write whole.
+    """
+    run, space = [first], _shape(first)
+    while is_pointwise(following := run[-1].next_op):
+        try:
+            space = broadcast_shapes(space, _shape(following))
+        except VerifyException:
+            break
+        run.append(following)
+    while (cut := _first_partial_output(run)) is not None:
+        run = run[: max(cut, 1)]
+    return run
+
+
+def _shape(op: Operation) -> tuple[int, ...]:
+    return tensor_type(op.results[0]).get_shape()
+
+
+def _first_partial_output(run: list[Operation]) -> int | None:
+    """The position of the first op in `run` whose result is used after it but does not
+    fill the run's iteration space; None if there is none."""
+    space = broadcast_shapes(*map(_shape, run))
+    in_run = set(run)
+    for i, op in enumerate(run):
+        shape = _shape(op)
+        used_after = any(use.operation not in in_run for use in op.results[0].uses)
+        if used_after and not is_recomputed(op) and not shapes_compatible(shape, space[len(space) - len(shape) :]):
+            return i
+    return None
 
 
 def is_recomputed(op: Operation | Block) -> bool:

@@ -18,8 +18,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from xdsl.traits import SymbolTable
+
 from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
+from hostir_dialect import fusion, hir
+from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import HostirFallbackWarning
+from hostir.runtime.fusion_eval import torch_dtype
+from hostir.runtime.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
 
 
@@ -97,6 +103,7 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
         assert not bad, f"rank {rank}: {bad}"
         assert len(result["errors"]) == 2 * (2 + len(list(DecoderLayer().parameters())))
     dump = results[0]["dump"]
+    assert not _unplannable_kernels(dump)
     # What hostir understood, and what it calls ATen for.
     assert "fusion.set" in dump and "fusion.sum" in dump and "fusion.matmul" in dump
     assert 'fusion.aten "aten._scaled_dot_product' in dump
@@ -183,6 +190,28 @@ def _loops(program: str) -> list[str]:
         for indent in sorted(set(re.findall(r"\n( *)scf\.for ", program)))
         for body in re.findall(rf"\n{indent}scf\.for [^\n]*\{{\n(.*?)\n{indent}\}}", program, re.S)
     ]
+
+
+def _unplannable_kernels(dump: str) -> list[str]:
+    """The fused segments of the dumped host programs whose kernel (the one a GPU runs)
+    cannot be planned on buffers of the shapes the launch declares, with the reason.
+    The plan needs no GPU: it is the iteration space, every buffer mapped onto it."""
+    problems = []
+    for program in dump.split("// hostir: the host program of graph ")[1:]:
+        module = parse_module(program.split("\n", 1)[1], "<dump>")
+        for launch in module.walk():
+            if not isinstance(launch, hir.LaunchKernelOp):
+                continue
+            buffers = [
+                torch.empty(fusion.tensor_type(v).local_shape(), dtype=torch_dtype(fusion.tensor_type(v).element_type))
+                for v in (*launch.ins, *launch.outs)
+            ]
+            segment = SymbolTable.lookup_symbol(launch, launch.callee)
+            try:
+                generated_source(segment, buffers[: len(launch.ins)], buffers[len(launch.ins) :])
+            except HostirError as error:
+                problems.append(str(error))
+    return problems
 
 
 def _mlp_programs(sequence_parallel: bool) -> list[str]:

@@ -109,3 +109,55 @@ func.func @broadcasts(%v: !fusion.tensor<[?], f32>, %w: !w) -> !fusion.tensor<[1
 // CHECK-NEXT:    %[[B:[^ ]+]] = hir.allocate(%[[N]]) : !fusion.tensor<[1, ?, 1], f32>
 // CHECK-NEXT:    hir.post_on_stream @broadcasts_segment_0 ins(%v : {{.*}}) outs(%[[B]] : {{.*}})
 // CHECK-NEXT:    func.return %[[B]]
+
+// A kernel walks one iteration space: a run is cut before an op whose result does not
+// broadcast with those before it (here a weight's broadcast next to an activation).
+
+!a = !fusion.tensor<[16, 12], f32>
+!v = !fusion.tensor<[12, 8], f32>
+
+func.func @two_spaces(%x: !a, %w: !v) -> (!fusion.tensor<[1, 12, 8], f32>, !a) {
+  %b = fusion.broadcast %w [0] : !v -> !fusion.tensor<[1, 12, 8], f32>
+  %s = fusion.sigmoid %x : !a -> !a
+  %y = fusion.mul %x, %s : (!a, !a) -> !a
+  func.return %b, %y : !fusion.tensor<[1, 12, 8], f32>, !a
+}
+
+// CHECK-LABEL: func.func private @two_spaces_segment_0(
+// CHECK-SAME:      %w: !fusion.tensor<[12, 8], f32>) -> !fusion.tensor<[1, 12, 8], f32> {
+// CHECK-NEXT:    %b = fusion.broadcast %w [0]
+// CHECK-NEXT:    func.return %b
+// CHECK-LABEL: func.func private @two_spaces_segment_1(
+// CHECK-SAME:      %x: !fusion.tensor<[16, 12], f32>) -> !fusion.tensor<[16, 12], f32> {
+// CHECK-NEXT:    %s = fusion.sigmoid %x
+// CHECK-NEXT:    %y = fusion.mul %x, %s
+// CHECK-NEXT:    func.return %y
+// CHECK-LABEL: func.func @two_spaces(
+// CHECK:         hir.post_on_stream @two_spaces_segment_0
+// CHECK:         hir.launch_kernel @two_spaces_segment_1
+
+// A value used after the run that is smaller than the run's space ends the run before
+// it: a kernel writes each output at every point of its space. The row's broadcast
+// gets a segment of its own, and the product starts the next run.
+
+!r = !fusion.tensor<[12], f32>
+
+func.func @smaller_output(%x: !a, %row: !r, %w: !fusion.tensor<[12, 4], f32>) -> (!a, !fusion.tensor<[1, 4], f32>) {
+  %b = fusion.broadcast %row [0] : !r -> !fusion.tensor<[1, 12], f32>
+  %y = fusion.mul %x, %b : (!a, !fusion.tensor<[1, 12], f32>) -> !a
+  %z = fusion.matmul %b, %w : (!fusion.tensor<[1, 12], f32>, !fusion.tensor<[12, 4], f32>) -> !fusion.tensor<[1, 4], f32>
+  func.return %y, %z : !a, !fusion.tensor<[1, 4], f32>
+}
+
+// CHECK-LABEL: func.func private @smaller_output_segment_0(
+// CHECK-SAME:      %row: !fusion.tensor<[12], f32>) -> !fusion.tensor<[1, 12], f32> {
+// CHECK-NEXT:    %b = fusion.broadcast %row [0]
+// CHECK-NEXT:    func.return %b
+// CHECK-LABEL: func.func private @smaller_output_segment_1(
+// CHECK-SAME:      -> !fusion.tensor<[16, 12], f32> {
+// CHECK-NEXT:    %y = fusion.mul %x, %b
+// CHECK-NEXT:    func.return %y
+// CHECK-LABEL: func.func @smaller_output(
+// CHECK:         hir.post_on_stream @smaller_output_segment_0
+// CHECK:         hir.launch_kernel @smaller_output_segment_1
+// CHECK:         hir.matmul
