@@ -32,7 +32,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -154,10 +154,19 @@ def _carried(tensor: torch.Tensor) -> torch.Tensor:
 class HostirGraph:
     """The callable that stands for one FX graph: compiles per set of input shapes, then runs."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, options: BackendOptions):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        options: BackendOptions,
+        parameters: Parameters | None = None,
+        forward: bool = True,
+    ):
         self.gm = gm
         self.name = name
         self.options = options
+        self.parameters = parameters or Parameters()
+        self.forward = forward
         self.compiled: dict[tuple, CompiledShapes | None] = {}
         """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
         _GRAPHS.add(self)
@@ -204,7 +213,9 @@ class HostirGraph:
             print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
         replayer = None
         if self.options.cuda_graphs and device.type == "cuda":
-            replayer = GraphReplayer(program, communicator)
+            parameters = self.parameters.among(args, self.forward)
+            static = [j for j, i in enumerate(imported.inputs) if i in parameters]
+            replayer = GraphReplayer(program, communicator, static_inputs=static)
         return CompiledShapes(imported, program, communicator, replayer)
 
 
@@ -226,15 +237,53 @@ def _graph_name(kind: str) -> str:
     return f"{kind}_{_graph_count}"
 
 
+@dataclass
+class Parameters:
+    """The parameters of one compiled module, which its forward and backward graphs take
+    as arguments at the same address every step: a CUDA graph replay reads them in place
+    (`GraphReplayer`'s static inputs), as inductor's CUDA graphs do."""
+
+    forward: frozenset[int] = frozenset()
+    """The forward graph's arguments that are parameters and buffers."""
+    storages: set[int] = field(default_factory=set)
+    """The addresses of their storages, from the forward's first call: a backward argument
+    in one of them (a weight's transpose that the forward saved) is a parameter too."""
+
+    def among(self, args: Sequence[Any], forward: bool) -> set[int]:
+        """The arguments of a call of the forward (`forward`) or backward graph that are parameters."""
+        if forward:
+            self.storages.update(args[i].untyped_storage().data_ptr() for i in self.forward)
+            return set(self.forward)
+        return {
+            i
+            for i, arg in enumerate(args)
+            if isinstance(arg, torch.Tensor) and arg.untyped_storage().data_ptr() in self.storages
+        }
+
+
+def _forward_parameters() -> frozenset[int]:
+    """The forward graph's arguments that are parameters and buffers, which every step
+    passes at the same address (aot_autograd's `static_input_indices`, as inductor's
+    CUDA graphs read them)."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.fw_metadata is None:
+        return frozenset()
+    return frozenset(context.fw_metadata.static_input_indices)
+
+
 def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None):
     """The `hostir` backend of torch.compile (registered under that name by the package's entry point)."""
     backend_options = BackendOptions.of(options)
     dump_kinds()
 
+    parameters = Parameters()
+
     def compiler(kind: str):
         def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
+            if kind == "forward":
+                parameters.forward = _forward_parameters()
             # aot_autograd's boxed convention: the arguments come as one list.
-            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options))
+            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options, parameters, kind == "forward"))
 
         return compile_graph
 

@@ -176,10 +176,69 @@ def _linear(op: hir.LinearOp, prep: Preparation) -> Step:
 
 @handles(hir.CopyOp)
 def _copy(op: hir.CopyOp, prep: Preparation) -> Step:
+    """The copy; or, where the source dies at the copy (`hands_over`), its out becomes the
+    source buffer itself, with no byte moved."""
+    if not hands_over(op, prep):
+        return _copy_step(op, prep)
+    prep.check_writable(op, op.outs[0])
+    source, out = prep.slot(op.ins[0]), prep.slot(op.outs[0])
+    mesh = mesh_of(op.outs[0])
+
+    def step(env: Environment, context: RunContext) -> None:
+        if context.rank in mesh:
+            env[out] = env[source]
+
+    return step
+
+
+def _copy_step(op: hir.CopyOp | hir.PointwiseOp, prep: Preparation) -> Step:
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         outs[0].copy_(ins[0])
 
     return _compute_step(op, prep, compute)
+
+
+def hands_over(op: hir.CopyOp, prep: Preparation) -> bool:
+    """Whether the copy's out may be its source buffer itself: both are whole buffers of
+    the program (`hir.allocate`, not symmetric) of one local shape and element type,
+    allocated in the copy's block, and neither the source nor a view of it is used after
+    the copy but by `hir.deallocate`, nor the out before it.
+
+    That is the whole copy that a pipelined loop's result gets for the readers after the
+    loop (`auto-stream-parallel`): a buffer with a stream axis, copied into one without,
+    the same bytes in the same layout. As with ATen's results, the out's own allocation
+    is dropped unused.
+    """
+    source, out = op.ins[0], op.outs[0]
+    block = op.parent_block()
+    allocations = [
+        value.op
+        for value in (source, out)
+        if isinstance(value, OpResult)
+        and isinstance(value.op, hir.AllocateOp)
+        and value.op.symmetric is None
+        and value.op.parent_block() is block
+    ]
+    if block is None or len(allocations) != 2:
+        return False
+    source_type, out_type = fusion.tensor_type(source), fusion.tensor_type(out)
+    if (
+        source_type.local_shape() != out_type.local_shape()
+        or source_type.element_type != out_type.element_type
+        or tuple(allocations[0].dynamic_sizes) != tuple(allocations[1].dynamic_sizes)
+    ):
+        return False
+    position = block.get_operation_index(op)
+
+    def placed(user: Operation) -> int:
+        while user.parent_block() is not block:
+            user = user.parent_op()
+        return block.get_operation_index(user)
+
+    source_uses = [use.operation for value in (source, *prep.views[source]) for use in value.uses]
+    return all(
+        user is op or isinstance(user, hir.DeallocateOp) or placed(user) < position for user in source_uses
+    ) and all(placed(use.operation) > position for use in out.uses if use.operation is not op)
 
 
 POINTWISE_KINDS: dict[str, type[Operation]] = {
@@ -195,7 +254,7 @@ def _pointwise(op: hir.PointwiseOp, prep: Preparation) -> Step:
     store, which `out=` does not do (and torch.relu has no `out=`). A cast is the copy.
     """
     if op.kind.data == "cast":
-        return _copy(op, prep)
+        return _copy_step(op, prep)
     function = fusion_eval.POINTWISE_FUNCTIONS[POINTWISE_KINDS[op.kind.data]]
 
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:

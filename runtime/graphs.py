@@ -22,6 +22,14 @@ A run whose signature was captured copies the inputs into the static inputs, rep
 the graph and returns clones of the static outputs: the caller owns what it gets (a
 next replay does not overwrite it) and the caller's inputs are only read.
 
+Inputs that the caller names *static* (`static_inputs`: a model's parameters, which
+every step passes at the same address and an optimizer updates in place) are not
+copied: the graph reads the caller's tensor itself, as inductor's CUDA graphs do, and an
+output that is a view of one (a weight's transpose) is returned as it is. A run
+that passes one at another address is refused with an error (capturing again on one
+rank alone would leave its peers waiting). An input marked `hir.symmetric` is always
+copied, into symmetric memory.
+
 Control flow in a host program depends only on the rank, the shapes and the number of
 streams, never on data, so one capture per signature is exact, dynamic extents (`?`)
 included: a new extent is a new signature. Where a graph cannot be used the program
@@ -35,10 +43,11 @@ import functools
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from hostir_dialect.text import HostirError
 from hostir.runtime.communication_steps import copy_engine_transfers
 from hostir.runtime.communicator import Communicator
 from hostir.runtime.interpreter import RunContext
@@ -68,9 +77,23 @@ class CapturedRun:
     """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
     timeout of its own: the copy engines' signals (runtime/watchdog.py)."""
 
+    copied: list[int] = field(default_factory=list)
+    """The inputs that each replay copies into `inputs`; the others are the caller's own."""
+    views: list[int] = field(default_factory=list)
+    """The outputs that are views of inputs read in place (a weight's transpose), which a
+    replay returns as they are: no replay writes them."""
+
     def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        for static, value in zip(self.inputs, inputs):
-            static.copy_(value)
+        copied = set(self.copied)
+        for i, (static, value) in enumerate(zip(self.inputs, inputs)):
+            if i in copied:
+                static.copy_(value)
+            elif value.data_ptr() != static.data_ptr():
+                raise HostirError(
+                    f"static input #{i} (a parameter) is at another address than when its CUDA graph "
+                    "was captured; a replay reads parameters in place. Update parameters in place, "
+                    "or compile again (torch._dynamo.reset()), or pass cuda_graphs=False"
+                )
         if self.watch is None:
             self.graph.replay()
         else:
@@ -79,7 +102,8 @@ class CapturedRun:
             self.graph.replay()
             finished.record()
             self.watch(started, finished)
-        return [output.clone() for output in self.outputs]
+        views = set(self.views)
+        return [output if i in views else output.clone() for i, output in enumerate(self.outputs)]
 
 
 def _end_generator_capture(device: torch.device) -> None:
@@ -122,8 +146,11 @@ class GraphReplayer:
         communicator: Communicator | None = None,
         num_streams: int | None = None,
         warmup_runs: int = 2,
+        static_inputs: Sequence[int] = (),
     ):
         self.program = program
+        self.static_inputs = sorted(set(static_inputs) - set(program.symmetric_inputs))
+        """The inputs read where the caller keeps them (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
         self.num_streams = configured_num_streams() if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
@@ -164,7 +191,10 @@ class GraphReplayer:
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
         """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
         program, communicator, device = self.program, self.communicator, self.communicator.device
-        static_inputs = program.with_symmetric_inputs([x.clone() for x in inputs], communicator)
+        copied = [i for i in range(len(inputs)) if i not in self.static_inputs]
+        static_inputs = program.with_symmetric_inputs(
+            [x.clone() if i in copied else x for i, x in enumerate(inputs)], communicator
+        )
         with torch.cuda.device(device):
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -205,7 +235,9 @@ class GraphReplayer:
                 communicator.copy_engine.watchdog.watch,
                 what=f"a replay of @{program.host.sym_name.data} (backend cuda transfers)",
             )
-        self.captured[key] = CapturedRun(graph, static_inputs, static_outputs, watch)
+        in_place = {static_inputs[i].untyped_storage().data_ptr() for i in range(len(inputs)) if i not in copied}
+        views = [i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in in_place]
+        self.captured[key] = CapturedRun(graph, static_inputs, static_outputs, watch, copied, views)
         return self.captured[key]
 
     def _ranks_that_failed(self, failed: bool) -> list[int]:

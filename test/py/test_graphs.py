@@ -23,6 +23,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
 from hostir_dialect.builder import FusionBuilder
+from hostir_dialect.text import HostirError
 from hostir.runtime.communicator import Communicator
 from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
 from hostir.runtime.launch import run_on_local_ranks
@@ -253,3 +254,23 @@ def test_gpu_failed_capture_falls_back_to_eager(monkeypatch):
     (output,) = replayer.run(inputs)
     expected = case.expected(*(x.double().cpu() for x in inputs)).float()
     assert compare(output.cpu(), expected).ok
+
+
+@needs_cuda
+def test_gpu_replay_reads_static_inputs_in_place():
+    """The linear's weight and bias are static inputs (a model's parameters): a replay
+    reads them where the caller keeps them, so an update in place (an optimizer step) is
+    seen with no copy, and one passed at another address is refused."""
+    case = SINGLE_DEVICE[0]
+    program = Program.compile(case.build())
+    replayer = GraphReplayer(program, Communicator.single(torch.device("cuda", 0)), static_inputs=[1, 2])
+    x, w, b = (t.cuda() for t in case.inputs(0, 3))
+    torch.testing.assert_close(replayer.run([x, w, b])[0], _linear(x, w, b))
+    (captured,) = replayer.captured.values()
+    assert captured.copied == [0] and captured.inputs[1] is w and captured.inputs[2] is b
+    w.mul_(-2.0)
+    b.add_(1.0)
+    x2 = torch.randn_like(x)
+    torch.testing.assert_close(replayer.run([x2, w, b])[0], _linear(x2, w, b))
+    with pytest.raises(HostirError, match="static input #1 .* another address"):
+        replayer.run([x2, w.clone(), b])

@@ -24,7 +24,7 @@ from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
 from hostir.runtime import compute_steps, fusion_eval
 from hostir.runtime.communicator import Communicator
-from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext
+from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext
 from hostir.runtime.streams import stream_pool
 
 # --------------------------------------------------------------------------- #
@@ -340,6 +340,37 @@ def test_aten_returns_picks_results_by_position_and_an_undefined_one_stays_unwri
     assert gw.isnan().all()
     torch.testing.assert_close(gb, expected[2])
     assert torch.equal(where, x.argmax(1))
+
+
+HANDED_OVER = f"""
+func.func @main(%x: {tensor([4, 6])}) -> ({tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6])}) {{
+  %streamed = hir.allocate() : {tensor([4, 6], axes="stream _")}
+  hir.pointwise "neg" ins(%x : {tensor([4, 6])}) outs(%streamed : {tensor([4, 6], axes="stream _")})
+  %whole = hir.allocate() : {tensor([4, 6])}
+  hir.copy ins(%streamed : {tensor([4, 6], axes="stream _")}) outs(%whole : {tensor([4, 6])})
+  hir.deallocate %streamed : {tensor([4, 6], axes="stream _")}
+  %kept = hir.allocate() : {tensor([4, 6])}
+  hir.pointwise "exp" ins(%x : {tensor([4, 6])}) outs(%kept : {tensor([4, 6])})
+  %copy = hir.allocate() : {tensor([4, 6])}
+  hir.copy ins(%kept : {tensor([4, 6])}) outs(%copy : {tensor([4, 6])})
+  hir.pointwise "abs" ins(%x : {tensor([4, 6])}) outs(%kept : {tensor([4, 6])})
+  func.return %whole, %copy, %kept : {tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6])}
+}}
+"""
+
+
+def test_a_copy_of_a_buffer_that_dies_there_is_the_buffer_itself(rng):
+    """A pipelined loop's result copied into a buffer without the stream axis, and freed:
+    the out is the source's memory. A source written after the copy is copied."""
+    function = host_function(HANDED_OVER, "main")
+    copies = [op for op in function.walk() if isinstance(op, hir.CopyOp)]
+    assert [compute_steps.hands_over(op, Preparation(function)) for op in copies] == [True, False]
+    x = torch.randn(4, 6, generator=rng)
+    whole, copy, kept = run_host(HANDED_OVER, [x])
+    torch.testing.assert_close(whole, -x)
+    torch.testing.assert_close(copy, x.exp())
+    torch.testing.assert_close(kept, x.abs())
+    assert copy.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
 
 
 DEALLOCATION = f"""

@@ -358,8 +358,8 @@ def test_an_unknown_option_is_refused():
 
 def _layer_on_gpu(backend: str) -> dict:
     """The layer in bf16 on this rank's GPU, its collectives on NCCL or the copy engines:
-    three training steps and three forwards under no_grad against eager DTensor, and
-    whether its programs replayed as CUDA graphs."""
+    three training steps (SGD) and three forwards under no_grad against eager DTensor,
+    and whether its programs replayed as CUDA graphs."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -376,6 +376,8 @@ def _layer_on_gpu(backend: str) -> dict:
         layer.load_state_dict(reference.state_dict())
         layers.append(parallelize(layer, mesh))
     compiled = torch.compile(layers[0], backend="hostir", options={"backend": backend})
+    # A replay reads the parameters in place: each step's update must be seen.
+    optimizers = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in layers]
     errors = {}
     for step in range(3):
         x = torch.randn(2, 32, 64, dtype=torch.bfloat16).chunk(world, dim=1)[rank].to(device)
@@ -387,8 +389,9 @@ def _layer_on_gpu(backend: str) -> dict:
         errors[f"output {step}"] = _max_error(out.float(), expected.float())
         for name, grad in _grads(layers[0]).items():
             errors[f"{name} {step}"] = _max_error(grad.float(), _grads(layers[1])[name].float())
-        for layer in layers:
-            layer.zero_grad()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
     replayed = [
         shapes is not None
         and shapes.replayer is not None
