@@ -216,7 +216,8 @@ class Importer:
                 inputs.append(index)
                 input_varying.append(varying)
             else:
-                self.values[node] = value
+                # A symbolic size of a graph traced with dynamic shapes: this compilation's value.
+                self.values[node] = _concrete(value)
         outputs: list[tuple[str, Any]] = []
         for node in self.gm.graph.nodes:
             if node.op == "call_function":

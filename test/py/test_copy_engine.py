@@ -35,6 +35,7 @@ import functools
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -1247,12 +1248,16 @@ STAY_AWAY_S = 30.0
 """How long rank 1 stays away from the allgather of `allgather_without_its_peer`, at most."""
 
 
-def allgather_without_its_peer(started) -> None:
+def allgather_without_its_peer(started, stderr: str) -> None:
     """Both ranks map a symmetric buffer; then rank 1 stays away, watching rank 0's process,
     and rank 0 allgathers from it. Rank 0 writes in `started` (a shared double) when it
     begins the allgather, on the system's monotonic clock, which every process reads alike;
-    rank 1 says how long after that rank 0's process ended."""
+    rank 1 says how long after that rank 0's process ended. Rank 0's stderr goes to the
+    file `stderr` (a rank's own stderr is the launcher's forkserver's, which a test that
+    did not start it cannot read)."""
     communicator = Communicator.from_env()
+    if communicator.rank == 0:
+        sys.stderr = open(stderr, "w")  # the process ends with it open
     buffer = communicator.copy_engine.allocate((1, 4), torch.float32, [0, 1])
     pids = [None, None]
     dist.all_gather_object(pids, os.getpid())
@@ -1274,7 +1279,7 @@ def allgather_without_its_peer(started) -> None:
 
 
 @needs_two_gpus
-def test_a_peer_that_never_signals_ends_the_process_within_the_timeout(monkeypatch, capfd):
+def test_a_peer_that_never_signals_ends_the_process_within_the_timeout(monkeypatch, tmp_path):
     """The signals wait on the GPU without a timeout of their own; the watchdog ends the
     process once the transfer has waited HOSTIR_TIMEOUT_S, saying why, instead of hanging.
     The time is measured from rank 0's own start of the allgather, so a rank slowed by a
@@ -1282,7 +1287,7 @@ def test_a_peer_that_never_signals_ends_the_process_within_the_timeout(monkeypat
     monkeypatch.setenv("HOSTIR_TIMEOUT_S", "2")
     started = torch.multiprocessing.get_context("spawn").Value("d", 0.0)
     with pytest.raises(RankFailed) as failed:
-        run_on_local_ranks(allgather_without_its_peer, 2, started, timeout_s=90)
+        run_on_local_ranks(allgather_without_its_peer, 2, started, str(tmp_path / "stderr"), timeout_s=90)
     failures = failed.value.failures
     assert failures[0] == "exited with code 1 before returning a result", failures[0]
     ended = re.search(r"rank 0 ended after (\d+\.\d) s", failures[1])
@@ -1291,5 +1296,5 @@ def test_a_peer_that_never_signals_ends_the_process_within_the_timeout(monkeypat
     assert (
         "hostir: rank 0: an allgather in the team [0, 1] (backend cuda) has waited more than 2 s "
         "for its peers: a peer is dead, stuck, or not running the same program; ending the process"
-        in capfd.readouterr().err
+        in (tmp_path / "stderr").read_text()
     )
