@@ -9,7 +9,8 @@
 # there with `pip install --target`). Steps, each run even if an earlier one failed:
 #   1. the end-to-end tests on NCCL ranks (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs),
 #   2. the rest of the pytest suite but the lit, docs and fuzz tests (which CI runs), whose GPU-only tests
-#      (CuPy kernels, CUDA streams, NCCL collectives) run here instead of skipping,
+#      (CuPy kernels, CUDA streams, NCCL collectives) run here instead of skipping, then the
+#      tests that assert overlap in time (marked gpu_timing) alone,
 #   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
 #      several runs at once.
 # Exit status 1 if any step failed. docs/hir-run.md describes the suite.
@@ -59,8 +60,12 @@ step "end-to-end tests on NCCL" \
 # test_docs.py (the docs' examples, those that need a GPU marked no-ci) and test_fuzz.py
 # (the parsers and passes under Hypothesis) need no GPU: CI runs them too.
 step "pytest suite on GPUs" \
-    "$PYTHON" -m pytest -q -rs test/py --ignore=test/py/test_e2e.py --ignore=test/py/test_lit.py \
-    --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py
+    "$PYTHON" -m pytest -q -rs -m "not gpu_timing" test/py --ignore=test/py/test_e2e.py \
+    --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py
+# Tests that assert GPU work overlaps in time, alone: beside other tests' processes on the
+# same GPUs, their kernels interleave with others' and the overlap may not show.
+step "GPU timing tests, alone" \
+    "$PYTHON" -m pytest -q -rs -n 0 -m gpu_timing test/py/test_copy_engine.py test/py/test_trace.py
 step "hir-run --check on every example" \
     "$PYTHON" test/gpu/hir_run_all.py
 

@@ -503,6 +503,25 @@ def test_a_dynamic_extent_that_a_set_splits_over_the_mesh_must_be_the_mesh_size(
 
 
 
+def test_dynamic_extents_that_a_matmul_cannot_contract_are_refused_before_the_run():
+    """`?` lets the types through; the inputs' extents meet at the matmul, which says so,
+    at its line, before anything runs (and so before any rank communicates)."""
+    a, b, y = tensor(["?", "?"]), tensor(["?", 4]), tensor(["?", 4])
+    text = (
+        f"func.func @f(%a: {a}, %b: {b}) -> {y} {{\n"
+        f"  %y = fusion.matmul %a, %b : ({a}, {b}) -> {y}\n"
+        f"  func.return %y : {y}\n}}\n"
+    )
+    program = Program.compile(text, filename="mm.mlir")
+    program.check_extents([[2, 3], [3, 4]])
+    with pytest.raises(HostirError) as error:
+        program.check_extents([[2, 3], [5, 4]])
+    assert str(error.value).startswith(
+        "mm.mlir:2:3: error: the inputs of @f do not fit together (input #0 is [2, 3], input #1 is [5, 4]): "
+        "matmul contracts axis of extent 3 of [2, 3] with extent 5 of [5, 4]; they must be equal"
+    ), str(error.value)
+
+
 def _scatter_program(input_type: str, body: str = "", scattered: str = "%x") -> str:
     """A program given lowered: `scattered`, made by `body` from `%x`, scattered over devices 0 and 1."""
     dynamic, split = tensor(["?", 3]), tensor(["?", 3], mesh=[0, 1], axes="didx _")

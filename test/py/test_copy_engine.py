@@ -991,6 +991,7 @@ needs_two_gpus = pytest.mark.skipif(
 )
 
 
+@pytest.mark.gpu_timing
 @needs_two_gpus
 @pytest.mark.parametrize("name", list(PROFILED))
 def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms(name):

@@ -24,7 +24,7 @@ from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
 from hostir.runtime import compute_steps, fusion_eval
 from hostir.runtime.communicator import Communicator
-from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext
+from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext, streamed_empty
 from hostir.runtime.streams import stream_pool
 
 # --------------------------------------------------------------------------- #
@@ -340,6 +340,14 @@ def test_aten_returns_picks_results_by_position_and_an_undefined_one_stays_unwri
     assert gw.isnan().all()
     torch.testing.assert_close(gb, expected[2])
     assert torch.equal(where, x.argmax(1))
+
+
+def test_a_buffer_with_a_stream_axis_has_it_outermost_in_memory():
+    """Each slice that a pipelined loop reads or writes is one contiguous block."""
+    buffer = streamed_empty([1, 2, 3, 4], 2, torch.float32, CPU)
+    assert buffer.shape == (1, 2, 3, 4)
+    assert all(buffer.select(2, i).is_contiguous() for i in range(3))
+    assert streamed_empty([2, 3], None, torch.float32, CPU).is_contiguous()
 
 
 HANDED_OVER = f"""

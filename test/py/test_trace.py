@@ -190,6 +190,7 @@ def traced_ag_linear_rank() -> list[Interval]:
     return trace_run(program, local, communicator, 4)[1]
 
 
+@pytest.mark.gpu_timing
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")
 def test_gpu_ops_land_on_streams_and_compute_overlaps_communication():
     for intervals in run_on_local_ranks(traced_ag_linear_rank, 2):
