@@ -25,6 +25,7 @@ from xdsl.traits import SymbolTable
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import TensorType, tensor_type
 from hostir_dialect.text import HostirError
+from hostir.passes.operands import describe_operand
 
 AxisMap = tuple[int | None, ...]
 """For each axis of an operand, the output axis it corresponds to; None where the op reduces it."""
@@ -249,15 +250,16 @@ def operand_axis_maps(op: Operation) -> list[tuple[SSAValue, AxisMap]]:
     """Every tensor operand of `op` (outs included) with its map onto `output_of(op)`."""
     maps = _MAPS[type(op)](op)
     output_rank = _rank(output_of(op))
-    operands = [operand for operand in op.operands if isinstance(operand.type, TensorType)]
-    for operand, axis_map in zip(operands, maps, strict=True):
+    indices = [i for i, operand in enumerate(op.operands) if isinstance(operand.type, TensorType)]
+    operands = [op.operands[i] for i in indices]
+    for index, operand, axis_map in zip(indices, operands, maps, strict=True):
         if len(axis_map) != _rank(operand) or any(
             axis is not None and not 0 <= axis < output_rank for axis in axis_map
         ):
             raise HostirError.at(
                 op,
-                f"{op.name}: cannot relate the axes of operand {tensor_type(operand)} to the "
-                f"output {tensor_type(output_of(op))}",
+                f"{op.name}: cannot relate the axes of {describe_operand(op, index)} of type "
+                f"{tensor_type(operand)} to the output {tensor_type(output_of(op))}",
             )
     return list(zip(operands, maps))
 

@@ -57,10 +57,10 @@ from hostir_dialect.text import HostirError
 from hostir.passes.axis_mapping import operand_axis_maps
 from hostir.passes.copy_engine import peer_readable
 from hostir.passes.options import check_choice
+from hostir.passes.operands import describe_operand
 from hostir.passes.sharding import (
     LocalCopy,
     LocalSlice,
-    describe_operand,
     local_operand_type,
     plan_resharding,
     reduces_didx_axis,

@@ -49,9 +49,9 @@ from hostir_dialect.fusion import (
 )
 from hostir_dialect.text import HostirError
 from hostir.passes.axis_mapping import operand_axis_maps
+from hostir.passes.operands import describe_operand
 from hostir.passes.sharding import (
     UnsupportedResharding,
-    describe_operand,
     local_operand_type,
     plan_resharding,
     reduces_didx_axis,

@@ -13,75 +13,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xdsl.dialects import func
 from xdsl.dialects.shard import ReductionKind
-from xdsl.ir import BlockArgument, Operation
-from xdsl.irdl import OptOperandDef, VarOperandDef
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DIDX, SERIAL, FusionOp, TensorType, shape_str, tensor_type
-from hostir_dialect.text import HostirError, operation_location
+from hostir_dialect.text import HostirError
 from hostir.passes.axis_mapping import operand_axis_maps
+from hostir.passes.operands import describe_operand
 
 REDUCTION_KINDS: dict[type[fusion.ReductionOp], ReductionKind] = {
     fusion.SumOp: ReductionKind.SUM,
     fusion.MaxOp: ReductionKind.MAX,
 }
-
-
-def describe_operand(op: Operation, index: int) -> str:
-    """Operand `index` of `op` as the user knows it: its name in the op and where its value
-    comes from, ``operand 1 `rhs` (input #0 of @f)``, ``operand 0 `lhs` (the fusion.matmul
-    at model.py:12)`` or, in a host program, ``operand 0 `lhs` (the buffer allocated at
-    model.py:12)``, which lowering allocates at the line of the op that fills it."""
-    value = op.operands[index]
-    if isinstance(value, BlockArgument):
-        owner = value.block.parent_op()
-        function = f" of @{owner.sym_name.data}" if isinstance(owner, func.FuncOp) else ""
-        origin = f"input #{value.index}{function}"
-    else:
-        place = operation_location(value.op)
-        what = "the buffer allocated" if isinstance(value.op, hir.AllocateOp) else f"the {value.op.name}"
-        origin = what + (f" at {place.file}:{place.line}" if place else "")
-    return f"operand {index} `{operand_names(op)[index]}` ({origin})"
-
-
-def operand_names(op: Operation) -> list[str]:
-    """The name of each operand of `op`: its definition's, `name[i]` in a variadic group.
-
-    The `ins` of an hir op that computes one fusion op on buffers (`hir.matmul`,
-    `hir.pointwise "add"`, `hir.reduction "sum"`, ...) take that fusion op's names
-    (`lhs`, `rhs`, `input`), which the user wrote; its `outs` stay `outs[i]`.
-    """
-    names: list[str] = []
-    for name, definition in op.get_irdl_definition().operands:
-        group = getattr(op, name)
-        if isinstance(definition, OptOperandDef):
-            names += [name] if group is not None else []
-        elif isinstance(definition, VarOperandDef):
-            names += [f"{name}[{i}]" for i in range(len(group))]
-        else:
-            names.append(name)
-    computed = _computed_fusion_op(op)
-    if computed is not None:
-        definitions = computed.get_irdl_definition().operands
-        if not any(type(d) is VarOperandDef for _, d in definitions):
-            ins = len(op.ins)
-            names[:ins] = [name for name, _ in definitions][:ins]
-    return names
-
-
-FUSION_OPS: dict[str, type[Operation]] = {op.name: op for op in fusion.Fusion.operations}
-
-
-def _computed_fusion_op(op: Operation) -> type[Operation] | None:
-    """The fusion op that an hir compute op computes on buffers, if it computes one."""
-    if isinstance(op, hir.PointwiseOp | hir.ReductionOp):
-        return FUSION_OPS.get(f"fusion.{op.kind.data}")
-    if isinstance(op, hir.MatmulOp | hir.LinearOp):
-        return FUSION_OPS.get(op.name.replace("hir.", "fusion.", 1))
-    return None
 
 
 def local_operand_type(op: FusionOp, index: int) -> TensorType:

@@ -94,7 +94,7 @@ from hostir.passes.axis_mapping import (
 )
 from hostir.passes.copy_engine import peer_readable
 from hostir.passes.options import check_choice
-from hostir.passes.sharding import describe_operand
+from hostir.passes.operands import describe_operand, describe_value
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
@@ -200,8 +200,8 @@ def _sparse_p2p_mesh(op: Operation, maps: AxisMaps) -> str | None:
     if mesh == tuple(range(mesh[0], mesh[0] + len(mesh))):
         return None
     return (
-        f"the point-to-point allgather of {op.name} from {tensor_type(op.operands[0])} "
-        "needs a mesh of consecutive devices"
+        f"the point-to-point allgather of {op.name} from {describe_operand(op, 0)} of type "
+        f"{tensor_type(op.operands[0])} needs a mesh of consecutive devices"
     )
 
 
@@ -440,8 +440,9 @@ def _sliced_axes(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> d
         if len(axes) > 1:
             raise HostirError.at(
                 call,
-                f"segment @{function.sym_name.data} relates axes {axes} of one of its values to "
-                f"the stream axis {axis} of its output; they cannot all be sliced",
+                f"segment @{function.sym_name.data} relates axes {axes} of its value from "
+                f"{describe_value(value)} to the stream axis {axis} of its output; they cannot "
+                "all be sliced",
             )
         if axes:
             sliced[value] = axes[0]
@@ -459,7 +460,8 @@ def _renumber_axis_properties(
                 raise HostirError.at(
                     call,
                     f"segment @{function.sym_name.data} reduces axis {sliced[op.input]} of "
-                    f"{tensor_type(op.input)} in {op.name}, which is its stream axis",
+                    f"{describe_operand(op, 0)} of type {tensor_type(op.input)} in {op.name}, "
+                    "which is its stream axis",
                 )
             op.axes = DenseArrayBase.from_list(i64, _without_axis(op.reduced_axes, sliced[op.input]))
         elif isinstance(op, fusion.BroadcastOp) and op.result in sliced:

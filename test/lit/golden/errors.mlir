@@ -44,7 +44,7 @@ func.func @different(%x: !fusion.tensor<[?, ?], f32, axes = [stream, _]>, %y: !f
 // -----
 
 // A point-to-point allgather over a mesh whose devices are not consecutive.
-// CHECK: error: {{.*}}the point-to-point allgather of hir.allgather from !fusion.tensor<[2, ?], f32, mesh = [0, 2], axes = [didx, _]> needs a mesh of consecutive devices
+// CHECK: error: {{.*}}the point-to-point allgather of hir.allgather from operand 0 `input` ({{.*}}) of type !fusion.tensor<[2, ?], f32, mesh = [0, 2], axes = [didx, _]> needs a mesh of consecutive devices
 
 func.func @p2p_sparse(%a: !fusion.tensor<[2, ?], f32, mesh = [0, 2], axes = [didx, _]>) -> !fusion.tensor<[2, ?], f32, mesh = [0, 2], axes = [stream, _]> {
   %c = fusion.set %a : !fusion.tensor<[2, ?], f32, mesh = [0, 2], axes = [didx, _]> -> !fusion.tensor<[2, ?], f32, mesh = [0, 2], axes = [stream, _]>

@@ -15,7 +15,7 @@ func.func @reduced_in_segment(%x: !s) -> !s {
   %d0 = hir.dim %x, 0 : !s
   %d1 = hir.dim %x, 1 : !s
   %o = hir.allocate(%d0, %d1) : !s
-  // CHECK: [[# @LINE + 1]]:3: error: segment @kernel reduces axis 0 of !fusion.tensor<[?, ?], f32, axes = [stream, _]> in fusion.sum, which is its stream axis
+  // CHECK: [[# @LINE + 1]]:3: error: segment @kernel reduces axis 0 of operand 0 `input` (input #0 of @kernel) of type !fusion.tensor<[?, ?], f32, axes = [stream, _]> in fusion.sum, which is its stream axis
   hir.launch_kernel @kernel ins(%x : !s) outs(%o : !s)
   func.return %o : !s
 }
