@@ -252,8 +252,9 @@ class Parameters:
     def among(self, args: Sequence[Any], forward: bool) -> set[int]:
         """The arguments of a call of the forward (`forward`) or backward graph that are parameters."""
         if forward:
-            self.storages.update(args[i].untyped_storage().data_ptr() for i in self.forward)
-            return set(self.forward)
+            tensors = {i for i in self.forward if isinstance(args[i], torch.Tensor)}
+            self.storages.update(args[i].untyped_storage().data_ptr() for i in tensors)
+            return tensors
         return {
             i
             for i, arg in enumerate(args)

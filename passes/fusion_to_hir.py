@@ -40,9 +40,9 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
 )
 from xdsl.rewriter import InsertPoint
-from xdsl.utils.exceptions import VerifyException
 from xdsl.traits import SymbolTable
 from xdsl.transforms.dead_code_elimination import dce
+from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import (
@@ -56,8 +56,8 @@ from hostir_dialect.fusion import (
 from hostir_dialect.text import HostirError
 from hostir.passes.axis_mapping import operand_axis_maps
 from hostir.passes.copy_engine import peer_readable
-from hostir.passes.options import check_choice
 from hostir.passes.operands import describe_operand
+from hostir.passes.options import check_choice
 from hostir.passes.sharding import (
     LocalCopy,
     LocalSlice,

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-
 from xdsl.dialects.builtin import DenseArrayBase
 
 from hostir_dialect.text import HostirError

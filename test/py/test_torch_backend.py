@@ -17,13 +17,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from xdsl.traits import SymbolTable
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError, parse_module
-from hostir.frontend.backend import HostirFallbackWarning
+from hostir.frontend.backend import HostirFallbackWarning, Parameters
 from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
@@ -362,6 +361,16 @@ def test_an_unknown_option_is_refused():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="unknown hostir backend option"):
         torch.compile(lambda x: x + 1, backend="hostir", options={"chunk": 4})(torch.randn(2))
+
+
+def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
+    """A CUDA graph reads parameters in place: the forward's are aot_autograd's static
+    inputs; the backward's are the tensors in their storage (a weight's transpose that
+    the forward saved), not its activations or gradients."""
+    weight, bias, x = torch.randn(4, 3), torch.randn(4), torch.randn(2, 3)
+    parameters = Parameters(forward=frozenset({0, 1}))
+    assert parameters.among([weight, bias, x, 5], forward=True) == {0, 1}
+    assert parameters.among([x, weight.t(), torch.randn(2, 4), bias[1:]], forward=False) == {1, 3}
 
 
 def _layer_on_gpu(backend: str) -> dict:
