@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from xdsl.dialects import func
-from xdsl.ir import Operation, OpResult
+from xdsl.ir import Block, Operation, OpResult, SSAValue
 from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
@@ -199,10 +199,10 @@ def _copy_step(op: hir.CopyOp | hir.PointwiseOp, prep: Preparation) -> Step:
 
 
 def hands_over(op: hir.CopyOp, prep: Preparation) -> bool:
-    """Whether the copy's out may be its source buffer itself: both are whole buffers of
-    the program (`hir.allocate`, not symmetric) of one local shape and element type,
-    allocated in the copy's block, and neither the source nor a view of it is used after
-    the copy but by `hir.deallocate`, nor the out before it.
+    """Whether the copy's out may be its source buffer itself: the copy fills the out
+    first (`fills_first`), the source is a whole buffer of the program too, of the same
+    local shape and element type, and neither it nor a view of it is used after the copy
+    but by `hir.deallocate`.
 
     That is the whole copy that a pipelined loop's result gets for the readers after the
     loop (`auto-stream-parallel`): a buffer with a stream axis, copied into one without,
@@ -210,35 +210,50 @@ def hands_over(op: hir.CopyOp, prep: Preparation) -> bool:
     is dropped unused.
     """
     source, out = op.ins[0], op.outs[0]
-    block = op.parent_block()
-    allocations = [
-        value.op
-        for value in (source, out)
-        if isinstance(value, OpResult)
-        and isinstance(value.op, hir.AllocateOp)
-        and value.op.symmetric is None
-        and value.op.parent_block() is block
-    ]
-    if block is None or len(allocations) != 2:
+    if not fills_first(op, out) or not _whole_buffer(source, op.parent_block()):
         return False
     source_type, out_type = fusion.tensor_type(source), fusion.tensor_type(out)
     if (
         source_type.local_shape() != out_type.local_shape()
         or source_type.element_type != out_type.element_type
-        or tuple(allocations[0].dynamic_sizes) != tuple(allocations[1].dynamic_sizes)
+        or tuple(source.op.dynamic_sizes) != tuple(out.op.dynamic_sizes)
     ):
         return False
-    position = block.get_operation_index(op)
-
-    def placed(user: Operation) -> int:
-        while user.parent_block() is not block:
-            user = user.parent_op()
-        return block.get_operation_index(user)
-
+    position = _placed(op, op.parent_block())
     source_uses = [use.operation for value in (source, *prep.views[source]) for use in value.uses]
     return all(
-        user is op or isinstance(user, hir.DeallocateOp) or placed(user) < position for user in source_uses
-    ) and all(placed(use.operation) > position for use in out.uses if use.operation is not op)
+        user is op or isinstance(user, hir.DeallocateOp) or _placed(user, op.parent_block()) < position
+        for user in source_uses
+    )
+
+
+def fills_first(op: Operation, buffer: SSAValue) -> bool:
+    """Whether `buffer` is a whole buffer of the program in `op`'s block (`_whole_buffer`)
+    that no op uses before `op`: `op` fills it first, so the buffer may become the
+    tensor `op` makes."""
+    block = op.parent_block()
+    if not _whole_buffer(buffer, block):
+        return False
+    position = _placed(op, block)
+    return all(_placed(use.operation, block) > position for use in buffer.uses if use.operation is not op)
+
+
+def _whole_buffer(value: SSAValue, block: Block | None) -> bool:
+    """Whether `value` is an `hir.allocate` in `block`, not symmetric (peers map those)."""
+    return (
+        block is not None
+        and isinstance(value, OpResult)
+        and isinstance(value.op, hir.AllocateOp)
+        and value.op.symmetric is None
+        and value.op.parent_block() is block
+    )
+
+
+def _placed(op: Operation, block: Block) -> int:
+    """The position in `block` of `op`, or of its ancestor there."""
+    while op.parent_block() is not block:
+        op = op.parent_op()
+    return block.get_operation_index(op)
 
 
 POINTWISE_KINDS: dict[str, type[Operation]] = {
@@ -271,9 +286,9 @@ def local_pieces(values: Sequence) -> list[bool]:
 @handles(hir.AtenOp)
 def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     """The ATen op on the local pieces. An out that is a whole buffer of the program
-    (`hir.allocate`, not symmetric) becomes ATen's result itself; any other out gets the
-    result copied in: a slice of a larger buffer, and a symmetric buffer, whose memory
-    peers map.
+    which this op fills first (`fills_first`) becomes ATen's result itself; any other out
+    gets the result copied in: a slice of a larger buffer, a symmetric buffer, whose
+    memory peers map, and a buffer that something used before.
 
     Adopting the result keeps what ATen gives the next ATen op: a view stays a view (a
     copy would move every byte of a weight's transpose, every step), and a result keeps
@@ -286,10 +301,7 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     target = op.target.data
     call = aten_calls.prepare_call(target, op.call.data)
     varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
-    adopted = [
-        isinstance(out, OpResult) and isinstance(out.op, hir.AllocateOp) and out.op.symmetric is None
-        for out in op.outs
-    ]
+    adopted = [fills_first(op, out) for out in op.outs]
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)

@@ -315,6 +315,25 @@ def test_an_aten_result_keeps_atens_layout_and_a_slice_out_gets_a_copy(rng):
     assert both[0].isnan().all()  # the rest of the buffer is not written
 
 
+ATEN_INTO_A_VIEWED_BUFFER = f"""
+func.func @main(%x: {tensor([3, 5])}) -> ({tensor([5, 3])}, {tensor([3])}) {{
+  %c1 = arith.constant 1 : index
+  %t = hir.allocate() : {tensor([5, 3])}
+  %row = hir.alias_select %t[0 = %c1] : {tensor([5, 3])} -> {tensor([3])}
+  hir.aten "aten.t.default" call "[[{{'operand': 0}}], {{}}]" ins(%x : {tensor([3, 5])}) outs(%t : {tensor([5, 3])})
+  func.return %t, %row : {tensor([5, 3])}, {tensor([3])}
+}}
+"""
+
+
+def test_an_aten_result_into_a_buffer_viewed_before_it_is_copied_in(rng):
+    """A view made before the op sees what the op writes: the buffer keeps its memory."""
+    x = torch.randn(3, 5, generator=rng)
+    t, row = run_host(ATEN_INTO_A_VIEWED_BUFFER, [x])
+    torch.testing.assert_close(t, x.t())
+    torch.testing.assert_close(row, x.t()[1])
+
+
 ATEN_RETURNS = f"""
 func.func @main(%g: {tensor([4, 6])}, %x: {tensor([4, 6])}, %mean: {tensor([4, 1])}, %rstd: {tensor([4, 1])}, %w: {tensor([6])}) -> ({tensor([4, 6])}, {tensor([6])}, {tensor([6])}, {tensor([4], "i64")}) {{
   %gx = hir.allocate() : {tensor([4, 6])}
