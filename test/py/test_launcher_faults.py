@@ -57,6 +57,21 @@ def group_processes(group: int) -> dict[int, str]:
     return found
 
 
+def _states(group: int) -> list[str]:
+    """What each process of the group is doing: its command, state and kernel wait channel."""
+    states = []
+    for pid, command in group_processes(group).items():
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (Path("/proc") / str(pid) / "wchan").read_text()
+        except OSError:
+            continue
+        masks = [line for line in (Path("/proc") / str(pid) / "status").read_text().splitlines() if line.startswith(("SigBlk", "SigIgn"))]
+        states.append(f"{pid} [{state} {wchan} {masks}] {command[:120]}")
+    states.append(f"test process: blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])}, SIGINT {signal.getsignal(signal.SIGINT)}")
+    return states
+
+
 def ranks_of(launcher: int) -> list[int]:
     """The launcher's ranks: the children of its forkserver, the child of the launcher that
     forks them."""
@@ -91,15 +106,21 @@ def fusion(tmp_path_factory) -> Path:
 def running_hir_run(fusion: Path) -> Iterator[subprocess.Popen]:
     """hir-run on 2 ranks in a process group of its own, once a rank says it runs; kills the
     group on the way out."""
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(fusion), "--nproc-per-node", "2", "--progress",
-         "--timeout", f"{TIMEOUT_S:g}", "--repeat", "1000000000"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=clean_environment(),
-        start_new_session=True,
-    )  # fmt: skip
+    # As a terminal starts a job: SIGINT not ignored, whatever a library run in this
+    # process earlier left (an ignored signal stays ignored across exec).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(fusion), "--nproc-per-node", "2", "--progress",
+             "--timeout", f"{TIMEOUT_S:g}", "--repeat", "1000000000"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_environment(),
+            start_new_session=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         _wait_for_a_run(process)
         yield process
@@ -132,7 +153,7 @@ def ended_within(process: subprocess.Popen, seconds: float) -> tuple[int, float,
     try:
         process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"hir-run still runs {seconds:g} s after the fault")
+        pytest.fail(f"hir-run still runs {seconds:g} s after the fault; its processes: {_states(process.pid)}")
     return process.returncode, time.monotonic() - start, process.stderr.read()
 
 
