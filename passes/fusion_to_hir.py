@@ -220,7 +220,9 @@ class OutlinePointwiseRun(RewritePattern):
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
         function = host_function(op)
-        if function is None or not is_pointwise(op) or is_pointwise(op.prev_op):
+        # A run starts after an op that is not pointwise, or after a constant that stays
+        # in place (the end of a run cut just after one).
+        if function is None or not is_pointwise(op) or (is_pointwise(op.prev_op) and not is_recomputed(op.prev_op)):
             return
         run = kernel_run(op)
         moved = [o for o in run if not is_recomputed(o)]

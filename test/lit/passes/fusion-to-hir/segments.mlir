@@ -161,3 +161,31 @@ func.func @smaller_output(%x: !a, %row: !r, %w: !fusion.tensor<[12, 4], f32>) ->
 // CHECK:         hir.post_on_stream @smaller_output_segment_0
 // CHECK:         hir.launch_kernel @smaller_output_segment_1
 // CHECK:         hir.matmul
+
+// A constant before the cut stays where it is: the run still takes the op after it.
+
+func.func @constant_before_the_cut(%x: !a, %row: !r, %w: !fusion.tensor<[12, 4], f32>) -> (!a, !fusion.tensor<[1, 4], f32>) {
+  %c = fusion.constant 2.000000e+00 : f32 : !fusion.tensor<[], f32>
+  %b = fusion.broadcast %row [0] : !r -> !fusion.tensor<[1, 12], f32>
+  %y = fusion.mul %x, %b : (!a, !fusion.tensor<[1, 12], f32>) -> !a
+  %z = fusion.mul %y, %c : (!a, !fusion.tensor<[], f32>) -> !a
+  %m = fusion.matmul %b, %w : (!fusion.tensor<[1, 12], f32>, !fusion.tensor<[12, 4], f32>) -> !fusion.tensor<[1, 4], f32>
+  func.return %z, %m : !a, !fusion.tensor<[1, 4], f32>
+}
+
+// CHECK-LABEL: func.func private @constant_before_the_cut_segment_0(
+// CHECK-SAME:      %row: !fusion.tensor<[12], f32>) -> !fusion.tensor<[1, 12], f32> {
+// CHECK-NEXT:    %b = fusion.broadcast %row [0]
+// CHECK-NEXT:    func.return %b
+// CHECK-LABEL: func.func private @constant_before_the_cut_segment_1(
+// CHECK-SAME:      -> !fusion.tensor<[16, 12], f32> {
+// CHECK-NEXT:    %c = fusion.constant 2.000000e+00
+// CHECK-NEXT:    %y = fusion.mul %x, %b
+// CHECK-NEXT:    %z = fusion.mul %y, %c
+// CHECK-NEXT:    func.return %z
+// CHECK-LABEL: func.func @constant_before_the_cut(
+// CHECK-NOT:     = fusion.
+// CHECK:         hir.post_on_stream @constant_before_the_cut_segment_0
+// CHECK:         hir.launch_kernel @constant_before_the_cut_segment_1
+// CHECK:         hir.matmul
+// CHECK:         func.return
