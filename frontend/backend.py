@@ -159,13 +159,13 @@ class HostirGraph:
         gm: torch.fx.GraphModule,
         name: str,
         options: BackendOptions,
-        parameters: Parameters | None = None,
-        forward: bool = True,
+        parameters: Parameters,
+        forward: bool,
     ):
         self.gm = gm
         self.name = name
         self.options = options
-        self.parameters = parameters or Parameters()
+        self.parameters = parameters
         self.forward = forward
         self.compiled: dict[tuple, CompiledShapes | None] = {}
         """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
@@ -246,8 +246,8 @@ class Parameters:
     forward: frozenset[int] = frozenset()
     """The forward graph's arguments that are parameters and buffers."""
     storages: set[int] = field(default_factory=set)
-    """The addresses of their storages, from the forward's first call: a backward argument
-    in one of them (a weight's transpose that the forward saved) is a parameter too."""
+    """The addresses of their storages, from each compilation of the forward: a backward
+    argument in one of them (a weight's transpose that the forward saved) is a parameter too."""
 
     def among(self, args: Sequence[Any], forward: bool) -> set[int]:
         """The arguments of a call of the forward (`forward`) or backward graph that are parameters."""

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.fx
+from torch._prims_common import get_computation_dtype
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
@@ -549,7 +550,7 @@ def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
         base = value.order
     else:
         value, base = importer.with_piece(value, fine), tuple(range(len(fine)))
-    target = cat_dim + (cat_dim > split_dim) + (cat_dim == split_dim)
+    target = cat_dim + (cat_dim >= split_dim)
     axes = [axis for axis in range(len(fine)) if axis != split_dim]
     axes.insert(axes.index(target), split_dim)
     order = tuple(base[axis] for axis in axes)
@@ -810,9 +811,6 @@ for _targets, _op, _check in (
     rule(*_targets)(_elementwise_rule(_op, _check))
 
 
-OPMATH = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
-"""The dtype ATen computes a reduced float's activation in: each result is rounded once."""
-
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 GELU_TANH_KAPPA = 0.044715
 
@@ -858,7 +856,7 @@ def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
             return None
         if _shared_piece(values, tuple(result.shape)) is None:
             values = [importer.flat(v) for v in values]
-        wide = OPMATH.get(result.dtype, result.dtype)
+        wide = get_computation_dtype(result.dtype)  # ATen's opmath: f32 for bf16 and f16
         values = [importer.cast(v, wide) for v in values]
         composed = compose(Pointwise.like(importer, values[0]), *values, *node.args[tensors:], **node.kwargs)
         if composed is None:

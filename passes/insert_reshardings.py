@@ -49,7 +49,7 @@ from hostir_dialect.fusion import (
 )
 from hostir_dialect.text import HostirError
 from hostir.passes.axis_mapping import operand_axis_maps
-from hostir.passes.operands import describe_operand
+from hostir.passes.operands import describe_operand, describe_value
 from hostir.passes.sharding import (
     UnsupportedResharding,
     local_operand_type,
@@ -154,14 +154,14 @@ def refuse_inputs_streamed_alone(module: ModuleOp) -> None:
             continue
         if any(inner.dialect_name() == hir.Hir.name for inner in function.walk()):
             continue
-        for index, argument in enumerate(function.args):
+        for argument in function.args:
             stream = argument.type.stream_axis if isinstance(argument.type, TensorType) else None
             if stream is not None:
-                _refuse_stream_dropped(function, index, argument, stream)
+                _refuse_stream_dropped(function, argument, stream)
 
 
-def _refuse_stream_dropped(function: func.FuncOp, index: int, argument: SSAValue, stream: int) -> None:
-    name = f"input #{index} of @{function.sym_name.data}"
+def _refuse_stream_dropped(function: func.FuncOp, argument: SSAValue, stream: int) -> None:
+    name = describe_value(argument)
     why = (
         "a fusion's input cannot be stream-parallel alone (nvFuser's "
         "InputsAreNotStreamParallelized): the caller passes it whole, and what streams is "

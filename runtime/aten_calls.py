@@ -147,22 +147,27 @@ def carried(result: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return result.view(out.dtype) if CARRIERS.get(result.dtype) == out.dtype else result
 
 
-def returned(target: str, result: Any, returns: DenseArrayBase | None, count: int) -> list[torch.Tensor | None]:
-    """The results of an ATen call that its op's `count` results take: the items of the
-    tuple at `returns`, or the whole result (one tensor, or every item of the tuple).
+def picker(target: str, returns: DenseArrayBase | None, count: int) -> Callable[[Any], list[torch.Tensor | None]]:
+    """How to take the results of an ATen call for its op's `count` results (made once per
+    op): the items of the tuple at `returns`, or the whole result (one tensor, or every
+    item of the tuple).
 
     An item may be None where the graph's trace had a tensor: a kernel that leaves a
     result undefined (a log-sum-exp an inference call does not need), which no op reads.
     """
-    items = list(result) if isinstance(result, (tuple, list)) else [result]
-    if returns is not None:
-        positions = returns.get_values()
-        if max(positions) >= len(items):
-            raise HostirError(f"{target} returned {len(items)} results, but 'returns' names position {max(positions)}")
-        items = [items[p] for p in positions]
-    if len(items) != count:
-        raise HostirError(f"{target} returned {len(items)} results for {count}; name them with 'returns'")
-    for item in items:
-        if item is not None and not isinstance(item, torch.Tensor):
-            raise HostirError(f"{target} returned a {type(item).__name__} where a tensor was expected")
-    return items
+    positions = None if returns is None else tuple(returns.get_values())
+
+    def pick(result: Any) -> list[torch.Tensor | None]:
+        items = list(result) if isinstance(result, (tuple, list)) else [result]
+        if positions is not None:
+            if max(positions) >= len(items):
+                raise HostirError(f"{target} returned {len(items)} results, but 'returns' names position {max(positions)}")
+            items = [items[p] for p in positions]
+        if len(items) != count:
+            raise HostirError(f"{target} returned {len(items)} results for {count}; name them with 'returns'")
+        for item in items:
+            if item is not None and not isinstance(item, torch.Tensor):
+                raise HostirError(f"{target} returned a {type(item).__name__} where a tensor was expected")
+        return items
+
+    return pick

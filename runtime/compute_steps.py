@@ -298,8 +298,8 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     never written through. The buffer the program allocated for an adopted out is
     dropped unused.
     """
-    target = op.target.data
-    call = aten_calls.prepare_call(target, op.call.data)
+    call = aten_calls.prepare_call(op.target.data, op.call.data)
+    pick = aten_calls.picker(op.target.data, op.returns, len(op.outs))
     varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
     adopted = [fills_first(op, out) for out in op.outs]
     for out in op.outs:
@@ -311,7 +311,7 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
         if context.rank not in mesh:
             return
         operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
-        results = aten_calls.returned(target, call(operands, context.device), op.returns, len(outs))
+        results = pick(call(operands, context.device))
         for slot, result, varies, adopt in zip(outs, results, varying_outs, adopted, strict=True):
             if result is None:
                 continue

@@ -71,14 +71,13 @@ def _reduction(torch_function: Callable[..., torch.Tensor]):
 def _aten(op: fusion.AtenOp, *inputs: torch.Tensor) -> list[torch.Tensor]:
     """The ATen op on whole tensors: once per device along the device axis of varying ones.
     A result that ATen leaves undefined is zeros."""
-    target = op.target.data
-    call = aten_calls.prepare_call(target, op.call.data)
+    call = aten_calls.prepare_call(op.target.data, op.call.data)
+    pick = aten_calls.picker(op.target.data, op.returns, len(op.outputs))
     varying = [fusion.tensor_type(v).didx_axis == 0 for v in op.inputs]
     device = inputs[0].device if inputs else torch.device("cpu")
 
     def results(operands: list[torch.Tensor]) -> list[torch.Tensor]:
-        returned = aten_calls.returned(target, call(operands, device), op.returns, len(op.outputs))
-        return [_defined(result, out, device) for result, out in zip(returned, op.outputs)]
+        return [_defined(result, out, device) for result, out in zip(pick(call(operands, device)), op.outputs)]
 
     if not any(fusion.tensor_type(r).didx_axis == 0 for r in op.outputs):
         return results(list(inputs))

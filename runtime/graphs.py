@@ -43,7 +43,7 @@ import functools
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -77,16 +77,15 @@ class CapturedRun:
     """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
     timeout of its own: the copy engines' signals (runtime/watchdog.py)."""
 
-    copied: list[int] = field(default_factory=list)
+    copied: frozenset[int] = frozenset()
     """The inputs that each replay copies into `inputs`; the others are the caller's own."""
-    views: list[int] = field(default_factory=list)
+    views: frozenset[int] = frozenset()
     """The outputs that are views of inputs read in place (a weight's transpose), which a
     replay returns as they are: no replay writes them."""
 
     def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        copied = set(self.copied)
         for i, (static, value) in enumerate(zip(self.inputs, inputs)):
-            if i in copied:
+            if i in self.copied:
                 static.copy_(value)
             elif value.data_ptr() != static.data_ptr():
                 raise HostirError(
@@ -102,8 +101,7 @@ class CapturedRun:
             self.graph.replay()
             finished.record()
             self.watch(started, finished)
-        views = set(self.views)
-        return [output if i in views else output.clone() for i, output in enumerate(self.outputs)]
+        return [output if i in self.views else output.clone() for i, output in enumerate(self.outputs)]
 
 
 def _end_generator_capture(device: torch.device) -> None:
@@ -191,7 +189,7 @@ class GraphReplayer:
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
         """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
         program, communicator, device = self.program, self.communicator, self.communicator.device
-        copied = [i for i in range(len(inputs)) if i not in self.static_inputs]
+        copied = frozenset(range(len(inputs))) - frozenset(self.static_inputs)
         static_inputs = program.with_symmetric_inputs(
             [x.clone() if i in copied else x for i, x in enumerate(inputs)], communicator
         )
@@ -235,8 +233,8 @@ class GraphReplayer:
                 communicator.copy_engine.watchdog.watch,
                 what=f"a replay of @{program.host.sym_name.data} (backend cuda transfers)",
             )
-        in_place = {static_inputs[i].untyped_storage().data_ptr() for i in range(len(inputs)) if i not in copied}
-        views = [i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in in_place]
+        in_place = {static_inputs[i].untyped_storage().data_ptr() for i in self.static_inputs}
+        views = frozenset(i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in in_place)
         self.captured[key] = CapturedRun(graph, static_inputs, static_outputs, watch, copied, views)
         return self.captured[key]
 

@@ -370,6 +370,8 @@ def streamed_empty(
     and a GEMM writes directly. (A reduce-scatter's chunk of a product cut by destination
     first, `[D, chunks, rows, N]`, would otherwise be D strided blocks, copied for NCCL.)
     """
+    # torch.empty rather than torch.empty_permuted: one allocator entry point, which tests
+    # poison to show unwritten values.
     if stream_axis is None:
         return torch.empty(shape, dtype=dtype, device=device)
     outer_first = [shape[stream_axis], *shape[:stream_axis], *shape[stream_axis + 1 :]]

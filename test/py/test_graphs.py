@@ -267,7 +267,7 @@ def test_gpu_replay_reads_static_inputs_in_place():
     x, w, b = (t.cuda() for t in case.inputs(0, 3))
     torch.testing.assert_close(replayer.run([x, w, b])[0], _linear(x, w, b))
     (captured,) = replayer.captured.values()
-    assert captured.copied == [0] and captured.inputs[1] is w and captured.inputs[2] is b
+    assert captured.copied == {0} and captured.inputs[1] is w and captured.inputs[2] is b
     w.mul_(-2.0)
     b.add_(1.0)
     x2 = torch.randn_like(x)

@@ -19,10 +19,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from xdsl.dialects import func
+from xdsl.dialects.builtin import DenseArrayBase, i64
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
 from hostir.runtime import compute_steps, fusion_eval
+from hostir.runtime.aten_calls import picker
 from hostir.runtime.communicator import Communicator
 from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext, streamed_empty
 from hostir.runtime.streams import stream_pool
@@ -375,6 +377,19 @@ def test_a_buffer_with_a_stream_axis_has_it_outermost_in_memory():
     assert buffer.shape == (2, 3, 4)
     assert all(buffer.select(1, i).is_contiguous() for i in range(3))
     assert streamed_empty([2, 3], None, torch.float32, CPU).is_contiguous()
+
+
+def test_atens_results_that_do_not_fit_the_op_are_named():
+    """What ATen returns is checked against the op's results at every call: a position past
+    the tuple, a count that differs, an item that is no tensor."""
+    x = torch.zeros(2)
+    with pytest.raises(HostirError, match=r"aten.f returned 2 results, but 'returns' names position 3"):
+        picker("aten.f", DenseArrayBase.from_list(i64, [0, 3]), 2)((x, x))
+    with pytest.raises(HostirError, match=r"aten.f returned 2 results for 1; name them with 'returns'"):
+        picker("aten.f", None, 1)((x, x))
+    with pytest.raises(HostirError, match=r"aten.f returned a int where a tensor was expected"):
+        picker("aten.f", None, 2)((x, 5))
+    assert picker("aten.f", DenseArrayBase.from_list(i64, [1]), 1)((5, x, None))[0] is x
 
 
 HANDED_OVER = f"""

@@ -246,3 +246,11 @@ func.func @aten_returns_repeated(%x: !fusion.tensor<[4, 8], f32>) {
   %y:2 = fusion.aten "aten.max.dim"(%x) call "[[{'operand': 0}, 1], {}]" returns [0, 0] : (!fusion.tensor<[4, 8], f32>) -> (!fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>)
   func.return
 }
+
+// -----
+
+func.func @aten_returns_negative(%x: !fusion.tensor<[4, 8], f32>) {
+  // expected-error@+1 {{aten.max.dim: the positions in 'returns' must be distinct and not negative}}
+  %y = fusion.aten "aten.max.dim"(%x) call "[[{'operand': 0}, 1], {}]" returns [-1] : (!fusion.tensor<[4, 8], f32>) -> !fusion.tensor<[4], f32>
+  func.return
+}
