@@ -206,8 +206,8 @@ MAX_NESTING = 64
 
 xDSL's parser, verifier and printer recurse once per level, so deeper text would
 overflow Python's stack; raising the recursion limit instead can crash the
-interpreter. The limit holds for what hostir prints too (`verify_module` checks both
-printed forms), so that whatever is read and printed reads back. Real IR nests fewer
+interpreter. The limit holds for what hostir prints too (`print_module`, and hir-opt's
+output, refuse deeper text), so that whatever is printed reads back. Real IR nests fewer
 than ten.
 """
 
@@ -310,8 +310,9 @@ def verify_module(module: Operation) -> None:
     """Verifies every op, innermost first; the first failure becomes a located HostirError.
 
     Beyond xDSL's verifiers: every operand is defined before its use (xDSL's parser
-    accepts `%y = fusion.neg %y`), and both printed forms nest at most `MAX_NESTING`
-    brackets, so that what is printed reads back.
+    accepts `%y = fusion.neg %y`). How deep the module's text nests is checked where
+    text is made (`check_printed_nesting`), not here: a module that is never printed
+    (a program compiled from Python) pays nothing for it.
     """
     positions: dict[Block, dict[Operation, int]] = {}
     for op in module.walk(reverse=True, region_first=True):
@@ -323,7 +324,6 @@ def verify_module(module: Operation) -> None:
         except RecursionError:
             raise HostirError.at(op, f"nesting too deep: more than {MAX_NESTING} levels") from None
         _check_dominance(op, positions)
-    _check_printed_nesting(module)
 
 
 def _check_dominance(op: Operation, positions: dict[Block, dict[Operation, int]]) -> None:
@@ -382,27 +382,25 @@ class _OpPlacePrinter(Printer):
         return next(op for start, end, op in reversed(self.op_spans) if start <= offset and (end is None or offset < end))
 
 
-def _check_printed_nesting(module: Operation) -> None:
-    """Refuses a module whose custom or generic text nests deeper than `MAX_NESTING`.
+def check_printed_nesting(module: Operation, text: str, generic: bool) -> None:
+    """Refuses `text`, the printed form of `module`, where it nests deeper than `MAX_NESTING`.
 
-    A module built from text within the limit can still print deeper: the printer adds
-    the implicit `builtin.module {`, expands type aliases, and the generic form puts each
-    region in `({`. The error is on the op whose text goes too deep.
+    A module read from text within the limit can still print deeper: the printer adds the
+    implicit `builtin.module {`, expands type aliases, and the generic form puts each
+    region in `({`. The error is on the op whose text goes too deep, found by printing the
+    module again, which only a refused module pays.
     """
-    for form, generic in (("custom", False), ("generic", True)):
-        out = io.StringIO()
-        printer = _OpPlacePrinter(out, generic)
-        try:
-            printer.print_op(module)
-            offset = _too_deep_offset(out.getvalue())
-        except RecursionError:
-            offset = out.tell()
-        if offset is not None:
-            raise HostirError.at(
-                printer.op_at(offset),
-                f"nesting too deep: the {form} form of this op nests more than {MAX_NESTING} "
-                "levels of brackets, more than the parser reads",
-            )
+    if _too_deep_offset(text) is None:
+        return
+    out = io.StringIO()
+    printer = _OpPlacePrinter(out, generic)
+    printer.print_op(module)
+    form = "generic" if generic else "custom"
+    raise HostirError.at(
+        printer.op_at(_too_deep_offset(out.getvalue())),
+        f"nesting too deep: the {form} form of this op nests more than {MAX_NESTING} "
+        "levels of brackets, more than the parser reads",
+    )
 
 
 def _too_deep_offset(text: str) -> int | None:
@@ -419,8 +417,11 @@ def _too_deep_offset(text: str) -> int | None:
 
 
 def print_module(module: Operation, generic: bool = False) -> str:
-    """The module's text, in the custom syntax or in MLIR's generic form."""
+    """The module's text, in the custom syntax or in MLIR's generic form; a located
+    HostirError where that text would nest too deep to read back (`check_printed_nesting`)."""
     out = io.StringIO()
     Printer(stream=out, print_generic_format=generic).print_op(module)
     out.write("\n")
-    return out.getvalue()
+    text = out.getvalue()
+    check_printed_nesting(module, text, generic)
+    return text

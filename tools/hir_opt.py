@@ -31,11 +31,11 @@ from typing import IO, Any
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
-from xdsl.printer import Printer
 from xdsl.targets import get_all_targets
+from xdsl.utils.arg_spec import parse_spec
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from hostir_dialect.text import HostirError, SourceLocation, parse_module, print_module
+from hostir_dialect.text import HostirError, SourceLocation, check_printed_nesting, parse_module, print_module
 from hostir.passes import available_dialects, available_passes
 from hostir.passes.driver import (
     describe_type,
@@ -153,8 +153,7 @@ class HirOptMain(xDSLOptMain):
         self.passes_done += 1
         if self.args.print_between_passes and self.passes_done < len(self.passes):
             print(f"IR after {done.name}:")
-            Printer(stream=sys.stdout).print_op(module)
-            print("\n\n\n")
+            print(print_module(module) + "\n\n")
 
     # -- input and output ----------------------------------------------------- #
 
@@ -223,7 +222,10 @@ class HirOptMain(xDSLOptMain):
         )
         self.passes_done = 0
         self.apply_passes(module)
-        return self.output_resulting_program(module)
+        output = self.output_resulting_program(module)
+        if parse_spec(self.args.target).name == "mlir":
+            check_printed_nesting(module, output, self.args.print_op_generic)
+        return output
 
     def run(self) -> int:
         """Processes every chunk, reports every error; returns the exit status."""

@@ -6,6 +6,7 @@
 // RUN: %python -c "print('func.func @f() attributes {a = ' + '[' * 400 + ']' * 400 + '} {\n func.return\n}')" | not hir-opt 2>&1 | filecheck %s --check-prefix=ARRAY
 // RUN: %python -c "print('func.func @f() attributes {a = ' + '{a = ' * 100 + '1' + '}' * 100 + '} {\n func.return\n}')" | not hir-opt 2>&1 | filecheck %s --check-prefix=DICT
 // RUN: %python -c "print('builtin.module {' * 32 + '}' * 32)" | hir-opt -p hir-lowering,cse,canonicalize,dce --print-op-generic | filecheck %s --check-prefix=DEEPEST
+// RUN: %python -c "print('builtin.module {' * 33 + '}' * 33)" | not hir-opt --print-op-generic 2>&1 | filecheck %s --check-prefix=TOO-DEEP-PRINTED
 // Brackets in comments and strings do not count.
 // RUN: %python -c "print('// ' + '[' * 100 + '\nfunc.func @f() attributes {s = \"' + '{' * 100 + '\"} {\n func.return\n}')" | hir-opt | filecheck %s --check-prefix=TEXT
 
@@ -24,5 +25,9 @@
 
 // DEEPEST-COUNT-32: "builtin.module"() ({
 // DEEPEST-NOT: "builtin.module"
+
+// 33 modules read (33 levels), but their generic form nests 66: the error is at the 33rd.
+// TOO-DEEP-PRINTED: <stdin>:1:513: error: nesting too deep: the generic form of this op nests more than 64 levels of brackets, more than the parser reads
+// TOO-DEEP-PRINTED-NOT: Traceback
 
 // TEXT: func.func @f() attributes {s = "{{[{]+}}"}
