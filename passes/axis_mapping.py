@@ -25,7 +25,7 @@ from xdsl.traits import SymbolTable
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import TensorType, tensor_type
 from hostir_dialect.text import HostirError
-from hostir.passes.operands import describe_operand
+from hostir.passes.operands import describe_typed_operand
 
 AxisMap = tuple[int | None, ...]
 """For each axis of an operand, the output axis it corresponds to; None where the op reduces it."""
@@ -258,8 +258,8 @@ def operand_axis_maps(op: Operation) -> list[tuple[SSAValue, AxisMap]]:
         ):
             raise HostirError.at(
                 op,
-                f"{op.name}: cannot relate the axes of {describe_operand(op, index)} of type "
-                f"{tensor_type(operand)} to the output {tensor_type(output_of(op))}",
+                f"{op.name}: cannot relate the axes of {describe_typed_operand(op, index)} "
+                f"to the output {tensor_type(output_of(op))}",
             )
     return list(zip(operands, maps))
 

@@ -23,6 +23,12 @@ def describe_operand(op: Operation, index: int) -> str:
     return f"operand {index} `{operand_names(op)[index]}` ({describe_value(op.operands[index])})"
 
 
+def describe_typed_operand(op: Operation, index: int) -> str:
+    """`describe_operand` and the operand's type: ``operand 0 `lhs` (input #0 of @f) of type
+    !fusion.tensor<[8, 4], f32>``."""
+    return f"{describe_operand(op, index)} of type {op.operands[index].type}"
+
+
 def describe_value(value: SSAValue) -> str:
     """Where `value` comes from: ``input #0 of @f``, ``the fusion.matmul at model.py:12``."""
     if isinstance(value, BlockArgument):

@@ -94,7 +94,7 @@ from hostir.passes.axis_mapping import (
 )
 from hostir.passes.copy_engine import peer_readable
 from hostir.passes.options import check_choice
-from hostir.passes.operands import describe_operand, describe_value
+from hostir.passes.operands import describe_typed_operand, describe_value
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
@@ -145,8 +145,8 @@ def _reduced_stream_axis(op: Operation, maps: AxisMaps) -> str | None:
         if stream is not None and axis_map[stream] is None:
             verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
             return (
-                f"{op.name} {verb} axis {stream} of {describe_operand(op, index)} of type "
-                f"{tensor_type(operand)}, which is that operand's stream axis; a reduced axis "
+                f"{op.name} {verb} axis {stream} of {describe_typed_operand(op, index)}, "
+                "which is that operand's stream axis; a reduced axis "
                 "cannot be stream-parallel"
             )
     return None
@@ -157,7 +157,7 @@ def _disagreeing_stream_axes(op: Operation, maps: AxisMaps) -> str | None:
     for index, (operand, axis_map) in enumerate(maps):
         stream = tensor_type(operand).stream_axis
         if stream is not None:
-            described = f"{describe_operand(op, index)} of type {tensor_type(operand)}"
+            described = describe_typed_operand(op, index)
             targets.setdefault(axis_map[stream], described)
     if len(targets) < 2:
         return None
@@ -200,8 +200,8 @@ def _sparse_p2p_mesh(op: Operation, maps: AxisMaps) -> str | None:
     if mesh == tuple(range(mesh[0], mesh[0] + len(mesh))):
         return None
     return (
-        f"the point-to-point allgather of {op.name} from {describe_operand(op, 0)} of type "
-        f"{tensor_type(op.operands[0])} needs a mesh of consecutive devices"
+        f"the point-to-point allgather of {op.name} from {describe_typed_operand(op, 0)} "
+        "needs a mesh of consecutive devices"
     )
 
 
@@ -214,8 +214,8 @@ def _didx_to_stream(op: Operation, maps: AxisMaps) -> str | None:
         if source_axis is not None and source_axis == tensor_type(operand).didx_axis:
             return (
                 f"the stream axis {output.stream_axis} of the output {output} of {op.name} is "
-                f"the didx axis {source_axis} of {describe_operand(op, index)} of type "
-                f"{tensor_type(operand)}; only an allgather or a copy can turn a didx axis "
+                f"the didx axis {source_axis} of {describe_typed_operand(op, index)}; "
+                "only an allgather or a copy can turn a didx axis "
                 "into a stream axis (the point-to-point allgather)"
             )
     return None
@@ -460,7 +460,7 @@ def _renumber_axis_properties(
                 raise HostirError.at(
                     call,
                     f"segment @{function.sym_name.data} reduces axis {sliced[op.input]} of "
-                    f"{describe_operand(op, 0)} of type {tensor_type(op.input)} in {op.name}, "
+                    f"{describe_typed_operand(op, 0)} in {op.name}, "
                     "which is its stream axis",
                 )
             op.axes = DenseArrayBase.from_list(i64, _without_axis(op.reduced_axes, sliced[op.input]))
