@@ -210,7 +210,7 @@ def hands_over(op: hir.CopyOp, prep: Preparation) -> bool:
     is dropped unused.
     """
     source, out = op.ins[0], op.outs[0]
-    if not fills_first(op, out) or not _whole_buffer(source, op.parent_block()):
+    if not fills_first(op, out, prep) or not _whole_buffer(source, op.parent_block()):
         return False
     source_type, out_type = fusion.tensor_type(source), fusion.tensor_type(out)
     if (
@@ -219,23 +219,24 @@ def hands_over(op: hir.CopyOp, prep: Preparation) -> bool:
         or tuple(source.op.dynamic_sizes) != tuple(out.op.dynamic_sizes)
     ):
         return False
-    position = _placed(op, op.parent_block())
+    block = op.parent_block()
+    position = prep.position(op, block)
     source_uses = [use.operation for value in (source, *prep.views[source]) for use in value.uses]
     return all(
-        user is op or isinstance(user, hir.DeallocateOp) or _placed(user, op.parent_block()) < position
+        user is op or isinstance(user, hir.DeallocateOp) or prep.position(user, block) < position
         for user in source_uses
     )
 
 
-def fills_first(op: Operation, buffer: SSAValue) -> bool:
+def fills_first(op: Operation, buffer: SSAValue, prep: Preparation) -> bool:
     """Whether `buffer` is a whole buffer of the program in `op`'s block (`_whole_buffer`)
     that no op uses before `op`: `op` fills it first, so the buffer may become the
     tensor `op` makes."""
     block = op.parent_block()
     if not _whole_buffer(buffer, block):
         return False
-    position = _placed(op, block)
-    return all(_placed(use.operation, block) > position for use in buffer.uses if use.operation is not op)
+    position = prep.position(op, block)
+    return all(prep.position(use.operation, block) > position for use in buffer.uses if use.operation is not op)
 
 
 def _whole_buffer(value: SSAValue, block: Block | None) -> bool:
@@ -247,13 +248,6 @@ def _whole_buffer(value: SSAValue, block: Block | None) -> bool:
         and value.op.symmetric is None
         and value.op.parent_block() is block
     )
-
-
-def _placed(op: Operation, block: Block) -> int:
-    """The position in `block` of `op`, or of its ancestor there."""
-    while op.parent_block() is not block:
-        op = op.parent_op()
-    return block.get_operation_index(op)
 
 
 POINTWISE_KINDS: dict[str, type[Operation]] = {
@@ -301,7 +295,7 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     call = aten_calls.prepare_call(op.target.data, op.call.data)
     pick = aten_calls.picker(op.target.data, op.returns, len(op.outs))
     varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
-    adopted = [fills_first(op, out) for out in op.outs]
+    adopted = [fills_first(op, out, prep) for out in op.outs]
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
