@@ -19,7 +19,7 @@ Python loop (`torch.empty`, `copy_`, `torch.add` + `copy_`), so
 Eager times are wall times (the device synchronised before and after each run: tiny
 kernels make eager runs host-bound). Replays are also timed on the GPU with CUDA
 events behind a queued sleep that hides the host's launch, as benchmarks/pointwise_segment.py
-does. Every figure is the median of `--repeat` runs after warm-up. Targets (issue 6):
+does. Every figure is the median of `--repeat` runs after warm-up. Targets:
 at most 10 us of interpreter cost per op eager, replay within 2% of the hand-written graph.
 """
 

@@ -1,4 +1,4 @@
-"""Communication hidden behind GEMMs: hostir's lowered programs against their peers (issue 6).
+"""Communication hidden behind GEMMs: hostir's lowered programs against their peers.
 
     torchrun --nproc-per-node 8 benchmarks/overlap.py --out results/   # one rank per GPU
     python benchmarks/overlap.py --nproc 8 --out results/             # the same, ranks started here
@@ -84,8 +84,8 @@ from hostir.runtime.streams import start_together
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "build" / "overlap"
 """Where the results go without `--out`: under the checkout's `build/`, which git ignores."""
 
-ISSUE_SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
-"""M, K, N of issue 6's table."""
+DEFAULT_SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 8192, 8192)]
+"""M, K, N of the GPU table: GEMMs of an 8192-wide model's projections (the last, 8192 cubed)."""
 
 CPU_SIZES = [(64, 32, 16), (128, 64, 32)]
 """The default sizes with --cpu: CPU ranks multiply bf16 slowly."""
@@ -587,12 +587,13 @@ def run_rank(arguments: argparse.Namespace) -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if report is not None:
-            report.write_tables()
-            report.write_plot()
+            # Written at every size, so that a run stopped by its deadline leaves its results.
+            tables = report.write_tables()
+            plot = report.write_plot()
     deadline.cancel()
     if report is not None:
-        print("\n" + report.write_tables(), flush=True)
-        written = [report.out / "overlap.json", report.out / "overlap.md", report.write_plot()]
+        print("\n" + tables, flush=True)
+        written = [report.out / "overlap.json", report.out / "overlap.md", plot]
         print(f"# wrote {', '.join(str(path) for path in written if path)}", flush=True)
 
 
@@ -643,14 +644,14 @@ def _problems(text: str) -> list[OverlapKind]:
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(
         prog="overlap.py",
-        description="Times hostir's pipelined GEMM + communication programs against their peers (issue 6).",
+        description="Times hostir's pipelined GEMM + communication programs against their peers.",
     )
     options.add_argument("--nproc", type=int, help="local ranks to start (default: every GPU; 2 on the CPU)")
     options.add_argument(
         "--cpu", action="store_true", help="CPU ranks with gloo and host timers, even with GPUs"
     )
     options.add_argument(
-        "--sizes", type=_sizes, help="'M,K,N;M,K,N;...' (default: issue 6's table; small with --cpu)"
+        "--sizes", type=_sizes, help="'M,K,N;M,K,N;...' (default: the four GPU sizes of DEFAULT_SIZES; small with --cpu)"
     )
     options.add_argument(
         "--problems", type=_problems, default=list(OverlapKind), help="comma-separated, default: all three"
@@ -695,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     cuda = torch.cuda.is_available()
-    arguments.sizes = arguments.sizes or (ISSUE_SIZES if cuda else CPU_SIZES)
+    arguments.sizes = arguments.sizes or (DEFAULT_SIZES if cuda else CPU_SIZES)
     if "RANK" in os.environ:
         run_rank(arguments)
         dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""A tensor-parallel Llama-style decoder layer: `torch.compile(backend="hostir")` against torch's own (issue 19).
+"""A tensor-parallel Llama-style decoder layer: `torch.compile(backend="hostir")` against torch's own.
 
     torchrun --nproc-per-node 8 benchmarks/tp_layer.py                 # one rank per GPU, bf16
     torchrun --nproc-per-node 2 benchmarks/tp_layer.py --sizes 4096,1,8192
@@ -119,8 +119,8 @@ class LayerSize:
                 raise SystemExit(f"{where}: {what} {extent} is not a multiple of the {world} ranks")
 
 
-ISSUE_SIZES = [LayerSize(4096, 1, 8192), LayerSize(4096, 2, 8192), LayerSize(8192, 1, 8192), LayerSize(8192, 2, 8192)]
-"""Issue 19's sizes: hidden 4096 and 8192, 8192 and 16384 tokens as sequences of 8192."""
+DEFAULT_SIZES = [LayerSize(4096, 1, 8192), LayerSize(4096, 2, 8192), LayerSize(8192, 1, 8192), LayerSize(8192, 2, 8192)]
+"""The GPU sizes: hidden 4096 and 8192, 8192 and 16384 tokens as sequences of 8192."""
 SMOKE_SIZES = [LayerSize(64, 2, 16, head_dim=16)]
 
 
@@ -639,7 +639,7 @@ def parse_sizes(text: str, head_dim: int) -> list[LayerSize]:
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--smoke", action="store_true", help="CPU ranks, gloo, f32, tiny sizes: CI's smoke test")
-    parser.add_argument("--sizes", help="'DIM,BATCH,SEQUENCE;...' (default: issue 19's four; --smoke: 64,2,16)")
+    parser.add_argument("--sizes", help="'DIM,BATCH,SEQUENCE;...' (default: the four of DEFAULT_SIZES; --smoke: 64,2,16)")
     parser.add_argument("--head-dim", type=int, help="default 128; --smoke: 16")
     parser.add_argument("--contenders", help=f"comma list among {','.join(KEYS)} (default: all; eager always runs)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default bfloat16 on GPUs, float32 on CPU")
@@ -656,7 +656,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         except ValueError as error:
             parser.error(str(error))
     else:
-        args.sizes = SMOKE_SIZES if args.smoke else [LayerSize(s.dim, s.batch, s.sequence, head_dim) for s in ISSUE_SIZES]
+        args.sizes = SMOKE_SIZES if args.smoke else [LayerSize(s.dim, s.batch, s.sequence, head_dim) for s in DEFAULT_SIZES]
     args.contenders_given = bool(args.contenders)
     keys = [c.strip() for c in args.contenders.split(",")] if args.contenders else list(KEYS)
     unknown = [c for c in keys if c not in KEYS]

@@ -79,7 +79,7 @@ DEFAULT_MAX_CHUNKS = 64
 
 
 class OverlapKind(StrEnum):
-    """Which communication a pipelined GEMM overlaps, in the layouts of issue 6."""
+    """Which communication a pipelined GEMM overlaps, in the layouts of benchmarks/overlap.py."""
 
     ALLGATHER_MATMUL = "allgather_matmul"
     """X row-sharded [M/D, K] per rank, W [K, N] replicated: Y = allgather(X) @ W, [M, N] on every rank."""

@@ -275,18 +275,17 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
     assert by_label[rs, "hostir (cuda)"]["check_ok"] and by_label[ar, "hostir (cuda)"]["check_ok"]
 
 
-def test_bad_arguments_are_refused_before_any_rank_starts():
-    for bad, message in [
-        ("--sizes=64,32", "expected sizes as 'M,K,N;M,K,N;...'"),
-        ("--chunks=0", "positive"),
-    ]:
-        completed = subprocess.run(
-            [sys.executable, str(BENCHMARKS / "overlap.py"), "--cpu", bad],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert completed.returncode == 2 and message in completed.stderr
+@pytest.mark.parametrize(
+    "bad, message", [("--sizes=64,32", "expected sizes as 'M,K,N;M,K,N;...'"), ("--chunks=0", "positive")]
+)
+def test_bad_arguments_are_refused_before_any_rank_starts(bad, message, capsys, monkeypatch):
+    def no_ranks(*_, **__):
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(overlap, "run_on_local_ranks", no_ranks)
+    with pytest.raises(SystemExit) as exited:
+        overlap.main(["--cpu", bad])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- #
