@@ -23,6 +23,13 @@ settings.load_profile("ci")
 # core in every process. Set before any test module imports torch; the ranks inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from hostir.runtime import launch  # noqa: E402  (imports torch)
+
+# The suite's torch.compile tests compile in their ranks: the forkserver of each worker
+# imports torch's compiler (through hostir's backend) once, where each rank would import
+# it anew (1.7 s of CPU a rank).
+launch.PRELOAD.append("hostir.frontend.backend")
+
 SHARED_PER_PROCESS = {
     "test_e2e.py": "every case of a world runs in one launch of its ranks (results_of_world)",
     "test_copy_engine.py": "every case of a world runs in one launch of its ranks (results_of_world)",
