@@ -484,6 +484,18 @@ def _reshape(importer: Importer, node: torch.fx.Node) -> Value:
     return importer.arg(node.args[0]).reshaped(tuple(_result(node).shape))
 
 
+@rule(aten.slice.Tensor)
+def _whole_slice(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """A slice of a whole axis (of the same shape as its operand: from the start to the end,
+    step 1): the same tensor, no op. A graph traced with symbolic sizes writes one after the
+    reshape of a gathered tensor, which would otherwise become an ATen op and cut the
+    all-gather from its GEMMs. Any other slice is ATen's."""
+    source = importer.arg(node.args[0])
+    if not isinstance(source, Value) or tuple(_result(node).shape) != source.shape:
+        return None
+    return source
+
+
 def _cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
     """`shape` with axis `dim` cut into (pieces, `size`): what `split(x, size, dim)` reads."""
     return (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
