@@ -23,12 +23,6 @@ settings.load_profile("ci")
 # core in every process. Set before any test module imports torch; the ranks inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from hostir.runtime import launch  # noqa: E402  (imports torch)
-
-# The suite's torch.compile tests compile in their ranks: the forkserver of each worker
-# imports torch's compiler (through hostir's backend) once, where each rank would import
-# it anew (1.7 s of CPU a rank).
-launch.PRELOAD.append("hostir.frontend.backend")
 
 SHARED_PER_PROCESS = {
     "test_e2e.py": "every case of a world runs in one launch of its ranks (results_of_world)",
@@ -38,6 +32,18 @@ SHARED_PER_PROCESS = {
 }
 """Modules whose tests share work done once per process, and what it is. Under pytest-xdist
 (`--dist loadgroup`) each of them runs on one worker, which does that work once."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a process that runs tests (not xdist's controller, which runs none and need not
+    import torch): the suite's torch.compile tests compile in their ranks, so the
+    forkserver imports torch's compiler (through hostir's backend) once, where each rank
+    would import it anew (1.7 s of CPU a rank)."""
+    if config.getoption("numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    from hostir.runtime import launch
+
+    launch.PRELOAD.append("hostir.frontend.backend")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
