@@ -518,7 +518,7 @@ class CommunicationOp(IRDLOperation, ABC):
                 f"{self.name} {split.verb} axis {split.axis} of its {split.role}, but the "
                 f"{split.role} has rank {tensor_type(split.buffer).rank}"
             )
-        problem = self.extent_problem(_type_extent)
+        problem = self.extent_problem(type_extent)
         if problem is not None:
             raise VerifyException(problem)
 
@@ -631,7 +631,7 @@ class SplitAxis(NamedTuple):
         )
 
 
-def _type_extent(buffer: SSAValue, axis: int) -> int | None:
+def type_extent(buffer: SSAValue, axis: int) -> int | None:
     """The extent of `axis` of `buffer` that its type gives (a didx axis spans its mesh)."""
     type = tensor_type(buffer)
     if type.didx_axis == axis:

@@ -307,11 +307,9 @@ class Program:
         """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it:
         traced through views to an input, or to an allocation whose size is a constant or
         the extent of another such buffer. None where only running the program tells it."""
-        type = tensor_type(buffer)
-        if type.get_shape()[axis] != DYNAMIC:
-            return type.get_shape()[axis]
-        if type.didx_axis == axis:
-            return type.mesh.size
+        extent = hir.type_extent(buffer, axis)
+        if extent is not None:
+            return extent
         root, root_axis = buffer_root(buffer, axis)
         if root is not buffer:
             return self._known_extent(root, root_axis, shapes)
@@ -319,7 +317,7 @@ class Program:
             extent = shapes[buffer.index][axis]
             return extent if extent >= 0 else None
         if isinstance(buffer, OpResult) and isinstance(buffer.op, hir.AllocateOp):
-            dynamic_axes = [a for a, e in enumerate(type.get_shape()) if e == DYNAMIC]
+            dynamic_axes = [a for a, e in enumerate(tensor_type(buffer).get_shape()) if e == DYNAMIC]
             size = buffer.op.dynamic_sizes[dynamic_axes.index(axis)]
             if isinstance(size.owner, arith.ConstantOp):
                 return size.owner.value.value.data
