@@ -13,7 +13,8 @@
 #      tests that assert overlap in time (marked gpu_timing) alone,
 #   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
 #      several runs at once.
-# Exit status 1 if any step failed. docs/hir-run.md describes the suite.
+# Each step may run HOSTIR_GPU_STEP_TIMEOUT_S seconds (default 300). Exit status 1 if any
+# step failed. docs/hir-run.md describes the suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -39,13 +40,16 @@ if count < 2:
     sys.exit("the GPU suite needs at least 2 GPUs")
 EOF
 
+STEP_TIMEOUT_S="${HOSTIR_GPU_STEP_TIMEOUT_S:-300}"
 failed=()
+# Each step is bounded: one that runs past STEP_TIMEOUT_S gets SIGINT, on which pytest
+# still prints its failures so far (a kill from outside would lose them), then SIGKILL 30 s later.
 step() {
     local name="$1"
     shift
     echo
     echo "=== $name"
-    if "$@"; then
+    if timeout -s INT -k 30 "$STEP_TIMEOUT_S" "$@"; then
         echo "=== $name: passed"
     else
         echo "=== $name: FAILED"
