@@ -250,9 +250,8 @@ def operand_axis_maps(op: Operation) -> list[tuple[SSAValue, AxisMap]]:
     """Every tensor operand of `op` (outs included) with its map onto `output_of(op)`."""
     maps = _MAPS[type(op)](op)
     output_rank = _rank(output_of(op))
-    indices = [i for i, operand in enumerate(op.operands) if isinstance(operand.type, TensorType)]
-    operands = [op.operands[i] for i in indices]
-    for index, operand, axis_map in zip(indices, operands, maps, strict=True):
+    tensors = [(i, operand) for i, operand in enumerate(op.operands) if isinstance(operand.type, TensorType)]
+    for (index, operand), axis_map in zip(tensors, maps, strict=True):
         if len(axis_map) != _rank(operand) or any(
             axis is not None and not 0 <= axis < output_rank for axis in axis_map
         ):
@@ -261,7 +260,7 @@ def operand_axis_maps(op: Operation) -> list[tuple[SSAValue, AxisMap]]:
                 f"{op.name}: cannot relate the axes of {describe_typed_operand(op, index)} "
                 f"to the output {tensor_type(output_of(op))}",
             )
-    return list(zip(operands, maps))
+    return [(operand, axis_map) for (_, operand), axis_map in zip(tensors, maps)]
 
 
 def operand_axis(axis_map: AxisMap, output_axis: int) -> int | None:
