@@ -2,11 +2,17 @@
 
 `hir-opt` in a RUN line is the checkout's `tools/hir-opt.py` (not an installed copy)
 and `filecheck` the FileCheck of the `filecheck` Python package, both run by the
-Python that runs lit, so that the tests see the code next to them.
+Python that runs lit, so that the tests see the code next to them. Both are forked from
+a process that has imported them once (preload.py), which this file starts, since
+importing is nearly all of their start; `lit --param preload=0` runs each in a fresh
+process instead.
 """
 
 import os
+import socket
+import subprocess
 import sys
+import tempfile
 
 import lit.formats
 
@@ -20,9 +26,30 @@ config.test_exec_root = config.test_source_root
 repository = os.path.dirname(os.path.dirname(config.test_source_root))
 python = f'"{sys.executable}"'
 
+
+def preloading_server() -> str:
+    """Starts preload.py's server, which lives as long as this lit run; returns its command."""
+    preload = os.path.join(config.test_source_root, "preload.py")
+    path = os.path.join(tempfile.mkdtemp(prefix="hostir-lit-"), "socket")  # the server removes it
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(path)
+    listening.listen(64)
+    subprocess.Popen(
+        [sys.executable, preload, "serve", str(listening.fileno())],
+        pass_fds=[listening.fileno()],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    listening.close()  # once the server is gone, a client runs its tool itself
+    return f'{python} -I -S "{preload}" "{path}"'
+
+
+commands = {tool: f'{python} "{os.path.join(repository, "tools", f"{tool}.py")}"' for tool in ("hir-opt", "hir-run")}
+commands["filecheck"] = f"{python} -m filecheck"
+if lit_config.params.get("preload", "1") != "0":
+    server = preloading_server()
+    commands.update({tool: f"{server} {tool}" for tool in ("hir-opt", "filecheck")})
 # A tool name counts only as a whole word, not inside a path such as test/lit/hir-opt/.
-for tool in ("hir-opt", "hir-run"):
-    script = os.path.join(repository, "tools", f"{tool}.py")
-    config.substitutions.append((rf"(?<![\w/.-]){tool}(?![\w/.-])", f'{python} "{script}"'))
-config.substitutions.append((r"(?<![\w/.-])filecheck(?![\w/.-])", f"{python} -m filecheck"))
+for tool, command in commands.items():
+    config.substitutions.append((rf"(?<![\w/.-]){tool}(?![\w/.-])", command))
 config.substitutions.append(("%python", python))

@@ -44,10 +44,10 @@ func.func @g(%x: !fusion.tensor<[4], f32>) {
 """
 
 
-LIT_SHARDS = 8
+LIT_SHARDS = 4
 """The lit suite runs as this many pytest tests, each one shard of its files (lit's
-`--num-shards`), so that pytest-xdist spreads them over its workers: the suite's time is
-mostly the start-up of the tools that its RUN lines call."""
+`--num-shards`), so that pytest-xdist spreads them over its workers. Each shard's lit
+starts a process that preloads the tools its RUN lines call (test/lit/preload.py)."""
 
 
 @pytest.mark.parametrize("shard", range(1, LIT_SHARDS + 1), ids=lambda shard: f"shard{shard}of{LIT_SHARDS}")
