@@ -9,8 +9,6 @@ process instead.
 """
 
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 
@@ -27,28 +25,16 @@ repository = os.path.dirname(os.path.dirname(config.test_source_root))
 python = f'"{sys.executable}"'
 
 
-def preloading_server() -> str:
-    """Starts preload.py's server, which lives as long as this lit run; returns its command."""
-    preload = os.path.join(config.test_source_root, "preload.py")
-    path = os.path.join(tempfile.mkdtemp(prefix="hostir-lit-"), "socket")  # the server removes it
-    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listening.bind(path)
-    listening.listen(64)
-    subprocess.Popen(
-        [sys.executable, preload, "serve", str(listening.fileno())],
-        pass_fds=[listening.fileno()],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-    )
-    listening.close()  # once the server is gone, a client runs its tool itself
-    return f'{python} -I -S "{preload}" "{path}"'
-
-
 commands = {tool: f'{python} "{os.path.join(repository, "tools", f"{tool}.py")}"' for tool in ("hir-opt", "hir-run")}
 commands["filecheck"] = f"{python} -m filecheck"
 if lit_config.params.get("preload", "1") != "0":
-    server = preloading_server()
-    commands.update({tool: f"{server} {tool}" for tool in ("hir-opt", "filecheck")})
+    sys.path.insert(0, config.test_source_root)
+    import preload
+
+    directory = tempfile.mkdtemp(prefix="hostir-lit-")  # the server removes it when lit exits
+    preload.start_server(directory)
+    for tool in ("hir-opt", "filecheck"):
+        commands[tool] = " ".join(f'"{word}"' for word in preload.client_command(directory, tool))
 # A tool name counts only as a whole word, not inside a path such as test/lit/hir-opt/.
 for tool, command in commands.items():
     config.substitutions.append((rf"(?<![\w/.-]){tool}(?![\w/.-])", command))

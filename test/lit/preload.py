@@ -14,13 +14,13 @@ does, so the command behaves as a fresh process of the tool would.
 Where no server answers (it failed to start, or the client runs outside lit), the client
 runs the tool itself, in a fresh process.
 
-    python preload.py serve SOCKET_FD                 # lit.cfg.py: a bound, listening socket
-    python -I -S preload.py SOCKET_PATH TOOL ARGS...  # a RUN line's command
+    python preload.py serve SOCKET_FD                 # start_server: a bound, listening socket
+    python -I -S preload.py SOCKET_PATH TOOL ARGS...  # a RUN line's command (client_command)
 """
 
+import _socket  # not `socket`, whose import would be half of the client's start
 import marshal
 import os
-import socket
 import sys
 
 HIR_OPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "hir-opt.py")
@@ -32,6 +32,30 @@ _HEADER = 8
 """Bytes of the request's length, sent first with the three file descriptors."""
 
 
+def start_server(directory: str) -> "subprocess.Popen[bytes]":
+    """Starts the server on `directory`/socket. It serves until its parent exits or it is
+    terminated, then removes the socket and the directory."""
+    import socket
+    import subprocess
+
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(os.path.join(directory, "socket"))
+    listening.listen(64)
+    server = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "serve", str(listening.fileno())],
+        pass_fds=[listening.fileno()],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    listening.close()  # once the server is gone, a client runs its tool itself
+    return server
+
+
+def client_command(directory: str, tool: str) -> list[str]:
+    """The command that runs `tool` in a child of the server started on `directory`."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), os.path.join(directory, "socket"), tool]
+
+
 # --------------------------------------------------------------------------- #
 # The client: a RUN line's command                                             #
 # --------------------------------------------------------------------------- #
@@ -39,14 +63,17 @@ _HEADER = 8
 
 def request(path: str, tool: str, args: list[str]) -> int:
     """Runs `TOOL ARGS` in a child of the server at `path`; returns its exit status."""
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         connection.connect(path)
     except OSError:
         connection.close()
         os.execv(sys.executable, [sys.executable, *COMMANDS[tool], *args])
     payload = marshal.dumps((tool, args, os.getcwd(), dict(os.environ)))
-    socket.send_fds(connection, [len(payload).to_bytes(_HEADER, "little")], [0, 1, 2])
+    descriptors = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # C ints, as socket.send_fds
+    connection.sendmsg(
+        [len(payload).to_bytes(_HEADER, "little")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, descriptors)]
+    )
     connection.sendall(payload)
     status = _receive_exactly(connection, 4)
     if len(status) < 4:
@@ -55,7 +82,7 @@ def request(path: str, tool: str, args: list[str]) -> int:
     return int.from_bytes(status, "little", signed=True)
 
 
-def _receive_exactly(connection: socket.socket, size: int) -> bytes:
+def _receive_exactly(connection: _socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = connection.recv(size - len(data))
@@ -70,8 +97,8 @@ def _receive_exactly(connection: socket.socket, size: int) -> bytes:
 # --------------------------------------------------------------------------- #
 
 
-def serve(listening: socket.socket) -> None:
-    """Imports the tools, then forks a child per connection, until lit (its parent) exits."""
+def serve(listening: _socket.socket) -> None:
+    """Imports the tools, then forks a child per connection, until its parent (lit) exits."""
     import gc
     import selectors
     import signal
@@ -92,15 +119,18 @@ def serve(listening: socket.socket) -> None:
     # Each tool's main, and its sys.argv[0] as its script would see it.
     tools = {"hir-opt": (hir_opt_main, HIR_OPT), "filecheck": (filecheck_main, filecheck.__main__.__file__)}
     gc.freeze()  # the children's collections leave the imported objects' pages shared
-    lit = os.getppid()
+    parent = os.getppid()
+    terminated = []
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     selector = selectors.DefaultSelector()
     selector.register(listening, selectors.EVENT_READ)
-    while os.getppid() == lit:
+    while os.getppid() == parent and not terminated:
         if not selector.select(timeout=0.2):
             continue
         connection, _ = listening.accept()
         if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             selector.close()
             listening.close()
@@ -111,8 +141,10 @@ def serve(listening: socket.socket) -> None:
     os.rmdir(os.path.dirname(path))
 
 
-def _run_child(connection: socket.socket, tools: dict) -> int:
+def _run_child(connection: _socket.socket, tools: dict) -> int:
     """In the forked child: becomes the client's command and sends back its exit status."""
+    import socket
+
     header, fds, _, _ = socket.recv_fds(connection, _HEADER, 3)
     tool, args, cwd, environment = marshal.loads(
         _receive_exactly(connection, int.from_bytes(header, "little"))
@@ -179,6 +211,8 @@ def _exit_status(main) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
+        import socket
+
         serve(socket.socket(fileno=int(sys.argv[2])))
     else:
         sys.exit(request(sys.argv[1], sys.argv[2], sys.argv[3:]))

@@ -8,6 +8,7 @@ run it as a process.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -65,6 +66,43 @@ def test_lit_suite(shard: int):
         command.insert(1, "-j1")  # the other workers run the other shards; without xdist lit uses every core
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+PRELOADED_RUNS = {
+    "lowering": (["hir-opt", "{fusion}", "-p", "hir-lowering"], None),
+    "parse error on stdin": (["hir-opt", "--split-input-file"], FUSION + "// -----\n" + INVALID),
+    "help": (["hir-opt", "--help"], None),
+    "filecheck mismatch": (["filecheck", "{checks}"], "%y = fusion.neg %x\n"),
+}
+
+
+def test_a_preloaded_tool_behaves_as_a_fresh_process(tmp_path: Path, fusion_file: Path):
+    """What lit's RUN lines run through test/lit/preload.py, a child forked from a process
+    that has imported the tool, exits, prints and reports errors as the tool started fresh."""
+    spec = importlib.util.spec_from_file_location("preload", REPOSITORY / "test" / "lit" / "preload.py")
+    preload = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(preload)
+    checks = tmp_path / "checks.txt"
+    checks.write_text("// CHECK: fusion.neg\n// CHECK-NEXT: not there\n")
+    directory = tmp_path / "server"
+    directory.mkdir()
+    server = preload.start_server(str(directory))
+    try:
+        for name, (words, stdin) in PRELOADED_RUNS.items():
+            tool, *args = [word.format(fusion=fusion_file, checks=checks) for word in words]
+            fresh, preloaded = (
+                subprocess.run(command + args, input=stdin, capture_output=True, text=True, cwd=tmp_path)
+                for command in ([sys.executable, *preload.COMMANDS[tool]], preload.client_command(str(directory), tool))
+            )
+            assert (preloaded.returncode, preloaded.stdout, preloaded.stderr) == (
+                fresh.returncode, fresh.stdout, fresh.stderr
+            ), name
+            assert fresh.returncode == (0 if name in ("lowering", "help") else 1), name
+        assert server.poll() is None, "the server ended early, and its clients ran their tools themselves"
+    finally:
+        server.terminate()
+        server.wait()
+    assert not directory.exists()  # the server removes its socket and directory
 
 
 # --------------------------------------------------------------------------- #
