@@ -133,7 +133,7 @@ class CompiledShapes:
         if self.replayer is not None:
             results = self.replayer.run(inputs)
         else:
-            results = self.program.run(inputs, self.communicator)
+            results = self.program.run(inputs, self.communicator, views_of=range(len(inputs)))
         outputs: list[Any] = []
         for kind, what in imported.outputs:
             if kind == "fusion":

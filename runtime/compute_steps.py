@@ -25,17 +25,15 @@ SegmentRun = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
 """`run(ins, outs)`: a segment evaluated on `ins`, its results written into `outs`."""
 
 
-def segment_runner(callee: func.FuncOp, fused: bool) -> SegmentRun:
-    """How a segment runs, for `hir.launch_kernel` (`fused`) and `hir.post_on_stream` alike.
+def segment_runner(callee: func.FuncOp) -> SegmentRun:
+    """How a fused segment (`hir.launch_kernel`) runs.
 
-    The one place a segment is executed, bound once per op while the program is
-    prepared. A fused segment on CUDA tensors runs as its generated kernel
-    (`kernels.SegmentKernel`, compiled at its first launch, cached by structure) on the
-    current stream, writing `outs` in place; anything else is evaluated eagerly by
-    `fusion_eval` and copied into `outs`. A segment the generator refuses runs eagerly
-    too, and says so with a `KernelFallbackWarning` at its first launch on CUDA tensors.
-    `post_on_stream` segments only move data (broadcast, set), which a copy does as
-    well as a kernel, so they stay eager.
+    The one place a fused segment is executed, bound once per op while the program is
+    prepared. On CUDA tensors it runs as its generated kernel (`kernels.SegmentKernel`,
+    compiled at its first launch, cached by structure) on the current stream, writing
+    `outs` in place; anything else is evaluated eagerly by `fusion_eval` and copied into
+    `outs`. A segment the generator refuses runs eagerly too, and says so with a
+    `KernelFallbackWarning` at its first launch on CUDA tensors.
     """
     evaluate = fusion_eval.compile_function(callee)
 
@@ -43,8 +41,6 @@ def segment_runner(callee: func.FuncOp, fused: bool) -> SegmentRun:
         for out, result in zip(outs, evaluate(ins, outs[0].device), strict=True):
             out.copy_(result)
 
-    if not fused:
-        return eagerly
     try:
         kernel = kernels.SegmentKernel(callee)
     except HostirError as refusal:
@@ -95,12 +91,26 @@ def _compute_step(op: hir.ComputeOp, prep: Preparation, compute: Compute) -> Ste
     return step
 
 
-@handles(hir.LaunchKernelOp, hir.PostOnStreamOp)
-def _segment(op: hir.SegmentCallOp, prep: Preparation) -> Step:
+def _callee(op: hir.SegmentCallOp) -> func.FuncOp:
     callee = SymbolTable.lookup_symbol(op, op.callee)
     if not isinstance(callee, func.FuncOp):
         raise HostirError.at(op, f"'{op.callee.string_value()}' is not a function in this module")
-    return _compute_step(op, prep, segment_runner(callee, isinstance(op, hir.LaunchKernelOp)))
+    return callee
+
+
+@handles(hir.LaunchKernelOp)
+def _launch_kernel(op: hir.LaunchKernelOp, prep: Preparation) -> Step:
+    return _compute_step(op, prep, segment_runner(_callee(op)))
+
+
+@handles(hir.PostOnStreamOp)
+def _post_on_stream(op: hir.PostOnStreamOp, prep: Preparation) -> Step:
+    """A segment that only moves data (broadcasts, sets): its results are views of its
+    inputs, which its outs adopt where they can (`_adopting_step`). The weight that a
+    matmul reads through a broadcast stays the weight, where a copy would move every
+    byte of it every step."""
+    evaluate = fusion_eval.compile_function(_callee(op))
+    return _adopting_step(op, prep, evaluate, [False] * len(op.ins), [False] * len(op.outs))
 
 
 def matmul_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None:
@@ -279,22 +289,36 @@ def local_pieces(values: Sequence) -> list[bool]:
 
 @handles(hir.AtenOp)
 def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
-    """The ATen op on the local pieces. An out that is a whole buffer of the program
-    which this op fills first (`fills_first`) becomes ATen's result itself; any other out
-    gets the result copied in: a slice of a larger buffer, a symmetric buffer, whose
-    memory peers map, and a buffer that something used before.
-
-    Adopting the result keeps what ATen gives the next ATen op: a view stays a view (a
-    copy would move every byte of a weight's transpose, every step), and a result keeps
-    its strides (flash attention's backward reads the forward's output with the layout
-    the forward gave it, and is wrong with any other). The host-program contract lets
-    only the op that fills a buffer write it, so a result that aliases an operand is
-    never written through. The buffer the program allocated for an adopted out is
-    dropped unused.
-    """
+    """The ATen op on the local pieces, its results adopted where they can be
+    (`_adopting_step`). A view stays a view (a copy would move every byte of a weight's
+    transpose, every step), and a result keeps its strides (flash attention's backward
+    reads the forward's output with the layout the forward gave it, and is wrong with
+    any other)."""
     call = aten_calls.prepare_call(op.target.data, op.call.data)
     pick = aten_calls.picker(op.target.data, op.returns, len(op.outs))
-    varying_ins, varying_outs = local_pieces(op.ins), local_pieces(op.outs)
+    return _adopting_step(
+        op, prep, lambda operands, device: pick(call(operands, device)), local_pieces(op.ins), local_pieces(op.outs)
+    )
+
+
+Results = Callable[[list[torch.Tensor], torch.device], Sequence[torch.Tensor | None]]
+"""`results(operands, device)`: an op's results, made from its operands' tensors."""
+
+
+def _adopting_step(
+    op: hir.ComputeOp, prep: Preparation, results: Results, piece_ins: list[bool], piece_outs: list[bool]
+) -> Step:
+    """The step of an op whose results are tensors it makes (ATen's, or views of its
+    operands). An out that is a whole buffer of the program which this op fills first
+    (`fills_first`) becomes the result itself; any other out gets the result copied in:
+    a slice of a larger buffer, a symmetric buffer, whose memory peers map, and a buffer
+    that something used before. The host-program contract lets only the op that fills a
+    buffer write it, so a result that aliases an operand is never written through. The
+    buffer the program allocated for an adopted out is dropped unused.
+
+    A `piece` operand or result is given or taken without its device axis (ATen sees
+    local pieces); a None result is one the op leaves undefined, which no op reads.
+    """
     adopted = [fills_first(op, out, prep) for out in op.outs]
     for out in op.outs:
         prep.check_writable(op, out)
@@ -304,16 +328,15 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     def step(env: Environment, context: RunContext) -> None:
         if context.rank not in mesh:
             return
-        operands = [env[s][0] if varies else env[s] for s, varies in zip(ins, varying_ins)]
-        results = pick(call(operands, context.device))
-        for slot, result, varies, adopt in zip(outs, results, varying_outs, adopted, strict=True):
+        operands = [env[s][0] if piece else env[s] for s, piece in zip(ins, piece_ins)]
+        for slot, result, piece, adopt in zip(outs, results(operands, context.device), piece_outs, adopted, strict=True):
             if result is None:
                 continue
             result = aten_calls.carried(result, env[slot])
             if adopt:
-                env[slot] = result.unsqueeze(0) if varies else result
+                env[slot] = result.unsqueeze(0) if piece else result
             else:
-                (env[slot][0] if varies else env[slot]).copy_(result)
+                (env[slot][0] if piece else env[slot]).copy_(result)
 
     return step
 

@@ -140,6 +140,18 @@ def _stored(value: SSAValue) -> torch.dtype:
     return torch_dtype(fusion.tensor_type(value).element_type)
 
 
+Conversion = Callable[[torch.Tensor], torch.Tensor]
+"""What a value becomes where an op reads it or makes it: the dtype the op computes in or stores."""
+
+
+def _to(dtype: torch.dtype) -> Conversion:
+    return lambda value: value.to(dtype)
+
+
+def _as_it_flows(value: torch.Tensor) -> torch.Tensor:
+    return value
+
+
 CompiledFunction = Callable[[Sequence[torch.Tensor], torch.device], list[torch.Tensor]]
 """`run(inputs, device)`: the function's outputs; `device` is where its constants are made."""
 
@@ -153,7 +165,8 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
     """
     slots: dict[SSAValue, int] = {arg: i for i, arg in enumerate(function.args)}
     constants: list[tuple[int, bool | int | float, torch.dtype]] = []
-    steps: list[tuple[list[int], Callable[..., torch.Tensor], list[tuple[int, torch.dtype | None]], list[torch.dtype]]] = []
+    # (result slots, semantics, (operand slot, conversion) per operand, conversion per result)
+    steps: list[tuple[list[int], Callable[..., torch.Tensor], list[tuple[int, Conversion]], list[Conversion]]] = []
     outputs: list[tuple[int, torch.dtype]] = []
     for op in function.body.block.ops:
         if isinstance(op, func.ReturnOp):
@@ -167,14 +180,17 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
         semantics = TORCH_OPS.get(type(op))
         if semantics is None:
             raise HostirError.at(op, f"'{op.name}' has no torch semantics in a fusion")
-        declared = [_stored(r) for r in op.results]
-        if isinstance(op, fusion.POINTWISE_OPS):
-            # None: an operand is taken as it flows, upcast if it is still low precision.
-            operands = [(slots[v], None) for v in op.operands]
+        declared = [_to(_stored(r)) for r in op.results]
+        if isinstance(op, fusion.BroadcastOp):
+            # A broadcast computes nothing: the value flows through it as it is, a view,
+            # which the next pointwise op upcasts or a store rounds.
+            operands, declared = [(slots[op.input], _as_it_flows)], [_as_it_flows]
+        elif isinstance(op, fusion.POINTWISE_OPS):
+            operands = [(slots[v], upcast) for v in op.operands]
             if not isinstance(op, fusion.CastOp):
-                declared = [_compute_dtype(d) for d in declared]
+                declared = [_to(_compute_dtype(_stored(r))) for r in op.results]
         else:
-            operands = [(slots[v], _stored(v)) for v in op.operands]
+            operands = [(slots[v], _to(_stored(v))) for v in op.operands]
         result_slots = []
         for r in op.results:
             slots[r] = len(slots)
@@ -189,16 +205,12 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
         values: list[torch.Tensor | None] = [*inputs, *[None] * (len(slots) - len(inputs))]
         for slot, value, dtype in constants:
             values[slot] = torch.full((), value, dtype=dtype, device=device)
-        for result_slots, semantics, operands, result_dtypes in steps:
-            arguments = [
-                values[operand].to(dtype) if dtype is not None else upcast(values[operand])
-                for operand, dtype in operands
-            ]
-            results = semantics(*arguments)
+        for result_slots, semantics, operands, result_conversions in steps:
+            results = semantics(*[convert(values[operand]) for operand, convert in operands])
             if isinstance(results, torch.Tensor):
                 results = [results]
-            for slot, result, dtype in zip(result_slots, results, result_dtypes, strict=True):
-                values[slot] = result.to(dtype)
+            for slot, result, convert in zip(result_slots, results, result_conversions, strict=True):
+                values[slot] = convert(result)
         return [values[slot].to(dtype) for slot, dtype in outputs]
 
     return run

@@ -177,7 +177,7 @@ class GraphReplayer:
             captured = self.captured.get(key) or self._capture(key, inputs)
             if captured is not None:
                 return captured.replay(inputs)
-        return self.program.run(inputs, self.communicator, self.num_streams)
+        return self.program.run(inputs, self.communicator, self.num_streams, views_of=self.static_inputs)
 
     def _run_eagerly(self, reason: str) -> None:
         self.eager_reason = reason

@@ -14,7 +14,7 @@ holds no piece of.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 
 import torch
@@ -158,6 +158,7 @@ class Program:
         communicator: Communicator | None = None,
         num_streams: int | None = None,
         wrap_step: StepWrapper | None = None,
+        views_of: Collection[int] = (),
     ) -> list[torch.Tensor]:
         """Runs the program on this rank's local inputs; returns this rank's local outputs.
 
@@ -166,6 +167,13 @@ class Program:
         before any communication when the inputs or the world do not fit the program.
         `wrap_step` runs a copy of the program prepared with every step wrapped (a
         tracer, say); the prepared program itself stays unwrapped.
+
+        An output never shares memory with an input: where the program made it a view of
+        one (an op's result adopted as its buffer, docs/runtime.md), it is copied, so
+        that writing into an output leaves the inputs as they were. Views of the inputs
+        whose indices are in `views_of` are returned as they are, for a caller that knows
+        which outputs alias its inputs (torch.compile's, which rebuilds those views
+        itself) or that reads them in place (a CUDA graph's parameters).
         """
         communicator = communicator or Communicator.default()
         input_extents = self.check(inputs, communicator)
@@ -177,7 +185,8 @@ class Program:
             communicator.rank, communicator.device, communicator, streams, input_extents=input_extents
         )
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
-        return interpreter.run(inputs, context)
+        outputs = interpreter.run(inputs, context)
+        return _apart_from([x for i, x in enumerate(inputs) if i not in views_of], outputs)
 
     def symmetric_empty(
         self, index: int, shape: Sequence[int], communicator: Communicator | None = None
@@ -398,6 +407,15 @@ WRONG_INPUT_COUNT = -2
 """The verdict of a rank given the wrong number of inputs."""
 UNKNOWN_EXTENT = -1
 """The extent a rank reports for an input it holds no piece of."""
+
+
+def _apart_from(inputs: Sequence[object], outputs: list) -> list:
+    """`outputs`, each that shares memory with one of `inputs` replaced by a copy."""
+    shared = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor) and x.numel()}
+    return [
+        y.clone() if isinstance(y, torch.Tensor) and y.numel() and y.untyped_storage().data_ptr() in shared else y
+        for y in outputs
+    ]
 
 
 def _exchange(row: list[int], communicator: Communicator) -> list[list[int]]:

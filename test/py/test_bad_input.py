@@ -311,7 +311,7 @@ def fail_on_rank_1(how: str) -> None:
     """Rank 1 fails in the middle of DIES_MIDWAY, after the first allreduce; rank 0 carries on."""
     communicator = Communicator.from_env()
     if communicator.rank == 1:
-        def failing(callee, fused):
+        def failing(callee):
             def run(ins, outs):
                 if how == "raise":
                     raise RuntimeError("rank 1 fails on purpose")

@@ -807,21 +807,21 @@ def test_a_torch_error_mid_run_names_the_op_and_its_line(rng):
         run_host(program, [torch.randn(2, 4, generator=rng), torch.randn(5, 3, generator=rng)])
 
 
-def test_segment_runner_is_the_one_seam_for_segments(monkeypatch, rng):
-    """Both segment ops go through `segment_runner`, bound once when the program is prepared;
-    launch_kernel's segments are the fused ones."""
-    prepared: list[tuple[str, bool]] = []
+def test_segment_runner_is_the_one_seam_for_fused_segments(monkeypatch, rng):
+    """launch_kernel's segments go through `segment_runner`, bound once when the program
+    is prepared; post_on_stream's move data, which their outs adopt as views."""
+    prepared: list[str] = []
     original = compute_steps.segment_runner
 
-    def recording(callee, fused):
-        prepared.append((callee.sym_name.data, fused))
-        return original(callee, fused)
+    def recording(callee):
+        prepared.append(callee.sym_name.data)
+        return original(callee)
 
     monkeypatch.setattr(compute_steps, "segment_runner", recording)
     x = torch.randn(3, 4, generator=rng).bfloat16()
     b = torch.randn(4, generator=rng).bfloat16()
     run_host(SEGMENTS, [x, b])
-    assert prepared == [("gelu_ish", True), ("spread", False)]
+    assert prepared == ["gelu_ish"]
 
 
 BROADCAST_CONSTANT = f"""

@@ -314,8 +314,8 @@ def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(
     streams_used = []
     original = compute_steps.segment_runner
 
-    def recording(callee, fused):
-        run = original(callee, fused)
+    def recording(callee):
+        run = original(callee)
 
         def recorded(ins, outs):
             streams_used.append(torch.cuda.current_stream().cuda_stream)
