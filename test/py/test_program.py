@@ -334,3 +334,38 @@ def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(
     torch.testing.assert_close(y, torch.exp(x))
     assert len(streams_used) == 8 and len(set(streams_used)) == 4
     assert caller.cuda_stream not in streams_used
+
+
+SPREAD_WEIGHT = f"""
+func.func private @spread(%w: {tensor([4, 3], "bf16")}) -> {tensor([1, 4, 3], "bf16")} {{
+  %s = fusion.broadcast %w [0] : {tensor([4, 3], "bf16")} -> {tensor([1, 4, 3], "bf16")}
+  func.return %s : {tensor([1, 4, 3], "bf16")}
+}}
+func.func @main(%x: {tensor([2, 5, 4], "bf16")}, %w: {tensor([4, 3], "bf16")}) -> ({tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}) {{
+  %s = hir.allocate() : {tensor([1, 4, 3], "bf16")}
+  hir.post_on_stream @spread ins(%w : {tensor([4, 3], "bf16")}) outs(%s : {tensor([1, 4, 3], "bf16")})
+  %y = hir.allocate() : {tensor([2, 5, 3], "bf16")}
+  hir.matmul ins(%x, %s : {tensor([2, 5, 4], "bf16")}, {tensor([1, 4, 3], "bf16")}) outs(%y : {tensor([2, 5, 3], "bf16")})
+  func.return %y, %s : {tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}
+}}"""
+
+
+def test_a_broadcast_weight_is_read_in_place_and_no_output_shares_an_inputs_memory():
+    """The broadcast that a matmul reads (the importer's for a linear layer's weight) is a
+    view of the weight, even transposed, not a copy made every step. A view that is an
+    output is copied: writing into an output leaves the caller's inputs unchanged,
+    unless the caller asks for views of those inputs (as torch.compile's backend does)."""
+    program = Program.compile(SPREAD_WEIGHT, pipeline=None)
+    rng = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 4, generator=rng).bfloat16().to(DEVICE)
+    weight = torch.randn(3, 4, generator=rng).bfloat16().to(DEVICE)
+    w = weight.t()
+    kept = w.clone()
+    with poisoned_allocations():
+        y, s = program.run([x, w])
+    torch.testing.assert_close(y, torch.matmul(x.float(), w.float()).bfloat16(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(s[0], w) and s.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
+    s.add_(1)
+    assert torch.equal(w, kept)
+    _, view = program.run([x, w], views_of=[1])
+    assert view.data_ptr() == w.data_ptr() and view[0].stride() == w.stride()
