@@ -161,12 +161,15 @@ class HostirGraph:
         options: BackendOptions,
         parameters: Parameters,
         forward: bool,
+        saved: slice | None = None,
     ):
         self.gm = gm
         self.name = name
         self.options = options
         self.parameters = parameters
         self.forward = forward
+        self.saved = saved
+        """The outputs of a forward graph that aot_autograd saves for the backward graph."""
         self.compiled: dict[tuple, CompiledShapes | None] = {}
         """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
         _GRAPHS.add(self)
@@ -215,8 +218,20 @@ class HostirGraph:
         if self.options.cuda_graphs and device.type == "cuda":
             parameters = self.parameters.among(args, self.forward)
             static = [j for j, i in enumerate(imported.inputs) if i in parameters]
-            replayer = GraphReplayer(program, communicator, static_inputs=static)
+            replayer = GraphReplayer(program, communicator, static_inputs=static, hand_over=self._saved_only(imported))
         return CompiledShapes(imported, program, communicator, replayer)
+
+    def _saved_only(self, imported: ImportedGraph) -> set[int]:
+        """The program's outputs that the graph returns only as activations saved for the
+        backward graph, which lets go of them once it has run: a CUDA-graph replay hands
+        them over with no copy (`GraphReplayer`'s `hand_over`). An output that the graph
+        also returns to the caller is copied, since the caller may keep it."""
+        if self.saved is None:
+            return set()
+        saved = range(*self.saved.indices(len(imported.outputs)))
+        outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
+        returned = {index for j, index in enumerate(outputs) if j not in saved}
+        return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
 
 
 _GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()
@@ -272,6 +287,16 @@ def _forward_parameters() -> frozenset[int]:
     return frozenset(context.fw_metadata.static_input_indices)
 
 
+def _saved_for_backward() -> slice | None:
+    """The outputs of the forward graph being compiled that aot_autograd saves for the
+    backward graph; None for a graph without a backward (inference)."""
+    context = torch._guards.TracingContext.try_get()
+    try:
+        return context.fw_metadata.tensors_saved_for_backwards_slice
+    except (AttributeError, AssertionError):  # no context, or no backward: nothing saved
+        return None
+
+
 def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None):
     """The `hostir` backend of torch.compile (registered under that name by the package's entry point)."""
     backend_options = BackendOptions.of(options)
@@ -281,10 +306,12 @@ def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dic
 
     def compiler(kind: str):
         def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
-            if kind == "forward":
+            forward = kind == "forward"
+            if forward:
                 parameters.forward = _forward_parameters()
+            saved = _saved_for_backward() if forward else None
             # aot_autograd's boxed convention: the arguments come as one list.
-            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options, parameters, kind == "forward"))
+            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options, parameters, forward, saved))
 
         return compile_graph
 

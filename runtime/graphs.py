@@ -22,6 +22,16 @@ A run whose signature was captured copies the inputs into the static inputs, rep
 the graph and returns clones of the static outputs: the caller owns what it gets (a
 next replay does not overwrite it) and the caller's inputs are only read.
 
+Outputs that the caller names *handed over* (`hand_over`: the activations that a
+forward graph saves for its backward graph, which let go of them once it has run) are
+returned as they are, with no copy, and are the caller's until it lets go of them: a
+next run replays only when the caller holds none of them any more (torch counts the
+tensors that use a buffer's memory); otherwise it runs the program's steps outside the
+graph, on buffers of their own, and says why once (`GraphReplayFallback`), so that a
+replay never overwrites what the caller holds. A graph captured on inputs that are
+handed-over outputs (the backward graph's) reads them in place, with no copy either,
+while they are where they were at its capture, and runs outside the graph otherwise.
+
 Inputs that the caller names *static* (`static_inputs`: a model's parameters, which
 every step passes at the same address and an optimizer updates in place) are not
 copied: the graph reads the caller's tensor itself, as inductor's CUDA graphs do, and an
@@ -42,8 +52,8 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -66,28 +76,66 @@ def signature(inputs: Sequence[torch.Tensor]) -> Signature:
     return tuple((tuple(x.shape), x.stride(), x.dtype, x.device) for x in inputs)
 
 
+def _use_count(tensor: torch.Tensor) -> int:
+    """How many tensors hold `tensor`'s memory (views and aliases each count once)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
 @dataclass
 class CapturedRun:
     """One captured run: the graph and the static buffers it reads and writes."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor]
+    inputs: list[torch.Tensor | None]
+    """The static buffers that each replay copies the inputs into; None for an input the
+    graph reads where the caller has it."""
+    addresses: list[int]
+    """Where the graph reads each input."""
     outputs: list[torch.Tensor]
+    extents: dict[tuple[int, int], int]
+    """The inputs' dynamic extents, for a run of these inputs outside the graph."""
     watch: Callable[[torch.cuda.Event, torch.cuda.Event], None] | None = None
     """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
     timeout of its own: the copy engines' signals (runtime/watchdog.py)."""
 
-    copied: frozenset[int] = frozenset()
-    """The inputs that each replay copies into `inputs`; the others are the caller's own."""
+    parameters: frozenset[int] = frozenset()
+    """The inputs read in place that the caller keeps at one address (static inputs)."""
+    handed_over: frozenset[int] = frozenset()
+    """The inputs read in place that were outputs of a replay when this run was captured
+    (the activations a forward graph saves, read by the backward graph)."""
     views: frozenset[int] = frozenset()
-    """The outputs that are views of inputs read in place (a weight's transpose), which a
-    replay returns as they are: no replay writes them."""
+    """The outputs that are views of parameters (a weight's transpose), which a replay
+    returns as they are: no replay writes them."""
+    lent: frozenset[int] = frozenset()
+    """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over`);
+    it returns copies of the others."""
+    unused: dict[int, int] = field(default_factory=dict)
+    """Per storage of the lent outputs, its use count while no caller holds it (`_use_count`)."""
+
+    def __post_init__(self) -> None:
+        self.unused = {self.outputs[i].untyped_storage().data_ptr(): _use_count(self.outputs[i]) for i in self.lent}
+
+    def storages(self) -> set[int]:
+        """The memory of the outputs that a replay hands over."""
+        return set(self.unused)
+
+    def blocker(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        """Why a replay on `inputs` would be wrong, or None: an output of the previous
+        replay that a caller still holds (a replay would overwrite it), or an input
+        handed over by another replay that is not where the graph reads it."""
+        for out in (self.outputs[i] for i in self.lent):
+            if _use_count(out) > self.unused[out.untyped_storage().data_ptr()]:
+                return "an output of its previous replay is still in use, and a replay would overwrite it"
+        for i in self.handed_over:
+            if inputs[i].data_ptr() != self.addresses[i]:
+                return f"input #{i} is not the output of the replay that it was when the graph was captured"
+        return None
 
     def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         for i, (static, value) in enumerate(zip(self.inputs, inputs)):
-            if i in self.copied:
+            if static is not None:
                 static.copy_(value)
-            elif value.data_ptr() != static.data_ptr():
+            elif i in self.parameters and value.data_ptr() != self.addresses[i]:
                 raise HostirError(
                     f"static input #{i} (a parameter) is at another address than when its CUDA graph "
                     "was captured; a replay reads parameters in place. Update parameters in place, "
@@ -101,7 +149,10 @@ class CapturedRun:
             self.graph.replay()
             finished.record()
             self.watch(started, finished)
-        return [output if i in self.views else output.clone() for i, output in enumerate(self.outputs)]
+        return [
+            out if i in self.views else out.detach() if i in self.lent else out.clone()
+            for i, out in enumerate(self.outputs)
+        ]
 
 
 def _end_generator_capture(device: torch.device) -> None:
@@ -118,7 +169,13 @@ def _end_generator_capture(device: torch.device) -> None:
 
 
 _REPLAYERS: weakref.WeakSet[GraphReplayer] = weakref.WeakSet()
-"""The replayers alive in this process, for `release_captured_graphs`."""
+"""The replayers alive in this process, for `release_captured_graphs` and `_handed_out_memory`."""
+
+
+def _handed_out_memory() -> set[int]:
+    """The memory of the outputs that the replays of this process hand over: an input in
+    it is read in place by a graph captured on it."""
+    return {memory for replayer in list(_REPLAYERS) for run in replayer.captured.values() for memory in run.storages()}
 
 
 def release_captured_graphs() -> None:
@@ -145,14 +202,19 @@ class GraphReplayer:
         num_streams: int | None = None,
         warmup_runs: int = 2,
         static_inputs: Sequence[int] = (),
+        hand_over: Collection[int] = (),
     ):
         self.program = program
         self.static_inputs = sorted(set(static_inputs) - set(program.symmetric_inputs))
         """The inputs read where the caller keeps them (see the module's docstring)."""
+        self.hand_over = frozenset(hand_over)
+        """The outputs that a replay returns as they are, with no copy (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
         self.num_streams = configured_num_streams() if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
         self.captured: dict[Signature, CapturedRun] = {}
+        self.said: set[str] = set()
+        """Why runs of this program ran outside their graph, each said once."""
         self.eager_reason: str | None = None
         """Why this replayer runs the program eagerly; None while it replays."""
         _REPLAYERS.add(self)
@@ -176,8 +238,32 @@ class GraphReplayer:
             key = signature(inputs)
             captured = self.captured.get(key) or self._capture(key, inputs)
             if captured is not None:
-                return captured.replay(inputs)
+                blocker = captured.blocker(inputs)
+                if blocker is None:
+                    return captured.replay(inputs)
+                return self._run_outside(captured, inputs, blocker)
         return self.program.run(inputs, self.communicator, self.num_streams, views_of=self.static_inputs)
+
+    def _run_outside(self, captured: CapturedRun, inputs: Sequence[torch.Tensor], blocker: str) -> list[torch.Tensor]:
+        """A run of a captured signature outside its graph, where a replay would be wrong
+        (`CapturedRun.blocker`): the program's steps on buffers of their own, with the
+        extents that the capture checked, exchanging nothing more than a replay (the
+        peers may be replaying)."""
+        if blocker not in self.said:
+            self.said.add(blocker)
+            warnings.warn(
+                f"@{self.program.host.sym_name.data} ran outside its CUDA graph, slower: {blocker} "
+                "(said once per program and reason)",
+                GraphReplayFallback,
+                stacklevel=3,
+            )
+        return self.program.run_checked(inputs, self._context(captured.extents), views_of=self.static_inputs)
+
+    def _context(self, extents: dict[tuple[int, int], int]) -> RunContext:
+        device = self.communicator.device
+        return RunContext(
+            self.communicator.rank, device, self.communicator, stream_pool(device, self.num_streams), input_extents=extents
+        )
 
     def _run_eagerly(self, reason: str) -> None:
         self.eager_reason = reason
@@ -189,7 +275,13 @@ class GraphReplayer:
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
         """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
         program, communicator, device = self.program, self.communicator, self.communicator.device
-        copied = frozenset(range(len(inputs))) - frozenset(self.static_inputs)
+        handed_out = _handed_out_memory()
+        handed_over = frozenset(
+            i
+            for i, x in enumerate(inputs)
+            if i not in program.symmetric_inputs and x.untyped_storage().data_ptr() in handed_out
+        ) - frozenset(self.static_inputs)
+        copied = frozenset(range(len(inputs))) - frozenset(self.static_inputs) - handed_over
         static_inputs = program.with_symmetric_inputs(
             [x.clone() if i in copied else x for i, x in enumerate(inputs)], communicator
         )
@@ -200,13 +292,8 @@ class GraphReplayer:
                 for _ in range(self.warmup_runs):
                     program.run(static_inputs, communicator, self.num_streams)
             torch.cuda.current_stream(device).wait_stream(side)
-            context = RunContext(
-                communicator.rank,
-                device,
-                communicator,
-                stream_pool(device, self.num_streams),
-                input_extents=program.check(static_inputs, communicator),
-            )
+            extents = program.check(static_inputs, communicator)
+            context = self._context(extents)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             caller, failure = torch.cuda.current_stream(device), None
@@ -233,9 +320,28 @@ class GraphReplayer:
                 communicator.copy_engine.watchdog.watch,
                 what=f"a replay of @{program.host.sym_name.data} (backend cuda transfers)",
             )
-        in_place = {static_inputs[i].untyped_storage().data_ptr() for i in self.static_inputs}
-        views = frozenset(i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in in_place)
-        self.captured[key] = CapturedRun(graph, static_inputs, static_outputs, watch, copied, views)
+        def memory_of(indices: frozenset[int]) -> set[int]:
+            return {static_inputs[i].untyped_storage().data_ptr() for i in indices}
+
+        def outputs_in(memory: set[int]) -> frozenset[int]:
+            return frozenset(i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in memory)
+
+        parameters = frozenset(self.static_inputs)
+        views = outputs_in(memory_of(parameters))
+        self.captured[key] = CapturedRun(
+            graph,
+            [x if i in copied else None for i, x in enumerate(static_inputs)],
+            [x.data_ptr() for x in static_inputs],
+            static_outputs,
+            extents,
+            watch,
+            parameters,
+            handed_over,
+            views,
+            # An output in the memory of an input that another replay hands over is that
+            # replay's to overwrite: it is copied.
+            self.hand_over - views - outputs_in(memory_of(handed_over)),
+        )
         return self.captured[key]
 
     def _ranks_that_failed(self, failed: bool) -> list[int]:

@@ -185,7 +185,20 @@ class Program:
             communicator.rank, communicator.device, communicator, streams, input_extents=input_extents
         )
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
-        outputs = interpreter.run(inputs, context)
+        return self.run_checked(inputs, context, views_of, interpreter)
+
+    def run_checked(
+        self,
+        inputs: Sequence[torch.Tensor],
+        context: RunContext,
+        views_of: Collection[int] = (),
+        interpreter: Interpreter | None = None,
+    ) -> list[torch.Tensor]:
+        """`run` after its check: `inputs` are ones that `check` accepted, with the extents
+        in `context`, so nothing is exchanged between ranks but the program's own
+        communication. A CUDA-graph replayer runs a captured signature so where it cannot
+        replay it."""
+        outputs = (interpreter or self.interpreter).run(inputs, context)
         return _apart_from([x for i, x in enumerate(inputs) if i not in views_of], outputs)
 
     def symmetric_empty(

@@ -267,10 +267,57 @@ def test_gpu_replay_reads_static_inputs_in_place():
     x, w, b = (t.cuda() for t in case.inputs(0, 3))
     torch.testing.assert_close(replayer.run([x, w, b])[0], _linear(x, w, b))
     (captured,) = replayer.captured.values()
-    assert captured.copied == {0} and captured.inputs[1] is w and captured.inputs[2] is b
+    assert [i for i, static in enumerate(captured.inputs) if static is not None] == [0]
+    assert captured.addresses[1:] == [w.data_ptr(), b.data_ptr()]
     w.mul_(-2.0)
     b.add_(1.0)
     x2 = torch.randn_like(x)
     torch.testing.assert_close(replayer.run([x2, w, b])[0], _linear(x2, w, b))
     with pytest.raises(HostirError, match="static input #1 .* another address"):
         replayer.run([x2, w.clone(), b])
+
+
+@needs_cuda
+def test_gpu_replay_hands_its_outputs_over_to_the_next_graph():
+    """A replay hands over the outputs it is asked to (the activations a forward graph
+    saves): it returns its static outputs themselves, and a graph captured on them (the
+    backward graph) reads them in place: no copy on either side. A run where that would
+    be wrong runs outside its graph, says so once, and is right: the caller still holds
+    the last outputs (a replay would overwrite them), or the next graph's input is no
+    longer that output."""
+    device = torch.device("cuda", 0)
+    communicator = Communicator.single(device)
+    first = GraphReplayer(Program.compile(single_binary("f32")), communicator, hand_over=[0])
+    second = GraphReplayer(Program.compile(matmul(0, "f32")), communicator)
+
+    def step(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        a, b, w = (torch.randn(shape, generator=generator).to(device) for shape in ((3, 6), (3, 6), (6, 7)))
+        (hidden,) = first.run([a, b])
+        (out,) = second.run([hidden, w])
+        torch.testing.assert_close(out, (a + b) @ w)
+        return hidden, out, a + b
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphReplayFallback)
+        with poisoned_allocations():
+            hidden, _, _ = step(0)
+        (forward,) = first.captured.values()
+        (backward,) = second.captured.values()
+        assert hidden.data_ptr() == forward.outputs[0].data_ptr()
+        assert backward.handed_over == {0} and backward.inputs[0] is None
+        del hidden
+        for seed in (1, 2):
+            step(seed)
+    held, expected = step(3)[::2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(4)
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    assert any("still in use" in m for m in said) and any("input #0 is not the output" in m for m in said), said
+    torch.testing.assert_close(held, expected)
+    del held
+    ones = torch.ones(3, 6, device=device)
+    (hidden,) = first.run([ones, ones])
+    (out,) = second.run([hidden * 3, torch.ones(6, 7, device=device)])
+    torch.testing.assert_close(out, torch.full((3, 7), 36.0, device=device))

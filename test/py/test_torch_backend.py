@@ -24,6 +24,7 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import HostirFallbackWarning, Parameters
 from hostir.runtime.fusion_eval import torch_dtype
+from hostir.runtime.graphs import GraphReplayFallback
 from hostir.runtime.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
@@ -382,6 +383,30 @@ def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
     assert parameters.among([x, weight.t(), torch.randn(2, 4), bias[1:]], forward=False) == {1, 3}
 
 
+def test_the_forward_hands_over_what_only_the_backward_reads():
+    """A replay of the forward hands over, with no copy, the activations saved for the
+    backward (aot_autograd's saved tensors), and copies what it returns to the caller,
+    who may keep it; an inference graph saves nothing."""
+    from hostir.frontend.backend import compiled_graphs
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    compiled = torch.compile(model, backend="hostir")
+    compiled(torch.randn(5, 4, requires_grad=True)).sum().backward()
+    forward = [graph for graph in compiled_graphs() if graph.forward][-1]
+    (shapes,) = forward.compiled.values()
+    outputs = shapes.imported.outputs
+    handed = forward._saved_only(shapes.imported)
+    saved = range(*forward.saved.indices(len(outputs)))
+    returned = outputs[0][1][0]
+    assert handed and returned not in handed
+    assert handed == {outputs[j][1][0] for j in saved if outputs[j][0] == "fusion"} - {returned}
+    with torch.no_grad():
+        compiled(torch.randn(5, 4))
+    inference = [graph for graph in compiled_graphs() if graph.forward][-1]
+    assert inference is not forward and inference.saved is None
+
+
 def _layer_on_gpu(backend: str) -> dict:
     """The layer in bf16 on this rank's GPU, its collectives on NCCL or the copy engines:
     three training steps (SGD) and three forwards under no_grad against eager DTensor,
@@ -405,28 +430,31 @@ def _layer_on_gpu(backend: str) -> dict:
     # A replay reads the parameters in place: each step's update must be seen.
     optimizers = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in layers]
     errors = {}
-    for step in range(3):
-        x = torch.randn(2, 32, 64, dtype=torch.bfloat16).chunk(world, dim=1)[rank].to(device)
-        with torch.no_grad():
-            errors[f"inference output {step}"] = _max_error(compiled(x).float(), layers[1](x).float())
-        out, expected = compiled(x), layers[1](x)
-        out.float().square().sum().backward()
-        expected.float().square().sum().backward()
-        errors[f"output {step}"] = _max_error(out.float(), expected.float())
-        for name, grad in _grads(layers[0]).items():
-            errors[f"{name} {step}"] = _max_error(grad.float(), _grads(layers[1])[name].float())
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad()
-    replayed = [
-        shapes is not None
-        and shapes.replayer is not None
-        and shapes.replayer.replays
-        and bool(shapes.replayer.captured)
-        for graph in compiled_graphs()
-        for shapes in graph.compiled.values()
-    ]
-    return {"errors": errors, "replayed": replayed}
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("always", GraphReplayFallback)
+        for step in range(3):
+            x = torch.randn(2, 32, 64, dtype=torch.bfloat16).chunk(world, dim=1)[rank].to(device)
+            with torch.no_grad():
+                errors[f"inference output {step}"] = _max_error(compiled(x).float(), layers[1](x).float())
+            out, expected = compiled(x), layers[1](x)
+            out.float().square().sum().backward()
+            expected.float().square().sum().backward()
+            errors[f"output {step}"] = _max_error(out.float(), expected.float())
+            for name, grad in _grads(layers[0]).items():
+                errors[f"{name} {step}"] = _max_error(grad.float(), _grads(layers[1])[name].float())
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    replayers = [shapes.replayer for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes is not None]
+    replayed = [replayer is not None and replayer.replays and bool(replayer.captured) for replayer in replayers]
+    runs = [run for replayer in replayers if replayer is not None for run in replayer.captured.values()]
+    return {
+        "errors": errors,
+        "replayed": replayed,
+        "outside": [str(w.message) for w in outside if issubclass(w.category, GraphReplayFallback)],
+        "lent": sum(len(run.lent) for run in runs),
+        "handed_over": sum(len(run.handed_over) for run in runs),
+    }
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: NCCL ranks and CUDA graphs")
@@ -438,3 +466,7 @@ def test_decoder_layer_on_gpus_with_graph_replay(world, backend):
         bad = {what: error for what, error in result["errors"].items() if error > 3e-2}
         assert not bad, f"rank {rank}: {bad}"
         assert result["replayed"] and all(result["replayed"]), f"rank {rank}: {result['replayed']}"
+        # The activations the forward saves reach the backward with no copy, and every
+        # step replays: the backward lets go of them before the next forward.
+        assert result["lent"] > 0 and result["handed_over"] > 0, f"rank {rank}: {result}"
+        assert not result["outside"], f"rank {rank}: {result['outside']}"
