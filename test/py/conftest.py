@@ -46,12 +46,23 @@ def pytest_configure(config: pytest.Config) -> None:
     launch.PRELOAD.append("hostir.frontend.backend")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.path.name in SHARED_PER_PROCESS:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `--dist loadgroup`: xdist's load scheduling, each module of SHARED_PER_PROCESS one
+    unit of work, sent to one worker whole, every other test a unit of its own.
+
+    xdist's own loadgroup scheduler reads `xdist_group` marks from suffixes it writes into
+    the node ids, which pytest 9.2 no longer lets it change (pytest-dev/pytest-xdist#1386):
+    every test became a unit of its own, and each worker did the shared work again."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedModulesScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if os.path.basename(module) in SHARED_PER_PROCESS else nodeid
+
+    return SharedModulesScheduling(config, log)
 
 
 def _check_round_trip(module: Operation | str) -> str:
