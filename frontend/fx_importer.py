@@ -580,12 +580,13 @@ def _cat(importer: Importer, node: torch.fx.Node) -> Value | None:
 
 def _regrouped_reader(node: torch.fx.Node) -> tuple[tuple[int, ...], int, int] | None:
     """`(shape, size, dim)` where the one reader of the product `node`, through reshapes to
-    `shape` (the rows in its leading axes), is `cat(split(., size, dim), 0)` of several
-    sequences, which a reduce-scatter reads: the rows regrouped by destination."""
+    `shape` (the rows in its leading axes) and sums of tensors of its shape (a gradient's
+    GEMMs), is `cat(split(., size, dim), 0)` of several sequences, which a reduce-scatter
+    reads: the rows regrouped by destination."""
     current = node
     while len(current.users) == 1:
         (reader,) = current.users
-        if reader.target in RESHAPES:
+        if reader.target in RESHAPES or (reader.target is aten.add.Tensor and _no_alpha(reader) and _same_shapes(reader)):
             current = reader
             continue
         if reader.target is not aten.split.Tensor:
@@ -707,9 +708,9 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
     chunks = importer.pipeline_chunks(node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
     gathered = isinstance(lhs.ssa.owner, fusion.SetOp) and _squeezed(lhs.local_shape) != _squeezed(lhs.shape)
     regrouping = _regrouped_reader(node) if varying and len(lhs.shape) == 2 and not gathered else None
-    if regrouping is not None and lhs.is_flat:
+    if regrouping is not None and lhs.order is None:
         shape, size, dim = regrouping
-        lhs = importer.regrouped(lhs, (*shape[:-1], lhs.shape[-1]), size, dim)
+        lhs = importer.regrouped(importer.flat(lhs), (*shape[:-1], lhs.shape[-1]), size, dim)
     if chunks and not gathered and lhs.order is None:
         # The pieces of an all-gather read right here keep their axis, or its ring would
         # not reach this matmul; any other piece takes the chunks (a view of it).

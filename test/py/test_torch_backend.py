@@ -105,7 +105,7 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     are pipelined with the GEMMs next to them (in the backward, the reduce-scatters of the
     input gradients' sums of GEMMs too); with two, the sequences' pieces are
     interleaved in the gathered tensor, which the importer keeps as a permutation of
-    the pieces, and the all-gathers are still rings."""
+    the pieces, and all of them are pipelined still."""
     results = run_on_local_ranks(_layer_on_rank, world, sequences, dtype, batch, timeout_s=600)
     for rank, result in enumerate(results):
         bad = {what: error for what, error in result["errors"].items() if error > TOLERANCES[dtype]}
@@ -127,20 +127,16 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     for forward, backward in zip(programs[0::2], programs[1::2]):
         pipelined = [body for body in _loops(forward) if "hir.matmul" in body]
         backward_pipelined = [body for body in _loops(backward) if "hir.matmul" in body]
-        if batch == 1:
-            # Attention's QKV and the MLP's up projections on the ring, wo and w2 in chunks.
-            assert sum("hir.recv" in body for body in pipelined) == 2, forward
-            assert sum("hir.reduce_scatter" in body for body in pipelined) == 2, forward
-            # The backward's input gradients through QKV and through w1 and w3 are sums of
-            # GEMMs, reduce-scattered chunk by chunk.
-            assert sum(
-                "hir.reduce_scatter" in body and body.count("hir.matmul") >= 2 for body in backward_pipelined
-            ) == 2, backward
-        else:
-            # The sequences' pieces stay an axis of the gathered tensor (a permutation, not a
-            # reshape): the rings, and the reduce-scatters after wo and w2 sequence by sequence.
-            assert sum("hir.recv" in body for body in pipelined) == 2, forward
-            assert sum("hir.reduce_scatter" in body for body in pipelined) == 2, forward
+        # Attention's QKV and the MLP's up projections on the ring, wo and w2 in chunks. With
+        # two sequences, their pieces stay an axis of the gathered tensor (a permutation, not
+        # a reshape): the rings, and the reduce-scatters sequence by sequence.
+        assert sum("hir.recv" in body for body in pipelined) == 2, forward
+        assert sum("hir.reduce_scatter" in body for body in pipelined) == 2, forward
+        # The backward's input gradients through QKV and through w1 and w3 are sums of
+        # GEMMs, reduce-scattered chunk by chunk (sequence by sequence).
+        assert sum(
+            "hir.reduce_scatter" in body and body.count("hir.matmul") >= 2 for body in backward_pipelined
+        ) == 2, backward
 
 
 def test_adamw_steps_track_eager():
