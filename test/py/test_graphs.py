@@ -25,7 +25,7 @@ from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul,
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from hostir.runtime.communicator import Communicator
-from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
+from hostir.runtime.graphs import CapturedRun, GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, shard
@@ -190,6 +190,38 @@ def test_signature_distinguishes_shape_strides_dtype():
     x = torch.zeros(3, 4)
     assert signature([x]) == signature([torch.ones(3, 4)])
     assert len({signature([y]) for y in (x, x.t().contiguous(), x.t(), x.double(), x[:2])}) == 5
+
+
+def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
+    """What decides whether a replay may overwrite its outputs, on plain tensors (no graph
+    runs): a lent output blocks the next replay while any tensor, the one handed out or
+    a view of it, holds its memory; copies and the outputs that are views of parameters
+    do not count; a handed-over input blocks it when it is not where the capture read it."""
+    lent, copied, weight = torch.zeros(4, 3), torch.zeros(2), torch.zeros(3, 4)
+    handed_in = torch.zeros(5)
+    run = CapturedRun(
+        graph=None,
+        inputs=[None, None],
+        addresses=[weight.data_ptr(), handed_in.data_ptr()],
+        outputs=[lent, copied, weight.t()],
+        extents={},
+        parameters=frozenset({0}),
+        handed_over=frozenset({1}),
+        views=frozenset({2}),
+        lent=frozenset({0}),
+    )
+    assert run.storages() == {lent.untyped_storage().data_ptr()}
+    assert run.blocker([weight, handed_in]) is None
+    handed_out = lent.detach()
+    assert "still in use" in run.blocker([weight, handed_in])
+    rows = handed_out[1:]
+    del handed_out
+    assert "still in use" in run.blocker([weight, handed_in])
+    del rows
+    assert run.blocker([weight, handed_in]) is None
+    kept = [copied[1:], weight.t()]
+    assert run.blocker([weight, handed_in]) is None and kept
+    assert "input #1 is not the output" in run.blocker([weight, handed_in.clone()])
 
 
 def test_benchmark_quick_on_cpu():
