@@ -339,8 +339,9 @@ class GraphReplayer:
             handed_over,
             views,
             # An output in the memory of an input that another replay hands over is that
-            # replay's to overwrite: it is copied.
-            self.hand_over - views - outputs_in(memory_of(handed_over)),
+            # replay's to overwrite, and one in symmetric memory every run's (a run outside
+            # the graph included): they are copied.
+            self.hand_over - views - outputs_in(memory_of(handed_over)) - frozenset(program.symmetric_outputs),
         )
         return self.captured[key]
 

@@ -96,6 +96,11 @@ class Program:
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
+        self.symmetric_outputs = [
+            i for i, value in enumerate(host.get_return_op().operands) if _in_symmetric_memory(value)
+        ]
+        """The outputs in a buffer of `hir.allocate symmetric`: made once and given back to
+        every run (peers map it), so a later run overwrites what an earlier one returned."""
         self.interpreter = Interpreter(host)
         self._fitting_shapes: set[tuple[tuple[int, ...], ...]] = set()
         """The whole input shapes `check_extents` found to fit the fusion."""
@@ -170,7 +175,8 @@ class Program:
 
         An output never shares memory with an input: where the program made it a view of
         one (an op's result adopted as its buffer, docs/runtime.md), it is copied, so
-        that writing into an output leaves the inputs as they were. Views of the inputs
+        that writing into an output leaves the inputs as they were. Nor with a later run:
+        an output in symmetric memory, which every run reuses, is copied too. Views of the inputs
         whose indices are in `views_of` are returned as they are, for a caller that knows
         which outputs alias its inputs (torch.compile's, which rebuilds those views
         itself) or that reads them in place (a CUDA graph's parameters).
@@ -199,6 +205,9 @@ class Program:
         communication. A CUDA-graph replayer runs a captured signature so where it cannot
         replay it."""
         outputs = (interpreter or self.interpreter).run(inputs, context)
+        for i in self.symmetric_outputs:  # the next run writes the same memory
+            if isinstance(outputs[i], torch.Tensor):
+                outputs[i] = outputs[i].clone()
         return _apart_from([x for i, x in enumerate(inputs) if i not in views_of], outputs)
 
     def symmetric_empty(
@@ -420,6 +429,11 @@ WRONG_INPUT_COUNT = -2
 """The verdict of a rank given the wrong number of inputs."""
 UNKNOWN_EXTENT = -1
 """The extent a rank reports for an input it holds no piece of."""
+
+
+def _in_symmetric_memory(value: SSAValue) -> bool:
+    root, _ = buffer_root(value)
+    return isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp) and root.op.symmetric is not None
 
 
 def _apart_from(inputs: Sequence[object], outputs: list) -> list:

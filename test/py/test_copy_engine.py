@@ -52,7 +52,7 @@ from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from hostir.runtime.communication_steps import _partner, copy_engine_transfers
 from hostir.runtime.communicator import REDUCE_OPS, Communicator
-from hostir.runtime.copy_engine import SymmetricBuffer, reduction
+from hostir.runtime.copy_engine import SymmetricAllocation, SymmetricBuffer, reduction
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
@@ -787,7 +787,8 @@ def test_a_recv_pairs_with_the_send_to_its_own_peer_before_any_other():
 
 
 def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
-    """The runtime hands each run the same symmetric buffer (hence the lowering never returns one)."""
+    """The runtime hands each run the same symmetric buffer (hence the lowering never
+    returns one); an output in it is the caller's copy, which the next run leaves alone."""
     dynamic = tensor(["?", 3])
     program = Program.compile(
         f"""
@@ -799,19 +800,25 @@ def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
         }}""",
         pipeline=None,
     )
+    (allocate,) = (op for op in program.host.walk() if isinstance(op, hir.AllocateOp))
+    made = SymmetricAllocation.of(allocate, [0], torch.float32).buffers
     communicator = Communicator.single(torch.device("cpu"))
+
+    def buffer(rows: int) -> int:
+        return made[(communicator, (rows, 3))].tensor.data_ptr()
+
     first, second, other_shape = (torch.randn(n, 3) for n in (2, 2, 5))
     (a,) = program.run([first], communicator)
+    held = buffer(2)
     (b,) = program.run([second], communicator)
+    assert buffer(2) == held and len(made) == 1
+    assert torch.equal(a, first) and torch.equal(b, second) and a.data_ptr() != held
     (c,) = program.run([other_shape], communicator)
-    assert a.data_ptr() == b.data_ptr() and torch.equal(a, second)
-    assert c.data_ptr() != a.data_ptr() and torch.equal(c, other_shape)
-    (again,) = program.run([other_shape * 2], communicator)
-    assert again.data_ptr() == c.data_ptr()
+    assert len(made) == 2 and buffer(5) != held and torch.equal(c, other_shape)
     # A traced run prepares a copy of the program; it gets the same buffer too (making
     # another would rendezvous again, a collective that waits for the GPU).
     (traced,), _ = trace_run(program, [first], communicator)
-    assert traced.data_ptr() == a.data_ptr() and torch.equal(traced, first)
+    assert len(made) == 2 and buffer(2) == held and torch.equal(traced, first)
 
 
 # --------------------------------------------------------------------------- #

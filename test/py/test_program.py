@@ -369,3 +369,24 @@ def test_a_broadcast_weight_is_read_in_place_and_no_output_shares_an_inputs_memo
     assert torch.equal(w, kept)
     _, view = program.run([x, w], views_of=[1])
     assert view.data_ptr() == w.data_ptr() and view[0].stride() == w.stride()
+
+
+def test_an_output_in_symmetric_memory_stays_the_callers_after_the_next_run():
+    """A symmetric buffer is made once and given back to every run (peers map it): an
+    output in one is copied, so that the next run does not overwrite what the caller holds."""
+    vector = tensor([4], mesh=[0])
+    program = Program.compile(
+        f"""
+        func.func @main(%x: {vector}) -> {vector} {{
+          %s = hir.allocate() symmetric : {vector}
+          hir.copy ins(%x : {vector}) outs(%s : {vector})
+          func.return %s : {vector}
+        }}""",
+        pipeline=None,
+    )
+    assert program.symmetric_outputs == [0]
+    communicator = Communicator.single(DEVICE)
+    x = torch.arange(4.0, device=DEVICE)
+    (first,) = program.run([x], communicator)
+    (second,) = program.run([x + 10], communicator)
+    assert torch.equal(first, x) and torch.equal(second, x + 10)
