@@ -96,8 +96,9 @@ class Program:
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
+        returned = host.get_return_op()
         self.symmetric_outputs = [
-            i for i, value in enumerate(host.get_return_op().operands) if _in_symmetric_memory(value)
+            i for i, value in enumerate(returned.operands if returned else ()) if _in_symmetric_memory(value)
         ]
         """The outputs in a buffer of `hir.allocate symmetric`: made once and given back to
         every run (peers map it), so a later run overwrites what an earlier one returned."""
