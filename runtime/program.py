@@ -47,14 +47,20 @@ def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:
                 f"the module has no function @{name}; it has "
                 + ", ".join(f"@{f.sym_name.data}" for f in functions)
             )
-        return matches[0]
+        return _with_body(matches[0])
     public = [f for f in functions if f.sym_visibility is None or f.sym_visibility.data == "public"]
     if len(public) != 1:
         raise HostirError(
             f"the module has {len(public)} public functions "
             f"({', '.join('@' + f.sym_name.data for f in public)}); name the entry to run"
         )
-    return public[0]
+    return _with_body(public[0])
+
+
+def _with_body(function: func.FuncOp) -> func.FuncOp:
+    if function.is_declaration:
+        raise HostirError.at(function, f"@{function.sym_name.data} has no body to run")
+    return function
 
 
 def _lower(module: ModuleOp, pipeline: str) -> None:

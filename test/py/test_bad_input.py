@@ -287,6 +287,9 @@ def test_bad_compile_arguments():
     with pytest.raises(HostirError, match=r"2 public functions \(@main, @second\); name the entry"):
         Program.compile(two, pipeline=None)
     assert Program.compile(two, pipeline=None, entry="second").host.sym_name.data == "second"
+    for entry in (None, "main"):
+        with pytest.raises(HostirError, match=r"<string>:1:1: error: @main has no body to run"):
+            Program.compile("func.func @main() {\n}\n", pipeline=None, entry=entry)
 
 
 # --------------------------------------------------------------------------- #
