@@ -109,7 +109,7 @@ class CapturedRun:
     lent: frozenset[int] = frozenset()
     """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over`);
     it returns copies of the others."""
-    unused: dict[int, int] = field(default_factory=dict)
+    unused: dict[int, int] = field(init=False)
     """Per storage of the lent outputs, its use count while no caller holds it (`_use_count`)."""
 
     def __post_init__(self) -> None:

@@ -215,7 +215,8 @@ class Program:
         for i in self.symmetric_outputs:  # the next run writes the same memory
             if isinstance(outputs[i], torch.Tensor):
                 outputs[i] = outputs[i].clone()
-        return _apart_from([x for i, x in enumerate(inputs) if i not in views_of], outputs)
+        kept = set(views_of)
+        return _apart_from([x for i, x in enumerate(inputs) if i not in kept], outputs)
 
     def symmetric_empty(
         self, index: int, shape: Sequence[int], communicator: Communicator | None = None
@@ -446,6 +447,8 @@ def _in_symmetric_memory(value: SSAValue) -> bool:
 def _apart_from(inputs: Sequence[object], outputs: list) -> list:
     """`outputs`, each that shares memory with one of `inputs` replaced by a copy."""
     shared = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor) and x.numel()}
+    if not shared:  # the torch.compile backend's every run: it takes views of all its inputs
+        return outputs
     return [
         y.clone() if isinstance(y, torch.Tensor) and y.numel() and y.untyped_storage().data_ptr() in shared else y
         for y in outputs
