@@ -49,8 +49,12 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 120.0
 """How long a communication may wait for its peers before it fails, unless HOSTIR_TIMEOUT_S says."""
 MIN_TIMEOUT_S = 1.0
-"""The shortest timeout taken: joining a process group (connecting to the rendezvous store and
-to every peer) waits as long as a communication, and takes longer than a millisecond."""
+"""The shortest timeout taken: a communication among healthy peers on a busy machine takes
+longer than a millisecond."""
+JOIN_TIMEOUT_S = DEFAULT_TIMEOUT_S
+"""How long joining the process group may wait for the other ranks, at least: every rank must
+have started, which on a loaded machine takes longer than a short communication timeout. A
+rank that never comes is the launcher's to report (hir-run's, or torchrun's agent)."""
 MAX_TIMEOUT_S = 1e9
 """Longer timeouts are taken as this (about 31 years): datetime.timedelta ends near 8.6e13 s."""
 
@@ -201,7 +205,8 @@ class Communicator:
         """Joins (or reuses) the process group that torchrun's environment variables describe.
 
         The device is cuda:LOCAL_RANK when CUDA is available, else the CPU. `timeout_s`
-        defaults to HOSTIR_TIMEOUT_S, else DEFAULT_TIMEOUT_S.
+        bounds each communication, and defaults to HOSTIR_TIMEOUT_S, else DEFAULT_TIMEOUT_S;
+        joining waits for the other ranks for JOIN_TIMEOUT_S if that is longer.
         """
         if cls._from_env is not None and dist.is_initialized():
             return cls._from_env
@@ -224,7 +229,9 @@ class Communicator:
             if cuda:
                 _check_one_gpu_per_local_rank(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)))
                 torch.cuda.set_device(device)
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+            join_timeout = timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S))
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=join_timeout)
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
         cls._from_env = cls(dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), timeout_s)
         return cls._from_env
 

@@ -13,6 +13,7 @@ Inputs are random, allocations are poisoned with NaN, inputs are checked unchang
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -352,3 +353,28 @@ def test_ranks_launched_without_a_group_talk_through_their_arguments():
     inboxes = [context.Queue() for _ in range(3)]
     results = run_on_local_ranks(pass_rank_to_the_next, 3, inboxes, join_group=False)
     assert results == [(0, False, 2), (1, False, 0), (2, False, 1)]
+
+
+def join_late_then_wait_alone(late_s: float, timeout_s: float) -> float | None:
+    """Rank 1 joins `late_s` after rank 0, then leaves rank 0 alone in a collective: on rank 0,
+    the seconds that collective waited before it failed."""
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        time.sleep(late_s)
+    Communicator.from_env(timeout_s=timeout_s)
+    torch.distributed.barrier()
+    if rank == 1:
+        time.sleep(late_s + timeout_s)  # keeps its connections open while rank 0 waits
+        return None
+    start = time.monotonic()
+    with pytest.raises(RuntimeError):
+        torch.distributed.all_reduce(torch.zeros(1))
+    return time.monotonic() - start
+
+
+def test_joining_waits_for_a_late_rank_longer_than_a_communication_does(monkeypatch):
+    """A rank that starts late on a loaded machine is no failed communication: joining waits
+    for it past the 1 s timeout, which then bounds the collectives."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    waited, _ = run_on_local_ranks(join_late_then_wait_alone, 2, 3.0, 1.0, join_group=False)
+    assert 1.0 <= waited < 2.5
