@@ -23,9 +23,11 @@ same weights and the same inputs:
   inductor            torch.compile(layer) with inductor
   inductor async-TP   the same with `_micro_pipeline_tp` and symmetric memory for the
                       group: torch's async-TP (CUDA only)
-  hostir (nccl)       torch.compile(layer, backend="hostir"): collectives on the process
-                      group (NCCL on GPUs, gloo on CPU ranks)
-  hostir (cuda)       the same with options={"backend": "cuda"}: the copy engines (CUDA only)
+  hostir (nccl)       torch.compile(layer, backend="hostir", options={"backend": "nccl"}):
+                      collectives on the process group (NCCL on GPUs, gloo on CPU ranks)
+  hostir (cuda)       the same with options={"backend": "cuda"}: the copy engines (CUDA
+                      only; what the default, "auto", picks on one host of GPUs with peer
+                      access)
 
 Before it is timed, every contender's forward output, training-step output, input
 gradient and parameter gradients (each rank's shard) are compared with eager DTensor's:
@@ -183,7 +185,7 @@ def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
             enable_symm_mem_for_group(mesh.get_group().group_name)
         return torch.compile(layer, backend="inductor", options={"_micro_pipeline_tp": True})
     if contender == HOSTIR:
-        return torch.compile(layer, backend="hostir")
+        return torch.compile(layer, backend="hostir", options={"backend": "nccl"})
     if contender == HOSTIR_CUDA:
         return torch.compile(layer, backend="hostir", options={"backend": "cuda"})
     raise ValueError(contender)

@@ -17,7 +17,7 @@ Options (`torch.compile(..., options={...})`):
 |---|---|---|
 | `pipeline` | `True` | pipeline AG+GEMM, GEMM+RS and GEMM+AR chains (`auto-stream-parallel`) |
 | `chunks` | `None` | the chunks of a GEMM+RS or GEMM+AR pipeline; None: the cost model's choice on GPUs, one on the CPU |
-| `backend` | `"nccl"` | how the collectives move bytes: `nccl`, or `cuda` for the copy engines |
+| `backend` | `"auto"` | how the collectives move bytes: `nccl`, `cuda` for the copy engines, or `auto`: the copy engines where they can (`why_not_copy_engines`), else NCCL (gloo on the CPU) |
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
 
@@ -42,11 +42,13 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from xdsl.dialects.builtin import ModuleOp
 
 from hostir.frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
-from hostir_dialect.text import print_module
+from hostir_dialect.text import HostirError, print_module
 from hostir.runtime.aten_calls import CARRIERS
 from hostir.runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
+from hostir.runtime.copy_engine import why_not_copy_engines
 from hostir.runtime.cost_model import OverlapProblem, Rates, choose_pipeline
 from hostir.runtime.graphs import GraphReplayer
 from hostir.runtime.program import Program
@@ -73,7 +75,7 @@ def modelled_chunks(problem: OverlapProblem) -> int:
 class BackendOptions:
     pipeline: bool = True
     chunks: int | None = None
-    backend: str = "nccl"
+    backend: str = "auto"
     cuda_graphs: bool = True
     fallback: bool = True
 
@@ -86,8 +88,8 @@ class BackendOptions:
                 f"unknown hostir backend option(s) {sorted(unknown)}; known: "
                 + ", ".join(cls.__dataclass_fields__)
             )
-        if options.get("backend", "nccl") not in ("nccl", "cuda"):
-            raise ValueError(f"hostir backend option backend={options['backend']!r}: choose nccl or cuda")
+        if options.get("backend", "auto") not in ("auto", "nccl", "cuda"):
+            raise ValueError(f"hostir backend option backend={options['backend']!r}: choose auto, nccl or cuda")
         chunks = options.get("chunks")
         if chunks is not None and (not isinstance(chunks, int) or chunks < 1):
             raise ValueError(f"hostir backend option chunks={chunks!r}: a positive number of chunks, or None")
@@ -102,8 +104,28 @@ class BackendOptions:
             return lambda problem: self.chunks
         return modelled_chunks if device.type == "cuda" else one_chunk
 
-    def lowering(self) -> str:
-        return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={self.backend}}}"
+    def backends(self, communicator: Communicator) -> list[str]:
+        """The backends to lower with, in order of preference: the one asked for; for
+        `auto`, the copy engines where they can serve this world, faster than NCCL on one
+        host (docs/benchmarks.md), and NCCL for a graph whose collectives they have no
+        form for."""
+        if self.backend != "auto":
+            return [self.backend]
+        return ["nccl"] if why_not_copy_engines(communicator) else ["cuda", "nccl"]
+
+    def lowering(self, backend: str) -> str:
+        return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={backend}}}"
+
+    def compile(self, module: ModuleOp, communicator: Communicator) -> tuple[Program, str]:
+        """`module` lowered with the first of `self.backends(communicator)` whose lowering
+        takes it, and that backend; the last one's error where none does."""
+        *preferred, last = self.backends(communicator)
+        for backend in preferred:
+            try:
+                return Program.compile(module, self.lowering(backend)), backend
+            except HostirError:
+                pass  # the next backend's lowering may take it
+        return Program.compile(module, self.lowering(last)), last
 
 
 def dump_kinds() -> set[str]:
@@ -123,6 +145,8 @@ class CompiledShapes:
     program: Program
     communicator: Communicator
     replayer: GraphReplayer | None
+    backend: str
+    """Who moves the collectives' bytes: `nccl` or `cuda` (the copy engines)."""
 
     def run(self, args: Sequence[Any]) -> list[Any]:
         imported = self.imported
@@ -211,7 +235,7 @@ class HostirGraph:
         dumps = kinds and communicator.rank == imported.mesh[0]
         if dumps and "fusion" in kinds:
             print(f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}", file=sys.stderr)
-        program = Program.compile(imported.module, self.options.lowering())
+        program, backend = self.options.compile(imported.module, communicator)
         if dumps and "host_ir" in kinds:
             print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
         replayer = None
@@ -219,7 +243,7 @@ class HostirGraph:
             parameters = self.parameters.among(args, self.forward)
             static = [j for j, i in enumerate(imported.inputs) if i in parameters]
             replayer = GraphReplayer(program, communicator, static_inputs=static, hand_over=self._saved_only(imported))
-        return CompiledShapes(imported, program, communicator, replayer)
+        return CompiledShapes(imported, program, communicator, replayer, backend)
 
     def _saved_only(self, imported: ImportedGraph) -> set[int]:
         """The program's outputs that the graph returns only as activations saved for the

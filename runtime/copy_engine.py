@@ -64,6 +64,8 @@ every transfer checks that the buffer its peers read is one of them.
 from __future__ import annotations
 
 import functools
+import itertools
+import os
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -523,6 +525,28 @@ class PointToPointEngine(CopyEngine):
             self.symmetric_of(offer.buffer, [offer.peer])
             operations.append(dist.P2POp(dist.isend, offer.buffer.contiguous(), offer.peer))
         return dist.batch_isend_irecv(operations), finishes
+
+
+def why_not_copy_engines(communicator: Communicator) -> str | None:
+    """Why the copy engines cannot move the bytes of `communicator`'s world, or None where
+    they can: GPUs, every rank on this host (torchrun's LOCAL_WORLD_SIZE is the world, as
+    `hir-run` sets it too), and peer access between every two of the host's first
+    LOCAL_WORLD_SIZE GPUs, which the mappings of symmetric memory need. Every rank answers
+    alike from what its host shows it, with no communication, so that all choose the same."""
+    if communicator.device.type != "cuda":
+        return f"the copy engines are CUDA's, and this rank runs {communicator.where}"
+    world = communicator.world_size
+    if not communicator.joined or world == 1:
+        return "a world of one device moves no bytes between devices"
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local != str(world):
+        return f"the {world} ranks are not all on this host (LOCAL_WORLD_SIZE is {local or 'not set'})"
+    if torch.cuda.device_count() < world:
+        return f"this host shows {torch.cuda.device_count()} GPU(s) to each of its {world} ranks"
+    for a, b in itertools.permutations(range(world), 2):
+        if not torch.cuda.can_device_access_peer(a, b):
+            return f"GPU {a} has no peer access to GPU {b}"
+    return None
 
 
 def copy_engine_for(communicator: Communicator) -> CopyEngine:

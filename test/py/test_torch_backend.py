@@ -22,7 +22,9 @@ from xdsl.traits import SymbolTable
 from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError, parse_module
-from hostir.frontend.backend import HostirFallbackWarning, Parameters
+from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Parameters
+from hostir.runtime.communicator import Communicator
+from hostir.runtime.copy_engine import why_not_copy_engines
 from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.graphs import GraphReplayFallback
 from hostir.runtime.kernels import generated_source
@@ -63,7 +65,8 @@ def _layer_on_rank(sequences: tuple[int, ...], dtype: torch.dtype, batch: int) -
     for layer in (hostir_layer, eager_layer):
         layer.load_state_dict(reference.state_dict())
         parallelize(layer, mesh)
-    compiled = torch.compile(hostir_layer, backend="hostir", options={"chunks": 2})
+    # NCCL's lowering, whose collectives the test names (on GPUs, `auto` takes the copy engines).
+    compiled = torch.compile(hostir_layer, backend="hostir", options={"chunks": 2, "backend": "nccl"})
     errors: dict[str, float] = {}
     with _dumped("fusion,host_ir") as dump:
         for sequence in sequences:
@@ -183,7 +186,8 @@ def _mlp_on_rank(sequence_parallel: bool) -> dict:
     x = (x.chunk(world)[rank] if sequence_parallel else x).to(device)
     x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
     with _dumped("host_ir") as dump:
-        out = torch.compile(modules[0], backend="hostir", options={"chunks": 2})(x_hostir)
+        # NCCL's lowering, as in _layer_on_rank.
+        out = torch.compile(modules[0], backend="hostir", options={"chunks": 2, "backend": "nccl"})(x_hostir)
         out.sum().backward()
     expected = modules[1](x_eager)
     expected.sum().backward()
@@ -369,6 +373,64 @@ def test_an_unknown_option_is_refused():
         torch.compile(lambda x: x + 1, backend="hostir", options={"chunk": 4})(torch.randn(2))
 
 
+def test_auto_takes_the_copy_engines_only_for_a_host_of_gpus_with_peer_access(monkeypatch):
+    """What each rank of two sees decides, with no communication: GPUs, both ranks on this
+    host, and peer access both ways."""
+    cuda_pair = Communicator(0, 2, torch.device("cuda", 0), "nccl", 60.0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    no_access = set()
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: (a, b) not in no_access)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    auto, nccl, cuda = (BackendOptions.of({"backend": b}) for b in ("auto", "nccl", "cuda"))
+    assert BackendOptions.of({}) == auto
+    assert why_not_copy_engines(cuda_pair) is None
+    assert auto.backends(cuda_pair) == ["cuda", "nccl"]
+    assert (nccl.backends(cuda_pair), cuda.backends(cuda_pair)) == (["nccl"], ["cuda"])
+
+    no_access.add((1, 0))
+    assert why_not_copy_engines(cuda_pair) == "GPU 1 has no peer access to GPU 0"
+    assert auto.backends(cuda_pair) == ["nccl"]
+    no_access.clear()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one of two hosts
+    assert "not all on this host (LOCAL_WORLD_SIZE is 1)" in why_not_copy_engines(cuda_pair)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert "LOCAL_WORLD_SIZE is not set" in why_not_copy_engines(cuda_pair)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # CUDA_VISIBLE_DEVICES per rank
+    assert why_not_copy_engines(cuda_pair) == "this host shows 1 GPU(s) to each of its 2 ranks"
+    cpu_pair = Communicator(0, 2, torch.device("cpu"), "gloo", 60.0)
+    assert why_not_copy_engines(cpu_pair) == "the copy engines are CUDA's, and this rank runs gloo on cpu"
+    assert auto.backends(cpu_pair) == ["nccl"]
+    assert why_not_copy_engines(Communicator.single(torch.device("cuda", 0))) is not None
+    with pytest.raises(ValueError, match="choose auto, nccl or cuda"):
+        BackendOptions.of({"backend": "copy"})
+
+
+GATHERED = """
+func.func @gathered(%x: !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>) -> !fusion.tensor<[2, 4], f32, mesh = [0, 1]> {
+  %y = fusion.set %x : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]> -> !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
+  func.return %y : !fusion.tensor<[2, 4], f32, mesh = [0, 1]>
+}
+"""
+SCATTERED = """
+func.func @scattered(%x: !fusion.tensor<[2, 4], f32>) -> !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]> {
+  %y = fusion.set %x : !fusion.tensor<[2, 4], f32> -> !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
+  func.return %y : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
+}
+"""
+
+
+@pytest.mark.parametrize(("text", "backend"), [(GATHERED, "cuda"), (SCATTERED, "nccl")])
+def test_auto_lowers_for_nccl_what_the_copy_engines_cannot_move(monkeypatch, text, backend):
+    """An allgather goes to the copy engines; a scatter, which has no copy-engine form, to NCCL."""
+    monkeypatch.setattr("hostir.frontend.backend.why_not_copy_engines", lambda communicator: None)
+    communicator = Communicator(0, 2, torch.device("cpu"), "gloo", 60.0)
+    program, chosen = BackendOptions.of({}).compile(parse_module(text), communicator)
+    assert chosen == backend
+    backends = {op.properties["backend"].data for op in program.host.walk() if "backend" in op.properties}
+    assert backends == {hir.CommunicatorBackend(backend)}
+
+
 def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
     """A CUDA graph reads parameters in place: the forward's are aot_autograd's static
     inputs; the backward's are the tensors in their storage (a weight's transpose that
@@ -441,7 +503,8 @@ def _layer_on_gpu(backend: str) -> dict:
             for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad()
-    replayers = [shapes.replayer for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes is not None]
+    compiled_shapes = [shapes for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes is not None]
+    replayers = [shapes.replayer for shapes in compiled_shapes]
     replayed = [replayer is not None and replayer.replays and bool(replayer.captured) for replayer in replayers]
     runs = [run for replayer in replayers if replayer is not None for run in replayer.captured.values()]
     return {
@@ -450,11 +513,13 @@ def _layer_on_gpu(backend: str) -> dict:
         "outside": [str(w.message) for w in outside if issubclass(w.category, GraphReplayFallback)],
         "lent": sum(len(run.lent) for run in runs),
         "handed_over": sum(len(run.handed_over) for run in runs),
+        "backends": {shapes.backend for shapes in compiled_shapes},
+        "why_not_copy_engines": why_not_copy_engines(compiled_shapes[0].communicator),
     }
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: NCCL ranks and CUDA graphs")
-@pytest.mark.parametrize(("world", "backend"), [(1, "nccl"), (2, "nccl"), (2, "cuda")])
+@pytest.mark.parametrize(("world", "backend"), [(1, "nccl"), (2, "nccl"), (2, "cuda"), (2, "auto")])
 def test_decoder_layer_on_gpus_with_graph_replay(world, backend):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
@@ -466,3 +531,6 @@ def test_decoder_layer_on_gpus_with_graph_replay(world, backend):
         # step replays: the backward lets go of them before the next forward.
         assert result["lent"] > 0 and result["handed_over"] > 0, f"rank {rank}: {result}"
         assert not result["outside"], f"rank {rank}: {result['outside']}"
+        # auto: the copy engines on one host of GPUs with peer access
+        expected = ("nccl" if result["why_not_copy_engines"] else "cuda") if backend == "auto" else backend
+        assert result["backends"] == {expected}, f"rank {rank}: {result['why_not_copy_engines']}"
