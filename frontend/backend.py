@@ -27,6 +27,7 @@ every graph to standard error, on the first rank of the graph's mesh.
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import warnings
@@ -187,7 +188,8 @@ class HostirGraph:
         forward: bool,
         saved: slice | None = None,
     ):
-        self.gm = gm
+        self.gm, self.constants = _constants_as_arguments(gm)
+        """The graph, reading the tensors it held as attributes from arguments after its own."""
         self.name = name
         self.options = options
         self.parameters = parameters
@@ -199,6 +201,7 @@ class HostirGraph:
         _GRAPHS.add(self)
 
     def __call__(self, *args: Any) -> list[Any]:
+        args = (*args, *self.constants)
         key = tuple(
             (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a if isinstance(a, int) else None)
             for a in args
@@ -241,7 +244,8 @@ class HostirGraph:
         replayer = None
         if self.options.cuda_graphs and device.type == "cuda":
             parameters = self.parameters.among(args, self.forward)
-            static = [j for j, i in enumerate(imported.inputs) if i in parameters]
+            constants = range(len(args) - len(self.constants), len(args))
+            static = [j for j, i in enumerate(imported.inputs) if i in parameters or i in constants]
             replayer = GraphReplayer(program, communicator, static_inputs=static, hand_over=self._saved_only(imported))
         return CompiledShapes(imported, program, communicator, replayer, backend)
 
@@ -256,6 +260,27 @@ class HostirGraph:
         outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
         returned = {index for j, index in enumerate(outputs) if j not in saved}
         return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
+
+
+def _constants_as_arguments(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """`gm`, each tensor it reads from an attribute of its own (a constant of the traced
+    code, such as the fill value of DTensor's vocabulary-parallel embedding) read from
+    an argument after the others instead, and those tensors in that order: the importer
+    takes a graph's tensors from its arguments, and a replay reads these in place."""
+    constants: list[torch.Tensor] = []
+    last = next((node for node in reversed(gm.graph.nodes) if node.op == "placeholder"), None)
+    for node in list(gm.graph.nodes):
+        value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        with gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before():
+            last = gm.graph.placeholder(f"constant_{len(constants)}")
+        node.replace_all_uses_with(last)
+        gm.graph.erase_node(node)
+        constants.append(value)
+    if constants:
+        gm.recompile()
+    return gm, constants
 
 
 _GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()

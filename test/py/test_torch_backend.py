@@ -260,6 +260,97 @@ def test_allreduce_is_pipelined_with_its_matmul():
         assert any("hir.allreduce" in body and "hir.matmul" in body for body in _loops(program)), program
 
 
+def test_a_graph_that_holds_a_tensor_constant_takes_it_as_an_argument():
+    """A constant of the traced code (here the fill value of a masked write) is an
+    attribute of the FX graph; it reaches the program as an argument, unchanged."""
+
+    def f(x):
+        y = x.clone()
+        y[x < 0] = torch.tensor(7.0)
+        return y * 2
+
+    x = torch.randn(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostirFallbackWarning)
+        out = torch.compile(f, backend="hostir")(x)
+    assert torch.equal(out, f(x))
+    from hostir.frontend.backend import compiled_graphs
+
+    (constant,) = compiled_graphs()[-1].constants
+    assert torch.equal(constant, torch.tensor(7.0))
+
+
+class Llama(nn.Module):
+    """Token embeddings, two decoder layers, a norm and the output projection."""
+
+    def __init__(self, vocabulary: int = 128, dim: int = 64):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocabulary, dim)
+        self.layers = nn.ModuleList([DecoderLayer(dim) for _ in range(2)])
+        self.norm = nn.RMSNorm(dim, eps=1e-5)
+        self.output = nn.Linear(dim, vocabulary, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def _llama_on_rank() -> dict:
+    """The model with torchtitan's plan (the vocabulary sharded in the embeddings and the
+    output, the loss computed on the sharded logits), one training step against eager DTensor."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    torch.manual_seed(0)
+    reference = Llama()
+    models = []
+    for _ in range(2):
+        model = Llama().to(rank_device())
+        model.load_state_dict(reference.state_dict())
+        parallelize_module(model, mesh, plan)
+        for layer in model.layers:
+            parallelize(layer, mesh)
+        models.append(model)
+    tokens, targets = (torch.randint(0, 128, (2, 16)).to(rank_device()) for _ in range(2))
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", HostirFallbackWarning)
+        for model in (torch.compile(models[0], backend="hostir"), models[1]):
+            with loss_parallel():
+                loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+                loss.backward()
+            losses.append(loss.full_tensor().item())
+    errors = {name: _max_error(grad, _grads(models[1])[name]) for name, grad in _grads(models[0]).items()}
+    return {"losses": losses, "errors": errors, "fallbacks": [str(w.message) for w in caught]}
+
+
+@needs_ranks(2)
+def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_hostir():
+    """Every graph of the model is hostir's (the embeddings' masked lookup holds tensor
+    constants), and the loss and every gradient match eager DTensor's."""
+    for rank, result in enumerate(run_on_local_ranks(_llama_on_rank, 2, timeout_s=600)):
+        assert not result["fallbacks"], f"rank {rank}: {result['fallbacks']}"
+        hostir_loss, eager_loss = result["losses"]
+        assert hostir_loss == pytest.approx(eager_loss, rel=1e-5), f"rank {rank}"
+        assert max(result["errors"].values()) < 1e-4, f"rank {rank}: {result['errors']}"
+
+
 def test_an_op_hostir_does_not_model_runs_as_aten():
     def f(x, y, tokens, table):
         return torch.cumsum(x, dim=1) * torch.atan(y) + x.flip(0) + F.embedding(tokens, table)
