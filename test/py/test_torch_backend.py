@@ -160,9 +160,12 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
-def _mlp_on_rank(sequence_parallel: bool) -> dict:
+def _mlp_on_rank(sequence_parallel: bool, checkpointed: bool = False) -> dict:
     """The MLP, tensor parallel with its rows sharded between the blocks (`sequence_parallel`)
-    or replicated, compiled with two chunks, against eager DTensor."""
+    or replicated, compiled with two chunks, against eager DTensor; `checkpointed`: the
+    compiled module runs under activation checkpointing, again in the backward."""
+    from torch.utils.checkpoint import checkpoint
+
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
@@ -187,7 +190,8 @@ def _mlp_on_rank(sequence_parallel: bool) -> dict:
     x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
     with _dumped("host_ir") as dump:
         # NCCL's lowering, as in _layer_on_rank.
-        out = torch.compile(modules[0], backend="hostir", options={"chunks": 2, "backend": "nccl"})(x_hostir)
+        compiled = torch.compile(modules[0], backend="hostir", options={"chunks": 2, "backend": "nccl"})
+        out = checkpoint(compiled, x_hostir, use_reentrant=False) if checkpointed else compiled(x_hostir)
         out.sum().backward()
     expected = modules[1](x_eager)
     expected.sum().backward()
@@ -349,6 +353,17 @@ def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_host
         hostir_loss, eager_loss = result["losses"]
         assert hostir_loss == pytest.approx(eager_loss, rel=1e-5), f"rank {rank}"
         assert max(result["errors"].values()) < 1e-4, f"rank {rank}: {result['errors']}"
+
+
+@needs_ranks(2)
+def test_a_compiled_module_under_activation_checkpointing_matches_eager():
+    """Checkpointing around the compiled module (inside it, torch's own aot_autograd fails
+    for DTensor modules, docs/frontend.md): its forward runs again in the backward."""
+    results = run_on_local_ranks(_mlp_on_rank, 2, True, True, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
+    programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
+    assert [p.split("_")[0] for p in programs] == ["forward", "backward"], "the recomputation reuses the forward's program"
 
 
 def test_an_op_hostir_does_not_model_runs_as_aten():
