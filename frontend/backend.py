@@ -201,7 +201,6 @@ class HostirGraph:
         _GRAPHS.add(self)
 
     def __call__(self, *args: Any) -> list[Any]:
-        args = (*args, *self.constants)
         key = tuple(
             (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a if isinstance(a, int) else None)
             for a in args
@@ -210,15 +209,18 @@ class HostirGraph:
             self.compiled[key] = self._compile(args)
         compiled = self.compiled[key]
         if compiled is None:
-            return self.gm(*args)
-        return compiled.run(args)
+            return self.gm(*args, *self.constants)
+        return compiled.run((*args, *self.constants))
 
     def _compile(self, args: Sequence[Any]) -> CompiledShapes | None:
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        # The program's tensors are on its device, a constant too (the trace makes scalars on the CPU).
+        self.constants = [constant.to(device) for constant in self.constants]
+        args = (*args, *self.constants)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         with mode:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         try:
             imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
         except UnsupportedGraph as error:
