@@ -101,6 +101,13 @@ class Program:
         self.symmetric_inputs = [i for i, argument in enumerate(host.args) if hir.is_symmetric_input(argument)]
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
+        self.aten_inputs = {
+            i
+            for i, argument in enumerate(host.args)
+            if argument.uses and all(isinstance(use.operation, hir.AtenOp) for use in argument.uses)
+        }
+        """The inputs that only ATen calls read: one of a single element may be a CPU tensor on
+        GPUs, as ATen's own kernels return some (an attention kernel's random seed and offset)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         returned = host.get_return_op()
         self.symmetric_outputs = [
@@ -379,7 +386,7 @@ class Program:
         if len(inputs) != len(self.input_types):
             return WRONG_INPUT_COUNT, f"@{name} takes {len(self.input_types)} input(s), got {len(inputs)}"
         for i, (value, declared) in enumerate(zip(inputs, self.input_types)):
-            problem = _input_problem(value, declared, communicator)
+            problem = _input_problem(value, declared, communicator, i in self.aten_inputs)
             if not problem and i in self.symmetric_inputs:
                 problem = _symmetric_input_problem(value, declared, communicator)
             if problem:
@@ -503,8 +510,9 @@ def _symmetric_input_problem(
     return None
 
 
-def _input_problem(value: object, declared: TensorType, communicator: Communicator) -> str | None:
-    """What is wrong with `value` as this rank's piece of a tensor of type `declared`, if anything."""
+def _input_problem(value: object, declared: TensorType, communicator: Communicator, aten_only: bool) -> str | None:
+    """What is wrong with `value` as this rank's piece of a tensor of type `declared`, if
+    anything; `aten_only`: only ATen calls read it, so one element of it may be on the CPU."""
     if not isinstance(value, torch.Tensor):
         return f"expected a torch.Tensor, got {type(value).__name__}"
     if communicator.rank not in declared.mesh.ids:
@@ -525,6 +533,7 @@ def _input_problem(value: object, declared: TensorType, communicator: Communicat
     dtype = torch_dtype(declared.element_type)
     if value.dtype != dtype:
         return f"expected dtype {dtype}, got {value.dtype}"
-    if value.device != communicator.device:
+    cpu_scalar = aten_only and value.device.type == "cpu" and value.numel() == 1
+    if value.device != communicator.device and not cpu_scalar:
         return f"expected a tensor on {communicator.device}, got one on {value.device}"
     return None

@@ -14,7 +14,7 @@ import torch
 from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType
-from hostir_dialect.text import parse_module, print_module
+from hostir_dialect.text import HostirError, parse_module, print_module
 from hostir.runtime import compute_steps
 from hostir.runtime.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
@@ -390,3 +390,30 @@ def test_an_output_in_symmetric_memory_stays_the_callers_after_the_next_run():
     (first,) = program.run([x], communicator)
     (second,) = program.run([x + 10], communicator)
     assert torch.equal(first, x) and torch.equal(second, x + 10)
+
+
+SEEDED = """
+func.func @seeded(%seed: !fusion.tensor<[1], i64>, %x: !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32> {
+  %y = fusion.aten "aten.add.Tensor"(%x, %seed) call "[[{'operand': 0}, {'operand': 1}], {}]" : (!fusion.tensor<[4], f32>, !fusion.tensor<[1], i64>) -> !fusion.tensor<[4], f32>
+  %z = fusion.neg %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[4], f32>
+  %w = fusion.add %y, %z : (!fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32>
+  func.return %w : !fusion.tensor<[4], f32>
+}
+"""
+
+
+def test_an_input_only_aten_reads_may_be_one_element_on_the_cpu_of_a_gpu_program():
+    """As ATen's kernels return some (an attention kernel's random seed and offset) and take
+    them back; any other input, or a larger one, must be on the program's device."""
+    program = Program.compile(SEEDED)
+    assert program.aten_inputs == {0}
+    gpu = Communicator(0, 1, torch.device("cuda", 0), "nccl", 60.0, joined=False)
+    cpu = Communicator.single(torch.device("cpu"))
+    assert program.check([torch.tensor([3]), torch.zeros(4)], cpu) == {}
+    # The seed on the CPU passes; x does not.
+    with pytest.raises(HostirError, match=r"input #1 of @seeded on rank 0: expected a tensor on cuda:0, got one on cpu"):
+        program.check([torch.tensor([3]), torch.zeros(4)], gpu)
+    with pytest.raises(HostirError, match=r"input #0 of @seeded .*expected local shape \[1\]"):
+        program.check([torch.tensor([3, 4]), torch.zeros(4)], gpu)
+    x = torch.randn(4)
+    torch.testing.assert_close(program.run([torch.tensor([3]), x], cpu)[0], (x + 3) - x)
