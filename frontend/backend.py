@@ -221,6 +221,8 @@ class HostirGraph:
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         with mode:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+            if _masked_writes_as_where(self.gm):
+                FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
         try:
             imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
         except UnsupportedGraph as error:
@@ -283,6 +285,43 @@ def _constants_as_arguments(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphMod
     if constants:
         gm.recompile()
     return gm, constants
+
+
+def _masked_writes_as_where(gm: torch.fx.GraphModule) -> bool:
+    """Rewrites each `x[mask] = v` of `gm` (`index_put` with one boolean index that covers
+    x's leading axes, and a value of one element that keeps x's dtype) as
+    `where(mask, v, x)`, and says whether there was one. The same values, but no count of
+    the mask's true elements on the host, which a CUDA graph cannot capture: DTensor's
+    vocabulary-parallel embedding writes so the tokens and rows of other ranks."""
+    rewritten = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != torch.ops.aten.index_put.default:
+            continue
+        x, indices, value, *accumulate = node.args
+        if accumulate and accumulate[0] or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+            continue
+        x_val, mask_val, value_val = (n.meta.get("val") for n in (x, indices[0], value))
+        if not all(isinstance(v, torch.Tensor) for v in (x_val, mask_val, value_val)):
+            continue
+        if (
+            mask_val.dtype != torch.bool
+            or tuple(mask_val.shape) != tuple(x_val.shape[: mask_val.dim()])
+            or value_val.dim() != 0
+            or torch.result_type(value_val, x_val) != x_val.dtype
+        ):
+            continue
+        with gm.graph.inserting_before(node):
+            mask = indices[0]
+            if mask_val.dim() < x_val.dim():
+                shape = [*mask_val.shape, *[1] * (x_val.dim() - mask_val.dim())]
+                mask = gm.graph.call_function(torch.ops.aten.view.default, (mask, shape))
+            where = gm.graph.call_function(torch.ops.aten.where.self, (mask, value, x))
+        node.replace_all_uses_with(where)
+        gm.graph.erase_node(node)
+        rewritten = True
+    if rewritten:
+        gm.recompile()
+    return rewritten
 
 
 _GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()
