@@ -297,8 +297,9 @@ def _masked_writes_as_where(gm: torch.fx.GraphModule) -> bool:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target != torch.ops.aten.index_put.default:
             continue
-        x, indices, value, *accumulate = node.args
-        if accumulate and accumulate[0] or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+        x, indices, value, *rest = node.args
+        accumulate = node.kwargs.get("accumulate", rest[0] if rest else False)
+        if accumulate or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
             continue
         x_val, mask_val, value_val = (n.meta.get("val") for n in (x, indices[0], value))
         if not all(isinstance(v, torch.Tensor) for v in (x_val, mask_val, value_val)):

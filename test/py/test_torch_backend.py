@@ -287,6 +287,30 @@ def test_a_graph_that_holds_a_tensor_constant_takes_it_as_an_argument():
     assert "aten.index_put" not in graph.gm.code and "aten.where.self" in graph.gm.code
 
 
+def test_only_a_masked_write_of_one_value_over_leading_axes_becomes_a_where():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hostir.frontend.backend import _masked_writes_as_where
+
+    def writes(x, mask, rows, v, vs):
+        index_put = torch.ops.aten.index_put.default
+        return (
+            index_put(x, [mask], v),  # a where
+            index_put(x, [mask], v, True),  # accumulates
+            index_put(x, [rows], v),  # integer indices
+            index_put(x, [mask], vs),  # one value per row written
+        )
+
+    x, mask, rows, v = torch.randn(4, 3), torch.tensor([True, False, True, False]), torch.tensor([0, 2]), torch.tensor(5.0)
+    vs = torch.randn(2, 3)
+    gm = make_fx(writes)(x, mask, rows, v, vs)
+    assert _masked_writes_as_where(gm)
+    targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.aten.index_put.default) == 3 and torch.ops.aten.where.self in targets
+    for got, expected in zip(gm(x, mask, rows, v, vs), writes(x, mask, rows, v, vs)):
+        assert torch.equal(got, expected)
+
+
 class Llama(nn.Module):
     """Token embeddings, two decoder layers, a norm and the output projection."""
 
