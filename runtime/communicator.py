@@ -231,6 +231,8 @@ class Communicator:
                 torch.cuda.set_device(device)
             join_timeout = timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S))
             dist.init_process_group("nccl" if cuda else "gloo", timeout=join_timeout)
+            # init_process_group takes one timeout for the join and for the collectives;
+            # torch's setter for a group's timeout gives the collectives theirs.
             dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
         cls._from_env = cls(dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), timeout_s)
         return cls._from_env
