@@ -232,12 +232,14 @@ class HostirGraph:
                 f"hostir runs graph {self.name} as torch eager ops: {error}", HostirFallbackWarning, stacklevel=2
             )
             return None
-        if imported.mesh == (0,) or not dist.is_initialized():
+        if imported.group is None or not dist.is_initialized():
             communicator = Communicator.single(device)
-        else:
+        elif imported.mesh == tuple(range(dist.get_world_size())):
             communicator = Communicator(
                 dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), DEFAULT_TIMEOUT_S
             )
+        else:  # a group of part of the world (tensor parallel on one axis of a 2-D mesh)
+            communicator = Communicator.of_group(imported.group, device, DEFAULT_TIMEOUT_S)
         kinds = dump_kinds()
         dumps = kinds and communicator.rank == imported.mesh[0]
         if dumps and "fusion" in kinds:

@@ -116,6 +116,8 @@ class ImportedGraph:
     outputs: list[tuple[str, Any]]
     """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index) or ("constant", value)."""
     mesh: tuple[int, ...]
+    group: dist.ProcessGroup | None = None
+    """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -147,7 +149,8 @@ class Importer:
         """The chunk count of each reduce-scatter or all-reduce that reads chunked GEMMs."""
         self.flattened: dict[tuple[SSAValue, tuple[int, ...], tuple[int, ...] | None], Value] = {}
         """The FX-shaped copy of each value that a reader needed flat."""
-        self.mesh = self._mesh()
+        self.group = self._group()
+        self.mesh = (0,) if self.group is None else tuple(dist.get_process_group_ranks(self.group))
         self.devices = len(self.mesh)
         self.block = Block()
         self.values: dict[torch.fx.Node, Any] = {}
@@ -155,15 +158,15 @@ class Importer:
 
     # -- the mesh ------------------------------------------------------------- #
 
-    def _mesh(self) -> tuple[int, ...]:
-        """The ranks of the one process group that the graph's collectives name."""
+    def _group(self) -> dist.ProcessGroup | None:
+        """The one process group that the graph's collectives name; None if it has none."""
         groups = {}
         for node in self.gm.graph.nodes:
             if node.op == "call_function" and node.target in COLLECTIVES:
                 name = node.args[COLLECTIVES[node.target]]
                 groups.setdefault(name, node)
         if not groups:
-            return (0,)
+            return None
         if len(groups) > 1:
             raise UnsupportedGraph(
                 "the graph communicates over several process groups ("
@@ -174,13 +177,13 @@ class Importer:
         (name,) = groups
         try:
             group = torch.distributed.distributed_c10d._resolve_process_group(name)
-            ranks = dist.get_process_group_ranks(group)
+            dist.get_process_group_ranks(group)
         except Exception as error:  # noqa: BLE001 - torch raises several kinds here
             raise UnsupportedGraph(
                 f"{groups[name].format_node()}: the process group {name!r} is not one this "
                 f"process belongs to ({error})"
             ) from None
-        return tuple(ranks)
+        return group
 
     # -- types ------------------------------------------------------------------ #
 
@@ -233,7 +236,7 @@ class Importer:
             ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
             Region(self.block),
         )
-        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh)
+        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group)
 
     def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
         plan: list[tuple[str, Any]] = []

@@ -19,7 +19,9 @@ reduce.
 the communicator's copy engine (`runtime/copy_engine.py`). Every other team maps to a
 process group, created once per team with `dist.new_group` (a collective call:
 `create_groups` makes all of a program's groups up front, in program order, on every
-rank).
+rank). A communicator of part of the world (`of_group`: the process group of a graph
+whose ranks alone run the program) takes that group for its ranks, and has the members
+of a smaller team alone make its group.
 
 gloo has every collective used here since torch 2.2 (`all_gather_into_tensor` and
 `reduce_scatter_tensor` on CPU: pytorch#112144), max/min/product reductions included,
@@ -180,10 +182,19 @@ class Communicator:
     _from_env: Communicator | None = None
 
     def __init__(
-        self, rank: int, world_size: int, device: torch.device, backend: str, timeout_s: float, joined: bool = True
+        self,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        backend: str,
+        timeout_s: float,
+        joined: bool = True,
+        ranks: Sequence[int] | None = None,
     ):
         self.rank = rank
         self.world_size = world_size
+        self.ranks = tuple(range(world_size)) if ranks is None else tuple(ranks)
+        """The ranks that run programs together with this one: the world, or part of it (`of_group`)."""
         self.device = device
         self.backend = backend
         self.timeout_s = timeout_s
@@ -238,6 +249,20 @@ class Communicator:
         return cls._from_env
 
     @classmethod
+    def of_group(cls, group: dist.ProcessGroup, device: torch.device, timeout_s: float) -> Communicator:
+        """This rank, for programs that the ranks of `group` alone run (a graph whose
+        collectives name the tensor-parallel group of a 2-D mesh): their collectives go
+        through `group`, and a smaller team's group is made by its members alone."""
+        ranks = tuple(dist.get_process_group_ranks(group))
+        communicator = cls(dist.get_rank(), dist.get_world_size(), device, dist.get_backend(group), timeout_s, ranks=ranks)
+        communicator._groups[tuple(sorted(ranks))] = group
+        return communicator
+
+    @property
+    def spans_world(self) -> bool:
+        return self.ranks == tuple(range(self.world_size))
+
+    @classmethod
     def default(cls) -> Communicator:
         """The process group torchrun describes when torch.distributed is initialised, else a world of one."""
         return cls.from_env() if dist.is_initialized() else cls.single()
@@ -259,7 +284,11 @@ class Communicator:
             self._groups[key] = (
                 None
                 if key == tuple(range(self.world_size))
-                else dist.new_group(list(key), timeout=timedelta(seconds=self.timeout_s))
+                else dist.new_group(
+                    list(key),
+                    timeout=timedelta(seconds=self.timeout_s),
+                    use_local_synchronization=not self.spans_world,
+                )
             )
         return self._groups[key]
 

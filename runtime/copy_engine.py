@@ -538,6 +538,8 @@ def why_not_copy_engines(communicator: Communicator) -> str | None:
     world = communicator.world_size
     if not communicator.joined or world == 1:
         return "a world of one device moves no bytes between devices"
+    if not communicator.spans_world:
+        return f"the program's ranks {list(communicator.ranks)} are part of the world; the copy engines serve a whole world"
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local != str(world):
         return f"the {world} ranks are not all on this host (LOCAL_WORLD_SIZE is {local or 'not set'})"

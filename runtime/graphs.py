@@ -348,10 +348,10 @@ class GraphReplayer:
     def _ranks_that_failed(self, failed: bool) -> list[int]:
         """The ranks whose capture failed, known to every rank (one all-gather in a world of several)."""
         communicator = self.communicator
-        if communicator.world_size == 1:
+        ranks = sorted(communicator.ranks)
+        if len(ranks) == 1:
             return [communicator.rank] if failed else []
-        world = tuple(range(communicator.world_size))
-        flags = torch.empty(communicator.world_size, dtype=torch.int32, device=communicator.device)
+        flags = torch.empty(len(ranks), dtype=torch.int32, device=communicator.device)
         local = torch.tensor([int(failed)], dtype=torch.int32, device=communicator.device)
-        communicator.allgather(local, flags, world, 0).wait()
-        return [rank for rank, flag in enumerate(flags.tolist()) if flag]
+        communicator.allgather(local, flags, ranks, 0).wait()
+        return [rank for rank, flag in zip(ranks, flags.tolist()) if flag]

@@ -284,10 +284,10 @@ class Program:
             )
         problem = self._input_problem(inputs, communicator)
         row = self._report(inputs, communicator, problem)
-        rows = [row] if communicator.world_size == 1 else _exchange(row, communicator)
+        rows = {communicator.rank: row} if len(communicator.ranks) == 1 else _exchange(row, communicator)
         if problem is not None:
             raise HostirError(problem[1])
-        faults = [self._fault(rank, row) for rank, row in enumerate(rows) if row[0] != INPUTS_OK]
+        faults = [self._fault(rank, row) for rank, row in rows.items() if row[0] != INPUTS_OK]
         if faults:
             raise HostirError(
                 f"the inputs of @{self.host.sym_name.data} are wrong on another rank, so no rank "
@@ -414,11 +414,11 @@ class Program:
             return f"rank {rank} gave {count} input(s), @{name} takes {takes}"
         return f"input #{verdict} on rank {rank} does not fit its type (rank {rank} says how)"
 
-    def _agreed_extents(self, rows: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
+    def _agreed_extents(self, rows: dict[int, Sequence[int]]) -> dict[tuple[int, int], int]:
         """The extent of each dynamic input axis, which every rank holding the input must agree on."""
         extents = {}
         for column, (index, axis) in enumerate(self.dynamic_axes, start=2):
-            held = {rank: row[column] for rank, row in enumerate(rows) if row[column] != UNKNOWN_EXTENT}
+            held = {rank: row[column] for rank, row in rows.items() if row[column] != UNKNOWN_EXTENT}
             if len(set(held.values())) > 1:
                 raise HostirError(
                     f"input #{index} of @{self.host.sym_name.data}: the ranks holding it disagree on "
@@ -462,26 +462,32 @@ def _apart_from(inputs: Sequence[object], outputs: list) -> list:
     ]
 
 
-def _exchange(row: list[int], communicator: Communicator) -> list[list[int]]:
-    """Every rank's `row`, in rank order: one all-gather of int64 on the CPU."""
+def _exchange(row: list[int], communicator: Communicator) -> dict[int, list[int]]:
+    """The `row` of every rank that runs the program (`communicator.ranks`), by rank: one
+    all-gather of int64 on the CPU."""
     local = torch.tensor(row, dtype=torch.int64)
-    rows = [torch.empty_like(local) for _ in range(communicator.world_size)]
+    rows = [torch.empty_like(local) for _ in communicator.ranks]
     dist.all_gather(rows, local, group=_exchange_group(communicator))
-    return [r.tolist() for r in rows]
+    return {rank: r.tolist() for rank, r in zip(sorted(communicator.ranks), rows)}
 
 
 @functools.cache
 def _exchange_group(communicator: Communicator) -> dist.ProcessGroup | None:
-    """Where the ranks exchange their reports: the world's own group when it is gloo, else a
-    gloo group of the world (made once, on every rank, at the first run).
+    """Where the ranks exchange their reports: their own group when it is gloo, else a
+    gloo group of theirs (made once, by each of them, at the first run).
 
     On the CPU the exchange waits for nothing on the GPU: through NCCL its result would
     come after the work queued on the current stream, so every run would make the host
     wait for the GPU to drain, and the host could no longer run ahead of the device.
     """
     if communicator.backend == "gloo":
-        return None
-    return dist.new_group(backend="gloo", timeout=timedelta(seconds=communicator.timeout_s))
+        return communicator.group(communicator.ranks)
+    return dist.new_group(
+        None if communicator.spans_world else sorted(communicator.ranks),
+        backend="gloo",
+        timeout=timedelta(seconds=communicator.timeout_s),
+        use_local_synchronization=not communicator.spans_world,
+    )
 
 
 def _symmetric_input_problem(

@@ -385,6 +385,60 @@ def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_host
         assert max(result["errors"].values()) < 1e-4, f"rank {rank}: {result['errors']}"
 
 
+def _layer_on_a_tensor_parallel_axis() -> dict:
+    """The layer tensor-parallel on the inner axis of a 2 x 2 mesh (data parallel outside),
+    against eager DTensor; the replicas of the outer axis run different numbers of steps."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(rank_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
+    tp, replica = mesh["tp"], mesh.get_coordinate()[0]
+    torch.manual_seed(0)
+    reference = DecoderLayer()
+    layers = []
+    for _ in range(2):
+        layer = DecoderLayer().to(rank_device())
+        layer.load_state_dict(reference.state_dict())
+        layers.append(parallelize(layer, tp))
+    compiled = torch.compile(layers[0], backend="hostir")
+    torch.manual_seed(1 + replica)
+    x = torch.randn(2, 16, 64).chunk(2, dim=1)[tp.get_local_rank()].to(rank_device())
+    errors = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", HostirFallbackWarning)
+        for step in range(1 + replica):  # the second replica runs one step more
+            outputs, gradients = [], []
+            for layer in (compiled, layers[1]):
+                x_step = x.clone().requires_grad_()
+                out = layer(x_step)
+                out.square().sum().backward()
+                outputs.append(out.detach())
+                gradients.append(x_step.grad)
+            errors[f"output {step}"] = _max_error(*outputs)
+            errors[f"input gradient {step}"] = _max_error(*gradients)
+    from hostir.frontend.backend import compiled_graphs
+
+    communicators = [shapes.communicator for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes]
+    return {
+        "errors": errors,
+        "fallbacks": [str(w.message) for w in caught if issubclass(w.category, HostirFallbackWarning)],
+        "ranks": {c.ranks for c in communicators},
+        "tp ranks": tuple(dist.get_process_group_ranks(tp.get_group())),
+    }
+
+
+@needs_ranks(4)
+def test_a_layer_tensor_parallel_on_one_axis_of_a_2d_mesh_runs_on_that_axis_group():
+    """Each graph's program runs on the ranks of its tensor-parallel group alone: its
+    groups and its checks involve no other rank, so the two data-parallel replicas need
+    not run in step."""
+    for rank, result in enumerate(run_on_local_ranks(_layer_on_a_tensor_parallel_axis, 4, timeout_s=600)):
+        assert not result["fallbacks"], f"rank {rank}: {result['fallbacks']}"
+        assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
+        assert len(result["errors"]) == 2 * (1 + rank // 2)
+        assert result["ranks"] == {result["tp ranks"]} and rank in result["tp ranks"]
+
+
 @needs_ranks(2)
 def test_a_compiled_module_under_activation_checkpointing_matches_eager():
     """Checkpointing around the compiled module (inside it, torch's own aot_autograd fails
