@@ -385,11 +385,13 @@ def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_host
         assert max(result["errors"].values()) < 1e-4, f"rank {rank}: {result['errors']}"
 
 
-def _layer_on_a_tensor_parallel_axis() -> dict:
-    """The layer tensor-parallel on the inner axis of a 2 x 2 mesh (data parallel outside),
-    against eager DTensor; the replicas of the outer axis run different numbers of steps."""
+def _layer_on_a_tensor_parallel_axis(fsdp: bool) -> dict:
+    """The layer tensor-parallel on the inner axis of a 2 x 2 mesh, data parallel on the
+    outer one, against eager DTensor: the replicas of the outer axis run different numbers
+    of steps, or (`fsdp`) the parameters are sharded over them (FSDP2, `fully_shard`)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(rank_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     tp, replica = mesh["tp"], mesh.get_coordinate()[0]
@@ -400,13 +402,15 @@ def _layer_on_a_tensor_parallel_axis() -> dict:
         layer = DecoderLayer().to(rank_device())
         layer.load_state_dict(reference.state_dict())
         layers.append(parallelize(layer, tp))
+        if fsdp:
+            fully_shard(layer, mesh=mesh["dp"])
     compiled = torch.compile(layers[0], backend="hostir")
     torch.manual_seed(1 + replica)
     x = torch.randn(2, 16, 64).chunk(2, dim=1)[tp.get_local_rank()].to(rank_device())
     errors = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", HostirFallbackWarning)
-        for step in range(1 + replica):  # the second replica runs one step more
+        for step in range(1 if fsdp else 1 + replica):  # without FSDP, the second replica runs one step more
             outputs, gradients = [], []
             for layer in (compiled, layers[1]):
                 x_step = x.clone().requires_grad_()
@@ -416,6 +420,8 @@ def _layer_on_a_tensor_parallel_axis() -> dict:
                 gradients.append(x_step.grad)
             errors[f"output {step}"] = _max_error(*outputs)
             errors[f"input gradient {step}"] = _max_error(*gradients)
+    for name, grad in _grads(layers[0]).items():
+        errors[f"{name} gradient"] = _max_error(grad, _grads(layers[1])[name])
     from hostir.frontend.backend import compiled_graphs
 
     communicators = [shapes.communicator for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes]
@@ -428,14 +434,19 @@ def _layer_on_a_tensor_parallel_axis() -> dict:
 
 
 @needs_ranks(4)
-def test_a_layer_tensor_parallel_on_one_axis_of_a_2d_mesh_runs_on_that_axis_group():
+@pytest.mark.parametrize("fsdp", [False, True], ids=["replicas", "fsdp"])
+def test_a_layer_tensor_parallel_on_one_axis_of_a_2d_mesh_runs_on_that_axis_group(fsdp):
     """Each graph's program runs on the ranks of its tensor-parallel group alone: its
     groups and its checks involve no other rank, so the two data-parallel replicas need
-    not run in step."""
-    for rank, result in enumerate(run_on_local_ranks(_layer_on_a_tensor_parallel_axis, 4, timeout_s=600)):
+    not run in step; with FSDP2 on the other axis, its all-gathers and reduce-scatters
+    stay torch's, outside the graphs."""
+    results = run_on_local_ranks(_layer_on_a_tensor_parallel_axis, 4, fsdp, timeout_s=600)
+    parameters = len(list(DecoderLayer().parameters()))
+    for rank, result in enumerate(results):
         assert not result["fallbacks"], f"rank {rank}: {result['fallbacks']}"
         assert max(result["errors"].values()) < 1e-5, f"rank {rank}: {result['errors']}"
-        assert len(result["errors"]) == 2 * (1 + rank // 2)
+        steps = 1 if fsdp else 1 + rank // 2
+        assert len(result["errors"]) == 2 * steps + parameters
         assert result["ranks"] == {result["tp ranks"]} and rank in result["tp ranks"]
 
 
