@@ -234,6 +234,11 @@ class GraphReplayer:
         `Program.run`; a replay does not exchange anything between ranks, so it does
         not check inputs across ranks as `Program.run` does (a new signature does).
         """
+        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu"), None)
+        if self.replays and on_cpu is not None:
+            # A kernel reads such a value (an attention kernel's random seed) when it is
+            # launched: a replay would reuse the one of the capture.
+            self._run_eagerly(f"input #{on_cpu} is on the CPU, and a CUDA graph would keep its value from the capture")
         if self.replays:
             key = signature(inputs)
             captured = self.captured.get(key) or self._capture(key, inputs)

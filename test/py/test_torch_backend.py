@@ -370,6 +370,9 @@ def _llama_on_rank() -> dict:
             losses.append(loss.full_tensor().item())
     errors = {name: _max_error(grad, _grads(models[1])[name]) for name, grad in _grads(models[0]).items()}
     fallbacks = [str(w.message) for w in caught if issubclass(w.category, (HostirFallbackWarning, GraphReplayFallback))]
+    # f32 attention on GPUs returns its random seed on the CPU, which the backward takes back:
+    # that graph runs eagerly (GraphReplayer), the others replay.
+    fallbacks = [f for f in fallbacks if not re.search(r"@backward_\d+ runs eagerly: input #\d+ is on the CPU", f)]
     return {"losses": losses, "errors": errors, "fallbacks": fallbacks}
 
 
