@@ -328,6 +328,17 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
+def _two_copies(module: type[nn.Module]) -> list[nn.Module]:
+    """Two `module()`s with the same random weights, on this rank's device: one to compile,
+    one to run eagerly."""
+    torch.manual_seed(0)
+    reference = module()
+    copies = [module().to(rank_device()) for _ in range(2)]
+    for copy in copies:
+        copy.load_state_dict(reference.state_dict())
+    return copies
+
+
 def _llama_on_rank() -> dict:
     """The model with torchtitan's plan (the vocabulary sharded in the embeddings and the
     output, the loss computed on the sharded logits), one training step against eager DTensor."""
@@ -348,16 +359,11 @@ def _llama_on_rank() -> dict:
         "norm": SequenceParallel(),
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
     }
-    torch.manual_seed(0)
-    reference = Llama()
-    models = []
-    for _ in range(2):
-        model = Llama().to(rank_device())
-        model.load_state_dict(reference.state_dict())
+    models = _two_copies(Llama)
+    for model in models:
         parallelize_module(model, mesh, plan)
         for layer in model.layers:
             parallelize(layer, mesh)
-        models.append(model)
     tokens, targets = (torch.randint(0, 128, (2, 16)).to(rank_device()) for _ in range(2))
     losses = []
     with warnings.catch_warnings(record=True) as caught:
@@ -398,13 +404,8 @@ def _layer_on_a_tensor_parallel_axis(fsdp: bool) -> dict:
 
     mesh = init_device_mesh(rank_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     tp, replica = mesh["tp"], mesh.get_coordinate()[0]
-    torch.manual_seed(0)
-    reference = DecoderLayer()
-    layers = []
-    for _ in range(2):
-        layer = DecoderLayer().to(rank_device())
-        layer.load_state_dict(reference.state_dict())
-        layers.append(parallelize(layer, tp))
+    layers = [parallelize(layer, tp) for layer in _two_copies(DecoderLayer)]
+    for layer in layers:
         if fsdp:
             fully_shard(layer, mesh=mesh["dp"])
     compiled = torch.compile(layers[0], backend="hostir")
