@@ -405,8 +405,8 @@ def _layer_on_a_tensor_parallel_axis(fsdp: bool) -> dict:
     mesh = init_device_mesh(rank_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     tp, replica = mesh["tp"], mesh.get_coordinate()[0]
     layers = [parallelize(layer, tp) for layer in _two_copies(DecoderLayer)]
-    for layer in layers:
-        if fsdp:
+    if fsdp:
+        for layer in layers:
             fully_shard(layer, mesh=mesh["dp"])
     compiled = torch.compile(layers[0], backend="hostir")
     torch.manual_seed(1 + replica)
@@ -607,6 +607,8 @@ def test_auto_takes_the_copy_engines_only_for_a_host_of_gpus_with_peer_access(mo
     assert why_not_copy_engines(cpu_pair) == "the copy engines are CUDA's, and this rank runs gloo on cpu"
     assert auto.backends(cpu_pair) == ["nccl"]
     assert why_not_copy_engines(Communicator.single(torch.device("cuda", 0))) is not None
+    tensor_parallel_pair = Communicator(0, 4, torch.device("cuda", 0), "nccl", 60.0, ranks=(0, 1))
+    assert "ranks [0, 1] are part of the world" in why_not_copy_engines(tensor_parallel_pair)
     with pytest.raises(ValueError, match="choose auto, nccl or cuda"):
         BackendOptions.of({"backend": "copy"})
 
