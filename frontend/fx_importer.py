@@ -149,8 +149,7 @@ class Importer:
         """The chunk count of each reduce-scatter or all-reduce that reads chunked GEMMs."""
         self.flattened: dict[tuple[SSAValue, tuple[int, ...], tuple[int, ...] | None], Value] = {}
         """The FX-shaped copy of each value that a reader needed flat."""
-        self.group = self._group()
-        self.mesh = (0,) if self.group is None else tuple(dist.get_process_group_ranks(self.group))
+        self.group, self.mesh = self._group()
         self.devices = len(self.mesh)
         self.block = Block()
         self.values: dict[torch.fx.Node, Any] = {}
@@ -158,15 +157,16 @@ class Importer:
 
     # -- the mesh ------------------------------------------------------------- #
 
-    def _group(self) -> dist.ProcessGroup | None:
-        """The one process group that the graph's collectives name; None if it has none."""
+    def _group(self) -> tuple[dist.ProcessGroup | None, tuple[int, ...]]:
+        """The one process group that the graph's collectives name, and its ranks (the
+        mesh); None and a mesh of device 0 if the graph has no collective."""
         groups = {}
         for node in self.gm.graph.nodes:
             if node.op == "call_function" and node.target in COLLECTIVES:
                 name = node.args[COLLECTIVES[node.target]]
                 groups.setdefault(name, node)
         if not groups:
-            return None
+            return None, (0,)
         if len(groups) > 1:
             raise UnsupportedGraph(
                 "the graph communicates over several process groups ("
@@ -177,13 +177,13 @@ class Importer:
         (name,) = groups
         try:
             group = torch.distributed.distributed_c10d._resolve_process_group(name)
-            dist.get_process_group_ranks(group)
+            ranks = tuple(dist.get_process_group_ranks(group))
         except Exception as error:  # noqa: BLE001 - torch raises several kinds here
             raise UnsupportedGraph(
                 f"{groups[name].format_node()}: the process group {name!r} is not one this "
                 f"process belongs to ({error})"
             ) from None
-        return group
+        return group, ranks
 
     # -- types ------------------------------------------------------------------ #
 

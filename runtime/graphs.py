@@ -234,11 +234,6 @@ class GraphReplayer:
         `Program.run`; a replay does not exchange anything between ranks, so it does
         not check inputs across ranks as `Program.run` does (a new signature does).
         """
-        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu"), None)
-        if self.replays and on_cpu is not None:
-            # A kernel reads such a value (an attention kernel's random seed) when it is
-            # launched: a replay would reuse the one of the capture.
-            self._run_eagerly(f"input #{on_cpu} is on the CPU, and a CUDA graph would keep its value from the capture")
         if self.replays:
             key = signature(inputs)
             captured = self.captured.get(key) or self._capture(key, inputs)
@@ -278,7 +273,14 @@ class GraphReplayer:
         )
 
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
-        """Warms up and captures a run on copies of `inputs`; None when a rank could not capture."""
+        """Warms up and captures a run on copies of `inputs`; None when a rank could not
+        capture, or when an input is on the CPU (every rank alike: they run one graph)."""
+        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu"), None)
+        if on_cpu is not None:
+            # A kernel reads such a value (an attention kernel's random seed) when it is
+            # launched: a replay would reuse the one of the capture.
+            self._run_eagerly(f"input #{on_cpu} is on the CPU, and a CUDA graph would keep its value from the capture")
+            return None
         program, communicator, device = self.program, self.communicator, self.communicator.device
         handed_out = _handed_out_memory()
         handed_over = frozenset(
