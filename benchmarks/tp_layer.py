@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 8 benchmarks/tp_layer.py                 # one rank per GPU, bf16
     torchrun --nproc-per-node 2 benchmarks/tp_layer.py --sizes 4096,1,8192
     python benchmarks/tp_layer.py --smoke                               # 2 local CPU ranks, gloo, f32
+    torchrun --nproc-per-node 4 benchmarks/tp_layer.py --breakdown      # and where each step's time goes
 
 The layer is examples/tp_decoder_layer.py's (RMSNorm, attention with causal SDPA, RMSNorm,
 SwiGLU MLP), parallelized with torchtitan's plan by `parallelize_module`: QKV and the
@@ -35,6 +36,11 @@ the largest error relative to the largest |eager value|, the slowest rank's. The
 step runs `--warmup` times and `--reps` times timed (CUDA events around the step, after
 a barrier; host timers on CPU ranks). A contender's time is the median over the timed
 steps of one rank, the slowest rank's median; the ratio is to the limit's.
+
+With `--breakdown`, one more step of each kind runs under `torch.profiler` per contender
+and rank, and its time is split (benchmarks/step_breakdown.py): GEMMs, attention,
+communication not hidden behind compute, every other kernel (count and time), and host
+time with no kernel running; the traces stay in `--output` for Perfetto.
 
 Rank 0 prints a line per contender as it is measured and rewrites tp_layer.md,
 tp_layer.json and tp_layer.png in `--output` (default build/tp_layer, ignored by git)
@@ -71,6 +77,7 @@ sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from overlap_report import machine  # noqa: E402
+from step_breakdown import STEP, Breakdown, table  # noqa: E402
 from hostir.runtime.communicator import Communicator  # noqa: E402
 from hostir.runtime.graphs import release_captured_graphs  # noqa: E402
 from hostir.runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
@@ -145,6 +152,8 @@ class Result:
     first_s: float | None = None
     """The slowest rank's wall time of the contender's first forward and first training step
     together (the checked ones): its compilation, for torch.compile's backends."""
+    breakdown: list[dict] = field(default_factory=list)
+    """With --breakdown: each rank's `Breakdown` of one profiled step, in rank order."""
 
     @property
     def check_ok(self) -> bool | None:
@@ -374,10 +383,14 @@ def measure_size(
         status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
         if status == "ok":
             try:
+                breakdowns: dict[str, list[dict]] = {}
                 if contender == LIMIT:
                     times, errors, first_s = measure_limit(size, world, dtype, device, warmup, reps), {}, None
                 else:
-                    times, errors, first_s = measure_layer(contender, base, mesh, inputs, expected, warmup, reps)
+                    traces = Path(config["output"]) if config["breakdown"] else None
+                    times, errors, first_s, breakdowns = measure_layer(
+                        contender, base, mesh, inputs, expected, warmup, reps, traces
+                    )
             except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
                 status = f"failed: {plain_message(error)}"
             finally:
@@ -392,6 +405,7 @@ def measure_size(
             if status == "ok":
                 result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
                 result.ms = max(result.rank_ms)
+                result.breakdown = breakdowns.get(step, [])
             results.append(result)
         measured()
 
@@ -406,10 +420,18 @@ def measure_limit(
 
 
 def measure_layer(
-    contender: str, base: nn.Module, mesh, inputs: Inputs, expected: dict[str, dict[str, torch.Tensor]], warmup: int, reps: int
-) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], float]:
+    contender: str,
+    base: nn.Module,
+    mesh,
+    inputs: Inputs,
+    expected: dict[str, dict[str, torch.Tensor]],
+    warmup: int,
+    reps: int,
+    traces: Path | None = None,
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], float, dict[str, list[dict]]]:
     """A copy of `base` parallelized and run by `contender`: every rank's median of each step, the
-    slowest rank's error of each checked tensor, the slowest rank's time of the first (checked) steps."""
+    slowest rank's error of each checked tensor, the slowest rank's time of the first (checked)
+    steps, and with `traces` (a folder for the trace files) every rank's breakdown of each step."""
     layer = parallelize(copy.deepcopy(base), mesh)
     model = wrap(contender, layer, mesh)
     began = time.perf_counter()
@@ -422,7 +444,38 @@ def measure_layer(
     steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}
     device = inputs.x.device
     times = {step: gathered(median_ms(run, device, warmup, reps)) for step, run in steps.items()}
-    return times, errors, first_s
+    breakdowns = {}
+    if traces is not None:
+        size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}"
+        key = next(k for k, c in KEYS.items() if c == contender)
+        for step, run in steps.items():
+            path = traces / f"trace-{size}-{key}-{step}-rank{dist.get_rank()}.json"
+            breakdowns[step] = gathered(asdict(profiled(run, device, path)))
+    return times, errors, first_s, breakdowns
+
+
+def layer_dim(layer: nn.Module) -> int:
+    return next(p for p in layer.parameters()).shape[-1]
+
+
+def profiled(step: Callable[[], object], device: torch.device, path: Path) -> Breakdown:
+    """The breakdown of one run of `step` (already warm), whose trace is written to `path`
+    (Chrome's format: Perfetto opens it). The ranks start it together, as a timed step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    with profile(activities=activities) as profiler:
+        with record_function(STEP):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    profiler.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    return Breakdown.of_trace(events, device.type)
 
 
 def progress(outcome: list[Result]) -> str:
@@ -462,7 +515,12 @@ def train_outputs(model: nn.Module, inputs: Inputs, layer: nn.Module) -> dict[st
 
 
 def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output: Path, command: str) -> int:
-    """Every size on this rank. Rank 0 prints a line per contender and rewrites the report after
+    """Every size on this rank. With `--breakdown`, one more step of each kind runs under `torch.profiler` per contender
+and rank, and its time is split (benchmarks/step_breakdown.py): GEMMs, attention,
+communication not hidden behind compute, every other kernel (count and time), and host
+time with no kernel running; the traces stay in `--output` for Perfetto.
+
+Rank 0 prints a line per contender and rewrites the report after
     each, so that a run cut short leaves what it measured; at the end it prints the tables and
     returns the exit status."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -563,9 +621,34 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
         "Training step: the output, the input's gradient and every parameter's gradient (each rank's shard); "
         f"forward: the output. Tolerance: {tolerance}."
     )
+    sections += breakdown_sections(results, sizes)
     if notes:
         sections.append("\n".join(f"[{mark}] {status}" for status, mark in notes.items()))
     return "\n\n".join(sections) + "\n"
+
+
+def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[str]:
+    """Per size and step with breakdowns (--breakdown): a row per contender and rank, then each
+    contender's other kernels that take the most time on rank 0."""
+    sections = []
+    for size in sizes:
+        for step, title in STEPS.items():
+            measured = [r for r in results if r.size == size and r.step == step and r.breakdown]
+            if not measured:
+                continue
+            rows = [
+                (f"{r.contender}, {rank}", Breakdown(**b))
+                for r in measured
+                for rank, b in enumerate(r.breakdown)
+            ]
+            lines = [f"### Where the time goes: {title}, {size.label} (ms)", "", table(rows), ""]
+            for r in measured:
+                top = Breakdown(**r.breakdown[0]).top_other
+                if top:
+                    named = "; ".join(f"{name[:60]} x{count} {ms:.3f}" for name, count, ms in top[:5])
+                    lines.append(f"- {r.contender}, rank 0, other kernels: {named}")
+            sections.append("\n".join(lines))
+    return sections
 
 
 STYLES = [dict(marker=m, linestyle=s) for m, s in zip("osD^vP", ["-", "-.", ":", "-", "-.", ":"])]
@@ -650,6 +733,12 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, help="local ranks to start without torchrun (default: GPUs, or 2 on CPU)")
     parser.add_argument("--output", type=Path, default=REPOSITORY / "build" / "tp_layer")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="profile one step of each kind per contender and split its time (GEMM, attention, "
+        "communication not hidden, other kernels, host); the traces go to --output for Perfetto",
+    )
     args = parser.parse_args(argv)
     head_dim = args.head_dim or (16 if args.smoke else 128)
     if args.sizes:
@@ -688,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "seed": args.seed,
         "skip": {},
+        "breakdown": args.breakdown,
+        "output": str(args.output),
     }
     if not cuda and INDUCTOR in args.contenders and not args.inductor_chosen:
         config["skip"][INDUCTOR] = CPU_INDUCTOR_SKIP

@@ -1,7 +1,8 @@
 """The tensor-parallel decoder layer benchmark (benchmarks/tp_layer.py) as CI's smoke test.
 
-One run of `--smoke` (2 local CPU ranks, gloo, f32, a tiny layer) checks every contender
-that runs here against eager DTensor and writes the table, the JSON and the PNG; the
+One run of `--smoke --breakdown` (2 local CPU ranks, gloo, f32, a tiny layer) checks every
+contender that runs here against eager DTensor, splits one profiled step of each, and writes
+the table, the JSON, the PNG and the traces; the
 contenders that need CUDA say so in the table. The limit is tested on its own: it runs
 exactly the GEMMs and attention of the layer, one rank's share of them.
 """
@@ -31,7 +32,15 @@ COMMAND_TIMEOUT_S = 600
 
 
 def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
-    command = [sys.executable, str(BENCHMARKS / "tp_layer.py"), "--smoke", "--warmup=1", "--reps=3", f"--output={tmp_path}"]
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "tp_layer.py"),
+        "--smoke",
+        "--breakdown",
+        "--warmup=1",
+        "--reps=3",
+        f"--output={tmp_path}",
+    ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
@@ -48,6 +57,12 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
             assert result["status"] == "ok" and result["ms"] == max(result["rank_ms"])
             assert result["ratio_to_limit"] == pytest.approx(result["ms"] / limit["ms"])
             assert result["check_ok"] and max(result["errors"].values()) <= 1e-4
+            # --breakdown: each rank's profiled step, split; its trace kept for Perfetto.
+            assert len(result["breakdown"]) == 2
+            for rank, breakdown in enumerate(result["breakdown"]):
+                assert breakdown["step_ms"] > 0 and breakdown["gemm_ms"] > 0 and breakdown["other_kernels"] > 0
+                key = next(k for k, c in tp_layer.KEYS.items() if c == contender)
+                assert (tmp_path / f"trace-d64-b2-s16-{key}-{step}-rank{rank}.json").is_file()
         # Needing CUDA, or C++ builds too slow for a smoke test, is said, not hidden.
         assert results[step, tp_layer.ASYNC_TP]["status"].startswith("unavailable: async-TP needs CUDA")
         assert results[step, tp_layer.HOSTIR_CUDA]["status"].startswith("unavailable: the copy engines")
@@ -63,6 +78,9 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert table in completed.stdout
     assert "| dim 64, 2 x 16 tokens |" in table and "WRONG" not in table
     assert tp_layer.CPU_INDUCTOR_SKIP in table and "unavailable: the copy engines are CUDA's" in table
+    for title in tp_layer.STEPS.values():
+        assert f"### Where the time goes: {title}, dim 64, 2 x 16 tokens (ms)" in table
+    assert "| hostir (nccl), 1 |" in table
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
 
 
