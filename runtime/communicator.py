@@ -480,6 +480,12 @@ class Communicator:
             )
         return self._coalesced
 
+    @property
+    def store(self) -> dist.Store:
+        """The key-value store of the world's process group, which every rank of it reaches
+        (the copy engines exchange their buffers' handles through it)."""
+        return dist.distributed_c10d._get_default_store()
+
     @functools.cached_property
     def copy_engine(self) -> CopyEngine:
         """This rank's copy engine (made on first use; `runtime/copy_engine.py` imports this module)."""

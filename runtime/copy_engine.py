@@ -1,9 +1,10 @@
 """The copy-engine backend (`backend cuda`): each device pulls its peers' data out of their memory.
 
 On GPUs the buffers that peers read are *symmetric* (`hir.allocate symmetric`, or an
-input marked `hir.symmetric` that the caller made with `Program.symmetric_empty`): torch
-symmetric memory (`torch.distributed._symmetric_memory`) allocates them and maps every
-member's copy into every other member's address space (`rendezvous`, once per buffer).
+input marked `hir.symmetric` that the caller made with `Program.symmetric_empty`): every
+member of the buffer's mesh allocates it, and maps every other member's copy into its own
+address space through CUDA IPC, once per buffer (runtime/symmetric_memory.py says why not
+torch's symmetric memory).
 A transfer is then `Tensor.copy_` from a peer's mapping into a local buffer, issued on
 one dedicated copy stream per device; between contiguous tensors that is a
 `cudaMemcpyAsync`, done by the copy engines without taking SMs from the compute
@@ -65,6 +66,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import weakref
 from abc import ABC, abstractmethod
@@ -75,9 +77,12 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from hostir_dialect.text import HostirError
+from xdsl.ir import Operation
+
+from hostir_dialect.text import HostirError, operation_location
 from hostir.runtime.communicator import Communicator, Offer, Pull, collective, writable
 from hostir.runtime.signals import StreamSignals
+from hostir.runtime.symmetric_memory import PAD_ALIGNMENT, TeamRendezvous, allocate_shareable, open_shared
 from hostir.runtime.watchdog import Watchdog, end_process
 
 WRITTEN_CHANNEL = 0
@@ -157,7 +162,7 @@ class SymmetricBuffer:
 
     tensor: torch.Tensor
     group_ranks: dict[int, int]
-    """Device -> its rank in the process group of the buffer's mesh (the group sorts devices)."""
+    """Device -> its position among the devices of the buffer's mesh, sorted."""
     signals: StreamSignals | None = None
     """The flags in the members' signal pads (GPU, mesh of more than one device, at least one element)."""
     peers: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -203,12 +208,23 @@ class CopyEngine(ABC):
         self._scratches: dict[tuple, SymmetricBuffer] = {}
         """The allreduces' scratch buffers, by team, dtype and shape (`AllreducePieces`)."""
 
-    def allocate(self, shape: Sequence[int], dtype: torch.dtype, mesh: Sequence[int]) -> SymmetricBuffer:
-        """A new symmetric buffer; every device of `mesh` must allocate the same, in the same order."""
+    def allocate(self, shape: Sequence[int], dtype: torch.dtype, mesh: Sequence[int], what: str) -> SymmetricBuffer:
+        """A new symmetric buffer of the allocation `what` (its op, for errors); every device of
+        `mesh` must allocate the same, in the same order (runtime/symmetric_memory.py), and a
+        HostirError on every member says where they do not."""
         group_ranks = {device: rank for rank, device in enumerate(sorted(mesh))}
-        buffer = self._allocate(shape, dtype, group_ranks)
+        what = f"{what}: {list(shape)} x {str(dtype).removeprefix('torch.')}"
+        buffer = self._allocate(tuple(shape), dtype, group_ranks, what)
         self._buffers[buffer.tensor.untyped_storage().data_ptr()] = buffer
         return buffer
+
+    def _exchange(self, group_ranks: dict[int, int], what: str, payload: object) -> dict[int, object]:
+        """Every member's `payload` for the allocation `what`, once all of the mesh agree on it."""
+        if len(group_ranks) == 1:
+            return {self.rank: payload}
+        communicator = self.communicator
+        rendezvous = TeamRendezvous.of(communicator.store, self.rank, communicator.timeout_s)
+        return rendezvous.exchange(tuple(sorted(group_ranks)), what, payload)
 
     def symmetric_of(self, view: torch.Tensor, readers: Sequence[int]) -> SymmetricBuffer:
         """The symmetric buffer that `view` is part of, which the devices `readers` must have mapped."""
@@ -269,7 +285,8 @@ class CopyEngine(ABC):
         key = (team, output.dtype, outputs[0].shape)
         scratch = self._scratches.get(key)
         if scratch is None:
-            scratch = self._scratches[key] = self.allocate(outputs[0].shape, output.dtype, team)
+            what = f"the scratch of an allreduce in the team {list(team)}"
+            scratch = self._scratches[key] = self.allocate(outputs[0].shape, output.dtype, team, what)
         return AllreducePieces(inputs, outputs, scratch, team.index(self.rank))
 
     def _staging(self, piece: torch.Tensor, size: int) -> torch.Tensor:
@@ -294,8 +311,9 @@ class CopyEngine(ABC):
 
     @abstractmethod
     def _allocate(
-        self, shape: Sequence[int], dtype: torch.dtype, group_ranks: dict[int, int]
-    ) -> SymmetricBuffer: ...
+        self, shape: tuple[int, ...], dtype: torch.dtype, group_ranks: dict[int, int], what: str
+    ) -> SymmetricBuffer:
+        """The buffer, made with the members' agreement (`_exchange`)."""
 
     @abstractmethod
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
@@ -320,8 +338,8 @@ class StreamWait:
 
 
 class SymmetricMemoryEngine(CopyEngine):
-    """GPUs: peers' buffers through torch symmetric memory, copies and signals on a dedicated
-    stream, none of it a kernel (runtime/signals.py)."""
+    """GPUs: peers' buffers mapped by CUDA IPC (runtime/symmetric_memory.py), copies and
+    signals on a dedicated stream, none of it a kernel (runtime/signals.py)."""
 
     def __init__(self, communicator: Communicator):
         super().__init__(communicator)
@@ -329,19 +347,29 @@ class SymmetricMemoryEngine(CopyEngine):
         self.stream = torch.cuda.Stream(self.device)
         self.watchdog = Watchdog(communicator.timeout_s, functools.partial(end_process, self.rank))
 
-    def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
-        from torch.distributed import _symmetric_memory as symm_mem
-
+    def _allocate(self, shape, dtype, group_ranks, what) -> SymmetricBuffer:
         if len(group_ranks) == 1 or 0 in shape:
-            # Nothing for a peer to read: no mapping needed.
-            tensor = torch.empty(shape, dtype=dtype, device=self.device)
-            return SymmetricBuffer(tensor, group_ranks)
-        tensor = symm_mem.empty(shape, dtype=dtype, device=self.device)
-        group = self.communicator.group(list(group_ranks)) or dist.group.WORLD
-        handle = symm_mem.rendezvous(tensor, group)
-        flat = (tensor.numel(),)
-        peers = {device: handle.get_buffer(rank, flat, dtype) for device, rank in group_ranks.items()}
-        return SymmetricBuffer(tensor, group_ranks, StreamSignals(handle, CHANNELS), peers)
+            # Nothing for a peer to read: no mapping needed, only the members' agreement.
+            self._exchange(group_ranks, what, None)
+            return SymmetricBuffer(torch.empty(shape, dtype=dtype, device=self.device), group_ranks)
+        data = math.prod(shape) * dtype.itemsize
+        pad_start = -(-data // PAD_ALIGNMENT) * PAD_ALIGNMENT
+        pad_words = CHANNELS * len(group_ranks)
+        size = pad_start + 4 * pad_words
+        own, handle = allocate_shareable(size, self.device)
+        handles = self._exchange(group_ranks, what, handle)
+        memory = {
+            device: own if device == self.rank else open_shared(handles[device], size, self.device)
+            for device in group_ranks
+        }
+        # Mapping may wait for the GPU, which a member's transfer waiting for this member's
+        # next signal could keep busy where members share a GPU: no member goes on before all
+        # have mapped.
+        self._exchange(group_ranks, f"{what}, mapped", None)
+        peers = {device: m[:data].view(dtype) for device, m in memory.items()}
+        pads = [memory[device][pad_start:].view(torch.uint32)[:pad_words] for device in sorted(group_ranks)]
+        signals = StreamSignals(pads, group_ranks[self.rank])
+        return SymmetricBuffer(peers[self.rank].view(shape), group_ranks, signals, peers)
 
     def _begin(self) -> torch.cuda.Event | None:
         """Starts a transfer: the copy stream waits for the current stream's work so far. The
@@ -461,9 +489,9 @@ class SymmetricMemoryEngine(CopyEngine):
 class PointToPointEngine(CopyEngine):
     """The CPU (gloo): the copy engines' schedule over torch.distributed messages."""
 
-    def _allocate(self, shape, dtype, group_ranks) -> SymmetricBuffer:
-        tensor = torch.empty(shape, dtype=dtype, device=self.communicator.device)
-        return SymmetricBuffer(tensor, group_ranks)
+    def _allocate(self, shape, dtype, group_ranks, what) -> SymmetricBuffer:
+        self._exchange(group_ranks, what, None)
+        return SymmetricBuffer(torch.empty(shape, dtype=dtype, device=self.communicator.device), group_ranks)
 
     def _ring(self, team, target: Callable[[int], torch.Tensor], sent: Callable[[int], torch.Tensor]) -> tuple:
         """The ring's messages: at each step, receive `target(k)` from the member at team
@@ -564,27 +592,31 @@ class SymmetricAllocation:
     Making a symmetric buffer is collective (every device of the mesh maps the others')
     and slow, so each run of the program gets the same buffer back; it lives as long as
     the op. Every preparation of the program shares it (`of`): a traced copy that made
-    its own would rendezvous again, a collective that also waits for the GPU.
+    its own would map the peers' memory again, a collective that also waits for the GPU.
     """
 
     _of_op: ClassVar[weakref.WeakKeyDictionary[object, SymmetricAllocation]] = weakref.WeakKeyDictionary()
 
-    def __init__(self, mesh: Sequence[int], dtype: torch.dtype):
+    def __init__(self, mesh: Sequence[int], dtype: torch.dtype, what: str):
         self.mesh = tuple(mesh)
         self.dtype = dtype
+        self.what = what
+        """The op, as errors about the allocation name it."""
         self.buffers: dict[tuple[Communicator, tuple[int, ...]], SymmetricBuffer] = {}
 
     @classmethod
-    def of(cls, op: object, mesh: Sequence[int], dtype: torch.dtype) -> SymmetricAllocation:
+    def of(cls, op: Operation, mesh: Sequence[int], dtype: torch.dtype) -> SymmetricAllocation:
         """The allocations of the op `op` (an `hir.allocate symmetric`), made on first use."""
         allocation = cls._of_op.get(op)
         if allocation is None:
-            allocation = cls._of_op[op] = cls(mesh, dtype)
+            location = operation_location(op)
+            what = f"'{op.name}' symmetric" + (f" at {location}" if location else "")
+            allocation = cls._of_op[op] = cls(mesh, dtype, what)
         return allocation
 
     def __call__(self, communicator: Communicator, shape: Sequence[int]) -> torch.Tensor:
         key = (communicator, tuple(shape))
         buffer = self.buffers.get(key)
         if buffer is None:
-            buffer = self.buffers[key] = communicator.copy_engine.allocate(shape, self.dtype, self.mesh)
+            buffer = self.buffers[key] = communicator.copy_engine.allocate(shape, self.dtype, self.mesh, self.what)
         return buffer.tensor

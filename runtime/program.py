@@ -119,17 +119,10 @@ class Program:
         self._fitting_shapes: set[tuple[tuple[int, ...], ...]] = set()
         """The whole input shapes `check_extents` found to fit the fusion."""
         communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
-        symmetric = [op for op in host.walk() if isinstance(op, hir.AllocateOp) and op.symmetric]
-        self.teams = list(
-            dict.fromkeys(
-                [op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)]
-                + [op.result.type.mesh.ids for op in symmetric]
-                + [self.input_types[i].mesh.ids for i in self.symmetric_inputs]
-            )
-        )
-        """The teams that need a process group, each once, in program order (send_recv is point
-        to point): those of the collectives, and the meshes of symmetric buffers and inputs
-        (their rendezvous)."""
+        self.teams = list(dict.fromkeys(op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)))
+        """The teams that need a process group, each once, in program order: those of the
+        collectives (send_recv is point to point, and the members of a symmetric buffer's
+        mesh exchange their handles through the world's store)."""
         self.largest_device = max(
             (d for devices in (*self._meshes(), *(op.team_ids for op in communications)) for d in devices),
             default=0,
@@ -231,9 +224,9 @@ class Program:
         """An uninitialised tensor of `shape` for input `index` (marked `hir.symmetric`), in
         memory that the devices of the input's mesh map, as the program expects it.
 
-        Collective, as `torch.distributed._symmetric_memory.empty` with its rendezvous: every
-        rank of the world calls it with the same arguments, in the same order (a rank
-        outside the input's mesh gets an empty placeholder). The memory belongs to the
+        Collective: every rank of the world calls it with the same arguments, in the same
+        order (a rank outside the input's mesh gets an empty placeholder), and the devices
+        of the mesh map each other's memory (runtime/symmetric_memory.py). The memory belongs to the
         communicator's copy engine for as long as it lives; fill it, pass it to `run` as
         many times as wanted, and write it again only once the run that reads it is over
         on the current stream (peers read it during the run, never after it).
@@ -250,7 +243,8 @@ class Program:
         communicator.create_groups(self.teams)
         if communicator.rank not in declared.mesh.ids:
             return torch.empty(0, dtype=dtype, device=communicator.device)
-        return communicator.copy_engine.allocate(tuple(shape), dtype, declared.mesh.ids).tensor
+        what = f"input #{index} of @{self.host.sym_name.data} (Program.symmetric_empty)"
+        return communicator.copy_engine.allocate(tuple(shape), dtype, declared.mesh.ids, what).tensor
 
     def with_symmetric_inputs(
         self, inputs: Sequence[torch.Tensor], communicator: Communicator | None = None

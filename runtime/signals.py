@@ -11,10 +11,11 @@ and every copy queued behind it with it. A stream memory operation
 an SM: on 2 H200, four chunks of signal, 32 MiB pull, signal took as long beside four
 GEMMs as without them (docs/benchmarks.md).
 
-torch exposes the write (`_SymmetricMemory.stream_write_value32`, which needs a flat
-uint32 tensor); the wait it does not, so `wait_value32` calls the driver's
-`cuStreamWaitValue32_v2` through ctypes. Neither has a timeout: runtime/watchdog.py
-ends the process when a transfer waits longer than the communicator's timeout.
+Both are driver calls (`cuStreamWriteValue32_v2`, `cuStreamWaitValue32_v2`), made
+through ctypes. Neither has a timeout: runtime/watchdog.py ends the process when a
+transfer waits longer than the communicator's timeout. Each symmetric buffer's pads lie
+after its data, in the same allocation, which the members map as they map the data
+(runtime/symmetric_memory.py).
 
 A flag is set only after the last use of it has been cleared, so one flag per
 (channel, sender) suffices and every run leaves the pads as it found them (all
@@ -38,55 +39,64 @@ from hostir_dialect.text import HostirError
 
 CU_STREAM_WAIT_VALUE_EQ = 0x1
 """cuStreamWaitValue32's flag: wait until the word equals the value."""
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0
+"""cuStreamWriteValue32's flag: the write follows the stream's earlier work and its memory writes."""
 
 
 @functools.cache
-def _cu_stream_wait_value32():
-    driver = ctypes.CDLL("libcuda.so.1")
-    wait = driver.cuStreamWaitValue32_v2
-    wait.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint)
-    wait.restype = ctypes.c_int
-    return wait
+def _driver_call(name: str):
+    """The driver's `name(stream, address, value, flags)`, a stream memory operation."""
+    call = getattr(ctypes.CDLL("libcuda.so.1"), name)
+    call.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint)
+    call.restype = ctypes.c_int
+    return call
+
+
+def _stream_memory_operation(name: str, stream: torch.cuda.Stream, address: int, value: int, flags: int) -> None:
+    status = _driver_call(name)(stream.cuda_stream, address, value, flags)
+    if status != 0:
+        raise HostirError(f"{name} failed with CUDA driver error {status}")
 
 
 def wait_value32(stream: torch.cuda.Stream, address: int, value: int) -> None:
     """Makes `stream` wait, on the GPU, until the 32-bit word at `address` equals `value`."""
-    status = _cu_stream_wait_value32()(stream.cuda_stream, address, value, CU_STREAM_WAIT_VALUE_EQ)
-    if status != 0:
-        raise HostirError(f"cuStreamWaitValue32 failed with CUDA driver error {status}")
+    _stream_memory_operation("cuStreamWaitValue32_v2", stream, address, value, CU_STREAM_WAIT_VALUE_EQ)
+
+
+def write_value32(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """Writes `value` into the 32-bit word at `address` once `stream`'s earlier work is done."""
+    _stream_memory_operation("cuStreamWriteValue32_v2", stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT)
 
 
 class StreamSignals:
     """One device's flags in the signal pads of one symmetric buffer's members.
 
     The flag that `sender` sets for `receiver` on `channel` is word
-    `channel * size + sender` of the receiver's pad (torch maps every member's pad).
+    `channel * size + sender` of the receiver's pad; every member's pad is mapped here.
     """
 
-    def __init__(self, handle, channels: int):
-        from torch.distributed import _symmetric_memory as symm_mem
+    def __init__(self, pads: list[torch.Tensor], position: int):
+        """`pads[k]`: the pad of the member at position `k` (flat uint32 words, a word per
+        member and channel); `position`: this member's."""
+        self.rank = position
+        self.size = len(pads)
+        self._tensors = pads
+        self._pads = [pad.data_ptr() for pad in pads]
+        self._device = pads[position].device
 
-        size = handle.world_size
-        words = channels * size
-        if 4 * words > handle.signal_pad_size:
-            raise HostirError(
-                f"{channels} signal channels of {size} devices need {4 * words} bytes of signal "
-                f"pad, and torch's symmetric memory has {handle.signal_pad_size}"
-            )
-        self.rank = handle.rank
-        self.size = size
-        self._write = symm_mem._SymmetricMemory.stream_write_value32
-        self._pads = [handle.get_signal_pad(rank, (words,), torch.uint32) for rank in range(size)]
+    def _word(self, member: int, channel: int, sender: int) -> int:
+        return self._pads[member] + 4 * (channel * self.size + sender)
 
     def signal(self, peer: int, channel: int) -> None:
         """Sets this device's flag in `peer`'s pad, on the current stream."""
-        self._write(self._pads[peer], channel * self.size + self.rank, 1)
+        write_value32(torch.cuda.current_stream(self._device), self._word(peer, channel, self.rank), 1)
 
     def wait(self, peer: int, channel: int) -> None:
         """Makes the current stream wait until `peer` has set its flag here, then clears it."""
-        own, word = self._pads[self.rank], channel * self.size + peer
-        wait_value32(torch.cuda.current_stream(own.device), own.data_ptr() + 4 * word, 1)
-        self._write(own, word, 0)
+        stream = torch.cuda.current_stream(self._device)
+        word = self._word(self.rank, channel, peer)
+        wait_value32(stream, word, 1)
+        write_value32(stream, word, 0)
 
     def barrier(self, channel: int) -> None:
         """Signals every other member, then waits for each of their signals."""

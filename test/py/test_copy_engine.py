@@ -20,7 +20,7 @@ reduce-scatter with every reduction op (sum, product, max, min). On a world of 4
 allreduce runs in two phases: pieces of every size (empty, uneven, strided), the elements
 each member reads from its peers and the scratch it reduces into are checked too. On a
 machine with a GPU the allreduce's GPU path runs with 2 and with 4 processes sharing
-that GPU (`MemberOnOneGpu`), and so does GEMM+AR with its sums made in the GEMM
+that GPU (`member_on_one_gpu`), and so does GEMM+AR with its sums made in the GEMM
 (`allreduce-in-matmul`), which CPU ranks run with 1 to 5 chunks and on devices 1 and 2.
 
 Single-process tests check what the runtime refuses while preparing a program, and how
@@ -821,6 +821,87 @@ def test_a_symmetric_buffer_is_made_once_per_shape_and_reused_by_every_run():
     assert len(made) == 2 and buffer(2) == held and torch.equal(traced, first)
 
 
+def allocations_of_teams(plan: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> list[str]:
+    """On one rank: the symmetric allocations of `plan` ((team, shape), in order) whose team
+    holds this rank; what each gave, or the error."""
+    engine = Communicator.from_env().copy_engine
+    made = []
+    try:
+        for team, shape in plan:
+            if dist.get_rank() in team:
+                buffer = engine.allocate(shape, torch.float32, team, "an allocation")
+                made.append(f"{list(team)}: {list(buffer.tensor.shape)}")
+        return made
+    except HostirError as error:
+        return [*made, str(error)]
+
+
+@needs_world(4)
+def test_teams_that_leave_out_ranks_number_their_symmetric_allocations_each_their_own():
+    """Ranks 1 to 3 make symmetric buffers of their team first, then every rank one of the
+    whole world, then a pair: each team's allocations are counted apart (torch's symmetric
+    memory counts every rendezvous of the process alike, so there rank 0 came to the
+    world's with a count three short and the others waited for it forever)."""
+    plan = [((1, 2, 3), (2, 3)), ((1, 2, 3), (4,)), ((1, 2, 3), (1, 5)), ((0, 1, 2, 3), (1, 2)), ((0, 2), (3,))]
+    per_rank = run_on_local_ranks(allocations_of_teams, 4, plan, timeout_s=120)
+    assert per_rank[0] == ["[0, 1, 2, 3]: [1, 2]", "[0, 2]: [3]"]
+    assert per_rank[1] == per_rank[3] == ["[1, 2, 3]: [2, 3]", "[1, 2, 3]: [4]", "[1, 2, 3]: [1, 5]", "[0, 1, 2, 3]: [1, 2]"]
+    assert per_rank[2] == [*per_rank[1], "[0, 2]: [3]"]
+
+
+def different_allocations(timeout_s: float) -> list[str]:
+    """Rank 0 allocates a [4] buffer, rank 1 a [5] one; rank 2 (of a world of 3) none, and
+    waits until the others are done."""
+    communicator = Communicator(dist.get_rank(), dist.get_world_size(), torch.device("cpu"), "gloo", timeout_s)
+    began = time.monotonic()
+    try:
+        if communicator.rank < 2:
+            communicator.copy_engine.allocate((4 + communicator.rank,), torch.float32, [0, 1, 2], "x")
+        return ["allocated"]
+    except HostirError as error:
+        return [str(error), f"{time.monotonic() - began:.1f}"]
+
+
+@needs_world(3)
+def test_members_that_disagree_on_a_symmetric_allocation_fail_at_once_naming_it_and_the_ranks():
+    """Ranks 0 and 1 allocate different shapes; rank 2 never comes. Every member of the team
+    fails, each with the allocation and the ranks, before any memory is mapped: the two
+    that came, once the third's absence passes the timeout; none hangs."""
+    per_rank = run_on_local_ranks(different_allocations, 3, 2.0)
+    assert per_rank[2] == ["allocated"]
+    for rank in (0, 1):
+        message, _ = per_rank[rank]
+        assert message == (
+            "error: symmetric allocation #0 of the team [0, 1, 2] (x: "
+            f"[{4 + rank}] x float32): rank(s) [2] did not reach it within 2 s"
+        )
+
+
+def disagreeing_members() -> list[str]:
+    communicator = Communicator.from_env()
+    began = time.monotonic()
+    try:
+        shape = (4,) if communicator.rank == 0 else (5,)
+        communicator.copy_engine.allocate(shape, torch.float32, [0, 1, 2], f"'hir.allocate' of rank {communicator.rank}")
+        return ["allocated"]
+    except HostirError as error:
+        return [str(error), time.monotonic() - began]
+
+
+@needs_world(3)
+def test_members_that_allocate_differently_all_fail_at_once_naming_each_ranks_allocation():
+    per_rank = run_on_local_ranks(disagreeing_members, 3)
+    for message, seconds in per_rank:
+        assert message == (
+            "error: the members of the team [0, 1, 2] disagree on their symmetric allocation #0: "
+            "rank(s) [0] allocate 'hir.allocate' of rank 0: [4] x float32; "
+            "rank(s) [1] allocate 'hir.allocate' of rank 1: [5] x float32; "
+            "rank(s) [2] allocate 'hir.allocate' of rank 2: [5] x float32. The members of a team "
+            "must make the same symmetric allocations in the same order, as ranks that run the same program do"
+        )
+        assert seconds < 30, "no member waits for a timeout: all of them came"
+
+
 # --------------------------------------------------------------------------- #
 # Inputs in symmetric memory (hir.symmetric), read in place                    #
 # --------------------------------------------------------------------------- #
@@ -994,7 +1075,7 @@ def profile(name: str) -> dict:
 
 
 needs_two_gpus = pytest.mark.skipif(
-    DEVICE != "cuda" or torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch symmetric memory)"
+    DEVICE != "cuda" or torch.cuda.device_count() < 2, reason="needs 2 GPUs (peer memory)"
 )
 
 
@@ -1025,79 +1106,18 @@ def test_copies_are_memcpys_on_their_own_stream_beside_the_gemms(name):
         assert overlapping, f"rank {rank}: no copy overlapped a kernel of the compute streams"
 
 
-SIGNAL_PAD_WORDS = 64
+def member_on_one_gpu(rank: int, size: int) -> Communicator:
+    """This process as member `rank` of a team of `size` processes that share GPU 0.
 
-
-@dataclass
-class EmulatedHandle:
-    """What `symm_mem.rendezvous` hands one member of a team emulated on one GPU: every
-    member's buffer and signal pad, shared between the members' processes by CUDA IPC."""
-
-    rank: int
-    world_size: int
-    members: dict[int, tuple[torch.Tensor, torch.Tensor]]
-    signal_pad_size: int = 4 * SIGNAL_PAD_WORDS
-
-    def get_buffer(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self.members[rank][0].view(dtype).view(shape)
-
-    def get_signal_pad(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self.members[rank][1].view(dtype)[: shape[0]]
-
-
-@dataclass
-class MemberOnOneGpu:
-    """One member of a team whose members are processes sharing one GPU, as `symm_mem`.
-
-    torch's symmetric memory maps each member's buffer and signal pad into the other
-    members' processes, one GPU each, and refuses members that share a GPU; here they are
-    handed to the peers through `torch.multiprocessing` queues, which map them by CUDA
-    IPC. The rest of the copy engine runs as on separate GPUs: each member's context
-    with its own streams, the signals as stream memory operations waiting on the GPU,
-    the pulls from the peers' memory, the reductions. (Members as threads of one process
-    would share one context, where CUDA does not promise that a stream waiting for a
-    signal lets the streams that would send it run.)
-
-    `rendezvous` returns once every member has mapped every other's memory, not once it
-    has itself: mapping may wait for the whole GPU, here every member's, which a peer's
-    transfer waiting for this member's next signal would keep busy. (On separate GPUs a
-    member's mapping waits for its own GPU, busy only with waits for signals that the
-    peers sent before they came to the rendezvous.)"""
-
-    rank: int
-    inboxes: list
-    made: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
-    """Rendezvous -> member -> its buffer and signal pad."""
-    mapped: dict[int, set[int]] = field(default_factory=dict)
-    """Rendezvous -> the peers that have mapped every member's memory."""
-    count: int = 0
-
-    def rendezvous(self, tensor: torch.Tensor, group) -> EmulatedHandle:
-        index, self.count = self.count, self.count + 1
-        pad = torch.zeros(SIGNAL_PAD_WORDS, dtype=torch.int32, device=tensor.device)
-        # Zeroed before any peer can set a flag in it, as torch zeroes a pad when it allocates it.
-        torch.cuda.current_stream().synchronize()
-        members = self.made.setdefault(index, {})
-        members[self.rank] = (tensor, pad)
-        self._tell_peers("made", index, tensor, pad)
-        self._receive_until(lambda: len(members) == len(self.inboxes))
-        self._tell_peers("mapped", index)
-        self._receive_until(lambda: len(self.mapped.get(index, ())) == len(self.inboxes) - 1)
-        return EmulatedHandle(self.rank, len(self.inboxes), members)
-
-    def _tell_peers(self, kind: str, index: int, *shared: torch.Tensor) -> None:
-        for peer, inbox in enumerate(self.inboxes):
-            if peer != self.rank:
-                inbox.put((kind, index, self.rank, *shared))
-
-    def _receive_until(self, done: Callable[[], bool]) -> None:
-        """Takes the peers' messages, of this rendezvous or the next, until `done()`."""
-        while not done():
-            kind, index, peer, *shared = self.inboxes[self.rank].get(timeout=60)
-            if kind == "made":
-                self.made.setdefault(index, {})[peer] = tuple(shared)
-            else:
-                self.mapped.setdefault(index, set()).add(peer)
+    The copy engine maps each member's buffers into the others' processes by CUDA IPC, as
+    between separate GPUs (runtime/symmetric_memory.py): each member's context with its own
+    streams, the signals as stream memory operations waiting on the GPU, the pulls from the
+    peers' memory, the reductions. The members exchange their handles over a gloo process
+    group's store. (Members as threads of one process would share one context, where CUDA
+    does not promise that a stream waiting for a signal lets the streams that would send
+    it run.)"""
+    dist.init_process_group("gloo")
+    return Communicator(rank, size, torch.device("cuda", 0), "gloo", 30.0)
 
 
 ALLREDUCES_ON_ONE_GPU = [
@@ -1109,16 +1129,13 @@ ALLREDUCES_ON_ONE_GPU = [
 """What each member of a team on one GPU allreduces: (name, output shape, dtype, op)."""
 
 
-def allreduce_member_on_one_gpu(inboxes: list, done, partials) -> list[list[torch.Tensor]]:
-    """This rank as a member of a team on one GPU (`MemberOnOneGpu`, a member per inbox): the
-    cases of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its
-    outputs, once every member is done with its memory (`done`)."""
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    rank, team = int(os.environ["RANK"]), tuple(range(len(inboxes)))
+def allreduce_member_on_one_gpu(size: int, done, partials) -> list[list[torch.Tensor]]:
+    """This rank as a member of a team of `size` on one GPU (`member_on_one_gpu`): the cases
+    of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its outputs,
+    once every member is done with its memory (`done`)."""
+    rank, team = int(os.environ["RANK"]), tuple(range(size))
     try:
-        symm_mem.empty, symm_mem.rendezvous = torch.empty, MemberOnOneGpu(rank, inboxes).rendezvous
-        communicator = Communicator(rank, len(team), torch.device("cuda", 0), "nccl", 30.0)
+        communicator = member_on_one_gpu(rank, size)
         engine, device = communicator.copy_engine, communicator.device
         outputs = []
         for (name, shape, dtype, op), runs in zip(ALLREDUCES_ON_ONE_GPU, partials):
@@ -1126,12 +1143,12 @@ def allreduce_member_on_one_gpu(inboxes: list, done, partials) -> list[list[torc
             for partial in runs:
                 if name == "strided":
                     # Column 1 of a symmetric [5, 2] into column 1 of a [5, 2] output.
-                    symmetric = engine.allocate((*shape, 2), dtype, team).tensor
+                    symmetric = engine.allocate((*shape, 2), dtype, team, name).tensor
                     symmetric[:, 1] = partial[rank].to(device)
                     input = symmetric[:, 1]
                     output = torch.full((*shape, 2), float("nan"), dtype=dtype, device=device)[:, 1]
                 else:
-                    input = engine.allocate(shape, dtype, team).tensor
+                    input = engine.allocate(shape, dtype, team, name).tensor
                     input.copy_(partial[rank].to(device))
                     output = torch.full(shape, float("nan"), dtype=dtype, device=device)
                 issued = engine.allreduce(input, output, team, REDUCE_OPS[op])
@@ -1155,7 +1172,7 @@ def allreduce_member_on_one_gpu(inboxes: list, done, partials) -> list[list[torc
 def test_the_allreduce_of_a_team_on_the_copy_engines_of_one_gpu(size, monkeypatch):
     """The GPU path of the copy-engine allreduce (`SymmetricMemoryEngine`), a pair's (the
     own partial reduced in place with the peer's, staged in one slot) and a team of four's
-    (two phases), its members processes sharing one GPU (`MemberOnOneGpu`): every case
+    (two phases), its members processes sharing one GPU (`member_on_one_gpu`): every case
     issued twice before either is waited for (as a pipelined loop does; for four, through
     one scratch per shape), on poisoned outputs; each member's output is plain torch's
     reduction of the partials, the same bits on every member.
@@ -1169,11 +1186,8 @@ def test_the_allreduce_of_a_team_on_the_copy_engines_of_one_gpu(size, monkeypatc
         [torch.randn(size, *shape, generator=generator).to(dtype) for _ in range(2)]
         for _, shape, dtype, _ in ALLREDUCES_ON_ONE_GPU
     ]
-    context = torch.multiprocessing.get_context("spawn")
-    inboxes, done = [context.Queue() for _ in range(size)], context.Barrier(size, timeout=90)
-    per_member = run_on_local_ranks(
-        allreduce_member_on_one_gpu, size, inboxes, done, partials, timeout_s=120, join_group=False
-    )
+    done = torch.multiprocessing.get_context("spawn").Barrier(size, timeout=90)
+    per_member = run_on_local_ranks(allreduce_member_on_one_gpu, size, size, done, partials, timeout_s=120, join_group=False)
     for i, ((name, _, dtype, op), runs) in enumerate(zip(ALLREDUCES_ON_ONE_GPU, partials)):
         for run, partial in enumerate(runs):
             expected = TORCH_REDUCTIONS[op](partial.double(), 0)
@@ -1210,18 +1224,14 @@ def load_the_gemms_kernels(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
-def sum_in_the_gemm_member_on_one_gpu(inboxes: list, done, cases: list[tuple]) -> list[list[torch.Tensor]]:
-    """This rank as a member of a pair on one GPU (`MemberOnOneGpu`): the GEMM+AR programs of
+def sum_in_the_gemm_member_on_one_gpu(done, cases: list[tuple]) -> list[list[torch.Tensor]]:
+    """This rank as a member of a pair on one GPU (`member_on_one_gpu`): the GEMM+AR programs of
     `cases`, their sums made in the GEMM (allreduce-in-matmul), each run twice; its outputs,
     once both members are done with each other's memory (`done`)."""
-    from torch.distributed import _symmetric_memory as symm_mem
-
     rank = int(os.environ["RANK"])
     try:
-        symm_mem.empty, symm_mem.rendezvous = torch.empty, MemberOnOneGpu(rank, inboxes).rendezvous
-        # The ranks of `Program.run` agree on their inputs over a process group: gloo's, on the CPU.
-        dist.init_process_group("gloo")
-        communicator = Communicator(rank, 2, torch.device("cuda", 0), "gloo", 30.0)
+        # The ranks of `Program.run` agree on their inputs over the gloo process group too.
+        communicator = member_on_one_gpu(rank, 2)
         load_the_gemms_kernels(communicator.device)
         outputs = sum_in_the_gemm_outputs(communicator, [0, 1], cases)
         done.wait()
@@ -1235,7 +1245,7 @@ def sum_in_the_gemm_member_on_one_gpu(inboxes: list, done, cases: list[tuple]) -
 def test_the_sum_in_the_gemm_on_the_copy_engines_of_one_gpu(monkeypatch):
     """The GPU path of the GEMM+AR with its sums made in the GEMM (the copy engines' batches
     of sends and recvs, pipelined with a deferred wait, an odd last chunk's allreduce), its
-    two members processes sharing one GPU (`MemberOnOneGpu`), each program run twice on
+    two members processes sharing one GPU (`member_on_one_gpu`), each program run twice on
     poisoned allocations: plain torch's result, the same bits on both members."""
     monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
     generator = torch.Generator().manual_seed(21)
@@ -1244,11 +1254,8 @@ def test_the_sum_in_the_gemm_on_the_copy_engines_of_one_gpu(monkeypatch):
         for dtype, pipeline, chunks in SUMS_IN_THE_GEMM_ON_ONE_GPU
         for shapes in [((chunks, 2, M, K), (2, K, N))]
     ]
-    context = torch.multiprocessing.get_context("spawn")
-    inboxes, done = [context.Queue() for _ in range(2)], context.Barrier(2, timeout=90)
-    per_member = run_on_local_ranks(
-        sum_in_the_gemm_member_on_one_gpu, 2, inboxes, done, cases, timeout_s=120, join_group=False
-    )
+    done = torch.multiprocessing.get_context("spawn").Barrier(2, timeout=90)
+    per_member = run_on_local_ranks(sum_in_the_gemm_member_on_one_gpu, 2, done, cases, timeout_s=120, join_group=False)
     check_sum_in_the_gemm(cases, per_member)
 
 
@@ -1269,11 +1276,11 @@ def allgather_without_its_peer(started, stderr: str) -> None:
     communicator = Communicator.from_env()
     if communicator.rank == 0:
         sys.stderr = open(stderr, "w")  # the process ends with it open
-    buffer = communicator.copy_engine.allocate((1, 4), torch.float32, [0, 1])
+    buffer = communicator.copy_engine.allocate((1, 4), torch.float32, [0, 1], "a test's buffer")
     pids = [None, None]
     dist.all_gather_object(pids, os.getpid())
     torch.cuda.synchronize()
-    # The setup's store waits (the symmetric-memory rendezvous) take the group's timeout too,
+    # The setup's store waits (the exchange of the buffers' handles) take the group's timeout too,
     # and a loaded machine can keep a peer away from them for longer than 2 s: the setup runs
     # under HOSTIR_TIMEOUT_S, the watched transfer under WATCHED_TIMEOUT_S.
     watchdog = communicator.copy_engine.watchdog
