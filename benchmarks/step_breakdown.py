@@ -201,9 +201,13 @@ class Breakdown:
         return values
 
 
-def table(rows: Sequence[tuple[str, Breakdown]]) -> str:
-    """A Markdown table of breakdowns, a row per (label, breakdown): ms, the other kernels' count in brackets."""
-    header = "| contender, rank | " + " | ".join(Breakdown.COLUMNS.values()) + " |"
-    lines = [header, "|---" * (len(Breakdown.COLUMNS) + 1) + "|"]
-    lines += [f"| {label} | " + " | ".join(b.cells()) + " |" for label, b in rows]
+def table(rows: Sequence[tuple[str, Breakdown, float | None]]) -> str:
+    """A Markdown table of breakdowns, a row per (label, breakdown, the time the GPU waited for
+    the host in an unprofiled step, or None where it was not measured): ms, the other
+    kernels' count in brackets."""
+    columns = [*Breakdown.COLUMNS.values(), "GPU waited for host, unprofiled"]
+    lines = ["| contender, rank | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for label, breakdown, waited in rows:
+        cells = [*breakdown.cells(), "" if waited is None else f"{waited:.3f}"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

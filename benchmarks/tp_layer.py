@@ -40,7 +40,10 @@ steps of one rank, the slowest rank's median; the ratio is to the limit's.
 With `--breakdown`, one more step of each kind runs under `torch.profiler` per contender
 and rank, and its time is split (benchmarks/step_breakdown.py): GEMMs, attention,
 communication not hidden behind compute, every other kernel (count and time), and host
-time with no kernel running; the traces stay in `--output` for Perfetto.
+time with no kernel running; the traces stay in `--output` for Perfetto. The profiler
+slows the host down, so on GPUs the steps are also timed with the host ahead of the GPU
+(which waits `HOST_AHEAD_MS` before each): the time the GPU waits for its host in a
+timed step is the difference, without the profiler.
 
 Rank 0 prints a line per contender as it is measured and rewrites tp_layer.md,
 tp_layer.json and tp_layer.png in `--output` (default build/tp_layer, ignored by git)
@@ -81,6 +84,7 @@ from step_breakdown import STEP, Breakdown, table  # noqa: E402
 from hostir.runtime.communicator import Communicator  # noqa: E402
 from hostir.runtime.graphs import release_captured_graphs  # noqa: E402
 from hostir.runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
+from hostir.runtime.streams import hold_current_stream  # noqa: E402
 
 MLP_RATIO = 3.5
 TOLERANCES = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
@@ -154,6 +158,9 @@ class Result:
     together (the checked ones): its compilation, for torch.compile's backends."""
     breakdown: list[dict] = field(default_factory=list)
     """With --breakdown: each rank's `Breakdown` of one profiled step, in rank order."""
+    host_ahead_ms: list[float] = field(default_factory=list)
+    """With --breakdown on GPUs: each rank's median step time with the host ahead of the GPU
+    (`median_ms`): `rank_ms` minus it is the time the GPU waited for the host, unprofiled."""
 
     @property
     def check_ok(self) -> bool | None:
@@ -315,8 +322,17 @@ class Limit:
 # --------------------------------------------------------------------------- #
 
 
-def median_ms(step: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    """This rank's median time of `step` over `reps` runs after `warmup`, each run started after a barrier."""
+HOST_AHEAD_MS = 30.0
+"""How long the GPU waits before a step timed with the host ahead (`median_ms`'s `host_ahead`):
+longer than any contender's host takes to issue a step."""
+
+
+def median_ms(
+    step: Callable[[], object], device: torch.device, warmup: int, reps: int, host_ahead: bool = False
+) -> float:
+    """This rank's median time of `step` over `reps` runs after `warmup`, each run started after a
+    barrier. With `host_ahead` (GPUs), the GPU waits before each run until the host has issued
+    it (`hold_current_stream`): the time is the GPU's alone, none of it spent waiting for the host."""
     for _ in range(warmup):
         step()
     times = []
@@ -324,6 +340,8 @@ def median_ms(step: Callable[[], object], device: torch.device, warmup: int, rep
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             dist.barrier()
+            if host_ahead:
+                hold_current_stream(device, HOST_AHEAD_MS)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             step()
@@ -383,7 +401,7 @@ def measure_size(
         status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
         if status == "ok":
             try:
-                breakdowns: dict[str, list[dict]] = {}
+                breakdowns: dict[str, tuple[list[dict], list[float]]] = {}
                 if contender == LIMIT:
                     times, errors, first_s = measure_limit(size, world, dtype, device, warmup, reps), {}, None
                 else:
@@ -405,7 +423,7 @@ def measure_size(
             if status == "ok":
                 result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
                 result.ms = max(result.rank_ms)
-                result.breakdown = breakdowns.get(step, [])
+                result.breakdown, result.host_ahead_ms = breakdowns.get(step, ([], []))
             results.append(result)
         measured()
 
@@ -428,10 +446,11 @@ def measure_layer(
     warmup: int,
     reps: int,
     traces: Path | None = None,
-) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], float, dict[str, list[dict]]]:
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], float, dict[str, tuple[list[dict], list[float]]]]:
     """A copy of `base` parallelized and run by `contender`: every rank's median of each step, the
     slowest rank's error of each checked tensor, the slowest rank's time of the first (checked)
-    steps, and with `traces` (a folder for the trace files) every rank's breakdown of each step."""
+    steps, and with `traces` (a folder for the trace files) every rank's breakdown of each step
+    and, on GPUs, its median with the host ahead (`median_ms`)."""
     layer = parallelize(copy.deepcopy(base), mesh)
     model = wrap(contender, layer, mesh)
     began = time.perf_counter()
@@ -450,7 +469,8 @@ def measure_layer(
         key = next(k for k, c in KEYS.items() if c == contender)
         for step, run in steps.items():
             path = traces / f"trace-{size}-{key}-{step}-rank{dist.get_rank()}.json"
-            breakdowns[step] = gathered(asdict(profiled(run, device, path)))
+            ahead = median_ms(run, device, 0, reps, host_ahead=True) if device.type == "cuda" else None
+            breakdowns[step] = (gathered(asdict(profiled(run, device, path))), [] if ahead is None else gathered(ahead))
     return times, errors, first_s, breakdowns
 
 
@@ -518,7 +538,10 @@ def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output
     """Every size on this rank. With `--breakdown`, one more step of each kind runs under `torch.profiler` per contender
 and rank, and its time is split (benchmarks/step_breakdown.py): GEMMs, attention,
 communication not hidden behind compute, every other kernel (count and time), and host
-time with no kernel running; the traces stay in `--output` for Perfetto.
+time with no kernel running; the traces stay in `--output` for Perfetto. The profiler
+slows the host down, so on GPUs the steps are also timed with the host ahead of the GPU
+(which waits `HOST_AHEAD_MS` before each): the time the GPU waits for its host in a
+timed step is the difference, without the profiler.
 
 Rank 0 prints a line per contender and rewrites the report after
     each, so that a run cut short leaves what it measured; at the end it prints the tables and
@@ -627,6 +650,14 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
     return "\n\n".join(sections) + "\n"
 
 
+def waited(result: Result, rank: int) -> float | None:
+    """How long `rank`'s GPU waited for its host in a timed step: its median from an idle GPU
+    minus its median with the host ahead (GPUs; None on CPU ranks)."""
+    if not result.host_ahead_ms:
+        return None
+    return result.rank_ms[rank] - result.host_ahead_ms[rank]
+
+
 def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[str]:
     """Per size and step with breakdowns (--breakdown): a row per contender and rank, then each
     contender's other kernels that take the most time on rank 0."""
@@ -637,7 +668,7 @@ def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[st
             if not measured:
                 continue
             rows = [
-                (f"{r.contender}, {rank}", Breakdown(**b))
+                (f"{r.contender}, {rank}", Breakdown(**b), waited(r, rank))
                 for r in measured
                 for rank, b in enumerate(r.breakdown)
             ]
