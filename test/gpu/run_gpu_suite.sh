@@ -7,12 +7,13 @@
 # Python packages come from the interpreter ($PYTHON, default python3) plus, if the
 # directory exists, $HOSTIR_SITE (default /tmp/site: xdsl, filecheck, lit, pytest installed
 # there with `pip install --target`). Steps, each run even if an earlier one failed:
-#   1. the end-to-end tests on NCCL ranks (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs),
-#   2. the rest of the pytest suite but the lit, docs and fuzz tests (which CI runs), whose GPU-only tests
-#      (CuPy kernels, CUDA streams, NCCL collectives) run here instead of skipping, then the
-#      tests that assert overlap in time (marked gpu_timing) alone,
-#   3. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
-#      several runs at once.
+#   1. the pytest suite but the lit, docs and fuzz tests (which CI runs), the end-to-end
+#      tests on NCCL ranks among them (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs), whose
+#      GPU-only tests (CuPy kernels, CUDA streams, NCCL collectives, copy engines) run here
+#      instead of skipping; beside it, on the same GPUs,
+#   2. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
+#      several runs at once;
+#   3. then, alone, the tests that assert overlap in time (marked gpu_timing).
 # Each step may run HOSTIR_GPU_STEP_TIMEOUT_S seconds (default 300). Exit status 1 if any
 # step failed. docs/hir-run.md describes the suite.
 set -uo pipefail
@@ -43,39 +44,54 @@ EOF
 STEP_TIMEOUT_S="${HOSTIR_GPU_STEP_TIMEOUT_S:-300}"
 failed=()
 # Each step is bounded: one that runs past STEP_TIMEOUT_S gets SIGINT, on which pytest
-# still prints its failures so far (a kill from outside would lose them), then SIGKILL 30 s later.
+# still prints its failures so far (a kill from outside would lose them), then SIGKILL 30 s
+# later. A step's output is printed whole when it ends, with its time.
 step() {
-    local name="$1"
-    shift
+    local name="$1" log="$2"
+    shift 2
+    local began=$SECONDS
+    if timeout -s INT -k 30 "$STEP_TIMEOUT_S" "$@" >"$log" 2>&1; then
+        echo "passed" >"$log.status"
+    else
+        echo "FAILED" >"$log.status"
+    fi
+    echo "$((SECONDS - began))" >"$log.seconds"
+}
+report() {
+    local name="$1" log="$2"
     echo
     echo "=== $name"
-    if timeout -s INT -k 30 "$STEP_TIMEOUT_S" "$@"; then
-        echo "=== $name: passed"
-    else
-        echo "=== $name: FAILED"
+    cat "$log"
+    echo "=== $name: $(cat "$log.status") in $(cat "$log.seconds") s"
+    if [ "$(cat "$log.status")" != passed ]; then
         failed+=("$name")
     fi
 }
+logs=$(mktemp -d)
+began=$SECONDS
 
-step "end-to-end tests on NCCL" \
-    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -rs test/py/test_e2e.py
 # test_lit.py runs lit and the installed console scripts, which need hostir installed in
 # an environment (as CI does, `pip install -e .`), not run from a checkout: CI runs it.
 # test_docs.py (the docs' examples, those that need a GPU marked no-ci) and test_fuzz.py
-# (the parsers and passes under Hypothesis) need no GPU: CI runs them too.
-step "pytest suite on GPUs" \
-    "$PYTHON" -m pytest -q -rs -m "not gpu_timing" test/py --ignore=test/py/test_e2e.py \
+# (the parsers and passes under Hypothesis) need no GPU: CI runs them too. The examples'
+# runs share the GPUs with pytest's workers: both mostly start processes and compile.
+step "hir-run --check on every example" "$logs/examples" "$PYTHON" test/gpu/hir_run_all.py &
+examples=$!
+step "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest" \
+    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -rs -m "not gpu_timing" test/py \
     --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py
+wait "$examples"
+report "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest"
+report "hir-run --check on every example" "$logs/examples"
 # Tests that assert GPU work overlaps in time, alone: beside other tests' processes on the
 # same GPUs, their kernels interleave with others' and the overlap may not show.
-step "GPU timing tests, alone" \
+step "GPU timing tests, alone" "$logs/timing" \
     "$PYTHON" -m pytest -q -rs -n 0 -m gpu_timing test/py/test_copy_engine.py test/py/test_trace.py
-step "hir-run --check on every example" \
-    "$PYTHON" test/gpu/hir_run_all.py
+report "GPU timing tests, alone" "$logs/timing"
 
 echo
 if [ ${#failed[@]} -eq 0 ]; then
-    echo "GPU suite: all steps passed"
+    echo "GPU suite: all steps passed in $((SECONDS - began)) s"
 else
     printf 'GPU suite: FAILED: %s\n' "${failed[@]}"
     exit 1
