@@ -65,7 +65,7 @@ from hostir_dialect.text import HostirError
 from overlap_peers import Build, Peers, Unavailable
 from overlap_report import LIMIT, Report, Result, machine
 from hostir.passes import DEFAULT_PIPELINE
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
@@ -79,7 +79,7 @@ from hostir.runtime.cost_model import (
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, shard
-from hostir.runtime.streams import start_together
+from hostir.runtime.distributed.streams import start_together
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "build" / "overlap"
 """Where the results go without `--out`: under the checkout's `build/`, which git ignores."""

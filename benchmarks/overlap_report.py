@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 
 LIMIT = "limit"
 """The contender that is no run: the larger of the GEMM alone and the collective alone."""

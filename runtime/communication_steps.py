@@ -5,7 +5,7 @@ Each handler turns an op into a step that issues the communication through the r
 stream. A rank outside the mesh of a buffer passes None for it to a collective, and
 skips a send or recv of it, as it skips a collective of a team it is not in.
 
-With `backend cuda` the copy engines move the bytes (`runtime/copy_engine.py`); what
+With `backend cuda` the copy engines move the bytes (`runtime/distributed/copy_engine.py`); what
 they need of the program is checked while preparing, so that a program that breaks it
 fails before it runs: the buffers peers read come from `hir.allocate symmetric` or are
 inputs marked `hir.symmetric`, and a
@@ -22,7 +22,8 @@ from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import DONE, REDUCE_OPS, Communicator, Work
+from hostir.runtime.distributed.communicator import REDUCE_OPS, Communicator
+from hostir.runtime.distributed.work import DONE, Work
 from hostir.runtime.interpreter import (
     HANDLERS,
     Environment,

@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator, _all_gather_single
+from hostir.runtime.distributed.communicator import Communicator, _all_gather_single
 
 PIPELINE_STREAMS = 3
 """Streams of a pipeline of at least that many chunks: two keep both stages busy, one absorbs jitter."""

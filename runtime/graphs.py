@@ -59,10 +59,10 @@ import torch
 
 from hostir_dialect.text import HostirError
 from hostir.runtime.communication_steps import copy_engine_transfers
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import RunContext
 from hostir.runtime.program import Program
-from hostir.runtime.streams import configured_num_streams, stream_pool
+from hostir.runtime.distributed.streams import configured_num_streams, stream_pool
 
 Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
 
@@ -96,7 +96,7 @@ class CapturedRun:
     """The inputs' dynamic extents, for a run of these inputs outside the graph."""
     watch: Callable[[torch.cuda.Event, torch.cuda.Event], None] | None = None
     """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
-    timeout of its own: the copy engines' signals (runtime/watchdog.py)."""
+    timeout of its own: the copy engines' signals (runtime/distributed/watchdog.py)."""
 
     parameters: frozenset[int] = frozenset()
     """The inputs read in place that the caller keeps at one address (static inputs)."""

@@ -35,9 +35,10 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
 from hostir.runtime import fusion_eval
-from hostir.runtime.communicator import Communicator, Work
-from hostir.runtime.copy_engine import SymmetricAllocation
-from hostir.runtime.streams import StreamPool
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.work import Work
+from hostir.runtime.distributed.copy_engine import SymmetricAllocation
+from hostir.runtime.distributed.streams import StreamPool
 
 Environment = list
 """The values of one run, indexed by slot."""

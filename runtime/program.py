@@ -30,11 +30,11 @@ from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, s
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from hostir.passes import DEFAULT_PIPELINE, available_passes
 from hostir.passes.driver import parse_pass_pipeline, run_passes
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, buffer_root
 from hostir.runtime.reference import full_shape
-from hostir.runtime.streams import configured_num_streams, stream_pool
+from hostir.runtime.distributed.streams import configured_num_streams, stream_pool
 
 
 def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:

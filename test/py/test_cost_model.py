@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,

@@ -24,7 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import CapturedRun, GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program

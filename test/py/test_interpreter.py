@@ -25,9 +25,9 @@ from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
 from hostir.runtime import compute_steps, fusion_eval
 from hostir.runtime.aten_calls import picker
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext, streamed_empty
-from hostir.runtime.streams import stream_pool
+from hostir.runtime.distributed.streams import stream_pool
 
 # --------------------------------------------------------------------------- #
 # Helpers shared with the other runtime tests                                  #

@@ -26,7 +26,7 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder, Tensor
 from hostir_dialect.text import HostirError, parse_module
 from hostir.runtime import fusion_eval, kernels
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, random_inputs
 from test_interpreter import poisoned_allocations

@@ -16,7 +16,7 @@ from xdsl.dialects import func
 from hostir_dialect.fusion import TensorType
 from hostir_dialect.text import HostirError, parse_module, print_module
 from hostir.runtime import compute_steps
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard

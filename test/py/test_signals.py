@@ -1,4 +1,4 @@
-"""The copy engines' signals (`runtime.signals`), with a stand-in symmetric-memory handle.
+"""The copy engines' signals (`runtime.distributed.signals`), with a stand-in symmetric-memory handle.
 
 On GPUs the flags are words of torch's signal pads, written and waited for by stream
 memory operations; test_copy_engine.py runs them on 2 GPUs. Here the pads are CPU tensors
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime import signals as signals_module
-from hostir.runtime.signals import StreamSignals
+from hostir.runtime.distributed import signals as signals_module
+from hostir.runtime.distributed.signals import StreamSignals
 
 
 class Handle:

@@ -33,7 +33,7 @@ from hostir.passes.axis_mapping import operand_axis
 from hostir.passes.fusion_to_hir import FusionToHir
 from hostir.passes.insert_reshardings import InsertReshardings
 from hostir.passes.stream_parallel import StreamParallelLowering
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard

@@ -23,8 +23,8 @@ from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, tr
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Parameters
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.copy_engine import why_not_copy_engines
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.graphs import GraphReplayFallback
 from hostir.runtime.kernels import generated_source

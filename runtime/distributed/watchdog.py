@@ -1,7 +1,7 @@
 """Ends a process whose transfers wait for their peers longer than the timeout.
 
 The copy-engine backend waits for its peers' signals with stream memory operations
-(runtime/signals.py), which wait on the GPU for as long as it takes: a dead peer would
+(runtime/distributed/signals.py), which wait on the GPU for as long as it takes: a dead peer would
 leave the stream, and every host synchronisation behind it, waiting forever. The
 watchdog is a host thread that looks at the transfers in flight every `period_s`; each
 is a pair of CUDA events, recorded before its waits and after its copies. A transfer's

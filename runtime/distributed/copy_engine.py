@@ -45,11 +45,11 @@ Synchronisation, all of it on the copy stream (docs/copy-engine.md draws it):
   All the copy stream's work ends in an event that a wait joins back to the current
   stream, as a CUDA graph capture requires.
 
-Signals are stream memory operations (runtime/signals.py): a flag written into the
+Signals are stream memory operations (runtime/distributed/signals.py): a flag written into the
 peer's signal pad and a wait on one's own, done by the GPU's front end and not by a
 kernel, so that a GEMM holding every SM holds up neither the signals nor the copies
 behind them. They wait on the GPU without a timeout; a watchdog thread
-(runtime/watchdog.py) ends the process when a transfer has waited for its peers longer
+(runtime/distributed/watchdog.py) ends the process when a transfer has waited for its peers longer
 than the communicator's timeout, so a dead peer fails the program instead of hanging it.
 
 On the CPU (gloo) the same schedule runs over torch.distributed point-to-point
@@ -70,15 +70,18 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator, Offer, Pull, collective, writable
-from hostir.runtime.signals import StreamSignals
-from hostir.runtime.watchdog import Watchdog, end_process
+from hostir.runtime.distributed.signals import StreamSignals
+from hostir.runtime.distributed.watchdog import Watchdog, end_process
+from hostir.runtime.distributed.work import Offer, Pull, collective, writable
+
+if TYPE_CHECKING:  # the communicator makes its engine: this module only reads its attributes
+    from hostir.runtime.distributed.communicator import Communicator
 
 WRITTEN_CHANNEL = 0
 """The signal channel on which a member says its data is in its symmetric buffer."""
@@ -321,7 +324,7 @@ class StreamWait:
 
 class SymmetricMemoryEngine(CopyEngine):
     """GPUs: peers' buffers through torch symmetric memory, copies and signals on a dedicated
-    stream, none of it a kernel (runtime/signals.py)."""
+    stream, none of it a kernel (runtime/distributed/signals.py)."""
 
     def __init__(self, communicator: Communicator):
         super().__init__(communicator)

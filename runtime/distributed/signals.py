@@ -1,6 +1,6 @@
 """Signals between the devices of a symmetric buffer, as stream memory operations.
 
-The copy-engine backend (runtime/copy_engine.py) tells a peer that its data is written,
+The copy-engine backend (runtime/distributed/copy_engine.py) tells a peer that its data is written,
 or that it is done reading the peer's, by setting a flag in the peer's signal pad; the
 peer's copy stream waits until the flag is set and clears it. torch's signals
 (`barrier`, `put_signal`, `wait_signal` of a symmetric-memory handle) are one-block
@@ -13,7 +13,7 @@ GEMMs as without them (docs/benchmarks.md).
 
 torch exposes the write (`_SymmetricMemory.stream_write_value32`, which needs a flat
 uint32 tensor); the wait it does not, so `wait_value32` calls the driver's
-`cuStreamWaitValue32_v2` through ctypes. Neither has a timeout: runtime/watchdog.py
+`cuStreamWaitValue32_v2` through ctypes. Neither has a timeout: runtime/distributed/watchdog.py
 ends the process when a transfer waits longer than the communicator's timeout.
 
 A flag is set only after the last use of it has been cleared, so one flag per

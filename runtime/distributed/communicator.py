@@ -16,7 +16,7 @@ all of a gather, sends all of a scatter, and adds the identity of the reduction 
 reduce.
 
 `backend cuda` hands allgather, allreduce, reduce_scatter and batched send/recv to
-the communicator's copy engine (`runtime/copy_engine.py`). Every other team maps to a
+the communicator's copy engine (`copy_engine.py`). Every other team maps to a
 process group, created once per team with `dist.new_group` (a collective call:
 `create_groups` makes all of a program's groups up front, in program order, on every
 rank). A communicator of part of the world (`of_group`: the process group of a graph
@@ -33,10 +33,9 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -44,9 +43,8 @@ from xdsl.dialects.shard import ReductionKind
 
 from hostir_dialect.hir import CommunicatorBackend
 from hostir_dialect.text import HostirError
-
-if TYPE_CHECKING:
-    from hostir.runtime.copy_engine import CopyEngine
+from hostir.runtime.distributed.copy_engine import CopyEngine, copy_engine_for
+from hostir.runtime.distributed.work import DONE, Offer, Pull, Work, collective, writable
 
 DEFAULT_TIMEOUT_S = 120.0
 """How long a communication may wait for its peers before it fails, unless HOSTIR_TIMEOUT_S says."""
@@ -100,42 +98,6 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-class Work:
-    """A communication in flight: the torch works, and the copies that complete it.
-
-    `wait` makes the current CUDA stream wait for the communication (on CPU it
-    blocks), then copies results out of temporaries on that stream. Waiting again
-    does nothing (a torch work must not be waited twice: gloo's send and recv would
-    wait for a second transfer).
-    """
-
-    __slots__ = ("works", "finishes")
-
-    def __init__(self, works: Sequence = (), finishes: Sequence[Callable[[], object]] = ()):
-        self.works = list(works)
-        self.finishes = list(finishes)
-
-    def wait(self) -> None:
-        works, self.works = self.works, []
-        for work in works:
-            work.wait()
-        finishes, self.finishes = self.finishes, []
-        for finish in finishes:
-            finish()
-
-
-DONE = Work()
-"""The work of a communication this rank takes no part in."""
-
-
-def writable(output: torch.Tensor) -> tuple[torch.Tensor, list[Callable[[], object]]]:
-    """A contiguous tensor to receive `output`'s data, and what copies it back if it is a temporary."""
-    if output.is_contiguous():
-        return output, []
-    target = torch.empty_like(output, memory_format=torch.contiguous_format)
-    return target, [lambda: output.copy_(target)]
-
-
 def _check_one_gpu_per_local_rank(local_ranks: int) -> None:
     """NCCL ranks take one GPU each: every rank of a machine that has too few says so
     before joining the group, where the ranks that have one would wait for the others."""
@@ -158,22 +120,6 @@ def _group_ranks_by_position(team: Sequence[int]) -> list[int] | None:
     """The process-group rank of each team position; None if the team is sorted."""
     ranked = sorted(team)
     return None if ranked == list(team) else [ranked.index(d) for d in team]
-
-
-def collective(method):
-    """Runs `method` only on team members; a team of one is a local copy."""
-
-    @functools.wraps(method)
-    def communicate(self, input, output, team, *args):
-        if self.rank not in team:
-            return DONE
-        if len(team) == 1:
-            if output is not None:
-                output.copy_(input.reshape(output.shape))
-            return DONE
-        return method(self, input, output, tuple(team), *args)
-
-    return communicate
 
 
 class Communicator:
@@ -482,9 +428,7 @@ class Communicator:
 
     @functools.cached_property
     def copy_engine(self) -> CopyEngine:
-        """This rank's copy engine (made on first use; `runtime/copy_engine.py` imports this module)."""
-        from hostir.runtime.copy_engine import copy_engine_for
-
+        """This rank's copy engine, made on first use."""
         return copy_engine_for(self)
 
     # -- layouts ---------------------------------------------------------------------- #
@@ -509,22 +453,6 @@ class Communicator:
             output.copy_(stacked[:shards].movedim(0, axis).flatten(axis, axis + 1))
 
         return buffer, [finish]
-
-
-class Offer(NamedTuple):
-    """A copy-engine send: `buffer` (symmetric) is `peer`'s to read."""
-
-    buffer: torch.Tensor
-    peer: int
-
-
-class Pull(NamedTuple):
-    """A copy-engine recv: `peer`'s copy of `source` (the buffer this rank sends `peer` in the
-    same batch) into `buffer`."""
-
-    buffer: torch.Tensor
-    peer: int
-    source: torch.Tensor
 
 
 @dataclass(eq=False)
