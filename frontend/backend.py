@@ -46,8 +46,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
 
 from hostir.frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
+from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
-from hostir.runtime.aten_calls import CARRIERS
 from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.cost_model import OverlapProblem, Rates, choose_pipeline

@@ -47,10 +47,10 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from hostir_dialect import fusion
+from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
 from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
-from hostir.runtime.aten_calls import CARRIERS, NotEncodable, encode_call
 from hostir.runtime.cost_model import OverlapKind, OverlapProblem
 
 aten = torch.ops.aten

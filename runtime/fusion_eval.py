@@ -21,22 +21,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 from xdsl.dialects import func
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion
-from hostir_dialect.builder import TORCH_DTYPES
+from hostir_dialect.builder import constant_value, torch_dtype
 from hostir_dialect.text import HostirError
 from hostir.runtime import aten_calls
 
-DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in TORCH_DTYPES.items()}
-
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 """Element types that pointwise math computes in f32."""
-
-
-def torch_dtype(element_type: Attribute) -> torch.dtype:
-    """The torch dtype of a fusion element type (`bf16` -> torch.bfloat16)."""
-    return DTYPES_BY_NAME[fusion.element_type_name(element_type)]
 
 
 def _ignoring_op(torch_function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -46,12 +39,6 @@ def _ignoring_op(torch_function: Callable[..., torch.Tensor]) -> Callable[..., t
 
 def _cast(op: fusion.CastOp, input: torch.Tensor) -> torch.Tensor:
     return input.to(torch_dtype(fusion.tensor_type(op.result).element_type))
-
-
-def constant_value(op: fusion.ConstantOp) -> bool | int | float:
-    """The value of a constant: its attribute stored in its element type (0.1 as bf16 is 0.10009765625)."""
-    dtype = torch_dtype(fusion.tensor_type(op.result).element_type)
-    return torch.tensor(op.value.value.data, dtype=dtype).item()
 
 
 def _broadcast(op: fusion.BroadcastOp, input: torch.Tensor) -> torch.Tensor:

@@ -32,9 +32,9 @@ from xdsl.dialects.builtin import IntegerAttr, IntegerType
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
 
 from hostir_dialect import fusion, hir
+from hostir_dialect.builder import torch_dtype
 from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
-from hostir.runtime import fusion_eval
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.work import Work
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation
@@ -339,7 +339,7 @@ def _select(op: arith.SelectOp, prep: Preparation) -> Step:
 @handles(hir.AllocateOp)
 def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     buffer_type = fusion.tensor_type(op.result)
-    dtype = fusion_eval.torch_dtype(buffer_type.element_type)
+    dtype = torch_dtype(buffer_type.element_type)
     mesh = mesh_of(op.result)
     result = prep.slot(op.result)
     symmetric = SymmetricAllocation.of(op, buffer_type.mesh.ids, dtype) if op.symmetric else None

@@ -35,8 +35,8 @@ from xdsl.dialects import func
 from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion
+from hostir_dialect.builder import constant_value, torch_dtype
 from hostir_dialect.text import HostirError
-from hostir.runtime import fusion_eval
 
 try:
     import cupy
@@ -154,7 +154,7 @@ def element_type(value: SSAValue) -> ElementType:
 
 
 def _torch_dtype(value: SSAValue) -> torch.dtype:
-    return fusion_eval.torch_dtype(fusion.tensor_type(value).element_type)
+    return torch_dtype(fusion.tensor_type(value).element_type)
 
 
 # --------------------------------------------------------------------------- #
@@ -199,7 +199,7 @@ def _cast(op: fusion.CastOp, operands: Sequence[str]) -> str:
 
 
 def _constant(op: fusion.ConstantOp, operands: Sequence[str]) -> str:
-    value = fusion_eval.constant_value(op)
+    value = constant_value(op)
     compute = element_type(op.result).compute
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -26,12 +26,12 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import hir, hostir_context
+from hostir_dialect.builder import torch_dtype
 from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from hostir.passes import DEFAULT_PIPELINE, available_passes
 from hostir.passes.driver import parse_pass_pipeline, run_passes
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, buffer_root
 from hostir.runtime.reference import full_shape
 from hostir.runtime.distributed.streams import configured_num_streams, stream_pool

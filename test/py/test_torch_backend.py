@@ -21,11 +21,11 @@ from xdsl.traits import SymbolTable
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
 from hostir_dialect import fusion, hir
+from hostir_dialect.builder import torch_dtype
 from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Parameters
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
-from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.graphs import GraphReplayFallback
 from hostir.runtime.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
