@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hostir.runtime.distributed.communicator import _all_gather_single, _reduce_scatter_single
-from hostir.runtime.cost_model import OverlapKind
+from hostir.passes.analysis.cost_model import OverlapKind
 from hostir.runtime.distributed.streams import stream_pool
 
 

@@ -50,7 +50,7 @@ from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
 from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
-from hostir.runtime.cost_model import OverlapProblem, Rates, choose_pipeline
+from hostir.passes.analysis.cost_model import OverlapProblem, Rates, choose_pipeline
 from hostir.runtime.graphs import GraphReplayer
 from hostir.runtime.program import Program
 
@@ -68,7 +68,7 @@ an H100's NVLink as NCCL uses it, and its bf16 GEMMs at large sizes."""
 
 def modelled_chunks(problem: OverlapProblem) -> int:
     """The chunk count the cost model chooses for a GEMM+reduce-scatter or GEMM+allreduce
-    (`runtime/cost_model.py`)."""
+    (`passes/analysis/cost_model.py`)."""
     return choose_pipeline(problem, NOMINAL_GPU_RATES).chunks
 
 

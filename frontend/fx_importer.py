@@ -51,7 +51,7 @@ from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
 from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
-from hostir.runtime.cost_model import OverlapKind, OverlapProblem
+from hostir.passes.analysis.cost_model import OverlapKind, OverlapProblem
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
