@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communication_steps import copy_engine_transfers
+from hostir.runtime.interpreter.communication import copy_engine_transfers
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import RunContext
 from hostir.runtime.program import Program

@@ -32,7 +32,8 @@ from hostir_dialect.text import HostirError, parse_module, verify_module
 from hostir.passes import DEFAULT_PIPELINE, available_passes
 from hostir.passes.driver import parse_pass_pipeline, run_passes
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, buffer_root
+from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper
+from hostir.runtime.interpreter.core import buffer_root
 from hostir.runtime.reference import full_shape
 from hostir.runtime.distributed.streams import configured_num_streams, stream_pool
 

@@ -50,7 +50,7 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
-from hostir.runtime.communication_steps import _partner, copy_engine_transfers
+from hostir.runtime.interpreter.communication import _partner, copy_engine_transfers
 from hostir.runtime.distributed.communicator import REDUCE_OPS, Communicator
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation, SymmetricBuffer, reduction
 from hostir.runtime.launch import RankFailed, run_on_local_ranks

@@ -23,10 +23,11 @@ from xdsl.dialects.builtin import DenseArrayBase, i64
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, parse_module
-from hostir.runtime import compute_steps, fusion_eval
-from hostir.runtime.aten_calls import picker
+from hostir.runtime.interpreter import compute, fusion_eval
+from hostir.runtime.interpreter.aten_calls import picker
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext, streamed_empty
+from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext
+from hostir.runtime.interpreter.core import streamed_empty
 from hostir.runtime.distributed.streams import stream_pool
 
 # --------------------------------------------------------------------------- #
@@ -414,7 +415,7 @@ def test_a_copy_of_a_buffer_that_dies_there_is_the_buffer_itself(rng):
     the out is the source's memory. A source written after the copy is copied."""
     function = host_function(HANDED_OVER, "main")
     copies = [op for op in function.walk() if isinstance(op, hir.CopyOp)]
-    assert [compute_steps.hands_over(op, Preparation(function)) for op in copies] == [True, False]
+    assert [compute.hands_over(op, Preparation(function)) for op in copies] == [True, False]
     x = torch.randn(4, 6, generator=rng)
     whole, copy, kept = run_host(HANDED_OVER, [x])
     torch.testing.assert_close(whole, -x)
@@ -707,7 +708,7 @@ def test_an_accumulating_matmul_sums_in_the_gemm_where_torch_can(lhs, rhs, out, 
 
     a, b, c = (torch.randn(shape, generator=rng) for shape in (lhs, rhs, out))
     with Calls() as calls:
-        compute_steps.matmul_accumulate_into(a, b, c)
+        compute.matmul_accumulate_into(a, b, c)
     assert gemm in calls.names and not ({"addmm_", "baddbmm_", "add_"} - {gemm}) & set(calls.names)
 
 
@@ -811,13 +812,13 @@ def test_segment_runner_is_the_one_seam_for_fused_segments(monkeypatch, rng):
     """launch_kernel's segments go through `segment_runner`, bound once when the program
     is prepared; post_on_stream's move data, which their outs adopt as views."""
     prepared: list[str] = []
-    original = compute_steps.segment_runner
+    original = compute.segment_runner
 
     def recording(callee):
         prepared.append(callee.sym_name.data)
         return original(callee)
 
-    monkeypatch.setattr(compute_steps, "segment_runner", recording)
+    monkeypatch.setattr(compute, "segment_runner", recording)
     x = torch.randn(3, 4, generator=rng).bfloat16()
     b = torch.randn(4, generator=rng).bfloat16()
     run_host(SEGMENTS, [x, b])

@@ -25,7 +25,8 @@ from xdsl.dialects.builtin import ModuleOp
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder, Tensor
 from hostir_dialect.text import HostirError, parse_module
-from hostir.runtime import fusion_eval, kernels
+from hostir.runtime import kernels
+from hostir.runtime.interpreter import fusion_eval
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, random_inputs

@@ -15,7 +15,7 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType
 from hostir_dialect.text import HostirError, parse_module, print_module
-from hostir.runtime import compute_steps
+from hostir.runtime.interpreter import compute
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
@@ -312,7 +312,7 @@ def test_compile_lowers_a_fusion_and_keeps_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(monkeypatch):
     streams_used = []
-    original = compute_steps.segment_runner
+    original = compute.segment_runner
 
     def recording(callee):
         run = original(callee)
@@ -323,7 +323,7 @@ def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(
 
         return recorded
 
-    monkeypatch.setattr(compute_steps, "segment_runner", recording)
+    monkeypatch.setattr(compute, "segment_runner", recording)
     program = Program.compile(stream_axis_inner(8), pipeline=None)
     caller = torch.cuda.Stream()
     x = torch.randn(4, 8, 3, device="cuda")

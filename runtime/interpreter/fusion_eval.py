@@ -26,7 +26,7 @@ from xdsl.ir import Operation, SSAValue
 from hostir_dialect import fusion
 from hostir_dialect.builder import constant_value, torch_dtype
 from hostir_dialect.text import HostirError
-from hostir.runtime import aten_calls
+from hostir.runtime.interpreter import aten_calls
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 """Element types that pointwise math computes in f32."""

@@ -523,7 +523,3 @@ def _synchronize_stream(op: hir.SynchronizeStreamOp, prep: Preparation) -> Step:
 
     return step
 
-
-# The handlers of communication and compute ops live in their own modules and register
-# themselves in HANDLERS when imported, as xDSL's interpreter functions do per dialect.
-from hostir.runtime import communication_steps, compute_steps  # noqa: E402, F401

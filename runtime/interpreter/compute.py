@@ -17,8 +17,9 @@ from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from hostir.runtime import aten_calls, fusion_eval, kernels
-from hostir.runtime.interpreter import Environment, Preparation, RunContext, Step, handles, mesh_of
+from hostir.runtime import kernels
+from hostir.runtime.interpreter import aten_calls, fusion_eval
+from hostir.runtime.interpreter.core import Environment, Preparation, RunContext, Step, handles, mesh_of
 
 
 SegmentRun = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]

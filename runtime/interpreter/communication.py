@@ -24,7 +24,7 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
 from hostir.runtime.distributed.communicator import REDUCE_OPS, Communicator
 from hostir.runtime.distributed.work import DONE, Work
-from hostir.runtime.interpreter import (
+from hostir.runtime.interpreter.core import (
     HANDLERS,
     Environment,
     Preparation,
