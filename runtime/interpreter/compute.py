@@ -17,7 +17,7 @@ from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
-from hostir.runtime import kernels
+from hostir.runtime.codegen import kernels
 from hostir.runtime.interpreter import aten_calls, fusion_eval
 from hostir.runtime.interpreter.core import Environment, Preparation, RunContext, Step, handles, mesh_of
 

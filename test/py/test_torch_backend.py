@@ -27,7 +27,7 @@ from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Param
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayFallback
-from hostir.runtime.kernels import generated_source
+from hostir.runtime.codegen.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 
