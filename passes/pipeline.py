@@ -21,15 +21,15 @@ from xdsl.transforms.common_subexpression_elimination import (
     CommonSubexpressionElimination,
 )
 
-from hostir.passes.allreduce_in_matmul import AllreduceInMatmul
-from hostir.passes.copy_engine_pipelining import CopyEnginePipelining
 from hostir.passes.driver import Pipeline
-from hostir.passes.fusion_to_hir import FusionToHir
-from hostir.passes.insert_deallocations import InsertDeallocations
-from hostir.passes.insert_reshardings import InsertReshardings
-from hostir.passes.per_stream_buffers import PerStreamBuffers
-from hostir.passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
-from hostir.passes.stream_parallel import StreamParallelLowering
+from hostir.passes.fusion.insert_reshardings import InsertReshardings
+from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
+from hostir.passes.hir.copy_engine_pipelining import CopyEnginePipelining
+from hostir.passes.hir.insert_deallocations import InsertDeallocations
+from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
+from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
+from hostir.passes.lowering.fusion_to_hir import FusionToHir
+from hostir.passes.lowering.stream_parallel import StreamParallelLowering
 
 
 @dataclass(frozen=True)

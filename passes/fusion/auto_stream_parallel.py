@@ -43,7 +43,7 @@ from xdsl.transforms.dead_code_elimination import dce
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import DYNAMIC, STREAM, TensorType, tensor_type
-from hostir.passes.axis_mapping import has_axis_maps, operand_axis_maps
+from hostir.passes.analysis.axis_mapping import has_axis_maps, operand_axis_maps
 
 LOGGER = logging.getLogger("hostir.pipelining")
 

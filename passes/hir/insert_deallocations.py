@@ -15,8 +15,8 @@ the function returns, directly or through a view, is not freed.
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects import builtin, func, scf
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.dialects import builtin, func
+from xdsl.ir import Block, Operation
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -27,61 +27,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
-
-
-def _batch_end(op: hir.P2POp) -> hir.EndCoalescingOp | None:
-    """The end of the coalescing batch that `op` belongs to, if it belongs to one."""
-    following = op.next_op
-    while following is not None and not isinstance(following, hir.StartCoalescingOp):
-        if isinstance(following, hir.EndCoalescingOp):
-            return following
-        following = following.next_op
-    return None
-
-
-def _work_users(work: SSAValue) -> list[Operation]:
-    """The ops that use `work`, followed through the iteration arguments and results of the
-    `scf.for` loops that carry it (copy-engine-pipelining waits in the next iteration)."""
-    users, pending, seen = [], [work], set()
-    while pending:
-        value = pending.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        for use in value.uses:
-            user = use.operation
-            if isinstance(user, scf.YieldOp) and isinstance(loop := user.parent_op(), scf.ForOp):
-                carried = use.index
-            elif isinstance(user, scf.ForOp) and use.index >= (first := len(user.operands) - len(user.iter_args)):
-                loop, carried = user, use.index - first
-            else:
-                users.append(user)
-                continue
-            pending += [loop.results[carried], loop.body.block.args[carried + 1]]
-    return users
-
-
-def _completions(op: Operation) -> list[Operation]:
-    """The hir.wait ops until which an asynchronous `op` still uses its buffers."""
-    works = [result for result in op.results if isinstance(result.type, hir.WorkType)]
-    if isinstance(op, hir.P2POp) and (batch_end := _batch_end(op)) is not None:
-        works.append(batch_end.work)
-    return [user for work in works for user in _work_users(work)]
-
-
-def buffer_users(buffer: SSAValue) -> list[Operation]:
-    """The ops that use `buffer` or a view of it (the views themselves excluded), with the
-    waits that end asynchronous uses."""
-    users: list[Operation] = []
-    values = [buffer]
-    while values:
-        value = values.pop()
-        for use in value.uses:
-            if isinstance(use.operation, hir.AliasSelectOp) and use.operation.input is value:
-                values.append(use.operation.result)
-            else:
-                users += [use.operation, *_completions(use.operation)]
-    return users
+from hostir.passes.analysis.buffers import buffer_users
 
 
 def _last_in_block(block: Block, users: list[Operation]) -> Operation:

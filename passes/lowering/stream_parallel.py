@@ -51,22 +51,13 @@ copies and every other device exchanges with it.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from xdsl.context import Context
 from xdsl.dialects import arith, builtin, func, scf
-from xdsl.dialects.builtin import (
-    DenseArrayBase,
-    FunctionType,
-    IndexType,
-    IntegerAttr,
-    StringAttr,
-    SymbolRefAttr,
-    i64,
-)
+from xdsl.dialects.builtin import DenseArrayBase, IndexType, i64
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -76,36 +67,21 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
-from xdsl.rewriter import InsertPoint, Rewriter
-from xdsl.traits import SymbolTable, is_side_effect_free
+from xdsl.rewriter import InsertPoint
+from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import fusion, hir
-from hostir_dialect.fusion import DYNAMIC, ParallelType, tensor_type
-from hostir_dialect.text import HostirError
-from hostir.passes.axis_mapping import (
-    AxisClasses,
-    AxisMap,
-    func_results,
-    matmul_slice_problem,
-    operand_axis,
-    operand_axis_maps,
-    output_of,
-    segment_function,
-)
-from hostir.passes.copy_engine import peer_readable
+from hostir_dialect.fusion import tensor_type
+from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps, output_of, without_axis
+from hostir.passes.analysis.extents import known_extent
+from hostir.passes.analysis.loops import StreamLoop, index_constant, is_index_arithmetic, runtime_value
+from hostir.passes.lowering.peer_readable import peer_readable
+from hostir.passes.lowering.segment_slicing import slice_segment_call
+from hostir.passes.lowering.stream_axis_checks import check_stream_axes, p2p_gathered_axis
 from hostir.passes.options import check_choice
-from hostir.passes.operands import describe_typed_operand, describe_value
 
 PIPELINED_OPS = (hir.ComputeOp, hir.CommunicationOp)
 """The ops that can be stream-parallel: they write an output buffer."""
-
-REDUCING_OPS = (hir.ReductionOp, hir.AllreduceOp, hir.ReduceOp, hir.ReduceScatterOp)
-"""Ops whose input has axes that their output lacks or keeps with extent 1."""
-
-
-def _without_axis(axes: Sequence[int], removed: int) -> list[int]:
-    """Axis numbers once `removed` is gone (and `removed` itself dropped)."""
-    return [axis - (axis > removed) for axis in axes if axis != removed]
 
 
 def _stream_axis(op: Operation) -> int | None:
@@ -117,183 +93,9 @@ def _stream_axis(op: Operation) -> int | None:
     return tensor_type(output_of(op)).stream_axis
 
 
-def _p2p_gathered_axis(op: Operation) -> int | None:
-    """The output stream axis of an allgather or copy whose input is `didx` on that axis.
-
-    Such an op gathers the shards one device per iteration: the point-to-point allgather.
-    """
-    if not isinstance(op, hir.AllgatherOp | hir.CopyOp):
-        return None
-    source, output = tensor_type(op.operands[0]), tensor_type(output_of(op))
-    axis = output.stream_axis
-    if axis is None or source.rank != output.rank:
-        return None
-    return axis if source.parallel_types()[axis] == ParallelType.DIDX else None
-
-
-# --------------------------------------------------------------------------- #
-# Diagnostics                                                                  #
-# --------------------------------------------------------------------------- #
-
-
-AxisMaps = list[tuple[SSAValue, AxisMap]]
-
-
-def _reduced_stream_axis(op: Operation, maps: AxisMaps) -> str | None:
-    for index, (operand, axis_map) in enumerate(maps):
-        stream = tensor_type(operand).stream_axis
-        if stream is not None and axis_map[stream] is None:
-            verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
-            return (
-                f"{op.name} {verb} axis {stream} of {describe_typed_operand(op, index)}, "
-                "which is that operand's stream axis; a reduced axis "
-                "cannot be stream-parallel"
-            )
-    return None
-
-
-def _disagreeing_stream_axes(op: Operation, maps: AxisMaps) -> str | None:
-    targets: dict[int, str] = {}
-    for index, (operand, axis_map) in enumerate(maps):
-        stream = tensor_type(operand).stream_axis
-        if stream is not None:
-            described = describe_typed_operand(op, index)
-            targets.setdefault(axis_map[stream], described)
-    if len(targets) < 2:
-        return None
-    return (
-        f"the stream axes of the operands of {op.name} map to different axes "
-        f"{sorted(targets)} of its output {tensor_type(output_of(op))}: "
-        + "; ".join(f"axis {axis} from {what}" for axis, what in sorted(targets.items()))
-    )
-
-
-def _reduced_output_axis(op: Operation, maps: AxisMaps) -> str | None:
-    output = tensor_type(output_of(op))
-    stream = output.stream_axis
-    if stream is None or not isinstance(op, REDUCING_OPS) or operand_axis(maps[0][1], stream) is not None:
-        return None
-    return (
-        f"the stream axis {stream} of the output {output} of {op.name} is an axis it "
-        "reduces, kept with extent 1; no slice of the input computes a slice of it"
-    )
-
-
-def _unsliceable_matmul_axis(op: Operation, maps: AxisMaps) -> str | None:
-    output = tensor_type(output_of(op))
-    if output.stream_axis is None or not isinstance(op, hir.MatmulOp):
-        return None
-    lhs, rhs = (tensor_type(value).rank for value in op.ins)
-    problem = matmul_slice_problem(lhs, rhs, output.stream_axis)
-    if problem is None:
-        return None
-    return (
-        f"the stream axis {output.stream_axis} of the output {output} of hir.matmul is "
-        f"{problem}: a matmul of the slices would not be a slice of the product"
-    )
-
-
-def _sparse_p2p_mesh(op: Operation, maps: AxisMaps) -> str | None:
-    if _p2p_gathered_axis(op) is None:
-        return None
-    mesh = tensor_type(op.operands[0]).mesh.ids
-    if mesh == tuple(range(mesh[0], mesh[0] + len(mesh))):
-        return None
-    return (
-        f"the point-to-point allgather of {op.name} from {describe_typed_operand(op, 0)} "
-        "needs a mesh of consecutive devices"
-    )
-
-
-def _didx_to_stream(op: Operation, maps: AxisMaps) -> str | None:
-    output = tensor_type(output_of(op))
-    if output.stream_axis is None or _p2p_gathered_axis(op) is not None:
-        return None
-    for index, (operand, axis_map) in enumerate(maps):
-        source_axis = operand_axis(axis_map, output.stream_axis)
-        if source_axis is not None and source_axis == tensor_type(operand).didx_axis:
-            return (
-                f"the stream axis {output.stream_axis} of the output {output} of {op.name} is "
-                f"the didx axis {source_axis} of {describe_typed_operand(op, index)}; "
-                "only an allgather or a copy can turn a didx axis "
-                "into a stream axis (the point-to-point allgather)"
-            )
-    return None
-
-
-STREAM_AXIS_CHECKS: tuple[Callable[[Operation, AxisMaps], str | None], ...] = (
-    _reduced_stream_axis,
-    _disagreeing_stream_axes,
-    _reduced_output_axis,
-    _unsliceable_matmul_axis,
-    _sparse_p2p_mesh,
-    _didx_to_stream,
-)
-"""Each returns what no pipeline covers about an op's stream axes, or None."""
-
-
-def check_stream_axes(op: hir.ComputeOp | hir.CommunicationOp) -> None:
-    """Raises a HostirError where no pipeline covers the stream axes of `op`'s buffers."""
-    maps = operand_axis_maps(op)
-    for check in STREAM_AXIS_CHECKS:
-        if (problem := check(op, maps)) is not None:
-            raise HostirError.at(op, problem)
-
-
 # --------------------------------------------------------------------------- #
 # Loops                                                                        #
 # --------------------------------------------------------------------------- #
-
-
-def _is_function_value(op: Operation) -> bool:
-    """Ops that the loops of a function share, kept at its top."""
-    return isinstance(
-        op,
-        arith.ConstantOp | hir.GetCurrentStreamOp | hir.NumberOfStreamsOp | hir.DeviceIndexOp,
-    )
-
-
-def _function_value(
-    rewriter: PatternRewriter,
-    anchor: Operation,
-    matches: Callable[[Operation], bool],
-    build: Callable[[], Operation],
-    name: str,
-) -> SSAValue:
-    """The result of an op of `anchor`'s block, before it, that `matches`; else of a new one at the top."""
-    block = anchor.parent_block()
-    assert block is not None
-    top = block.first_op
-    for op in block.ops:
-        if op is anchor:
-            break
-        if matches(op):
-            return op.results[0]
-    while top is not None and _is_function_value(top):
-        top = top.next_op
-    new_op = build()
-    new_op.results[0].name_hint = name
-    rewriter.insert(new_op, InsertPoint.before(top) if top else InsertPoint.at_end(block))
-    return new_op.results[0]
-
-
-def index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> SSAValue:
-    attr = IntegerAttr(value, IndexType())
-    return _function_value(
-        rewriter,
-        anchor,
-        lambda op: isinstance(op, arith.ConstantOp) and op.value == attr,
-        lambda: arith.ConstantOp(attr),
-        f"c{value}",
-    )
-
-
-def runtime_value(
-    rewriter: PatternRewriter, anchor: Operation, op_type: type[Operation], name: str
-) -> SSAValue:
-    """The result of an op of `op_type` (one without operands, like `hir.device_index`) of
-    `anchor`'s block, as `index_constant` finds or makes a constant."""
-    return _function_value(rewriter, anchor, lambda op: isinstance(op, op_type), op_type, name)
 
 
 def _iteration_stream(index: SSAValue, num_streams: SSAValue) -> list[Operation]:
@@ -334,192 +136,9 @@ def _insert_stream_loops(
     return work.body.block.args[0], InsertPoint.before(back_to_main)
 
 
-@dataclass
-class StreamLoop:
-    """A loop this pass built, as its prologue (select the iteration's stream, and in a
-    synchronisation loop or without `separate_sync_loop` wait for the caller's stream),
-    its work, and its epilogue (back to the caller's stream, which waits for the iteration).
-    """
-
-    loop: scf.ForOp
-    prologue: Sequence[Operation]
-    epilogue: Sequence[Operation]
-
-    @property
-    def is_sync_loop(self) -> bool:
-        return not self.epilogue
-
-    @property
-    def stream_index(self) -> arith.RemUIOp:
-        """`i mod number_of_streams`, which picks the stream of an iteration."""
-        stream_index = self.prologue[0]
-        assert isinstance(stream_index, arith.RemUIOp)
-        return stream_index
-
-    @staticmethod
-    def match(op: Operation | None) -> StreamLoop | None:
-        if not isinstance(op, scf.ForOp) or op.iter_args:
-            return None
-        body = list(op.body.block.ops)[:-1]
-        if len(body) < 4:
-            return None
-        stream_index, stream, set_stream = body[:3]
-        if not (
-            isinstance(stream_index, arith.RemUIOp)
-            and stream_index.lhs is op.body.block.args[0]
-            and isinstance(stream, hir.StreamOp)
-            and stream.index is stream_index.result
-            and isinstance(set_stream, hir.SetCurrentStreamOp)
-            and set_stream.stream is stream.result
-        ):
-            return None
-        waits_for_caller = (
-            isinstance(body[3], hir.SynchronizeStreamOp) and body[3].stream is not stream.result
-        )
-        prologue = body[: 3 + waits_for_caller]
-        if len(body) == 4 and waits_for_caller:
-            return StreamLoop(op, prologue, ())
-        back_to_main, back_sync = body[-2:]
-        if (
-            len(body) > len(prologue) + 2
-            and isinstance(back_to_main, hir.SetCurrentStreamOp)
-            and isinstance(back_sync, hir.SynchronizeStreamOp)
-            and back_sync.stream is stream.result
-        ):
-            return StreamLoop(op, prologue, (back_to_main, back_sync))
-        return None
-
-    def sync_loop(self) -> StreamLoop | None:
-        """The synchronisation loop right before this work loop, if it has one."""
-        before = StreamLoop.match(self.loop.prev_op)
-        if before is not None and before.is_sync_loop and before.loop.ub is self.loop.ub:
-            return before
-        return None
-
-    @property
-    def start(self) -> Operation:
-        """The first op of this loop's code: its synchronisation loop if any."""
-        sync = self.sync_loop()
-        return sync.loop if sync else self.loop
-
-
-def known_extent(value: SSAValue) -> object:
-    """What a loop extent is known to equal: a number, or the axis of an argument it was read from."""
-    owner = value.owner
-    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
-        return owner.value.value.data
-    if isinstance(owner, hir.DimOp):
-        buffer, axis = owner.buffer, owner.axis.data
-        shape = tensor_type(buffer).get_shape()
-        if shape[axis] != DYNAMIC:
-            return shape[axis]
-        if isinstance(buffer.owner, hir.AllocateOp):
-            return known_extent(buffer.owner.dynamic_sizes[shape[:axis].count(DYNAMIC)])
-        return (buffer, axis)
-    return value
-
-
 def _only_defines_values(op: Operation) -> bool:
     """Ops that may move before a loop without changing what the program does."""
     return isinstance(op, hir.DimOp | hir.AllocateOp) or (not op.regions and is_side_effect_free(op))
-
-
-# --------------------------------------------------------------------------- #
-# Segments                                                                     #
-# --------------------------------------------------------------------------- #
-
-
-def _sliced_axes(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> dict[SSAValue, int]:
-    """The axis of each value of `function` that corresponds to `axis` of its first result."""
-    classes = AxisClasses.of_function(function)
-    root = classes.find(func_results(function)[0], axis)
-    block = function.body.block
-    sliced: dict[SSAValue, int] = {}
-    for value in [*block.args, *(result for op in block.ops for result in op.results)]:
-        axes = classes.axes_in_class(value, root)
-        if len(axes) > 1:
-            raise HostirError.at(
-                call,
-                f"segment @{function.sym_name.data} relates axes {axes} of its value from "
-                f"{describe_value(value)} to the stream axis {axis} of its output; they cannot "
-                "all be sliced",
-            )
-        if axes:
-            sliced[value] = axes[0]
-    return sliced
-
-
-def _renumber_axis_properties(
-    function: func.FuncOp, sliced: dict[SSAValue, int], call: hir.SegmentCallOp
-) -> list[fusion.BroadcastOp]:
-    """Renumbers the axes that reductions and broadcasts name; returns the broadcasts left with none."""
-    emptied: list[fusion.BroadcastOp] = []
-    for op in function.body.block.ops:
-        if isinstance(op, fusion.ReductionOp) and op.input in sliced:
-            if sliced[op.input] in op.reduced_axes:
-                raise HostirError.at(
-                    call,
-                    f"segment @{function.sym_name.data} reduces axis {sliced[op.input]} of "
-                    f"{describe_typed_operand(op, 0)} in {op.name}, "
-                    "which is its stream axis",
-                )
-            op.axes = DenseArrayBase.from_list(i64, _without_axis(op.reduced_axes, sliced[op.input]))
-        elif isinstance(op, fusion.BroadcastOp) and op.result in sliced:
-            rank = tensor_type(op.result).rank
-            new_axes = fusion.normalize_axes(op.new_axes.get_values(), rank, "broadcast")
-            op.new_axes = DenseArrayBase.from_list(i64, _without_axis(new_axes, sliced[op.result]))
-            if not op.new_axes.get_values():
-                emptied.append(op)
-    return emptied
-
-
-def _slice_function(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -> None:
-    """Removes from every value of `function` the axis that corresponds to `axis` of its first result.
-
-    A broadcast that only inserted that axis becomes a set.
-    """
-    sliced = _sliced_axes(function, axis, call)
-    emptied_broadcasts = _renumber_axis_properties(function, sliced, call)
-    for value, removed in sliced.items():
-        Rewriter.replace_value_with_new_type(value, tensor_type(value).without_axis(removed))
-    for op in emptied_broadcasts:
-        Rewriter.replace_op(op, fusion.SetOp(op.input, tensor_type(op.result)))
-    block = function.body.block
-    function.function_type = FunctionType.from_lists(
-        [arg.type for arg in block.args], [result.type for result in func_results(function)]
-    )
-
-
-def _insert_segment(rewriter: PatternRewriter, sliced: func.FuncOp, original: func.FuncOp) -> str:
-    """Inserts `sliced` after `original` as `@<original>_slice`; reuses an equal one if there is one."""
-    base = f"{original.sym_name.data}_slice"
-    for name in itertools.chain([base], (f"{base}_{n}" for n in itertools.count(1))):
-        sliced.sym_name = StringAttr(name)
-        existing = SymbolTable.lookup_symbol(original, name)
-        if existing is None:
-            rewriter.insert(sliced, InsertPoint.after(original))
-            return name
-        if existing.is_structurally_equivalent(sliced):
-            return name
-
-
-def _erase_if_unused(rewriter: PatternRewriter, segment: func.FuncOp) -> None:
-    """Erases a private segment that no launch calls any more."""
-    module = segment.parent_op()
-    assert module is not None
-    name = segment.sym_name.data
-    used = any(isinstance(op, hir.SegmentCallOp) and op.callee.string_value() == name for op in module.walk())
-    if not used and segment.sym_visibility == StringAttr("private"):
-        rewriter.erase(segment)
-
-
-def _slice_segment_call(rewriter: PatternRewriter, call: hir.SegmentCallOp, axis: int) -> None:
-    """Makes `call` run a copy of its segment on slices: `@<segment>_slice`."""
-    original = segment_function(call)
-    sliced = original.clone()
-    _slice_function(sliced, axis, call)
-    call.callee = SymbolRefAttr(_insert_segment(rewriter, sliced, original))
-    _erase_if_unused(rewriter, original)
 
 
 # --------------------------------------------------------------------------- #
@@ -540,7 +159,7 @@ class PipelineStreamParallelOp(RewritePattern):
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
         axis = _stream_axis(op)
-        if axis is None or _p2p_gathered_axis(op) is not None:
+        if axis is None or p2p_gathered_axis(op) is not None:
             return
         maps = operand_axis_maps(op)
         index, work = _insert_stream_loops(rewriter, op, axis, self.separate_sync_loop)
@@ -558,7 +177,7 @@ class PipelineStreamParallelOp(RewritePattern):
         if isinstance(op, hir.ReductionOp):
             _renumber_reduced_axes(op, operand_axis(maps[0][1], axis))
         if isinstance(op, hir.SegmentCallOp):
-            _slice_segment_call(rewriter, op, axis)
+            slice_segment_call(rewriter, op, axis)
         op.operands = operands
         for moved in (op, *_waits(op)):
             moved.detach()
@@ -575,7 +194,7 @@ def _renumber_reduced_axes(op: hir.ReductionOp, removed: int | None) -> None:
     """The reduced axes of `op` once its input has lost axis `removed`."""
     if removed is not None:
         reduced = fusion.normalize_axes(op.axes.get_values(), tensor_type(op.ins[0]).rank, "reduction")
-        op.axes = DenseArrayBase.from_list(i64, _without_axis(reduced, removed))
+        op.axes = DenseArrayBase.from_list(i64, without_axis(reduced, removed))
 
 
 def _waits(op: Operation) -> list[Operation]:
@@ -688,7 +307,7 @@ class PipelineP2PAllgather(RewritePattern):
     order: P2POrder = P2POrder.RING
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
-        if _stream_axis(op) is None or (axis := _p2p_gathered_axis(op)) is None:
+        if _stream_axis(op) is None or (axis := p2p_gathered_axis(op)) is None:
             return
         backend = self.backend
         if isinstance(op, hir.AllgatherOp) and op.backend.data == hir.CommunicatorBackend.CUDA:
@@ -740,13 +359,6 @@ def _p2p_slot(loop: StreamLoop) -> SSAValue | None:
             ):
                 return view.index
     return None
-
-
-def is_index_arithmetic(op: Operation) -> bool:
-    """An op that only computes a value from its operands: arith's (whose divisions xDSL does
-    not count as side-effect free, as they may trap on zero), or any other without effects
-    or regions. Computing it again from the same operands gives the same value."""
-    return not op.regions and (op.dialect_name() == "arith" or is_side_effect_free(op))
 
 
 def _expression(value: SSAValue, induction: SSAValue) -> object:

@@ -48,8 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, func
-from xdsl.dialects.builtin import LocationAttr
+from xdsl.dialects import builtin
 from xdsl.dialects.shard import ReductionKind
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -63,45 +62,11 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from hostir.passes.axis_mapping import operand_axis, operand_axis_maps
-from hostir.passes.copy_engine_pipelining import recomputable
-from hostir.passes.insert_deallocations import buffer_users
-from hostir.passes.stream_parallel import index_constant, runtime_value
+from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps
+from hostir.passes.analysis.buffers import in_function_body, nothing_writes_between, product_of
+from hostir.passes.analysis.loops import PairPositions
 
 CUDA = hir.CommunicatorBackend.CUDA
-
-
-def product_of(op: hir.CommunicationOp) -> hir.MatmulOp | None:
-    """The matmul that writes the collective's whole input, before it in its block, if
-    the input is (a view of) a buffer the program allocates and nothing else reads or
-    writes it, through any view of that buffer (extents and deallocation aside): the
-    rewrite leaves the buffer holding other values."""
-    root = hir.view_root(op.input)
-    if not isinstance(root.owner, hir.AllocateOp):
-        return None
-    users = {
-        user for user in buffer_users(root) if not isinstance(user, hir.DimOp | hir.DeallocateOp | hir.WaitOp)
-    }
-    matmuls = [user for user in users if isinstance(user, hir.MatmulOp)]
-    if users != {op, *matmuls} or len(matmuls) != 1:
-        return None
-    (matmul,) = matmuls
-    if (
-        matmul.accumulate is not None
-        or matmul.outs[0] is not op.input
-        or not matmul.is_before_in_block(op)
-    ):
-        return None
-    return matmul
-
-
-def in_function_body(op: Operation) -> Operation | None:
-    """The op of a function's body that is or holds `op` (None outside a function)."""
-    while not isinstance(parent := op.parent_op(), func.FuncOp):
-        if parent is None:
-            return None
-        op = parent
-    return op
 
 
 def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
@@ -116,18 +81,6 @@ def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
         if sliced is not None and (sliced == operand.didx_axis or operand.get_shape()[sliced] not in (1, 2)):
             return None
     return axes
-
-
-def nothing_writes_between(matmul: hir.MatmulOp, wait: hir.WaitOp, op: hir.CommunicationOp) -> bool:
-    """Whether the ops strictly between `matmul` and `wait` (of one block) are `op` or only
-    make views, buffers and indices: none writes or frees a buffer the matmul reads, so
-    its operands may be read at the wait instead."""
-    between = matmul.next_op
-    while between is not wait:
-        if between is None or not (between is op or isinstance(between, hir.AllocateOp) or recomputable(between)):
-            return False
-        between = between.next_op
-    return True
 
 
 def _operands_at(
@@ -154,39 +107,6 @@ def _operands_at(
             views.append(view := hir.AliasSelectOp(operand, axis, position))
         operands.append(view.result)
     return views, operands
-
-
-@dataclass
-class PairPositions:
-    """This device's and its peer's positions in a team of two, and the peer's device."""
-
-    own: SSAValue
-    peer: SSAValue
-    peer_device: SSAValue
-    zero: SSAValue
-
-    @staticmethod
-    def insert(
-        team: tuple[int, ...], anchor: Operation, rewriter: PatternRewriter, location: LocationAttr
-    ) -> PairPositions:
-        """Computed once, in the function's body before `anchor`, right after the constants
-        and the device index they are computed from (every iteration of the loops around
-        has the same)."""
-        zero, one = index_constant(rewriter, anchor, 0), index_constant(rewriter, anchor, 1)
-        first, second = index_constant(rewriter, anchor, team[0]), index_constant(rewriter, anchor, team[1])
-        rank = runtime_value(rewriter, anchor, hir.DeviceIndexOp, "rank")
-        is_second = arith.CmpiOp(rank, second, "eq")
-        own = arith.SelectOp(is_second.result, one, zero)
-        peer = arith.SelectOp(is_second.result, zero, one)
-        peer_device = arith.SelectOp(is_second.result, first, second)
-        ops = [is_second, own, peer, peer_device]
-        for new_op, name in zip(ops, ("is_second", "own_position", "peer_position", "peer_device")):
-            new_op.result.name_hint = name
-            new_op.location = location
-        inputs = {value.owner for value in (zero, one, first, second, rank)}
-        last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
-        rewriter.insert(ops, InsertPoint.after(last_input))
-        return PairPositions(own.result, peer.result, peer_device.result, zero)
 
 
 class ReduceScatterIntoMatmul(RewritePattern):

@@ -103,16 +103,11 @@ from xdsl.traits import is_side_effect_free
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from hostir.passes.per_stream_buffers import fewer_slices, is_private_allocation
-from hostir.passes.stream_parallel import StreamLoop, index_constant, is_index_arithmetic, known_extent
+from hostir.passes.analysis.buffers import fewer_slices, is_private_allocation
+from hostir.passes.analysis.extents import known_extent
+from hostir.passes.analysis.loops import StreamLoop, index_constant, recomputable
 
 TRANSFER_OPS = (hir.CommunicationOp, hir.P2POp, hir.EndCoalescingOp, hir.WaitOp)
-
-
-def recomputable(op: Operation) -> bool:
-    """Ops that B may read from A: they only name a view or compute an index, so cloning
-    them for another iteration is free."""
-    return isinstance(op, hir.AliasSelectOp) or is_index_arithmetic(op)
 
 
 def _clone(ops: Sequence[Operation], mapping: dict[SSAValue, SSAValue], block: Block) -> None:

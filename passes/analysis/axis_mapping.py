@@ -25,7 +25,7 @@ from xdsl.traits import SymbolTable
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import TensorType, tensor_type
 from hostir_dialect.text import HostirError
-from hostir.passes.operands import describe_typed_operand
+from hostir.passes.analysis.operands import describe_typed_operand
 
 AxisMap = tuple[int | None, ...]
 """For each axis of an operand, the output axis it corresponds to; None where the op reduces it."""
@@ -98,6 +98,11 @@ def linear(input_rank: int, weight_rank: int, bias_rank: int | None) -> list[Axi
     if bias_rank is not None:
         maps.append(right_aligned(bias_rank, output_rank))
     return maps
+
+
+def without_axis(axes: Sequence[int], removed: int) -> list[int]:
+    """Axis numbers once `removed` is gone (and `removed` itself dropped)."""
+    return [axis - (axis > removed) for axis in axes if axis != removed]
 
 
 def broadcast(input_rank: int, new_axes: Sequence[int]) -> AxisMap:

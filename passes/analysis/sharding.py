@@ -19,8 +19,8 @@ from xdsl.utils.exceptions import VerifyException
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DIDX, SERIAL, FusionOp, TensorType, shape_str, tensor_type
 from hostir_dialect.text import HostirError
-from hostir.passes.axis_mapping import operand_axis_maps
-from hostir.passes.operands import describe_operand
+from hostir.passes.analysis.axis_mapping import operand_axis_maps
+from hostir.passes.analysis.operands import describe_operand
 
 REDUCTION_KINDS: dict[type[fusion.ReductionOp], ReductionKind] = {
     fusion.SumOp: ReductionKind.SUM,

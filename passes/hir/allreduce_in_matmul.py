@@ -77,9 +77,9 @@ from xdsl.rewriter import InsertPoint
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
 from hostir_dialect.text import operation_location
-from hostir.passes.copy_engine_pipelining import recomputable
-from hostir.passes.reduce_scatter_in_matmul import PairPositions, in_function_body, nothing_writes_between, product_of
-from hostir.passes.stream_parallel import StreamLoop, index_constant, known_extent
+from hostir.passes.analysis.buffers import in_function_body, nothing_writes_between, product_of
+from hostir.passes.analysis.extents import known_extent
+from hostir.passes.analysis.loops import PairPositions, StreamLoop, index_constant, recomputable
 
 CUDA = hir.CommunicatorBackend.CUDA
 
@@ -218,7 +218,7 @@ def _remark(op: Operation, reason: str) -> None:
 
 def _rewrite(chunked: _Chunked, rewriter: PatternRewriter) -> None:
     loop, op, matmul = chunked.loop, chunked.allreduce, chunked.matmul
-    body, induction, location = loop.loop.body.block, loop.loop.body.block.args[0], op.location
+    induction, location = loop.loop.body.block.args[0], op.location
     chunks = loop.loop.ub
     start = loop.start
     one, two = index_constant(rewriter, start, 1), index_constant(rewriter, start, 2)

@@ -28,8 +28,7 @@ next writer of a shared slice waits for the last reader of it.
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, func
-from xdsl.dialects.builtin import IndexType, IntegerAttr
+from xdsl.dialects import arith, builtin
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -41,17 +40,9 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import DYNAMIC, tensor_type
-from hostir.passes.stream_parallel import StreamLoop
-
-
-def _extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:
-    """The extent of `axis` of the allocated buffer: a size operand, or a new constant."""
-    shape = tensor_type(allocation.result).get_shape()
-    if shape[axis] == DYNAMIC:
-        return [], allocation.dynamic_sizes[shape[:axis].count(DYNAMIC)]
-    constant = arith.ConstantOp(IntegerAttr(shape[axis], IndexType()))
-    return [constant], constant.result
+from hostir_dialect.fusion import tensor_type
+from hostir.passes.analysis.buffers import fewer_slices, is_private_allocation
+from hostir.passes.analysis.loops import StreamLoop
 
 
 def _defined_before(value: SSAValue, op: Operation) -> bool:
@@ -60,13 +51,6 @@ def _defined_before(value: SSAValue, op: Operation) -> bool:
     return isinstance(owner, Operation) and owner.parent_block() is op.parent_block() and (
         owner.is_before_in_block(op)
     )
-
-
-def is_private_allocation(op: Operation | None) -> bool:
-    """Whether `op` allocates, in the function body, a buffer that is not symmetric: one that
-    only this device's streams use, in the order of its program (peers read or write a
-    symmetric one in their own order)."""
-    return isinstance(op, hir.AllocateOp) and op.symmetric is None and isinstance(op.parent_op(), func.FuncOp)
 
 
 def _shared_slices(op: hir.AllocateOp) -> tuple[arith.RemUIOp, list[hir.AliasSelectOp]] | None:
@@ -89,36 +73,6 @@ def _shared_slices(op: hir.AllocateOp) -> tuple[arith.RemUIOp, list[hir.AliasSel
     ):
         return None
     return stream_index, slices
-
-
-def fewer_slices(op: hir.AllocateOp, count: SSAValue, rewriter: PatternRewriter) -> SSAValue:
-    """Re-allocates `op`'s buffer with `min(extent, count)` slices along its stream axis (`count`
-    defined before `op`); its `hir.dim` of that axis become the old extent, which the loops
-    still walk. The new buffer; its slices keep
-    their index, which the caller maps onto the fewer slices."""
-    buffer_type = tensor_type(op.result)
-    axis = buffer_type.stream_axis
-    extent_ops, extent = _extent(op, axis)
-    slots = arith.MinUIOp(extent, count)
-    slots.result.name_hint = "stream_slots"
-    sizes, shape = list(op.dynamic_sizes), list(buffer_type.get_shape())
-    position = shape[:axis].count(DYNAMIC)
-    if shape[axis] == DYNAMIC:
-        sizes[position] = slots.result
-    else:
-        sizes.insert(position, slots.result)
-        shape[axis] = DYNAMIC
-    allocation = hir.AllocateOp(buffer_type.with_(shape=shape), sizes)
-    allocation.result.name_hint = op.result.name_hint
-    inserted = [*extent_ops, slots, allocation]
-    for new_op in inserted:
-        new_op.location = op.location
-    rewriter.insert(inserted, InsertPoint.before(op))
-    for use in list(op.result.uses):
-        if isinstance(dim := use.operation, hir.DimOp) and dim.axis.data == axis:
-            rewriter.replace(dim, [], [extent])
-    rewriter.replace(op, [], [allocation.result])
-    return allocation.result
 
 
 class OneSlicePerStream(RewritePattern):

@@ -30,7 +30,7 @@ from functools import reduce
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import IndexType, IntegerAttr, ModuleOp
+from xdsl.dialects.builtin import IndexType, ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -54,11 +54,11 @@ from hostir_dialect.fusion import (
     tensor_type,
 )
 from hostir_dialect.text import HostirError
-from hostir.passes.axis_mapping import operand_axis_maps
-from hostir.passes.copy_engine import peer_readable
-from hostir.passes.operands import describe_operand
+from hostir.passes.analysis.axis_mapping import operand_axis_maps
+from hostir.passes.lowering.peer_readable import peer_readable
+from hostir.passes.analysis.operands import describe_operand
 from hostir.passes.options import check_choice
-from hostir.passes.sharding import (
+from hostir.passes.analysis.sharding import (
     LocalCopy,
     LocalSlice,
     local_operand_type,
@@ -96,10 +96,6 @@ def require_local(op: FusionOp) -> None:
             f"but the op computes at {local_operand_type(op, index).sharding_str()}; run "
             "insert-reshardings first, which moves it with a fusion.set",
         )
-
-
-def index_constant(value: int) -> arith.ConstantOp:
-    return arith.ConstantOp(IntegerAttr(value, IndexType()))
 
 
 # --------------------------------------------------------------------------- #
@@ -198,7 +194,7 @@ class Extents:
     def _index(self, extent: Extent) -> SSAValue:
         if isinstance(extent, SSAValue):
             return extent
-        return self.rewriter.insert(index_constant(extent)).result
+        return self.rewriter.insert(arith.ConstantOp.from_int_and_width(extent, IndexType())).result
 
 
 # --------------------------------------------------------------------------- #
@@ -411,9 +407,9 @@ class LowerLocalSlice(BufferLowering):
         plan = plan_resharding(op)
         assert isinstance(plan, LocalSlice)
         device = hir.DeviceIndexOp()
-        first = index_constant(plan.first_device)
+        first = arith.ConstantOp.from_int_and_width(plan.first_device, IndexType())
         position = arith.SubiOp(device, first)
-        shard = index_constant(0)
+        shard = arith.ConstantOp.from_int_and_width(0, IndexType())
         source = hir.AliasSelectOp(op.input, plan.axis, position.result)
         target = hir.AliasSelectOp(outs[0], plan.axis, shard.result)
         return [

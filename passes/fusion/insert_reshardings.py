@@ -48,9 +48,9 @@ from hostir_dialect.fusion import (
     tensor_type,
 )
 from hostir_dialect.text import HostirError
-from hostir.passes.axis_mapping import operand_axis_maps
-from hostir.passes.operands import describe_operand, describe_value
-from hostir.passes.sharding import (
+from hostir.passes.analysis.axis_mapping import operand_axis_maps
+from hostir.passes.analysis.operands import describe_operand, describe_value
+from hostir.passes.analysis.sharding import (
     UnsupportedResharding,
     local_operand_type,
     plan_resharding,
