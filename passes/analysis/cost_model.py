@@ -57,6 +57,7 @@ measures the rates of a machine, takes the slowest rank's times.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -122,6 +123,11 @@ class OverlapProblem:
     def chunked_rows(self) -> int:
         """The rows a rank holds along the stream axis, which the chunks divide."""
         return self.m if self.kind == OverlapKind.MATMUL_ALLREDUCE else self.m // self.world
+
+    def cuts_into(self, chunks: int) -> bool:
+        """Whether the rows a rank holds along the stream axis cut into `chunks` equal chunks:
+        the chunk counts a pipeline of this problem can take."""
+        return self.chunked_rows % chunks == 0
 
     def chunk_gemm_rows(self, chunks: int) -> int:
         """The rows of each GEMM when the rows a rank holds are cut into `chunks` chunks: a
@@ -256,7 +262,28 @@ def choose_pipeline(
     candidates = [
         chunks
         for chunks in range(1, min(max_chunks, problem.chunked_rows) + 1)
-        if problem.chunked_rows % chunks == 0 and problem.chunk_gemm_rows(chunks) >= min_chunk_rows
+        if problem.cuts_into(chunks) and problem.chunk_gemm_rows(chunks) >= min_chunk_rows
     ] or [1]
     best = min(candidates, key=lambda chunks: (pipeline_time(problem, rates, chunks), chunks))
     return PipelineShape(best, pipeline_streams(best), pipeline_time(problem, rates, best))
+
+
+ChunksOf = Callable[[OverlapProblem], int]
+"""`chunks_of(problem)`: how many chunks to cut a GEMM+reduce-scatter or GEMM+allreduce
+into, the problem in the cost model's terms (global extents): `one_chunk`, the model's
+choice (`modelled_chunks`) or the user's number."""
+
+
+def one_chunk(problem: OverlapProblem) -> int:
+    return 1
+
+
+NOMINAL_GPU_RATES = Rates(link_bytes_per_s=300e9, gemm_flops_per_s=600e12)
+"""What the cost model assumes of a GPU when it chooses a GEMM+RS or GEMM+AR pipeline's chunks
+before anything runs: an H100's NVLink as NCCL uses it, and its bf16 GEMMs at large sizes."""
+
+
+def modelled_chunks(problem: OverlapProblem) -> int:
+    """The chunk count the cost model chooses for a GEMM+reduce-scatter or GEMM+allreduce
+    on a GPU of `NOMINAL_GPU_RATES`."""
+    return choose_pipeline(problem, NOMINAL_GPU_RATES).chunks
