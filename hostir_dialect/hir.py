@@ -155,6 +155,14 @@ class AllocateOp(IRDLOperation):
             result_types=[result_type],
         )
 
+    def size_of(self, axis: int) -> SSAValue | None:
+        """The size operand of `axis` of the buffer: the logical extent of a dynamic axis
+        (`?`), which the operands give in order; None for a static axis."""
+        shape = tensor_type(self.result).get_shape()
+        if shape[axis] != DYNAMIC:
+            return None
+        return self.dynamic_sizes[shape[:axis].count(DYNAMIC)]
+
     def verify_(self) -> None:
         shape = tensor_type(self.result).get_shape()
         dynamic = shape.count(DYNAMIC)
@@ -194,18 +202,29 @@ def is_symmetric_input(value: SSAValue) -> bool:
 
 def view_root(value: SSAValue) -> SSAValue:
     """The buffer that `value` is a view of: `value` itself unless `hir.alias_select` made it."""
+    return root_axis(value, 0)[0]
+
+
+def root_axis(value: SSAValue, axis: int) -> tuple[SSAValue, int]:
+    """The buffer that `value` is a view of (`view_root`), and the axis of that buffer that
+    `axis` of `value` is: each `hir.alias_select` on the way dropped one axis."""
     while isinstance(value, OpResult) and isinstance(value.op, AliasSelectOp):
-        value = value.op.input
-    return value
+        dropped = value.op.axis.data
+        value, axis = value.op.input, axis + (axis >= dropped)
+    return value, axis
+
+
+def in_symmetric_allocation(buffer: SSAValue) -> bool:
+    """Whether `buffer` is (a view of) a buffer of `hir.allocate symmetric`, which the runtime
+    makes once and gives back to every run."""
+    root = view_root(buffer)
+    return isinstance(root, OpResult) and isinstance(root.op, AllocateOp) and root.op.symmetric is not None
 
 
 def is_symmetric(buffer: SSAValue) -> bool:
     """Whether `buffer` is (a view of) memory that the devices of its mesh have mapped: a
     symmetric allocation or a symmetric input."""
-    root = view_root(buffer)
-    if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
-        return root.op.symmetric is not None
-    return is_symmetric_input(root)
+    return in_symmetric_allocation(buffer) or is_symmetric_input(view_root(buffer))
 
 
 @irdl_op_definition
@@ -791,6 +810,22 @@ class P2POp(IRDLOperation, ABC):
         printer.print_string(" : ")
         printer.print_attribute(self.buffer.type)
 
+    def batch(self) -> tuple[StartCoalescingOp, EndCoalescingOp] | None:
+        """The `hir.start_coalescing` and `hir.end_coalescing` around this transfer in its
+        block, whose batch it is issued in; None where it is not in one."""
+        start, end = self.prev_op, self.next_op
+        while start is not None and not isinstance(start, StartCoalescingOp):
+            if isinstance(start, EndCoalescingOp):
+                return None
+            start = start.prev_op
+        while end is not None and not isinstance(end, EndCoalescingOp):
+            if isinstance(end, StartCoalescingOp):
+                return None
+            end = end.next_op
+        if start is None or end is None:
+            return None
+        return start, end
+
     @classmethod
     def parse(cls, parser: Parser) -> P2POp:
         buffer = parser.parse_unresolved_operand()
@@ -1083,9 +1118,7 @@ class SegmentCallee(SymbolUserOpInterface):
     def verify(self, op: Operation) -> None:
         assert isinstance(op, SegmentCallOp)
         name = f"'@{op.callee.string_value()}'"
-        callee = SymbolTable.lookup_symbol(op, op.callee)
-        if not isinstance(callee, func.FuncOp):
-            raise VerifyException(f"{name} is not a function in this module")
+        callee = op.callee_function()
         inputs = list(callee.function_type.inputs.data)
         ins = [v.type for v in op.ins]
         if inputs != ins:
@@ -1125,6 +1158,13 @@ class SegmentCallOp(ComputeOp, ABC):
         if isinstance(callee, str):
             callee = SymbolRefAttr(callee)
         super().__init__(ins, outs, {"callee": callee})
+
+    def callee_function(self) -> func.FuncOp:
+        """The segment this op runs: the `func.func` of its module named `@callee`."""
+        callee = SymbolTable.lookup_symbol(self, self.callee)
+        if not isinstance(callee, func.FuncOp):
+            raise VerifyException(f"'@{self.callee.string_value()}' is not a function in this module")
+        return callee
 
 
 @irdl_op_definition

@@ -62,7 +62,7 @@ from hostir.runtime.interpreter.communication import copy_engine_transfers
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import RunContext
 from hostir.runtime.program import Program
-from hostir.runtime.distributed.streams import configured_num_streams, stream_pool
+from hostir.runtime.distributed.streams import configured_num_streams
 
 Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
 
@@ -257,13 +257,8 @@ class GraphReplayer:
                 GraphReplayFallback,
                 stacklevel=3,
             )
-        return self.program.run_checked(inputs, self._context(captured.extents), views_of=self.static_inputs)
-
-    def _context(self, extents: dict[tuple[int, int], int]) -> RunContext:
-        device = self.communicator.device
-        return RunContext(
-            self.communicator.rank, device, self.communicator, stream_pool(device, self.num_streams), input_extents=extents
-        )
+        context = RunContext.of(self.communicator, self.num_streams, captured.extents)
+        return self.program.run_checked(inputs, context, views_of=self.static_inputs)
 
     def _run_eagerly(self, reason: str) -> None:
         self.eager_reason = reason
@@ -300,7 +295,7 @@ class GraphReplayer:
                     program.run(static_inputs, communicator, self.num_streams)
             torch.cuda.current_stream(device).wait_stream(side)
             extents = program.check(static_inputs, communicator)
-            context = self._context(extents)
+            context = RunContext.of(communicator, self.num_streams, extents)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             caller, failure = torch.cuda.current_stream(device), None

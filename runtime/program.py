@@ -19,23 +19,22 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from xdsl.dialects import arith, func
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import hir, hostir_context
 from hostir_dialect.builder import torch_dtype
-from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str, tensor_type
+from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from hostir.passes import DEFAULT_PIPELINE, available_passes
+from hostir.passes.analysis.extents import buffer_extent
 from hostir.passes.driver import parse_pass_pipeline, run_passes
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper
-from hostir.runtime.interpreter.core import buffer_root
 from hostir.runtime.reference import full_shape
-from hostir.runtime.distributed.streams import configured_num_streams, stream_pool
 
 
 def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:
@@ -112,7 +111,7 @@ class Program:
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         returned = host.get_return_op()
         self.symmetric_outputs = [
-            i for i, value in enumerate(returned.operands if returned else ()) if _in_symmetric_memory(value)
+            i for i, value in enumerate(returned.operands if returned else ()) if hir.in_symmetric_allocation(value)
         ]
         """The outputs in a buffer of `hir.allocate symmetric`: made once and given back to
         every run (peers map it), so a later run overwrites what an earlier one returned."""
@@ -198,13 +197,8 @@ class Program:
         """
         communicator = communicator or Communicator.default()
         input_extents = self.check(inputs, communicator)
-        streams = stream_pool(
-            communicator.device, configured_num_streams() if num_streams is None else num_streams
-        )
+        context = RunContext.of(communicator, num_streams, input_extents)
         communicator.create_groups(self.teams)
-        context = RunContext(
-            communicator.rank, communicator.device, communicator, streams, input_extents=input_extents
-        )
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
         return self.run_checked(inputs, context, views_of, interpreter)
 
@@ -351,26 +345,16 @@ class Program:
                 raise self._misfit(op, shapes, problem)
 
     def _known_extent(self, buffer: SSAValue, axis: int, shapes: Sequence[Sequence[int]]) -> int | None:
-        """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it:
-        traced through views to an input, or to an allocation whose size is a constant or
-        the extent of another such buffer. None where only running the program tells it."""
-        extent = hir.type_extent(buffer, axis)
-        if extent is not None:
-            return extent
-        root, root_axis = buffer_root(buffer, axis)
-        if root is not buffer:
-            return self._known_extent(root, root_axis, shapes)
-        if isinstance(buffer, BlockArgument) and buffer.owner is self.host.body.block:
-            extent = shapes[buffer.index][axis]
-            return extent if extent >= 0 else None
-        if isinstance(buffer, OpResult) and isinstance(buffer.op, hir.AllocateOp):
-            dynamic_axes = [a for a, e in enumerate(tensor_type(buffer).get_shape()) if e == DYNAMIC]
-            size = buffer.op.dynamic_sizes[dynamic_axes.index(axis)]
-            if isinstance(size.owner, arith.ConstantOp):
-                return size.owner.value.value.data
-            if isinstance(size.owner, hir.DimOp):
-                return self._known_extent(size.owner.buffer, size.owner.axis.data, shapes)
-        return None
+        """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it
+        (`buffer_extent`); None where only running the program tells it."""
+
+        def input_extent(argument: BlockArgument, axis: int) -> int | None:
+            if argument.owner is not self.host.body.block or shapes[argument.index][axis] < 0:
+                return None
+            return shapes[argument.index][axis]
+
+        extent = buffer_extent(buffer, axis, input_extent)
+        return extent if isinstance(extent, int) else None
 
     def _misfit(self, op: Operation, shapes: Sequence[Sequence[int]], why: str) -> HostirError:
         """The error of inputs of `shapes` that do not fit together at `op`."""
@@ -445,11 +429,6 @@ WRONG_INPUT_COUNT = -2
 """The verdict of a rank given the wrong number of inputs."""
 UNKNOWN_EXTENT = -1
 """The extent a rank reports for an input it holds no piece of."""
-
-
-def _in_symmetric_memory(value: SSAValue) -> bool:
-    root, _ = buffer_root(value)
-    return isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp) and root.op.symmetric is not None
 
 
 def _apart_from(inputs: Sequence[object], outputs: list) -> list:

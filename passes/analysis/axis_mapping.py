@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 
 from xdsl.dialects import func
 from xdsl.ir import Operation, SSAValue
-from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import TensorType, tensor_type
@@ -182,7 +181,7 @@ def _reducing_collective(op: hir.CommunicationOp) -> list[AxisMap]:
 
 
 def _segment(op: hir.SegmentCallOp) -> list[AxisMap]:
-    callee = segment_function(op)
+    callee = op.callee_function()
     classes = AxisClasses.of_function(callee)
     output = func_results(callee)[0]
     class_to_axis = {classes.find(output, axis): axis for axis in range(_rank(output))}
@@ -276,13 +275,6 @@ def operand_axis(axis_map: AxisMap, output_axis: int) -> int | None:
 # --------------------------------------------------------------------------- #
 # Segments                                                                     #
 # --------------------------------------------------------------------------- #
-
-
-def segment_function(op: hir.SegmentCallOp) -> func.FuncOp:
-    callee = SymbolTable.lookup_symbol(op, op.callee)
-    if not isinstance(callee, func.FuncOp):
-        raise HostirError.at(op, f"{op.name}: no function named @{op.callee.string_value()}")
-    return callee
 
 
 def func_results(function: func.FuncOp) -> Sequence[SSAValue]:

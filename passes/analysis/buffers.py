@@ -14,7 +14,7 @@ along its stream axis.
 from __future__ import annotations
 
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import IndexType, IntegerAttr
+from xdsl.dialects.builtin import IndexType
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import InsertPoint
@@ -22,16 +22,6 @@ from xdsl.rewriter import InsertPoint
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
 from hostir.passes.analysis.loops import recomputable
-
-
-def _batch_end(op: hir.P2POp) -> hir.EndCoalescingOp | None:
-    """The end of the coalescing batch that `op` belongs to, if it belongs to one."""
-    following = op.next_op
-    while following is not None and not isinstance(following, hir.StartCoalescingOp):
-        if isinstance(following, hir.EndCoalescingOp):
-            return following
-        following = following.next_op
-    return None
 
 
 def _work_users(work: SSAValue) -> list[Operation]:
@@ -59,8 +49,8 @@ def _work_users(work: SSAValue) -> list[Operation]:
 def _completions(op: Operation) -> list[Operation]:
     """The hir.wait ops until which an asynchronous `op` still uses its buffers."""
     works = [result for result in op.results if isinstance(result.type, hir.WorkType)]
-    if isinstance(op, hir.P2POp) and (batch_end := _batch_end(op)) is not None:
-        works.append(batch_end.work)
+    if isinstance(op, hir.P2POp) and (batch := op.batch()) is not None:
+        works.append(batch[1].work)
     return [user for work in works for user in _work_users(work)]
 
 
@@ -81,10 +71,10 @@ def buffer_users(buffer: SSAValue) -> list[Operation]:
 
 def _extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:
     """The extent of `axis` of the allocated buffer: a size operand, or a new constant."""
-    shape = tensor_type(allocation.result).get_shape()
-    if shape[axis] == DYNAMIC:
-        return [], allocation.dynamic_sizes[shape[:axis].count(DYNAMIC)]
-    constant = arith.ConstantOp(IntegerAttr(shape[axis], IndexType()))
+    size = allocation.size_of(axis)
+    if size is not None:
+        return [], size
+    constant = arith.ConstantOp.from_int_and_width(tensor_type(allocation.result).get_shape()[axis], IndexType())
     return [constant], constant.result
 
 

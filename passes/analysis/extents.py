@@ -9,25 +9,48 @@ where they walk the same extent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import IntegerAttr
-from xdsl.ir import SSAValue
+from xdsl.ir import BlockArgument, OpResult, SSAValue
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import DYNAMIC, tensor_type
+
+InputExtent = Callable[[BlockArgument, int], int | None]
+"""`input_extent(argument, axis)`: the extent of an axis of an argument where the caller
+knows it (the shapes of a program's inputs), else None."""
 
 
-def known_extent(value: SSAValue) -> object:
-    """What a loop extent is known to equal: a number, or the axis of an argument it was read from."""
+def _unknown(argument: BlockArgument, axis: int) -> None:
+    return None
+
+
+def known_extent(value: SSAValue, input_extent: InputExtent = _unknown) -> object:
+    """What the index `value` (a loop's bound, a size operand, an `hir.dim`) is known to
+    equal: a number where the program fixes it, else what stands for the same extent
+    wherever it is read (`buffer_extent`), else `value` itself."""
     owner = value.owner
     if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
         return owner.value.value.data
     if isinstance(owner, hir.DimOp):
-        buffer, axis = owner.buffer, owner.axis.data
-        shape = tensor_type(buffer).get_shape()
-        if shape[axis] != DYNAMIC:
-            return shape[axis]
-        if isinstance(buffer.owner, hir.AllocateOp):
-            return known_extent(buffer.owner.dynamic_sizes[shape[:axis].count(DYNAMIC)])
-        return (buffer, axis)
+        return buffer_extent(owner.buffer, owner.axis.data, input_extent)
     return value
+
+
+def buffer_extent(buffer: SSAValue, axis: int, input_extent: InputExtent = _unknown) -> object:
+    """What the extent of `axis` of `buffer` is known to equal: its type's (a `didx` axis
+    spans its mesh); through views, that of the root buffer's axis; an allocation's, the
+    size it was made with; an argument's, what `input_extent` says. Where only running
+    the program tells it, `(root buffer, its axis)`."""
+    extent = hir.type_extent(buffer, axis)
+    if extent is not None:
+        return extent
+    root, root_axis = hir.root_axis(buffer, axis)
+    if root is not buffer:
+        return buffer_extent(root, root_axis, input_extent)
+    if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):
+        return known_extent(root.op.size_of(axis), input_extent)
+    if isinstance(root, BlockArgument) and (extent := input_extent(root, axis)) is not None:
+        return extent
+    return (root, axis)

@@ -141,8 +141,8 @@ class Extents:
         match value:
             case BlockArgument():
                 return self._dim(value, axis)
-            case OpResult(op=hir.AllocateOp(dynamic_sizes=sizes)):
-                return sizes[tensor_type(value).get_shape()[:axis].count(DYNAMIC)]
+            case OpResult(op=hir.AllocateOp() as allocation):
+                return allocation.size_of(axis)
             case OpResult(op=func.CallOp() as call):
                 return self._through_call(call, value.index, axis)
             case OpResult(op=FusionOp() as op):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DenseArrayBase, FunctionType, StringAttr, SymbolRefAttr, i64
+from xdsl.dialects.builtin import DenseArrayBase, StringAttr, SymbolRefAttr, i64
 from xdsl.ir import SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -20,7 +20,7 @@ from xdsl.traits import SymbolTable
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import tensor_type
 from hostir_dialect.text import HostirError
-from hostir.passes.analysis.axis_mapping import AxisClasses, func_results, segment_function, without_axis
+from hostir.passes.analysis.axis_mapping import AxisClasses, func_results, without_axis
 from hostir.passes.analysis.operands import describe_typed_operand, describe_value
 
 
@@ -79,10 +79,7 @@ def _slice_function(function: func.FuncOp, axis: int, call: hir.SegmentCallOp) -
         Rewriter.replace_value_with_new_type(value, tensor_type(value).without_axis(removed))
     for op in emptied_broadcasts:
         Rewriter.replace_op(op, fusion.SetOp(op.input, tensor_type(op.result)))
-    block = function.body.block
-    function.function_type = FunctionType.from_lists(
-        [arg.type for arg in block.args], [result.type for result in func_results(function)]
-    )
+    function.update_function_type()
 
 
 def _insert_segment(rewriter: PatternRewriter, sliced: func.FuncOp, original: func.FuncOp) -> str:
@@ -110,7 +107,7 @@ def _erase_if_unused(rewriter: PatternRewriter, segment: func.FuncOp) -> None:
 
 def slice_segment_call(rewriter: PatternRewriter, call: hir.SegmentCallOp, axis: int) -> None:
     """Makes `call` run a copy of its segment on slices: `@<segment>_slice`."""
-    original = segment_function(call)
+    original = call.callee_function()
     sliced = original.clone()
     _slice_function(sliced, axis, call)
     call.callee = SymbolRefAttr(_insert_segment(rewriter, sliced, original))

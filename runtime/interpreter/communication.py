@@ -149,17 +149,14 @@ def _send_recv(op: hir.SendRecvOp, prep: Preparation) -> Step:
 
 def _batch(op: hir.P2POp) -> list[Operation]:
     """The ops between the `hir.start_coalescing` and the `hir.end_coalescing` around `op`."""
-    start, end = op.prev_op, op.next_op
-    while start is not None and not isinstance(start, hir.StartCoalescingOp):
-        start = start.prev_op
-    while end is not None and not isinstance(end, hir.EndCoalescingOp):
-        end = end.next_op
-    if start is None or end is None:
+    around = op.batch()
+    if around is None:
         raise HostirError.at(
             op,
             f"{op.name} with backend cuda must sit between hir.start_coalescing and "
             "hir.end_coalescing, with the transfer of the other direction to the same peer",
         )
+    start, end = around
     batch, next_op = [], start.next_op
     while next_op is not end:
         batch.append(next_op)

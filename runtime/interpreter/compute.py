@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 import torch
 from xdsl.dialects import func
 from xdsl.ir import Block, Operation, OpResult, SSAValue
-from xdsl.traits import SymbolTable
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
@@ -92,16 +91,9 @@ def _compute_step(op: hir.ComputeOp, prep: Preparation, compute: Compute) -> Ste
     return step
 
 
-def _callee(op: hir.SegmentCallOp) -> func.FuncOp:
-    callee = SymbolTable.lookup_symbol(op, op.callee)
-    if not isinstance(callee, func.FuncOp):
-        raise HostirError.at(op, f"'{op.callee.string_value()}' is not a function in this module")
-    return callee
-
-
 @handles(hir.LaunchKernelOp)
 def _launch_kernel(op: hir.LaunchKernelOp, prep: Preparation) -> Step:
-    return _compute_step(op, prep, segment_runner(_callee(op)))
+    return _compute_step(op, prep, segment_runner(op.callee_function()))
 
 
 @handles(hir.PostOnStreamOp)
@@ -110,7 +102,7 @@ def _post_on_stream(op: hir.PostOnStreamOp, prep: Preparation) -> Step:
     inputs, which its outs adopt where they can (`_adopting_step`). The weight that a
     matmul reads through a broadcast stays the weight, where a copy would move every
     byte of it every step."""
-    evaluate = fusion_eval.compile_function(_callee(op))
+    evaluate = fusion_eval.compile_function(op.callee_function())
     return _adopting_step(op, prep, evaluate, [False] * len(op.ins), [False] * len(op.outs))
 
 

@@ -38,7 +38,7 @@ from hostir_dialect.text import HostirError
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.work import Work
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation
-from hostir.runtime.distributed.streams import StreamPool
+from hostir.runtime.distributed.streams import StreamPool, configured_num_streams, stream_pool
 
 Environment = list
 """The values of one run, indexed by slot."""
@@ -57,6 +57,24 @@ class RunContext:
     input_extents: Mapping[tuple[int, int], int] = field(default_factory=dict)
     """(input index, axis) -> the logical extent of each dynamic axis of each input, on every
     rank: `Program.run` exchanges them, so that `hir.dim` works outside an input's mesh."""
+
+    @classmethod
+    def of(
+        cls,
+        communicator: Communicator,
+        num_streams: int | None = None,
+        input_extents: Mapping[tuple[int, int], int] | None = None,
+    ) -> RunContext:
+        """A run on `communicator`'s rank and device, with its pool of `num_streams` streams
+        (None: `configured_num_streams()`, HOSTIR_NUM_STREAMS or its default)."""
+        size = configured_num_streams() if num_streams is None else num_streams
+        return cls(
+            communicator.rank,
+            communicator.device,
+            communicator,
+            stream_pool(communicator.device, size),
+            input_extents=input_extents or {},
+        )
 
 
 Step = Callable[[Environment, RunContext], None]
@@ -94,15 +112,6 @@ def run_steps(steps: list[Step], env: Environment, context: RunContext) -> None:
         ) from error
 
 
-def buffer_root(value: SSAValue, axis: int = 0) -> tuple[SSAValue, int]:
-    """The buffer that `value` is a view of (`value` itself unless made by alias_select),
-    and the axis of that buffer that `axis` of `value` is."""
-    while isinstance(value, OpResult) and isinstance(value.op, hir.AliasSelectOp):
-        dropped = value.op.axis.data
-        value, axis = value.op.input, axis + (axis >= dropped)
-    return value, axis
-
-
 class Preparation:
     """What preparing one function keeps: slots, constants, views of buffers, return slots."""
 
@@ -116,7 +125,7 @@ class Preparation:
         self._positions: dict[Block, dict[Operation, int]] = {}
         for op in function.walk():
             if isinstance(op, hir.AliasSelectOp):
-                self.views[buffer_root(op.result)[0]].append(op.result)
+                self.views[hir.view_root(op.result)].append(op.result)
 
     def position(self, op: Operation, block: Block) -> int:
         """The position in `block` of `op`, or of its ancestor there. Preparing changes no
@@ -157,7 +166,7 @@ class Preparation:
 
     def check_writable(self, op: Operation, buffer: SSAValue) -> None:
         """Refuses an op that would write into one of the program's inputs (or a view of one)."""
-        root, _ = buffer_root(buffer)
+        root = hir.view_root(buffer)
         if self.is_input(root):
             raise HostirError.at(
                 op,
@@ -347,15 +356,11 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     # The local shape, its dynamic extents filled in each run from the size operands;
     # a didx axis is 1 whatever its logical size.
     shape = list(buffer_type.local_shape())
-    dynamic: list[tuple[int, int]] = []
-    sizes = iter(prep.slots_of(op.dynamic_sizes))
-    for axis, (extent, parallel_type) in enumerate(
-        zip(buffer_type.get_shape(), buffer_type.parallel_types())
-    ):
-        if extent == DYNAMIC:
-            slot = next(sizes)
-            if parallel_type != ParallelType.DIDX:
-                dynamic.append((axis, slot))
+    dynamic = [
+        (axis, prep.slot(op.size_of(axis)))
+        for axis, (extent, parallel_type) in enumerate(zip(buffer_type.get_shape(), buffer_type.parallel_types()))
+        if extent == DYNAMIC and parallel_type != ParallelType.DIDX
+    ]
 
     def step(env: Environment, context: RunContext) -> None:
         if context.rank not in mesh:
@@ -421,10 +426,9 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
         prep.constant(op.result, buffer_type.mesh.size)
         return None
     result = prep.slot(op.result)
-    root, root_axis = buffer_root(op.buffer, axis)
+    root, root_axis = hir.root_axis(op.buffer, axis)
     if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):
-        dynamic_axes = [a for a, e in enumerate(fusion.tensor_type(root).get_shape()) if e == DYNAMIC]
-        size = prep.slot(root.op.dynamic_sizes[dynamic_axes.index(root_axis)])
+        size = prep.slot(root.op.size_of(root_axis))
 
         def allocated(env: Environment, context: RunContext) -> None:
             env[result] = env[size]
