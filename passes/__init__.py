@@ -63,6 +63,12 @@ def _insert_deallocations() -> type[ModulePass]:
     return InsertDeallocations
 
 
+def _forward_buffers() -> type[ModulePass]:
+    from hostir.passes.hir.forward_buffers import ForwardBuffers
+
+    return ForwardBuffers
+
+
 def _auto_stream_parallel() -> type[ModulePass]:
     from hostir.passes.fusion.auto_stream_parallel import AutoStreamParallel
 
@@ -85,6 +91,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,
+    "forward-buffers": _forward_buffers,
     "hir-lowering": _hir_lowering,
 }
 

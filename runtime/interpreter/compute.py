@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from xdsl.dialects import func
-from xdsl.ir import Block, Operation, OpResult, SSAValue
+from xdsl.ir import Operation
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
@@ -99,9 +99,9 @@ def _launch_kernel(op: hir.LaunchKernelOp, prep: Preparation) -> Step:
 @handles(hir.PostOnStreamOp)
 def _post_on_stream(op: hir.PostOnStreamOp, prep: Preparation) -> Step:
     """A segment that only moves data (broadcasts, sets): its results are views of its
-    inputs, which its outs adopt where they can (`_adopting_step`). The weight that a
-    matmul reads through a broadcast stays the weight, where a copy would move every
-    byte of it every step."""
+    inputs, which its `adopted` outs become (`_adopting_step`). The weight that a matmul
+    reads through a broadcast stays the weight, where a copy would move every byte of it
+    every step."""
     evaluate = fusion_eval.compile_function(op.callee_function())
     return _adopting_step(op, prep, evaluate, [False] * len(op.ins), [False] * len(op.outs))
 
@@ -179,9 +179,9 @@ def _linear(op: hir.LinearOp, prep: Preparation) -> Step:
 
 @handles(hir.CopyOp)
 def _copy(op: hir.CopyOp, prep: Preparation) -> Step:
-    """The copy; or, where the source dies at the copy (`hands_over`), its out becomes the
-    source buffer itself, with no byte moved."""
-    if not hands_over(op, prep):
+    """The copy; or, marked `forwards_source` (`forward-buffers`: the source dies at the
+    copy), its out becomes the source buffer itself, with no byte moved."""
+    if op.forwards_source is None:
         return _copy_step(op, prep)
     prep.check_writable(op, op.outs[0])
     source, out = prep.slot(op.ins[0]), prep.slot(op.outs[0])
@@ -199,58 +199,6 @@ def _copy_step(op: hir.CopyOp | hir.PointwiseOp, prep: Preparation) -> Step:
         outs[0].copy_(ins[0])
 
     return _compute_step(op, prep, compute)
-
-
-def hands_over(op: hir.CopyOp, prep: Preparation) -> bool:
-    """Whether the copy's out may be its source buffer itself: the copy fills the out
-    first (`fills_first`), the source is a whole buffer of the program too, of the same
-    local shape and element type, and neither it nor a view of it is used after the copy
-    but by `hir.deallocate`.
-
-    That is the whole copy that a pipelined loop's result gets for the readers after the
-    loop (`auto-stream-parallel`): a buffer with a stream axis, copied into one without,
-    the same bytes in the same layout. As with ATen's results, the out's own allocation
-    is dropped unused.
-    """
-    source, out = op.ins[0], op.outs[0]
-    if not fills_first(op, out, prep) or not _whole_buffer(source, op.parent_block()):
-        return False
-    source_type, out_type = fusion.tensor_type(source), fusion.tensor_type(out)
-    if (
-        source_type.local_shape() != out_type.local_shape()
-        or source_type.element_type != out_type.element_type
-        or tuple(source.op.dynamic_sizes) != tuple(out.op.dynamic_sizes)
-    ):
-        return False
-    block = op.parent_block()
-    position = prep.position(op, block)
-    source_uses = [use.operation for value in (source, *prep.views[source]) for use in value.uses]
-    return all(
-        user is op or isinstance(user, hir.DeallocateOp) or prep.position(user, block) < position
-        for user in source_uses
-    )
-
-
-def fills_first(op: Operation, buffer: SSAValue, prep: Preparation) -> bool:
-    """Whether `buffer` is a whole buffer of the program in `op`'s block (`_whole_buffer`)
-    that no op uses before `op`: `op` fills it first, so the buffer may become the
-    tensor `op` makes."""
-    block = op.parent_block()
-    if not _whole_buffer(buffer, block):
-        return False
-    position = prep.position(op, block)
-    return all(prep.position(use.operation, block) > position for use in buffer.uses if use.operation is not op)
-
-
-def _whole_buffer(value: SSAValue, block: Block | None) -> bool:
-    """Whether `value` is an `hir.allocate` in `block`, not symmetric (peers map those)."""
-    return (
-        block is not None
-        and isinstance(value, OpResult)
-        and isinstance(value.op, hir.AllocateOp)
-        and value.op.symmetric is None
-        and value.op.parent_block() is block
-    )
 
 
 POINTWISE_KINDS: dict[str, type[Operation]] = {
@@ -282,7 +230,7 @@ def local_pieces(values: Sequence) -> list[bool]:
 
 @handles(hir.AtenOp)
 def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
-    """The ATen op on the local pieces, its results adopted where they can be
+    """The ATen op on the local pieces, its results adopted by the outs `adopted` names
     (`_adopting_step`). A view stays a view (a copy would move every byte of a weight's
     transpose, every step), and a result keeps its strides (flash attention's backward
     reads the forward's output with the layout the forward gave it, and is wrong with
@@ -299,20 +247,24 @@ Results = Callable[[list[torch.Tensor], torch.device], Sequence[torch.Tensor | N
 
 
 def _adopting_step(
-    op: hir.ComputeOp, prep: Preparation, results: Results, piece_ins: list[bool], piece_outs: list[bool]
+    op: hir.AtenOp | hir.PostOnStreamOp,
+    prep: Preparation,
+    results: Results,
+    piece_ins: list[bool],
+    piece_outs: list[bool],
 ) -> Step:
     """The step of an op whose results are tensors it makes (ATen's, or views of its
-    operands). An out that is a whole buffer of the program which this op fills first
-    (`fills_first`) becomes the result itself; any other out gets the result copied in:
-    a slice of a larger buffer, a symmetric buffer, whose memory peers map, and a buffer
-    that something used before. The host-program contract lets only the op that fills a
-    buffer write it, so a result that aliases an operand is never written through. The
+    operands). An out that the op's `adopted` names (`forward-buffers` marks the whole
+    buffers of the program that the op fills first) becomes the result itself; any other
+    out gets the result copied in. The host-program contract lets only the op that fills
+    a buffer write it, so a result that aliases an operand is never written through. The
     buffer the program allocated for an adopted out is dropped unused.
 
     A `piece` operand or result is given or taken without its device axis (ATen sees
     local pieces); a None result is one the op leaves undefined, which no op reads.
     """
-    adopted = [fills_first(op, out, prep) for out in op.outs]
+    marked = set() if op.adopted is None else set(op.adopted.get_values())
+    adopted = [index in marked for index in range(len(op.outs))]
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)

@@ -122,20 +122,9 @@ class Preparation:
         self.constants: dict[int, object] = {}
         self.result_slots: list[int] = []
         self.views: dict[SSAValue, list[SSAValue]] = defaultdict(list)
-        self._positions: dict[Block, dict[Operation, int]] = {}
         for op in function.walk():
             if isinstance(op, hir.AliasSelectOp):
                 self.views[hir.view_root(op.result)].append(op.result)
-
-    def position(self, op: Operation, block: Block) -> int:
-        """The position in `block` of `op`, or of its ancestor there. Preparing changes no
-        op, so each block's positions are counted once (xDSL counts them at every ask)."""
-        while op.parent_block() is not block:
-            op = op.parent_op()
-        positions = self._positions.get(block)
-        if positions is None:
-            positions = self._positions[block] = {o: i for i, o in enumerate(block.ops)}
-        return positions[op]
 
     def slot(self, value: SSAValue) -> int:
         return self.slots.setdefault(value, len(self.slots))

@@ -343,7 +343,7 @@ func.func private @spread(%w: {tensor([4, 3], "bf16")}) -> {tensor([1, 4, 3], "b
 }}
 func.func @main(%x: {tensor([2, 5, 4], "bf16")}, %w: {tensor([4, 3], "bf16")}) -> ({tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}) {{
   %s = hir.allocate() : {tensor([1, 4, 3], "bf16")}
-  hir.post_on_stream @spread ins(%w : {tensor([4, 3], "bf16")}) outs(%s : {tensor([1, 4, 3], "bf16")})
+  hir.post_on_stream @spread ins(%w : {tensor([4, 3], "bf16")}) outs(%s : {tensor([1, 4, 3], "bf16")}) adopted [0]
   %y = hir.allocate() : {tensor([2, 5, 3], "bf16")}
   hir.matmul ins(%x, %s : {tensor([2, 5, 4], "bf16")}, {tensor([1, 4, 3], "bf16")}) outs(%y : {tensor([2, 5, 3], "bf16")})
   func.return %y, %s : {tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}
@@ -351,8 +351,9 @@ func.func @main(%x: {tensor([2, 5, 4], "bf16")}, %w: {tensor([4, 3], "bf16")}) -
 
 
 def test_a_broadcast_weight_is_read_in_place_and_no_output_shares_an_inputs_memory():
-    """The broadcast that a matmul reads (the importer's for a linear layer's weight) is a
-    view of the weight, even transposed, not a copy made every step. A view that is an
+    """The broadcast that a matmul reads (the importer's for a linear layer's weight), its out
+    `adopted` as forward-buffers marks it, is a view of the weight, even transposed, not a
+    copy made every step. A view that is an
     output is copied: writing into an output leaves the caller's inputs unchanged,
     unless the caller asks for views of those inputs (as torch.compile's backend does)."""
     program = Program.compile(SPREAD_WEIGHT, pipeline=None)
