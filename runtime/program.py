@@ -82,6 +82,60 @@ def _tensor_types(function: func.FuncOp, types: Sequence, what: str) -> list[Ten
     return list(types)
 
 
+def dynamic_axes(input_types: Sequence[TensorType]) -> list[tuple[int, int]]:
+    """(input index, axis) of every input axis whose extent the inputs set: a `?` axis, but a
+    didx axis, whose extent is the mesh size."""
+    return [
+        (index, axis)
+        for index, type in enumerate(input_types)
+        for axis, (extent, parallel_type) in enumerate(zip(type.get_shape(), type.parallel_types()))
+        if extent == DYNAMIC and parallel_type != ParallelType.DIDX
+    ]
+
+
+def aten_only_inputs(host: func.FuncOp) -> set[int]:
+    """The inputs of `host` that ATen calls alone read."""
+    return {
+        i
+        for i, argument in enumerate(host.args)
+        if argument.uses and all(isinstance(use.operation, hir.AtenOp) for use in argument.uses)
+    }
+
+
+def symmetric_outputs(host: func.FuncOp) -> list[int]:
+    """The outputs of `host` that are (views of) buffers of `hir.allocate symmetric`."""
+    returned = host.get_return_op()
+    return [i for i, value in enumerate(returned.operands if returned else ()) if hir.in_symmetric_allocation(value)]
+
+
+def process_group_teams(host: func.FuncOp) -> list[tuple[int, ...]]:
+    """The teams of `host` that need a process group, each once, in program order: those of
+    the collectives (send_recv is point to point), and the meshes of symmetric buffers and
+    symmetric inputs (their rendezvous)."""
+    communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
+    symmetric = [op for op in host.walk() if isinstance(op, hir.AllocateOp) and op.symmetric]
+    inputs = [argument.type.mesh.ids for argument in host.args if hir.is_symmetric_input(argument)]
+    return list(
+        dict.fromkeys(
+            [op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)]
+            + [op.result.type.mesh.ids for op in symmetric]
+            + inputs
+        )
+    )
+
+
+def largest_device(host: func.FuncOp) -> int:
+    """The largest device that `host` names: in the mesh of a buffer or in a team."""
+    meshes = [
+        value.type.mesh.ids
+        for op in host.walk()
+        for value in (*op.results, *(a for r in op.regions for b in r.blocks for a in b.args))
+        if isinstance(value.type, TensorType)
+    ]
+    teams = [op.team_ids for op in host.walk() if isinstance(op, hir.CommunicationOp)]
+    return max((device for devices in (*meshes, *teams) for device in devices), default=0)
+
+
 class Program:
     """A lowered host program, prepared once, run many times."""
 
@@ -91,49 +145,24 @@ class Program:
         self.fusion = fusion
         """The unlowered fusion, or None when given an already lowered module."""
         self.input_types = _tensor_types(host, host.function_type.inputs.data, "input")
-        self.dynamic_axes = [
-            (index, axis)
-            for index, type in enumerate(self.input_types)
-            for axis, (extent, parallel_type) in enumerate(zip(type.get_shape(), type.parallel_types()))
-            if extent == DYNAMIC and parallel_type != ParallelType.DIDX
-        ]
+        self.dynamic_axes = dynamic_axes(self.input_types)
         """(input index, axis) of every input axis whose extent the inputs set (a didx axis's is the mesh size)."""
         self.symmetric_inputs = [i for i, argument in enumerate(host.args) if hir.is_symmetric_input(argument)]
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
-        self.aten_inputs = {
-            i
-            for i, argument in enumerate(host.args)
-            if argument.uses and all(isinstance(use.operation, hir.AtenOp) for use in argument.uses)
-        }
+        self.aten_inputs = aten_only_inputs(host)
         """The inputs that only ATen calls read: one of a single element may be a CPU tensor on
         GPUs, as ATen's own kernels return some (an attention kernel's random seed and offset)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
-        returned = host.get_return_op()
-        self.symmetric_outputs = [
-            i for i, value in enumerate(returned.operands if returned else ()) if hir.in_symmetric_allocation(value)
-        ]
+        self.symmetric_outputs = symmetric_outputs(host)
         """The outputs in a buffer of `hir.allocate symmetric`: made once and given back to
         every run (peers map it), so a later run overwrites what an earlier one returned."""
         self.interpreter = Interpreter(host)
         self._fitting_shapes: set[tuple[tuple[int, ...], ...]] = set()
         """The whole input shapes `check_extents` found to fit the fusion."""
-        communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
-        symmetric = [op for op in host.walk() if isinstance(op, hir.AllocateOp) and op.symmetric]
-        self.teams = list(
-            dict.fromkeys(
-                [op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)]
-                + [op.result.type.mesh.ids for op in symmetric]
-                + [self.input_types[i].mesh.ids for i in self.symmetric_inputs]
-            )
-        )
-        """The teams that need a process group, each once, in program order (send_recv is point
-        to point): those of the collectives, and the meshes of symmetric buffers and inputs
-        (their rendezvous)."""
-        self.largest_device = max(
-            (d for devices in (*self._meshes(), *(op.team_ids for op in communications)) for d in devices),
-            default=0,
-        )
+        self.teams = process_group_teams(host)
+        """The teams that need a process group, each once, in program order."""
+        self.largest_device = largest_device(host)
 
     def __repr__(self) -> str:
         """The entry's signature in IR types, the world it needs, its process-group teams, and
@@ -413,14 +442,6 @@ class Program:
             (extents[index, axis],) = set(held.values())
         return extents
 
-    def _meshes(self) -> list[tuple[int, ...]]:
-        """The mesh of every buffer of the host program."""
-        return [
-            value.type.mesh.ids
-            for op in self.host.walk()
-            for value in (*op.results, *(a for r in op.regions for b in r.blocks for a in b.args))
-            if isinstance(value.type, TensorType)
-        ]
 
 
 INPUTS_OK = -1

@@ -18,7 +18,14 @@ from hostir_dialect.text import HostirError, parse_module, print_module
 from hostir.runtime.interpreter import compute
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
-from hostir.runtime.program import Program
+from hostir.runtime.program import (
+    Program,
+    aten_only_inputs,
+    dynamic_axes,
+    largest_device,
+    process_group_teams,
+    symmetric_outputs,
+)
 from hostir.runtime.reference import shard
 from test_communicator import needs_ranks
 from test_interpreter import poisoned_allocations, tensor
@@ -348,6 +355,37 @@ func.func @main(%x: {tensor([2, 5, 4], "bf16")}, %w: {tensor([4, 3], "bf16")}) -
   hir.matmul ins(%x, %s : {tensor([2, 5, 4], "bf16")}, {tensor([1, 4, 3], "bf16")}) outs(%y : {tensor([2, 5, 3], "bf16")})
   func.return %y, %s : {tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}
 }}"""
+
+
+SIGNATURE = """
+!x = !fusion.tensor<[?, ?, 8], f32, mesh = [1, 2], axes = [_, didx, _]>
+!w = !fusion.tensor<[8], f32, mesh = [1, 2]>
+!seed = !fusion.tensor<[1], i64, mesh = [1, 2]>
+func.func @main(%x: !x, %w: !w {hir.symmetric}, %seed: !seed) -> (!w, !w) {
+  %sum = hir.allocate() symmetric : !w
+  hir.aten "aten.add.Tensor" call "[[{'operand': 0}, {'operand': 1}], {}]" ins(%w, %seed : !w, !seed) outs(%sum : !w)
+  %copy = hir.allocate() : !w
+  %sent = hir.send_recv %w into %copy team [1, 2] root 1 backend nccl : !w, !w
+  hir.wait %sent
+  %spread = hir.broadcast %w into %copy team [1, 2, 3] root 3 backend nccl : !w, !w
+  hir.wait %spread
+  func.return %sum, %copy : !w, !w
+}
+"""
+
+
+def test_what_the_signature_of_a_host_program_tells_before_it_runs():
+    """The signature analysis of `Program`, each part on its own: the input axes whose
+    extents the inputs set (not a didx one), the inputs only ATen reads, the outputs in
+    symmetric memory, the teams that need a process group (collectives but send_recv,
+    then symmetric buffers and inputs, each once), and the largest device named."""
+    host = next(op for op in parse_module(SIGNATURE).ops if isinstance(op, func.FuncOp))
+    types = [argument.type for argument in host.args]
+    assert dynamic_axes(types) == [(0, 0)]
+    assert aten_only_inputs(host) == {2}
+    assert symmetric_outputs(host) == [0]
+    assert process_group_teams(host) == [(1, 2, 3), (1, 2)]
+    assert largest_device(host) == 3
 
 
 def test_a_broadcast_weight_is_read_in_place_and_no_output_shares_an_inputs_memory():
