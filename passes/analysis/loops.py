@@ -57,6 +57,8 @@ def _function_value(
 
 
 def index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> SSAValue:
+    """The index constant `value` of `anchor`'s block: one before `anchor`, or a new one at the
+    top of the block, with the other values that the loops of a function share."""
     attr = IntegerAttr(value, IndexType())
     return _function_value(
         rewriter,
@@ -77,7 +79,7 @@ def runtime_value(
 
 @dataclass
 class StreamLoop:
-    """A loop this pass built, as its prologue (select the iteration's stream, and in a
+    """A loop `stream-parallel` built, as its prologue (select the iteration's stream, and in a
     synchronisation loop or without `separate_sync_loop` wait for the caller's stream),
     its work, and its epilogue (back to the caller's stream, which waits for the iteration).
     """
