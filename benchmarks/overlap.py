@@ -65,7 +65,6 @@ from hostir_dialect.text import HostirError
 from overlap_peers import Build, Peers, Unavailable
 from overlap_report import LIMIT, Report, Result, machine
 from hostir.passes import DEFAULT_PIPELINE
-from hostir.runtime.distributed.communicator import Communicator
 from hostir.passes.analysis.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
@@ -76,10 +75,11 @@ from hostir.passes.analysis.cost_model import (
     pipeline_streams,
     pipeline_time,
 )
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.streams import start_together
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, shard
-from hostir.runtime.distributed.streams import start_together
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "build" / "overlap"
 """Where the results go without `--out`: under the checkout's `build/`, which git ignores."""

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hostir.runtime.distributed.communicator import _all_gather_single, _reduce_scatter_single
 from hostir.passes.analysis.cost_model import OverlapKind
+from hostir.runtime.distributed.communicator import _all_gather_single, _reduce_scatter_single
 from hostir.runtime.distributed.streams import stream_pool
 
 

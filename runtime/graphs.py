@@ -58,11 +58,11 @@ from dataclasses import dataclass, field
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.interpreter.communication import copy_engine_transfers
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.interpreter import RunContext
-from hostir.runtime.program import Program
 from hostir.runtime.distributed.streams import configured_num_streams
+from hostir.runtime.interpreter import RunContext
+from hostir.runtime.interpreter.communication import copy_engine_transfers
+from hostir.runtime.program import Program
 
 Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
 

@@ -55,9 +55,7 @@ from hostir_dialect.fusion import (
 )
 from hostir_dialect.text import HostirError
 from hostir.passes.analysis.axis_mapping import operand_axis_maps
-from hostir.passes.lowering.peer_readable import peer_readable
 from hostir.passes.analysis.operands import describe_operand
-from hostir.passes.options import check_choice
 from hostir.passes.analysis.sharding import (
     LocalCopy,
     LocalSlice,
@@ -66,6 +64,8 @@ from hostir.passes.analysis.sharding import (
     reduces_didx_axis,
     resharded_operands,
 )
+from hostir.passes.lowering.peer_readable import peer_readable
+from hostir.passes.options import check_choice
 
 Extent = int | SSAValue
 """A static extent, or the index value that holds a dynamic one."""

@@ -36,9 +36,9 @@ from hostir_dialect.builder import torch_dtype
 from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.distributed.work import Work
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation
 from hostir.runtime.distributed.streams import StreamPool, configured_num_streams, stream_pool
+from hostir.runtime.distributed.work import Work
 
 Environment = list
 """The values of one run, indexed by slot."""

@@ -19,8 +19,8 @@ import torch
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.text import HostirError, parse_module, print_module
-from hostir.runtime.interpreter import compute
 from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import compute
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from test_communicator import needs_ranks

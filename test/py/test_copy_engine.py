@@ -50,13 +50,13 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
-from hostir.runtime.interpreter.communication import _partner, copy_engine_transfers
 from hostir.runtime.distributed.communicator import REDUCE_OPS, Communicator
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation, SymmetricBuffer, reduction
+from hostir.runtime.distributed.streams import hold_current_stream
+from hostir.runtime.interpreter.communication import _partner, copy_engine_transfers
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
-from hostir.runtime.distributed.streams import hold_current_stream
 from hostir.runtime.trace import trace_run
 from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world
 from test_e2e import rank_environment  # noqa: F401 (the ranks' environment, an autouse fixture)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.distributed.communicator import Communicator
 from hostir.passes.analysis.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
@@ -21,6 +20,7 @@ from hostir.passes.analysis.cost_model import (
     pipeline_time,
 )
 from hostir.runtime.distributed.calibration import measure_rates
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 

@@ -30,8 +30,8 @@ from hostir.runtime.codegen.body import fusable_ops, needed_axis_maps
 from hostir.runtime.codegen.expressions import HELPERS
 from hostir.runtime.codegen.layout import merge_axes
 from hostir.runtime.codegen.source import KERNEL_NAME
-from hostir.runtime.interpreter import fusion_eval
 from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import fusion_eval
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, random_inputs
 from test_interpreter import poisoned_allocations

@@ -15,8 +15,8 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType
 from hostir_dialect.text import HostirError, parse_module, print_module
-from hostir.runtime.interpreter import compute
 from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import compute
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import (
     Program,

@@ -30,8 +30,8 @@ from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError, print_module, verify_module
 from hostir.passes.analysis import axis_mapping
 from hostir.passes.analysis.axis_mapping import operand_axis
-from hostir.passes.lowering.fusion_to_hir import FusionToHir
 from hostir.passes.fusion.insert_reshardings import InsertReshardings
+from hostir.passes.lowering.fusion_to_hir import FusionToHir
 from hostir.passes.lowering.stream_parallel import StreamParallelLowering
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks

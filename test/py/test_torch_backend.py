@@ -24,10 +24,10 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.builder import torch_dtype
 from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Parameters
+from hostir.runtime.codegen.kernels import generated_source
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayFallback
-from hostir.runtime.codegen.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 
