@@ -20,6 +20,7 @@ that is a module). An import under `if TYPE_CHECKING:` is no arrow: it never run
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +203,16 @@ def test_every_module_belongs_to_a_room_and_is_read():
     assert any(a.source == "hostir.runtime.program" and a.target == "hostir.passes.driver" for a in found)
     assert any(a.source == "hostir.passes" and a.target.startswith("hostir.passes.hir.") and a.deferred for a in found)
     assert all(room_of(module) for module in known)
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages one by one (setuptools' `package-dir` maps the
+    folders to `hostir.*`): a room left out would be missing from an install that is not
+    editable, and only there."""
+    setuptools = (REPOSITORY / "pyproject.toml").read_text().split("[tool.setuptools]", 1)[1]
+    listed = set(re.findall(r'"([\w.]+)"', setuptools.split("packages = [", 1)[1].split("]", 1)[0]))
+    packages = {module for module, path in modules().items() if path.name == "__init__.py"}
+    assert listed == packages, f"not listed: {sorted(packages - listed)}; listed, not packages: {sorted(listed - packages)}"
 
 
 def test_imports_point_down_from_room_to_room():
