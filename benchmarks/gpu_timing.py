@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from hostir.runtime.streams import hold_current_stream
+from hostir.runtime.distributed.streams import hold_current_stream
 
 
 def gpu_median_ms(run: Callable[[], object], repeats: int, hold_ms: float, warmup: int = 3) -> float:

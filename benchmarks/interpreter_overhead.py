@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from gpu_timing import gpu_median_ms
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import GraphReplayer
 from hostir.runtime.program import Program
 

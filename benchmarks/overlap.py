@@ -16,7 +16,7 @@ written by hand, torch's symmetric-memory fused op (where torch has one) and hos
 the fusion built with the Python builder, lowered by `Program.compile` (the default
 pipeline; the point-to-point allgather and the copy-engine backend where asked), run
 with `Program.run`. The chunk count (the stream axis extent) and the streams come from
-the cost model (runtime/cost_model.py) fed with the GEMM-alone and collective-alone
+the cost model (passes/analysis/cost_model.py) fed with the GEMM-alone and collective-alone
 times just measured, for each program in the form its lowering gave it (a GEMM+RS or a
 GEMM+AR with its reduction in the GEMM has a timeline of its own), or from `--chunks` (a sweep) and
 `--streams`.
@@ -65,8 +65,7 @@ from hostir_dialect.text import HostirError
 from overlap_peers import Build, Peers, Unavailable
 from overlap_report import LIMIT, Report, Result, machine
 from hostir.passes import DEFAULT_PIPELINE
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.cost_model import (
+from hostir.passes.analysis.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
     OverlapProblem,
@@ -76,10 +75,11 @@ from hostir.runtime.cost_model import (
     pipeline_streams,
     pipeline_time,
 )
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.streams import start_together
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, shard
-from hostir.runtime.streams import start_together
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "build" / "overlap"
 """Where the results go without `--out`: under the checkout's `build/`, which git ignores."""

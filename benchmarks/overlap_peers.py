@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hostir.runtime.communicator import _all_gather_single, _reduce_scatter_single
-from hostir.runtime.cost_model import OverlapKind
-from hostir.runtime.streams import stream_pool
+from hostir.passes.analysis.cost_model import OverlapKind
+from hostir.runtime.distributed.communicator import _all_gather_single, _reduce_scatter_single
+from hostir.runtime.distributed.streams import stream_pool
 
 
 class Unavailable(Exception):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 
 LIMIT = "limit"
 """The contender that is no run: the larger of the GEMM alone and the collective alone."""
@@ -51,7 +51,7 @@ class Result:
     chunks: int | None = None
     streams: int | None = None
     predicted_ms: float | None = None
-    """The cost model's time for this pipeline shape (runtime/cost_model.py)."""
+    """The cost model's time for this pipeline shape (passes/analysis/cost_model.py)."""
     check_error: float | None = None
     """The largest error of the output against plain torch, relative to the largest |Y| (runtime.reference.compare)."""
     check_tolerance: float | None = None

@@ -6,7 +6,7 @@ A reduce-scatter or allreduce on the copy engines ends, at its `hir.wait`, with 
 memory-bound pass on the SMs between two GEMMs (docs/copy-engine.md). In a team of two
 the runtime runs `PAIRWISE` (the own piece read in place, the peer's from the staging
 buffer); in a larger team it copies the own piece into its staging slot and runs
-`REDUCTIONS` over the slots. This times both, with `runtime.copy_engine.reduction`, on bf16
+`REDUCTIONS` over the slots. This times both, with `runtime.distributed.copy_engine.reduction`, on bf16
 pieces of `rows x cols` (1024 x 8192 is a chunk of GEMM+RS at 8192³ in 4 chunks on 2
 GPUs; 2048 x 8192 one of GEMM+AR), GPU time with CUDA events (benchmarks/gpu_timing.py).
 """
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_timing import gpu_median_ms
-from hostir.runtime.copy_engine import reduction
+from hostir.runtime.distributed.copy_engine import reduction
 
 HOLD_MS = 1.0
 """GPU time queued before each timed run: longer than Python takes to launch one."""

@@ -22,7 +22,8 @@ from xdsl.dialects import func
 
 from gpu_timing import gpu_median_ms
 from hostir_dialect.builder import FusionBuilder
-from hostir.runtime import fusion_eval, kernels
+from hostir.runtime.codegen import kernels
+from hostir.runtime.interpreter import fusion_eval
 
 HOLD_MS = 1.0
 """GPU time queued before each timed run: longer than Python takes to launch one."""

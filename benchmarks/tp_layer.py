@@ -81,10 +81,10 @@ sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from overlap_report import machine  # noqa: E402
 from step_breakdown import STEP, Breakdown, table  # noqa: E402
-from hostir.runtime.communicator import Communicator  # noqa: E402
+from hostir.runtime.distributed.communicator import Communicator  # noqa: E402
 from hostir.runtime.graphs import release_captured_graphs  # noqa: E402
 from hostir.runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
-from hostir.runtime.streams import hold_current_stream  # noqa: E402
+from hostir.runtime.distributed.streams import hold_current_stream  # noqa: E402
 
 MLP_RATIO = 3.5
 TOLERANCES = {torch.bfloat16: 3e-2, torch.float32: 1e-4}

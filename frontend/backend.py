@@ -6,7 +6,7 @@
 
 aot_autograd splits what dynamo traces into a forward and a backward graph of ATen ops
 and functional collectives; each becomes a `HostirGraph`, which on its first call with
-a set of input shapes imports the graph (`frontend.fx_importer`), chooses what to
+a set of input shapes imports the graph (`frontend/importer.py`), chooses what to
 pipeline (`auto-stream-parallel`), lowers it with hir-lowering and prepares the
 program, then runs it on this rank's tensors. A new set of shapes compiles again;
 dynamo's own recompilation (a new shape, a new dtype) hands over a new graph.
@@ -27,7 +27,6 @@ every graph to standard error, on the first rank of the graph's mesh.
 
 from __future__ import annotations
 
-import operator
 import os
 import sys
 import warnings
@@ -45,12 +44,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
 
-from hostir.frontend.fx_importer import ChunksOf, ImportedGraph, UnsupportedGraph, import_graph, one_chunk
+from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
-from hostir.runtime.aten_calls import CARRIERS
-from hostir.runtime.communicator import DEFAULT_TIMEOUT_S, Communicator
-from hostir.runtime.copy_engine import why_not_copy_engines
-from hostir.runtime.cost_model import OverlapProblem, Rates, choose_pipeline
+from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
+from hostir.frontend.importer import ImportedGraph, UnsupportedGraph, import_graph
+from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
+from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
+from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
 from hostir.runtime.program import Program
 
@@ -59,17 +59,6 @@ DUMP_KINDS = ("fusion", "host_ir")
 
 class HostirFallbackWarning(UserWarning):
     """A graph runs as torch eager ops because hostir cannot import it; the message says why."""
-
-
-NOMINAL_GPU_RATES = Rates(link_bytes_per_s=300e9, gemm_flops_per_s=600e12)
-"""What the cost model assumes of a GPU when it chooses a GEMM+RS or GEMM+AR pipeline's chunks:
-an H100's NVLink as NCCL uses it, and its bf16 GEMMs at large sizes."""
-
-
-def modelled_chunks(problem: OverlapProblem) -> int:
-    """The chunk count the cost model chooses for a GEMM+reduce-scatter or GEMM+allreduce
-    (`runtime/cost_model.py`)."""
-    return choose_pipeline(problem, NOMINAL_GPU_RATES).chunks
 
 
 @dataclass(frozen=True)
@@ -188,7 +177,7 @@ class HostirGraph:
         forward: bool,
         saved: slice | None = None,
     ):
-        self.gm, self.constants = _constants_as_arguments(gm)
+        self.gm, self.constants = constants_as_arguments(gm)
         """The graph, reading the tensors it held as attributes from arguments after its own."""
         self.name = name
         self.options = options
@@ -221,7 +210,7 @@ class HostirGraph:
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         with mode:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
-            if _masked_writes_as_where(self.gm):
+            if masked_writes_as_where(self.gm):
                 FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
         try:
             imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
@@ -266,65 +255,6 @@ class HostirGraph:
         outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
         returned = {index for j, index in enumerate(outputs) if j not in saved}
         return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
-
-
-def _constants_as_arguments(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
-    """`gm`, each tensor it reads from an attribute of its own (a constant of the traced
-    code, such as the fill value of DTensor's vocabulary-parallel embedding) read from
-    an argument after the others instead, and those tensors in that order: the importer
-    takes a graph's tensors from its arguments, and a replay reads these in place."""
-    constants: list[torch.Tensor] = []
-    last = next((node for node in reversed(gm.graph.nodes) if node.op == "placeholder"), None)
-    for node in list(gm.graph.nodes):
-        value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
-        if not isinstance(value, torch.Tensor):
-            continue
-        with gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before():
-            last = gm.graph.placeholder(f"constant_{len(constants)}")
-        node.replace_all_uses_with(last)
-        gm.graph.erase_node(node)
-        constants.append(value)
-    if constants:
-        gm.recompile()
-    return gm, constants
-
-
-def _masked_writes_as_where(gm: torch.fx.GraphModule) -> bool:
-    """Rewrites each `x[mask] = v` of `gm` (`index_put` with one boolean index that covers
-    x's leading axes, and a value of one element that keeps x's dtype) as
-    `where(mask, v, x)`, and says whether there was one. The same values, but no count of
-    the mask's true elements on the host, which a CUDA graph cannot capture: DTensor's
-    vocabulary-parallel embedding writes so the tokens and rows of other ranks."""
-    rewritten = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target != torch.ops.aten.index_put.default:
-            continue
-        x, indices, value, *rest = node.args
-        accumulate = node.kwargs.get("accumulate", rest[0] if rest else False)
-        if accumulate or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
-            continue
-        x_val, mask_val, value_val = (n.meta.get("val") for n in (x, indices[0], value))
-        if not all(isinstance(v, torch.Tensor) for v in (x_val, mask_val, value_val)):
-            continue
-        if (
-            mask_val.dtype != torch.bool
-            or tuple(mask_val.shape) != tuple(x_val.shape[: mask_val.dim()])
-            or value_val.dim() != 0
-            or torch.result_type(value_val, x_val) != x_val.dtype
-        ):
-            continue
-        with gm.graph.inserting_before(node):
-            mask = indices[0]
-            if mask_val.dim() < x_val.dim():
-                shape = [*mask_val.shape, *[1] * (x_val.dim() - mask_val.dim())]
-                mask = gm.graph.call_function(torch.ops.aten.view.default, (mask, shape))
-            where = gm.graph.call_function(torch.ops.aten.where.self, (mask, value, x))
-        node.replace_all_uses_with(where)
-        gm.graph.erase_node(node)
-        rewritten = True
-    if rewritten:
-        gm.recompile()
-    return rewritten
 
 
 _GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()

@@ -94,6 +94,7 @@ from hostir_dialect.fusion import (
     matmul_shape,
     normalize_axes,
     reduction_shape,
+    tensor_type,
 )
 from hostir_dialect.hir import SYMMETRIC_INPUT
 from hostir_dialect.text import HostirError, source_location, verify_module
@@ -120,6 +121,9 @@ TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.int8: "i8",
     torch.bool: "i1",
 }
+"""The torch dtype of each element type, and its name in the IR text."""
+
+DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 
 Scalar = int | float | bool
 DType = str | torch.dtype | Attribute
@@ -183,6 +187,11 @@ def element_type(dtype: DType) -> Attribute:
     return ELEMENT_TYPES[dtype]
 
 
+def torch_dtype(element_type: Attribute) -> torch.dtype:
+    """The torch dtype of a fusion element type (`bf16` -> torch.bfloat16)."""
+    return DTYPES_BY_NAME[element_type_name(element_type)]
+
+
 def device_mesh(mesh: MeshLike) -> DeviceMeshAttr:
     if isinstance(mesh, DeviceMeshAttr):
         return mesh
@@ -212,6 +221,12 @@ def scalar_attr(value: Scalar, type: Attribute) -> FloatAttr | IntegerAttr:
         )
     with _reported_as(ConstantOp.name):
         return IntegerAttr(int(value), type)
+
+
+def constant_value(op: ConstantOp) -> bool | int | float:
+    """The value of a constant: its attribute stored in its element type (0.1 as bf16 is 0.10009765625)."""
+    dtype = torch_dtype(tensor_type(op.result).element_type)
+    return torch.tensor(op.value.value.data, dtype=dtype).item()
 
 
 class Tensor:

@@ -155,6 +155,14 @@ class AllocateOp(IRDLOperation):
             result_types=[result_type],
         )
 
+    def size_of(self, axis: int) -> SSAValue | None:
+        """The size operand of `axis` of the buffer: the logical extent of a dynamic axis
+        (`?`), which the operands give in order; None for a static axis."""
+        shape = tensor_type(self.result).get_shape()
+        if shape[axis] != DYNAMIC:
+            return None
+        return self.dynamic_sizes[shape[:axis].count(DYNAMIC)]
+
     def verify_(self) -> None:
         shape = tensor_type(self.result).get_shape()
         dynamic = shape.count(DYNAMIC)
@@ -194,18 +202,29 @@ def is_symmetric_input(value: SSAValue) -> bool:
 
 def view_root(value: SSAValue) -> SSAValue:
     """The buffer that `value` is a view of: `value` itself unless `hir.alias_select` made it."""
+    return root_axis(value, 0)[0]
+
+
+def root_axis(value: SSAValue, axis: int) -> tuple[SSAValue, int]:
+    """The buffer that `value` is a view of (`view_root`), and the axis of that buffer that
+    `axis` of `value` is: each `hir.alias_select` on the way dropped one axis."""
     while isinstance(value, OpResult) and isinstance(value.op, AliasSelectOp):
-        value = value.op.input
-    return value
+        dropped = value.op.axis.data
+        value, axis = value.op.input, axis + (axis >= dropped)
+    return value, axis
+
+
+def in_symmetric_allocation(buffer: SSAValue) -> bool:
+    """Whether `buffer` is (a view of) a buffer of `hir.allocate symmetric`, which the runtime
+    makes once and gives back to every run."""
+    root = view_root(buffer)
+    return isinstance(root, OpResult) and isinstance(root.op, AllocateOp) and root.op.symmetric is not None
 
 
 def is_symmetric(buffer: SSAValue) -> bool:
     """Whether `buffer` is (a view of) memory that the devices of its mesh have mapped: a
     symmetric allocation or a symmetric input."""
-    root = view_root(buffer)
-    if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
-        return root.op.symmetric is not None
-    return is_symmetric_input(root)
+    return in_symmetric_allocation(buffer) or is_symmetric_input(view_root(buffer))
 
 
 @irdl_op_definition
@@ -791,6 +810,22 @@ class P2POp(IRDLOperation, ABC):
         printer.print_string(" : ")
         printer.print_attribute(self.buffer.type)
 
+    def batch(self) -> tuple[StartCoalescingOp, EndCoalescingOp] | None:
+        """The `hir.start_coalescing` and `hir.end_coalescing` around this transfer in its
+        block, whose batch it is issued in; None where it is not in one."""
+        start, end = self.prev_op, self.next_op
+        while start is not None and not isinstance(start, StartCoalescingOp):
+            if isinstance(start, EndCoalescingOp):
+                return None
+            start = start.prev_op
+        while end is not None and not isinstance(end, EndCoalescingOp):
+            if isinstance(end, StartCoalescingOp):
+                return None
+            end = end.next_op
+        if start is None or end is None:
+            return None
+        return start, end
+
     @classmethod
     def parse(cls, parser: Parser) -> P2POp:
         buffer = parser.parse_unresolved_operand()
@@ -933,12 +968,39 @@ class LinearOp(ComputeOp):
     NUM_INS: ClassVar[tuple[int, ...]] = (2, 3)
 
 
+def _whole_buffer_problem(op: Operation, buffer: SSAValue) -> str | None:
+    """Why `buffer` is not a whole buffer of `op`'s block that only this device uses (one of
+    `hir.allocate` in that block, not symmetric), which the runtime may replace by another
+    tensor; None where it is one."""
+    if not isinstance(buffer, OpResult) or not isinstance(buffer.op, AllocateOp):
+        return "not a buffer of hir.allocate"
+    if buffer.op.symmetric is not None:
+        return "symmetric, its memory mapped by its peers"
+    if buffer.op.parent_block() is not op.parent_block():
+        return "allocated in another block"
+    return None
+
+
 @irdl_op_definition
 class CopyOp(ComputeOp):
-    """Copies `ins[0]` into `outs[0]` (nvFuser's Set on buffers)."""
+    """Copies `ins[0]` into `outs[0]` (nvFuser's Set on buffers).
+
+    With `forwards_source`, no byte moves: the out becomes the source buffer itself.
+    `forward-buffers` marks the copies whose source dies at the copy, and whose out the
+    copy fills first (a pipelined loop's result copied for the readers after the loop).
+
+    `hir.copy ins(%a : T) outs(%b : T) forwards_source`
+    """
 
     name = "hir.copy"
     NUM_INS: ClassVar[tuple[int, ...]] = (1,)
+
+    forwards_source = opt_prop_def(UnitAttr)
+
+    assembly_format = (
+        "`ins` `(` $ins `:` type($ins) `)` `outs` `(` $outs `:` type($outs) `)` "
+        "(`forwards_source` $forwards_source^)? attr-dict"
+    )
 
     def verify_(self) -> None:
         super().verify_()
@@ -950,6 +1012,21 @@ class CopyOp(ComputeOp):
             raise VerifyException(
                 f"copy from a buffer of local shape {shape_str(src.local_shape())} into one of "
                 f"{shape_str(dst.local_shape())}"
+            )
+        if self.forwards_source is None:
+            return
+        for role, buffer in (("source", self.ins[0]), ("out", self.outs[0])):
+            problem = _whole_buffer_problem(self, buffer)
+            if problem is not None:
+                raise VerifyException(
+                    f"forwards_source makes the out the source buffer itself, so the {role} must be a "
+                    f"buffer of hir.allocate in the copy's block, not symmetric; it is {problem}"
+                )
+        if (src.local_shape(), src.element_type) != (dst.local_shape(), dst.element_type):
+            raise VerifyException(
+                "forwards_source makes the out the source buffer itself, so both must have one "
+                f"local shape and element type; the source has {shape_str(src.local_shape())} "
+                f"{src.element_type}, the out {shape_str(dst.local_shape())} {dst.element_type}"
             )
 
 
@@ -1053,10 +1130,12 @@ class AtenOp(ComputeOp):
     target = prop_def(StringAttr)
     call = prop_def(StringAttr)
     returns = opt_prop_def(DenseArrayBase[I64])
+    adopted = opt_prop_def(DenseArrayBase[I64])
+    """The outs that become the tensors the op makes (`verify_adopted`)."""
 
     assembly_format = (
         "$target `call` $call (`returns` $returns^)? `ins` `(` ($ins^ `:` type($ins))? `)` "
-        "`outs` `(` $outs `:` type($outs) `)` attr-dict"
+        "`outs` `(` $outs `:` type($outs) `)` (`adopted` $adopted^)? attr-dict"
     )
 
     def __init__(
@@ -1075,6 +1154,32 @@ class AtenOp(ComputeOp):
     def verify_(self) -> None:
         super().verify_()
         check_returns(self.target.data, self.returns, len(self.outs), "out")
+        verify_adopted(self)
+
+
+def verify_adopted(op: AtenOp | PostOnStreamOp) -> None:
+    """The outs an op's `adopted` names (`hir.aten ... outs(%a, %b : T, U) adopted [1]`) become
+    the tensors the op makes (ATen's results, which keep their strides and stay views where
+    they are views, or the views a data-movement segment makes), instead of getting them
+    copied in: each must be an out, named once, in increasing order, and a whole buffer that
+    only this device uses, which the op fills first (`forward-buffers` marks those)."""
+    if op.adopted is None:
+        return
+    indices = list(op.adopted.get_values())
+    if not indices or indices != sorted(set(indices)):
+        raise VerifyException(
+            f"adopted names the outs that become the tensors {op.name} makes, each once and in "
+            f"increasing order; got {indices}"
+        )
+    for index in indices:
+        if not 0 <= index < len(op.outs):
+            raise VerifyException(f"adopted names out #{index}, but {op.name} has {len(op.outs)} out(s)")
+        problem = _whole_buffer_problem(op, op.outs[index])
+        if problem is not None:
+            raise VerifyException(
+                f"out #{index} is adopted, so it must be a buffer of hir.allocate in the op's block, "
+                f"not symmetric, that the op's result replaces; it is {problem}"
+            )
 
 
 class SegmentCallee(SymbolUserOpInterface):
@@ -1083,9 +1188,7 @@ class SegmentCallee(SymbolUserOpInterface):
     def verify(self, op: Operation) -> None:
         assert isinstance(op, SegmentCallOp)
         name = f"'@{op.callee.string_value()}'"
-        callee = SymbolTable.lookup_symbol(op, op.callee)
-        if not isinstance(callee, func.FuncOp):
-            raise VerifyException(f"{name} is not a function in this module")
+        callee = op.callee_function()
         inputs = list(callee.function_type.inputs.data)
         ins = [v.type for v in op.ins]
         if inputs != ins:
@@ -1126,6 +1229,13 @@ class SegmentCallOp(ComputeOp, ABC):
             callee = SymbolRefAttr(callee)
         super().__init__(ins, outs, {"callee": callee})
 
+    def callee_function(self) -> func.FuncOp:
+        """The segment this op runs: the `func.func` of its module named `@callee`."""
+        callee = SymbolTable.lookup_symbol(self, self.callee)
+        if not isinstance(callee, func.FuncOp):
+            raise VerifyException(f"'@{self.callee.string_value()}' is not a function in this module")
+        return callee
+
 
 @irdl_op_definition
 class LaunchKernelOp(SegmentCallOp):
@@ -1136,9 +1246,24 @@ class LaunchKernelOp(SegmentCallOp):
 
 @irdl_op_definition
 class PostOnStreamOp(SegmentCallOp):
-    """Runs the segment op by op on the current stream (nvFuser's PostOnStream of a HostUnit)."""
+    """Runs the segment op by op on the current stream (nvFuser's PostOnStream of a HostUnit).
+
+    Its segment only moves data, so its results are views of its inputs; the outs that
+    `adopted` names become those views (`verify_adopted`), the others get them copied in.
+    """
 
     name = "hir.post_on_stream"
+
+    adopted = opt_prop_def(DenseArrayBase[I64])
+
+    assembly_format = (
+        "$callee `ins` `(` ($ins^ `:` type($ins))? `)` `outs` `(` $outs `:` type($outs) `)` "
+        "(`adopted` $adopted^)? attr-dict"
+    )
+
+    def verify_(self) -> None:
+        super().verify_()
+        verify_adopted(self)
 
 
 Hir = Dialect(

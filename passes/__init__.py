@@ -16,55 +16,61 @@ from xdsl.universe import Universe
 
 
 def _insert_reshardings() -> type[ModulePass]:
-    from hostir.passes.insert_reshardings import InsertReshardings
+    from hostir.passes.fusion.insert_reshardings import InsertReshardings
 
     return InsertReshardings
 
 
 def _fusion_to_hir() -> type[ModulePass]:
-    from hostir.passes.fusion_to_hir import FusionToHir
+    from hostir.passes.lowering.fusion_to_hir import FusionToHir
 
     return FusionToHir
 
 
 def _stream_parallel() -> type[ModulePass]:
-    from hostir.passes.stream_parallel import StreamParallelLowering
+    from hostir.passes.lowering.stream_parallel import StreamParallelLowering
 
     return StreamParallelLowering
 
 
 def _reduce_scatter_in_matmul() -> type[ModulePass]:
-    from hostir.passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
+    from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
 
     return ReduceScatterInMatmul
 
 
 def _allreduce_in_matmul() -> type[ModulePass]:
-    from hostir.passes.allreduce_in_matmul import AllreduceInMatmul
+    from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
 
     return AllreduceInMatmul
 
 
 def _copy_engine_pipelining() -> type[ModulePass]:
-    from hostir.passes.copy_engine_pipelining import CopyEnginePipelining
+    from hostir.passes.hir.copy_engine_pipelining import CopyEnginePipelining
 
     return CopyEnginePipelining
 
 
 def _per_stream_buffers() -> type[ModulePass]:
-    from hostir.passes.per_stream_buffers import PerStreamBuffers
+    from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
 
     return PerStreamBuffers
 
 
 def _insert_deallocations() -> type[ModulePass]:
-    from hostir.passes.insert_deallocations import InsertDeallocations
+    from hostir.passes.hir.insert_deallocations import InsertDeallocations
 
     return InsertDeallocations
 
 
+def _forward_buffers() -> type[ModulePass]:
+    from hostir.passes.hir.forward_buffers import ForwardBuffers
+
+    return ForwardBuffers
+
+
 def _auto_stream_parallel() -> type[ModulePass]:
-    from hostir.passes.auto_stream_parallel import AutoStreamParallel
+    from hostir.passes.fusion.auto_stream_parallel import AutoStreamParallel
 
     return AutoStreamParallel
 
@@ -85,6 +91,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,
+    "forward-buffers": _forward_buffers,
     "hir-lowering": _hir_lowering,
 }
 

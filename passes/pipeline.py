@@ -2,7 +2,7 @@
 
 insert-reshardings, fusion-to-hir, stream-parallel, reduce-scatter-in-matmul,
 allreduce-in-matmul, copy-engine-pipelining, per-stream-buffers, insert-deallocations,
-then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
+forward-buffers, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
 loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
 the hir ops marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`,
 `hir.stream`); every other hir op has effects they leave alone.
@@ -21,15 +21,16 @@ from xdsl.transforms.common_subexpression_elimination import (
     CommonSubexpressionElimination,
 )
 
-from hostir.passes.allreduce_in_matmul import AllreduceInMatmul
-from hostir.passes.copy_engine_pipelining import CopyEnginePipelining
 from hostir.passes.driver import Pipeline
-from hostir.passes.fusion_to_hir import FusionToHir
-from hostir.passes.insert_deallocations import InsertDeallocations
-from hostir.passes.insert_reshardings import InsertReshardings
-from hostir.passes.per_stream_buffers import PerStreamBuffers
-from hostir.passes.reduce_scatter_in_matmul import ReduceScatterInMatmul
-from hostir.passes.stream_parallel import StreamParallelLowering
+from hostir.passes.fusion.insert_reshardings import InsertReshardings
+from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
+from hostir.passes.hir.copy_engine_pipelining import CopyEnginePipelining
+from hostir.passes.hir.forward_buffers import ForwardBuffers
+from hostir.passes.hir.insert_deallocations import InsertDeallocations
+from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
+from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
+from hostir.passes.lowering.fusion_to_hir import FusionToHir
+from hostir.passes.lowering.stream_parallel import StreamParallelLowering
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,9 @@ class HirLowering(Pipeline):
     leaves out `reduce-scatter-in-matmul`, so that a pairwise copy-engine reduce-scatter
     of a matmul's product sums its pieces in a pass of its own, and
     `allreduce_in_matmul=false` leaves out `allreduce-in-matmul`, so that a pairwise
-    copy-engine allreduce of a matmul's product does too.
+    copy-engine allreduce of a matmul's product does too. `forward_buffers=false` leaves
+    out `forward-buffers`, so that every copy of the program moves its bytes and every
+    ATen result is copied into its out, as the reference programs print.
     """
 
     name = "hir-lowering"
@@ -61,6 +64,7 @@ class HirLowering(Pipeline):
     copy_engine_pipelining: bool = True
     reduce_scatter_in_matmul: bool = True
     allreduce_in_matmul: bool = True
+    forward_buffers: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
@@ -75,6 +79,7 @@ class HirLowering(Pipeline):
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),
+            *([ForwardBuffers()] if self.forward_buffers else []),
             CanonicalizePass(),
             CommonSubexpressionElimination(),
         )

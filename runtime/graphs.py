@@ -58,11 +58,11 @@ from dataclasses import dataclass, field
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communication_steps import copy_engine_transfers
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.streams import configured_num_streams
 from hostir.runtime.interpreter import RunContext
+from hostir.runtime.interpreter.communication import copy_engine_transfers
 from hostir.runtime.program import Program
-from hostir.runtime.streams import configured_num_streams, stream_pool
 
 Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
 
@@ -96,7 +96,7 @@ class CapturedRun:
     """The inputs' dynamic extents, for a run of these inputs outside the graph."""
     watch: Callable[[torch.cuda.Event, torch.cuda.Event], None] | None = None
     """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
-    timeout of its own: the copy engines' signals (runtime/watchdog.py)."""
+    timeout of its own: the copy engines' signals (runtime/distributed/watchdog.py)."""
 
     parameters: frozenset[int] = frozenset()
     """The inputs read in place that the caller keeps at one address (static inputs)."""
@@ -192,6 +192,50 @@ def release_captured_graphs() -> None:
         torch.cuda.synchronize()
 
 
+def input_kinds(
+    inputs: Sequence[torch.Tensor],
+    static: Collection[int],
+    symmetric: Collection[int],
+    handed_out: set[int],
+) -> tuple[frozenset[int], frozenset[int]]:
+    """How a graph captured on `inputs` takes each: (handed over, copied). The handed-over
+    inputs are in the memory `handed_out` of another replay's lent outputs, and read in
+    place; the `static` ones (parameters) are read in place too; every other input is
+    copied into a static buffer of the graph's own, a `symmetric` one (marked
+    `hir.symmetric`) always, into symmetric memory."""
+    handed_over = frozenset(
+        i for i, x in enumerate(inputs) if i not in symmetric and x.untyped_storage().data_ptr() in handed_out
+    ) - frozenset(static)
+    copied = frozenset(range(len(inputs))) - frozenset(static) - handed_over
+    return handed_over, copied
+
+
+def output_kinds(
+    static_inputs: Sequence[torch.Tensor],
+    static_outputs: Sequence[torch.Tensor],
+    parameters: frozenset[int],
+    handed_over: frozenset[int],
+    hand_over: Collection[int],
+    symmetric_outputs: Collection[int],
+) -> tuple[frozenset[int], frozenset[int]]:
+    """Which of a captured run's outputs a replay returns as they are: (views, lent). The
+    views are in the memory of a parameter (a weight's transpose), which no replay
+    writes; the lent ones are those the caller asks to `hand_over`, but for a view, an
+    output in the memory of an input that another replay hands over (that replay's to
+    overwrite) and one in symmetric memory (every run's, a run outside the graph
+    included): those are copied."""
+
+    def memory_of(indices: frozenset[int]) -> set[int]:
+        return {static_inputs[i].untyped_storage().data_ptr() for i in indices}
+
+    def outputs_in(memory: set[int]) -> frozenset[int]:
+        return frozenset(i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in memory)
+
+    views = outputs_in(memory_of(parameters))
+    lent = frozenset(hand_over) - views - outputs_in(memory_of(handed_over)) - frozenset(symmetric_outputs)
+    return views, lent
+
+
 class GraphReplayer:
     """Runs a `Program` on one rank by replaying CUDA graphs, or eagerly where it cannot."""
 
@@ -257,13 +301,8 @@ class GraphReplayer:
                 GraphReplayFallback,
                 stacklevel=3,
             )
-        return self.program.run_checked(inputs, self._context(captured.extents), views_of=self.static_inputs)
-
-    def _context(self, extents: dict[tuple[int, int], int]) -> RunContext:
-        device = self.communicator.device
-        return RunContext(
-            self.communicator.rank, device, self.communicator, stream_pool(device, self.num_streams), input_extents=extents
-        )
+        context = RunContext.of(self.communicator, self.num_streams, captured.extents)
+        return self.program.run_checked(inputs, context, views_of=self.static_inputs)
 
     def _run_eagerly(self, reason: str) -> None:
         self.eager_reason = reason
@@ -281,39 +320,15 @@ class GraphReplayer:
             # launched: a replay would reuse the one of the capture.
             self._run_eagerly(f"input #{on_cpu} is on the CPU, and a CUDA graph would keep its value from the capture")
             return None
-        program, communicator, device = self.program, self.communicator, self.communicator.device
-        handed_out = _handed_out_memory()
-        handed_over = frozenset(
-            i
-            for i, x in enumerate(inputs)
-            if i not in program.symmetric_inputs and x.untyped_storage().data_ptr() in handed_out
-        ) - frozenset(self.static_inputs)
-        copied = frozenset(range(len(inputs))) - frozenset(self.static_inputs) - handed_over
+        program, device = self.program, self.communicator.device
+        handed_over, copied = input_kinds(inputs, self.static_inputs, program.symmetric_inputs, _handed_out_memory())
         static_inputs = program.with_symmetric_inputs(
-            [x.clone() if i in copied else x for i, x in enumerate(inputs)], communicator
+            [x.clone() if i in copied else x for i, x in enumerate(inputs)], self.communicator
         )
         with torch.cuda.device(device):
             side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup_runs):
-                    program.run(static_inputs, communicator, self.num_streams)
-            torch.cuda.current_stream(device).wait_stream(side)
-            extents = program.check(static_inputs, communicator)
-            context = self._context(extents)
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            caller, failure = torch.cuda.current_stream(device), None
-            try:
-                # thread_local: the process group's watchdog thread queries CUDA events
-                # while this thread captures, which the global mode would refuse.
-                with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-                    static_outputs = program.interpreter.run(static_inputs, context)
-            except Exception as error:  # whatever the capture refused, the program still runs eagerly
-                failure = f"{type(error).__name__}: {error}"
-                # torch.cuda.graph leaves its stream current when ending a failed capture raises.
-                torch.cuda.set_stream(caller)
-                _end_generator_capture(device)
+            extents = self._warm_up(side, static_inputs)
+            graph, static_outputs, failure = self._record(side, static_inputs, extents)
         failed_ranks = self._ranks_that_failed(failure is not None)
         if failed_ranks:
             self._run_eagerly(
@@ -321,36 +336,69 @@ class GraphReplayer:
                 + (f" (here: {failure})" if failure else "")
             )
             return None
-        watch = None
-        if copy_engine_transfers(program.host):
-            watch = functools.partial(
-                communicator.copy_engine.watchdog.watch,
-                what=f"a replay of @{program.host.sym_name.data} (backend cuda transfers)",
-            )
-        def memory_of(indices: frozenset[int]) -> set[int]:
-            return {static_inputs[i].untyped_storage().data_ptr() for i in indices}
-
-        def outputs_in(memory: set[int]) -> frozenset[int]:
-            return frozenset(i for i, out in enumerate(static_outputs) if out.untyped_storage().data_ptr() in memory)
-
         parameters = frozenset(self.static_inputs)
-        views = outputs_in(memory_of(parameters))
+        views, lent = output_kinds(
+            static_inputs, static_outputs, parameters, handed_over, self.hand_over, program.symmetric_outputs
+        )
         self.captured[key] = CapturedRun(
             graph,
             [x if i in copied else None for i, x in enumerate(static_inputs)],
             [x.data_ptr() for x in static_inputs],
             static_outputs,
             extents,
-            watch,
+            self._watch(),
             parameters,
             handed_over,
             views,
-            # An output in the memory of an input that another replay hands over is that
-            # replay's to overwrite, and one in symmetric memory every run's (a run outside
-            # the graph included): they are copied.
-            self.hand_over - views - outputs_in(memory_of(handed_over)) - frozenset(program.symmetric_outputs),
+            lent,
         )
         return self.captured[key]
+
+    def _warm_up(self, side: torch.cuda.Stream, static_inputs: Sequence[torch.Tensor]) -> dict[tuple[int, int], int]:
+        """Runs the program `warmup_runs` times on `side` (torch's rule before capture: lazy
+        initialisations, cuBLAS workspaces, NCCL communicators, the process groups and the
+        stream pool, the CuPy kernels' compilation all happen here); the inputs' dynamic
+        extents, checked across ranks as `Program.run` checks them, for the capture."""
+        device = self.communicator.device
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_runs):
+                self.program.run(static_inputs, self.communicator, self.num_streams)
+        torch.cuda.current_stream(device).wait_stream(side)
+        return self.program.check(static_inputs, self.communicator)
+
+    def _record(
+        self, side: torch.cuda.Stream, static_inputs: Sequence[torch.Tensor], extents: dict[tuple[int, int], int]
+    ) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor] | None, str | None]:
+        """Captures one run on `side`, the interpreter's steps called directly (`Program.run`'s
+        cross-rank check communicates and reads back, which a capture cannot): the graph,
+        the run's outputs (the static outputs), and why the capture failed, if it did."""
+        device = self.communicator.device
+        context = RunContext.of(self.communicator, self.num_streams, extents)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        caller = torch.cuda.current_stream(device)
+        try:
+            # thread_local: the process group's watchdog thread queries CUDA events
+            # while this thread captures, which the global mode would refuse.
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                static_outputs = self.program.interpreter.run(static_inputs, context)
+        except Exception as error:  # whatever the capture refused, the program still runs eagerly
+            # torch.cuda.graph leaves its stream current when ending a failed capture raises.
+            torch.cuda.set_stream(caller)
+            _end_generator_capture(device)
+            return graph, None, f"{type(error).__name__}: {error}"
+        return graph, static_outputs, None
+
+    def _watch(self) -> Callable[[torch.cuda.Event, torch.cuda.Event], None] | None:
+        """What watches a replay where the graph waits for peers on the GPU with no timeout of
+        its own (the copy engines' signals): the copy engine's watchdog; None otherwise."""
+        if not copy_engine_transfers(self.program.host):
+            return None
+        return functools.partial(
+            self.communicator.copy_engine.watchdog.watch,
+            what=f"a replay of @{self.program.host.sym_name.data} (backend cuda transfers)",
+        )
 
     def _ranks_that_failed(self, failed: bool) -> list[int]:
         """The ranks whose capture failed, known to every rank (one all-gather in a world of several)."""

@@ -54,7 +54,7 @@ import torch.multiprocessing as mp
 from multiprocessing import forkserver
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import release_captured_graphs
 
 T = TypeVar("T")

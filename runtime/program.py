@@ -19,22 +19,22 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from xdsl.dialects import arith, func
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import VerifyException
 
 from hostir_dialect import hir, hostir_context
-from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str, tensor_type
+from hostir_dialect.builder import torch_dtype
+from hostir_dialect.fusion import DYNAMIC, FusionOp, ParallelType, TensorType, shape_str
 from hostir_dialect.text import HostirError, parse_module, verify_module
 from hostir.passes import DEFAULT_PIPELINE, available_passes
+from hostir.passes.analysis.extents import buffer_extent
 from hostir.passes.driver import parse_pass_pipeline, run_passes
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.fusion_eval import torch_dtype
-from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper, buffer_root
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import Interpreter, RunContext, StepWrapper
 from hostir.runtime.reference import full_shape
-from hostir.runtime.streams import configured_num_streams, stream_pool
 
 
 def _entry(module: ModuleOp, name: str | None) -> func.FuncOp:
@@ -82,6 +82,52 @@ def _tensor_types(function: func.FuncOp, types: Sequence, what: str) -> list[Ten
     return list(types)
 
 
+def dynamic_axes(input_types: Sequence[TensorType]) -> list[tuple[int, int]]:
+    """(input index, axis) of every input axis whose extent the inputs set: a `?` axis, but a
+    didx axis, whose extent is the mesh size."""
+    return [
+        (index, axis)
+        for index, type in enumerate(input_types)
+        for axis, (extent, parallel_type) in enumerate(zip(type.get_shape(), type.parallel_types()))
+        if extent == DYNAMIC and parallel_type != ParallelType.DIDX
+    ]
+
+
+def aten_only_inputs(host: func.FuncOp) -> set[int]:
+    """The inputs of `host` that ATen calls alone read."""
+    return {
+        i
+        for i, argument in enumerate(host.args)
+        if argument.uses and all(isinstance(use.operation, hir.AtenOp) for use in argument.uses)
+    }
+
+
+def symmetric_outputs(host: func.FuncOp) -> list[int]:
+    """The outputs of `host` that are (views of) buffers of `hir.allocate symmetric`."""
+    returned = host.get_return_op()
+    return [i for i, value in enumerate(returned.operands if returned else ()) if hir.in_symmetric_allocation(value)]
+
+
+def process_group_teams(host: func.FuncOp) -> list[tuple[int, ...]]:
+    """The teams of `host` that need a process group, each once, in program order: those of
+    the collectives (send_recv is point to point, and the members of a symmetric buffer's
+    mesh exchange their handles through the world's store)."""
+    communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
+    return list(dict.fromkeys(op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)))
+
+
+def largest_device(host: func.FuncOp) -> int:
+    """The largest device that `host` names: in the mesh of a buffer or in a team."""
+    meshes = [
+        value.type.mesh.ids
+        for op in host.walk()
+        for value in (*op.results, *(a for r in op.regions for b in r.blocks for a in b.args))
+        if isinstance(value.type, TensorType)
+    ]
+    teams = [op.team_ids for op in host.walk() if isinstance(op, hir.CommunicationOp)]
+    return max((device for devices in (*meshes, *teams) for device in devices), default=0)
+
+
 class Program:
     """A lowered host program, prepared once, run many times."""
 
@@ -91,42 +137,24 @@ class Program:
         self.fusion = fusion
         """The unlowered fusion, or None when given an already lowered module."""
         self.input_types = _tensor_types(host, host.function_type.inputs.data, "input")
-        self.dynamic_axes = [
-            (index, axis)
-            for index, type in enumerate(self.input_types)
-            for axis, (extent, parallel_type) in enumerate(zip(type.get_shape(), type.parallel_types()))
-            if extent == DYNAMIC and parallel_type != ParallelType.DIDX
-        ]
+        self.dynamic_axes = dynamic_axes(self.input_types)
         """(input index, axis) of every input axis whose extent the inputs set (a didx axis's is the mesh size)."""
         self.symmetric_inputs = [i for i, argument in enumerate(host.args) if hir.is_symmetric_input(argument)]
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
-        self.aten_inputs = {
-            i
-            for i, argument in enumerate(host.args)
-            if argument.uses and all(isinstance(use.operation, hir.AtenOp) for use in argument.uses)
-        }
+        self.aten_inputs = aten_only_inputs(host)
         """The inputs that only ATen calls read: one of a single element may be a CPU tensor on
         GPUs, as ATen's own kernels return some (an attention kernel's random seed and offset)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
-        returned = host.get_return_op()
-        self.symmetric_outputs = [
-            i for i, value in enumerate(returned.operands if returned else ()) if _in_symmetric_memory(value)
-        ]
+        self.symmetric_outputs = symmetric_outputs(host)
         """The outputs in a buffer of `hir.allocate symmetric`: made once and given back to
         every run (peers map it), so a later run overwrites what an earlier one returned."""
         self.interpreter = Interpreter(host)
         self._fitting_shapes: set[tuple[tuple[int, ...], ...]] = set()
         """The whole input shapes `check_extents` found to fit the fusion."""
-        communications = [op for op in host.walk() if isinstance(op, hir.CommunicationOp)]
-        self.teams = list(dict.fromkeys(op.team_ids for op in communications if not isinstance(op, hir.SendRecvOp)))
-        """The teams that need a process group, each once, in program order: those of the
-        collectives (send_recv is point to point, and the members of a symmetric buffer's
-        mesh exchange their handles through the world's store)."""
-        self.largest_device = max(
-            (d for devices in (*self._meshes(), *(op.team_ids for op in communications)) for d in devices),
-            default=0,
-        )
+        self.teams = process_group_teams(host)
+        """The teams that need a process group, each once, in program order."""
+        self.largest_device = largest_device(host)
 
     def __repr__(self) -> str:
         """The entry's signature in IR types, the world it needs, its process-group teams, and
@@ -190,13 +218,8 @@ class Program:
         """
         communicator = communicator or Communicator.default()
         input_extents = self.check(inputs, communicator)
-        streams = stream_pool(
-            communicator.device, configured_num_streams() if num_streams is None else num_streams
-        )
+        context = RunContext.of(communicator, num_streams, input_extents)
         communicator.create_groups(self.teams)
-        context = RunContext(
-            communicator.rank, communicator.device, communicator, streams, input_extents=input_extents
-        )
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
         return self.run_checked(inputs, context, views_of, interpreter)
 
@@ -226,7 +249,7 @@ class Program:
 
         Collective: every rank of the world calls it with the same arguments, in the same
         order (a rank outside the input's mesh gets an empty placeholder), and the devices
-        of the mesh map each other's memory (runtime/symmetric_memory.py). The memory belongs to the
+        of the mesh map each other's memory (runtime/distributed/symmetric_memory.py). The memory belongs to the
         communicator's copy engine for as long as it lives; fill it, pass it to `run` as
         many times as wanted, and write it again only once the run that reads it is over
         on the current stream (peers read it during the run, never after it).
@@ -344,26 +367,16 @@ class Program:
                 raise self._misfit(op, shapes, problem)
 
     def _known_extent(self, buffer: SSAValue, axis: int, shapes: Sequence[Sequence[int]]) -> int | None:
-        """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it:
-        traced through views to an input, or to an allocation whose size is a constant or
-        the extent of another such buffer. None where only running the program tells it."""
-        extent = hir.type_extent(buffer, axis)
-        if extent is not None:
-            return extent
-        root, root_axis = buffer_root(buffer, axis)
-        if root is not buffer:
-            return self._known_extent(root, root_axis, shapes)
-        if isinstance(buffer, BlockArgument) and buffer.owner is self.host.body.block:
-            extent = shapes[buffer.index][axis]
-            return extent if extent >= 0 else None
-        if isinstance(buffer, OpResult) and isinstance(buffer.op, hir.AllocateOp):
-            dynamic_axes = [a for a, e in enumerate(tensor_type(buffer).get_shape()) if e == DYNAMIC]
-            size = buffer.op.dynamic_sizes[dynamic_axes.index(axis)]
-            if isinstance(size.owner, arith.ConstantOp):
-                return size.owner.value.value.data
-            if isinstance(size.owner, hir.DimOp):
-                return self._known_extent(size.owner.buffer, size.owner.axis.data, shapes)
-        return None
+        """The extent of `axis` of `buffer` where its type or the whole input `shapes` fix it
+        (`buffer_extent`); None where only running the program tells it."""
+
+        def input_extent(argument: BlockArgument, axis: int) -> int | None:
+            if argument.owner is not self.host.body.block or shapes[argument.index][axis] < 0:
+                return None
+            return shapes[argument.index][axis]
+
+        extent = buffer_extent(buffer, axis, input_extent)
+        return extent if isinstance(extent, int) else None
 
     def _misfit(self, op: Operation, shapes: Sequence[Sequence[int]], why: str) -> HostirError:
         """The error of inputs of `shapes` that do not fit together at `op`."""
@@ -422,14 +435,6 @@ class Program:
             (extents[index, axis],) = set(held.values())
         return extents
 
-    def _meshes(self) -> list[tuple[int, ...]]:
-        """The mesh of every buffer of the host program."""
-        return [
-            value.type.mesh.ids
-            for op in self.host.walk()
-            for value in (*op.results, *(a for r in op.regions for b in r.blocks for a in b.args))
-            if isinstance(value.type, TensorType)
-        ]
 
 
 INPUTS_OK = -1
@@ -438,11 +443,6 @@ WRONG_INPUT_COUNT = -2
 """The verdict of a rank given the wrong number of inputs."""
 UNKNOWN_EXTENT = -1
 """The extent a rank reports for an input it holds no piece of."""
-
-
-def _in_symmetric_memory(value: SSAValue) -> bool:
-    root, _ = buffer_root(value)
-    return isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp) and root.op.symmetric is not None
 
 
 def _apart_from(inputs: Sequence[object], outputs: list) -> list:

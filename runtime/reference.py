@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from xdsl.dialects import func
 
+from hostir_dialect.builder import torch_dtype
 from hostir_dialect.fusion import DYNAMIC, TensorType, shape_str
 from hostir_dialect.text import HostirError
-from hostir.runtime.fusion_eval import evaluate, torch_dtype
+from hostir.runtime.interpreter.fusion_eval import evaluate
 
 DEFAULT_EXTENT = 8
 """The extent `random_inputs` gives a dynamic axis that `sizes` does not name."""

@@ -39,10 +39,10 @@ from xdsl.ir import Block, Operation, OpResult, SSAValue
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, operation_location
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.streams import configured_num_streams, start_together, stream_pool
 from hostir.runtime.interpreter import Environment, RunContext, Step
 from hostir.runtime.program import Program
-from hostir.runtime.streams import configured_num_streams, start_together, stream_pool
 
 KINDS = ("compute", "communication", "wait", "other", "control", "in flight")
 """What an interval is: an op that computes, issues a communication, waits (for a work or

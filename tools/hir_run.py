@@ -44,11 +44,11 @@ from xdsl.dialects import func
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
 from hostir.passes import DEFAULT_PIPELINE
-from hostir.runtime.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
+from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
+from hostir.runtime.distributed.streams import configured_num_streams
 from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs
 from hostir.runtime.launch import RankFailed, plain_message, run_on_local_ranks
 from hostir.runtime.program import Program
-from hostir.runtime.streams import configured_num_streams
 from hostir.runtime.reference import (
     DEFAULT_EXTENT,
     check_full_inputs,

@@ -19,8 +19,8 @@ import torch
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.text import HostirError, parse_module, print_module
-from hostir.runtime import compute_steps
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import compute
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from test_communicator import needs_ranks
@@ -327,7 +327,7 @@ def fail_on_rank_1(how: str) -> None:
 
             return run
 
-        compute_steps.segment_runner = failing
+        compute.segment_runner = failing
     program = Program.compile(DIES_MIDWAY, pipeline=None)
     z = torch.zeros(4) if communicator.rank == 0 else torch.empty(0)
     # Every rank checks its inputs alike: all fail together, before communicating.

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
+from hostir.passes.analysis.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 

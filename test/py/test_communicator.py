@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard

@@ -50,13 +50,13 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
-from hostir.runtime.communication_steps import _partner, copy_engine_transfers
-from hostir.runtime.communicator import REDUCE_OPS, Communicator
-from hostir.runtime.copy_engine import SymmetricAllocation, SymmetricBuffer, reduction
+from hostir.runtime.distributed.communicator import REDUCE_OPS, Communicator
+from hostir.runtime.distributed.copy_engine import SymmetricAllocation, SymmetricBuffer, reduction
+from hostir.runtime.distributed.streams import hold_current_stream
+from hostir.runtime.interpreter.communication import _partner, copy_engine_transfers
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
-from hostir.runtime.streams import hold_current_stream
 from hostir.runtime.trace import trace_run
 from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world
 from test_e2e import rank_environment  # noqa: F401 (the ranks' environment, an autouse fixture)
@@ -1110,7 +1110,7 @@ def member_on_one_gpu(rank: int, size: int) -> Communicator:
     """This process as member `rank` of a team of `size` processes that share GPU 0.
 
     The copy engine maps each member's buffers into the others' processes by CUDA IPC, as
-    between separate GPUs (runtime/symmetric_memory.py): each member's context with its own
+    between separate GPUs (runtime/distributed/symmetric_memory.py): each member's context with its own
     streams, the signals as stream memory operations waiting on the GPU, the pulls from the
     peers' memory, the reductions. The members exchange their handles over a gloo process
     group's store. (Members as threads of one process would share one context, where CUDA

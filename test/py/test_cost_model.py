@@ -9,18 +9,18 @@ import pytest
 import torch
 
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.cost_model import (
+from hostir.passes.analysis.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
     OverlapProblem,
     PipelineShape,
     Rates,
     choose_pipeline,
-    measure_rates,
     pipeline_streams,
     pipeline_time,
 )
+from hostir.runtime.distributed.calibration import measure_rates
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 

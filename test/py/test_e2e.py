@@ -26,7 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard

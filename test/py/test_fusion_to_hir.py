@@ -22,9 +22,9 @@ from hostir_dialect import fusion, hir, hostir_context
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.fusion import TensorType
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
-from hostir.passes.fusion_to_hir import FusionToHir
-from hostir.passes.insert_reshardings import InsertReshardings
-from hostir.runtime.communicator import Communicator
+from hostir.passes.fusion.insert_reshardings import InsertReshardings
+from hostir.passes.lowering.fusion_to_hir import FusionToHir
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 

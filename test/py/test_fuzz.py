@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.fusion import ParallelType
 from hostir_dialect.text import HostirError, print_module
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, random_inputs, reference_outputs, shard, unshard

@@ -24,8 +24,16 @@ from xdsl.dialects.builtin import ModuleOp
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.graphs import CapturedRun, GraphReplayer, GraphReplayFallback, release_captured_graphs, signature
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.graphs import (
+    CapturedRun,
+    GraphReplayer,
+    GraphReplayFallback,
+    input_kinds,
+    output_kinds,
+    release_captured_graphs,
+    signature,
+)
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, shard
@@ -222,6 +230,29 @@ def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
     kept = [copied[1:], weight.t()]
     assert run.blocker([weight, handed_in]) is None and kept
     assert "input #1 is not the output" in run.blocker([weight, handed_in.clone()])
+
+
+def test_a_capture_copies_the_inputs_it_does_not_read_in_place():
+    """How a capture takes its inputs, on plain tensors: a parameter (static) and an output
+    another replay hands over are read in place, unless the input is marked symmetric
+    (always copied, into symmetric memory); the others are copied."""
+    weight, saved, marked, fresh = torch.zeros(3), torch.zeros(4), torch.zeros(5), torch.zeros(6)
+    handed_out = {saved.untyped_storage().data_ptr(), marked.untyped_storage().data_ptr()}
+    handed_over, copied = input_kinds([weight, saved[1:], marked, fresh], [0], [2], handed_out)
+    assert handed_over == {1} and copied == {2, 3}
+
+
+def test_a_replay_lends_the_outputs_it_is_asked_to_but_copies_those_it_cannot():
+    """Which outputs a replay returns as they are, on plain tensors: a view of a parameter
+    always (no replay writes it); of those the caller asks to hand over, not one in the
+    memory of a handed-over input (the other replay's to overwrite) nor one in symmetric
+    memory (every run's)."""
+    weight, saved = torch.zeros(3, 4), torch.zeros(8)
+    outputs = [weight.t(), saved[2:], torch.zeros(2), torch.zeros(2), torch.zeros(2)]
+    views, lent = output_kinds(
+        [weight, saved], outputs, frozenset({0}), frozenset({1}), {0, 1, 2, 3}, [3]
+    )
+    assert views == {0} and lent == {2}
 
 
 def test_benchmark_quick_on_cpu():

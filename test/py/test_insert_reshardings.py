@@ -14,9 +14,9 @@ from hostir_dialect import fusion, hostir_context
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.fusion import DYNAMIC, TensorType, tensor_type
 from hostir_dialect.text import HostirError, parse_module, print_module, verify_module
-from hostir.passes.insert_reshardings import InsertReshardings
-from hostir.passes.sharding import resharded_operands
-from hostir.runtime.communicator import Communicator
+from hostir.passes.analysis.sharding import resharded_operands
+from hostir.passes.fusion.insert_reshardings import InsertReshardings
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.program import Program
 
 

@@ -21,13 +21,14 @@ from torch.overrides import TorchFunctionMode
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, i64
 
-from hostir_dialect import hir
-from hostir_dialect.text import HostirError, parse_module
-from hostir.runtime import compute_steps, fusion_eval
-from hostir.runtime.aten_calls import picker
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.interpreter import HANDLERS, Interpreter, Preparation, RunContext, streamed_empty
-from hostir.runtime.streams import stream_pool
+from hostir_dialect import hir, hostir_context
+from hostir_dialect.text import HostirError, parse_module, print_module
+from hostir.passes.hir.forward_buffers import ForwardBuffers
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.streams import stream_pool
+from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext, compute, fusion_eval
+from hostir.runtime.interpreter.aten_calls import picker
+from hostir.runtime.interpreter.core import streamed_empty
 
 # --------------------------------------------------------------------------- #
 # Helpers shared with the other runtime tests                                  #
@@ -293,9 +294,9 @@ ATEN_RESULTS = f"""
 func.func @main(%x: {tensor([3, 5])}) -> ({tensor([5, 3])}, {tensor([5, 3])}, {tensor([2, 5, 3])}) {{
   %c1 = arith.constant 1 : index
   %t = hir.allocate() : {tensor([5, 3])}
-  hir.aten "aten.t.default" call "[[{{'operand': 0}}], {{}}]" ins(%x : {tensor([3, 5])}) outs(%t : {tensor([5, 3])})
+  hir.aten "aten.t.default" call "[[{{'operand': 0}}], {{}}]" ins(%x : {tensor([3, 5])}) outs(%t : {tensor([5, 3])}) adopted [0]
   %clone = hir.allocate() : {tensor([5, 3])}
-  hir.aten "aten.clone.default" call "[[{{'operand': 0}}], {{}}]" ins(%t : {tensor([5, 3])}) outs(%clone : {tensor([5, 3])})
+  hir.aten "aten.clone.default" call "[[{{'operand': 0}}], {{}}]" ins(%t : {tensor([5, 3])}) outs(%clone : {tensor([5, 3])}) adopted [0]
   %both = hir.allocate() : {tensor([2, 5, 3])}
   %second = hir.alias_select %both[0 = %c1] : {tensor([2, 5, 3])} -> {tensor([5, 3])}
   hir.aten "aten.clone.default" call "[[{{'operand': 0}}], {{}}]" ins(%t : {tensor([5, 3])}) outs(%second : {tensor([5, 3])})
@@ -305,9 +306,10 @@ func.func @main(%x: {tensor([3, 5])}) -> ({tensor([5, 3])}, {tensor([5, 3])}, {t
 
 
 def test_an_aten_result_keeps_atens_layout_and_a_slice_out_gets_a_copy(rng):
-    """A whole buffer is ATen's result as ATen made it: a view stays a view of the input,
-    a clone of a transpose keeps the transposed strides (which flash attention's backward
-    depends on); a slice of a larger buffer gets the result copied in."""
+    """An out marked `adopted` is ATen's result as ATen made it: a view stays a view of the
+    input, a clone of a transpose keeps the transposed strides (which flash attention's
+    backward depends on); a slice of a larger buffer gets the result copied in. Without
+    the marks (a program not lowered with forward-buffers), every result is copied in."""
     x = torch.randn(3, 5, generator=rng)
     t, clone, both = run_host(ATEN_RESULTS, [x])
     assert t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
@@ -315,6 +317,10 @@ def test_an_aten_result_keeps_atens_layout_and_a_slice_out_gets_a_copy(rng):
     torch.testing.assert_close(clone, x.t())
     torch.testing.assert_close(both[1], x.t())
     assert both[0].isnan().all()  # the rest of the buffer is not written
+    t, clone, both = run_host(ATEN_RESULTS.replace(" adopted [0]", ""), [x])
+    assert t.untyped_storage().data_ptr() != x.untyped_storage().data_ptr() and clone.is_contiguous()
+    torch.testing.assert_close(t, x.t())
+    torch.testing.assert_close(clone, x.t())
 
 
 ATEN_INTO_A_VIEWED_BUFFER = f"""
@@ -409,18 +415,25 @@ func.func @main(%x: {tensor([4, 6])}) -> ({tensor([4, 6])}, {tensor([4, 6])}, {t
 """
 
 
-def test_a_copy_of_a_buffer_that_dies_there_is_the_buffer_itself(rng):
+def test_a_copy_of_a_buffer_that_dies_there_is_the_buffer_itself(monkeypatch, rng):
     """A pipelined loop's result copied into a buffer without the stream axis, and freed:
-    the out is the source's memory. A source written after the copy is copied."""
-    function = host_function(HANDED_OVER, "main")
-    copies = [op for op in function.walk() if isinstance(op, hir.CopyOp)]
-    assert [compute_steps.hands_over(op, Preparation(function)) for op in copies] == [True, False]
+    forward-buffers marks the copy `forwards_source`, and the out is the source's memory.
+    A source written after the copy is copied."""
+    module = parse_module(HANDED_OVER)
+    ForwardBuffers().apply(hostir_context(), module)
+    copies = [op for op in module.walk() if isinstance(op, hir.CopyOp)]
+    assert [op.forwards_source is not None for op in copies] == [True, False]
+    marked = print_module(module)
+    made: list[torch.Tensor] = []
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: made.append(empty(*args, **kwargs)) or made[-1])
     x = torch.randn(4, 6, generator=rng)
-    whole, copy, kept = run_host(HANDED_OVER, [x])
+    whole, copy, kept = run_host(marked, [x])
     torch.testing.assert_close(whole, -x)
     torch.testing.assert_close(copy, x.exp())
     torch.testing.assert_close(kept, x.abs())
     assert copy.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
+    assert whole.untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()  # %streamed's
 
 
 DEALLOCATION = f"""
@@ -707,7 +720,7 @@ def test_an_accumulating_matmul_sums_in_the_gemm_where_torch_can(lhs, rhs, out, 
 
     a, b, c = (torch.randn(shape, generator=rng) for shape in (lhs, rhs, out))
     with Calls() as calls:
-        compute_steps.matmul_accumulate_into(a, b, c)
+        compute.matmul_accumulate_into(a, b, c)
     assert gemm in calls.names and not ({"addmm_", "baddbmm_", "add_"} - {gemm}) & set(calls.names)
 
 
@@ -811,13 +824,13 @@ def test_segment_runner_is_the_one_seam_for_fused_segments(monkeypatch, rng):
     """launch_kernel's segments go through `segment_runner`, bound once when the program
     is prepared; post_on_stream's move data, which their outs adopt as views."""
     prepared: list[str] = []
-    original = compute_steps.segment_runner
+    original = compute.segment_runner
 
     def recording(callee):
         prepared.append(callee.sym_name.data)
         return original(callee)
 
-    monkeypatch.setattr(compute_steps, "segment_runner", recording)
+    monkeypatch.setattr(compute, "segment_runner", recording)
     x = torch.randn(3, 4, generator=rng).bfloat16()
     b = torch.randn(4, generator=rng).bfloat16()
     run_host(SEGMENTS, [x, b])

@@ -1,4 +1,4 @@
-"""Fused CUDA kernels of pointwise segments (runtime/kernels.py).
+"""Fused CUDA kernels of pointwise segments (runtime/codegen/kernels.py).
 
 On any machine: the generated CUDA C (exact text and FileCheck-style line checks),
 the cache key (the source) across sizes, dtypes and layouts, refusals, and the
@@ -25,8 +25,13 @@ from xdsl.dialects.builtin import ModuleOp
 from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder, Tensor
 from hostir_dialect.text import HostirError, parse_module
-from hostir.runtime import fusion_eval, kernels
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.codegen import kernels
+from hostir.runtime.codegen.body import fusable_ops, needed_axis_maps
+from hostir.runtime.codegen.expressions import HELPERS
+from hostir.runtime.codegen.layout import merge_axes
+from hostir.runtime.codegen.source import KERNEL_NAME
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import fusion_eval
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, random_inputs
 from test_interpreter import poisoned_allocations
@@ -143,7 +148,7 @@ def f32_chain() -> func.FuncOp:
 def test_f32_chain_source_is_one_vectorised_grid_stride_loop():
     x, y, out = torch.randn(4, 8), torch.randn(4, 8), empty([4, 8], torch.float32)
     source = kernels.generated_source(f32_chain(), [x, y], [out])
-    assert source == kernels.HELPERS["hostir_vector"] + "\n\n" + F32_CHAIN
+    assert source == HELPERS["hostir_vector"] + "\n\n" + F32_CHAIN
 
 
 def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
@@ -237,6 +242,22 @@ def test_value_read_through_two_axis_maps_is_loaded_twice():
     )
 
 
+def test_the_axis_maps_each_value_is_needed_under_follow_its_readers_back():
+    """The analysis alone, x[j] + x[i] again: the add reads x right-aligned (axis 1 of the
+    iteration space), the broadcast inserts axis 1 and leaves it axis 0; both loads, in the
+    order the walk back from the output finds them."""
+
+    def define(fb):
+        x = fb.input([4], "f32")
+        return [fb.broadcast(x, 1) + x]
+
+    segment = build_segment(define)
+    ops, outputs = fusable_ops(segment)
+    maps = needed_axis_maps(ops, outputs, [(0, 1)])
+    assert list(maps[segment.args[0]]) == [(1,), (0,)]
+    assert list(maps[outputs[0]]) == [(0, 1)]
+
+
 def test_constants_hold_the_value_rounded_to_their_dtype():
     constants = [
         (0.1, "bf16"),
@@ -325,10 +346,10 @@ def test_misaligned_buffers_take_narrower_vectors():
 
 
 def test_merge_axes_merges_what_every_access_walks_alike():
-    assert kernels.merge_axes([4, 8, 16], [(128, 16, 1), (128, 16, 1)]) == ([512], [[1], [1]])
+    assert merge_axes([4, 8, 16], [(128, 16, 1), (128, 16, 1)]) == ([512], [[1], [1]])
     # A broadcast bias keeps the axes apart; extent-1 axes go.
-    assert kernels.merge_axes([4, 1, 8], [(8, 8, 1), (0, 0, 1)]) == ([4, 8], [[8, 1], [0, 1]])
-    assert kernels.merge_axes([1, 1], [(1, 1)]) == ([], [[]])
+    assert merge_axes([4, 1, 8], [(8, 8, 1), (0, 0, 1)]) == ([4, 8], [[8, 1], [0, 1]])
+    assert merge_axes([1, 1], [(1, 1)]) == ([], [[]])
 
 
 # --------------------------------------------------------------------------- #
@@ -596,7 +617,7 @@ def test_every_launch_of_every_example_plans_a_kernel_on_its_buffers(monkeypatch
         run_example(program, random_inputs(program.input_types, seed=5), torch.device("cpu"))
         for launch in launches:
             assert not launch.launched
-            assert f"void {kernels.KERNEL_NAME}(" in launch.kernel.source(launch.ins, launch.outs)
+            assert f"void {KERNEL_NAME}(" in launch.kernel.source(launch.ins, launch.outs)
         if launches:
             with_segments.add(name)
     expected = {"single_binary", "gelu bf16", "gelu streamed inner", "around a matmul", "integers"}

@@ -15,10 +15,17 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType
 from hostir_dialect.text import HostirError, parse_module, print_module
-from hostir.runtime import compute_steps
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.interpreter import compute
 from hostir.runtime.launch import run_on_local_ranks
-from hostir.runtime.program import Program
+from hostir.runtime.program import (
+    Program,
+    aten_only_inputs,
+    dynamic_axes,
+    largest_device,
+    process_group_teams,
+    symmetric_outputs,
+)
 from hostir.runtime.reference import shard
 from test_communicator import needs_ranks
 from test_interpreter import poisoned_allocations, tensor
@@ -312,7 +319,7 @@ def test_compile_lowers_a_fusion_and_keeps_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(monkeypatch):
     streams_used = []
-    original = compute_steps.segment_runner
+    original = compute.segment_runner
 
     def recording(callee):
         run = original(callee)
@@ -323,7 +330,7 @@ def test_stream_parallel_program_uses_the_pool_streams_and_restores_the_callers(
 
         return recorded
 
-    monkeypatch.setattr(compute_steps, "segment_runner", recording)
+    monkeypatch.setattr(compute, "segment_runner", recording)
     program = Program.compile(stream_axis_inner(8), pipeline=None)
     caller = torch.cuda.Stream()
     x = torch.randn(4, 8, 3, device="cuda")
@@ -343,16 +350,48 @@ func.func private @spread(%w: {tensor([4, 3], "bf16")}) -> {tensor([1, 4, 3], "b
 }}
 func.func @main(%x: {tensor([2, 5, 4], "bf16")}, %w: {tensor([4, 3], "bf16")}) -> ({tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}) {{
   %s = hir.allocate() : {tensor([1, 4, 3], "bf16")}
-  hir.post_on_stream @spread ins(%w : {tensor([4, 3], "bf16")}) outs(%s : {tensor([1, 4, 3], "bf16")})
+  hir.post_on_stream @spread ins(%w : {tensor([4, 3], "bf16")}) outs(%s : {tensor([1, 4, 3], "bf16")}) adopted [0]
   %y = hir.allocate() : {tensor([2, 5, 3], "bf16")}
   hir.matmul ins(%x, %s : {tensor([2, 5, 4], "bf16")}, {tensor([1, 4, 3], "bf16")}) outs(%y : {tensor([2, 5, 3], "bf16")})
   func.return %y, %s : {tensor([2, 5, 3], "bf16")}, {tensor([1, 4, 3], "bf16")}
 }}"""
 
 
+SIGNATURE = """
+!x = !fusion.tensor<[?, ?, 8], f32, mesh = [1, 2], axes = [_, didx, _]>
+!w = !fusion.tensor<[8], f32, mesh = [1, 2]>
+!seed = !fusion.tensor<[1], i64, mesh = [1, 2]>
+func.func @main(%x: !x, %w: !w {hir.symmetric}, %seed: !seed) -> (!w, !w) {
+  %sum = hir.allocate() symmetric : !w
+  hir.aten "aten.add.Tensor" call "[[{'operand': 0}, {'operand': 1}], {}]" ins(%w, %seed : !w, !seed) outs(%sum : !w)
+  %copy = hir.allocate() : !w
+  %sent = hir.send_recv %w into %copy team [1, 2] root 1 backend nccl : !w, !w
+  hir.wait %sent
+  %spread = hir.broadcast %w into %copy team [1, 2, 3] root 3 backend nccl : !w, !w
+  hir.wait %spread
+  func.return %sum, %copy : !w, !w
+}
+"""
+
+
+def test_what_the_signature_of_a_host_program_tells_before_it_runs():
+    """The signature analysis of `Program`, each part on its own: the input axes whose
+    extents the inputs set (not a didx one), the inputs only ATen reads, the outputs in
+    symmetric memory, the teams that need a process group (collectives but send_recv, each
+    once; symmetric buffers and inputs need none), and the largest device named."""
+    host = next(op for op in parse_module(SIGNATURE).ops if isinstance(op, func.FuncOp))
+    types = [argument.type for argument in host.args]
+    assert dynamic_axes(types) == [(0, 0)]
+    assert aten_only_inputs(host) == {2}
+    assert symmetric_outputs(host) == [0]
+    assert process_group_teams(host) == [(1, 2, 3)]
+    assert largest_device(host) == 3
+
+
 def test_a_broadcast_weight_is_read_in_place_and_no_output_shares_an_inputs_memory():
-    """The broadcast that a matmul reads (the importer's for a linear layer's weight) is a
-    view of the weight, even transposed, not a copy made every step. A view that is an
+    """The broadcast that a matmul reads (the importer's for a linear layer's weight), its out
+    `adopted` as forward-buffers marks it, is a view of the weight, even transposed, not a
+    copy made every step. A view that is an
     output is copied: writing into an output leaves the caller's inputs unchanged,
     unless the caller asks for views of those inputs (as torch.compile's backend does)."""
     program = Program.compile(SPREAD_WEIGHT, pipeline=None)

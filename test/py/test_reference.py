@@ -9,10 +9,9 @@ import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import bf16, f16, f32, f64, i1, i8, i32, i64
 
-from hostir_dialect.builder import FusionBuilder, parallel_type
+from hostir_dialect.builder import FusionBuilder, parallel_type, torch_dtype
 from hostir_dialect.fusion import DYNAMIC, TensorType
 from hostir_dialect.text import HostirError
-from hostir.runtime.fusion_eval import torch_dtype
 from hostir.runtime.reference import (
     TOLERANCES,
     check_full_inputs,

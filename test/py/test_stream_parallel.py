@@ -28,12 +28,12 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect import hir, hostir_context
 from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError, print_module, verify_module
-from hostir.passes import axis_mapping
-from hostir.passes.axis_mapping import operand_axis
-from hostir.passes.fusion_to_hir import FusionToHir
-from hostir.passes.insert_reshardings import InsertReshardings
-from hostir.passes.stream_parallel import StreamParallelLowering
-from hostir.runtime.communicator import Communicator
+from hostir.passes.analysis import axis_mapping
+from hostir.passes.analysis.axis_mapping import operand_axis
+from hostir.passes.fusion.insert_reshardings import InsertReshardings
+from hostir.passes.lowering.fusion_to_hir import FusionToHir
+from hostir.passes.lowering.stream_parallel import StreamParallelLowering
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard

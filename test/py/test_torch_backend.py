@@ -21,13 +21,13 @@ from xdsl.traits import SymbolTable
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device, train
 from hostir_dialect import fusion, hir
+from hostir_dialect.builder import torch_dtype
 from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Parameters
-from hostir.runtime.communicator import Communicator
-from hostir.runtime.copy_engine import why_not_copy_engines
-from hostir.runtime.fusion_eval import torch_dtype
+from hostir.runtime.codegen.kernels import generated_source
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayFallback
-from hostir.runtime.kernels import generated_source
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 
@@ -290,7 +290,7 @@ def test_a_graph_that_holds_a_tensor_constant_takes_it_as_an_argument():
 def test_only_a_masked_write_of_one_value_over_leading_axes_becomes_a_where():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from hostir.frontend.backend import _masked_writes_as_where
+    from hostir.frontend.fx_rewrites import masked_writes_as_where
 
     def writes(x, mask, rows, v, vs):
         index_put = torch.ops.aten.index_put.default
@@ -304,7 +304,7 @@ def test_only_a_masked_write_of_one_value_over_leading_axes_becomes_a_where():
     x, mask, rows, v = torch.randn(4, 3), torch.tensor([True, False, True, False]), torch.tensor([0, 2]), torch.tensor(5.0)
     vs = torch.randn(2, 3)
     gm = make_fx(writes)(x, mask, rows, v, vs)
-    assert _masked_writes_as_where(gm)
+    assert masked_writes_as_where(gm)
     targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
     assert targets.count(torch.ops.aten.index_put.default) == 3 and torch.ops.aten.where.self in targets
     for got, expected in zip(gm(x, mask, rows, v, vs), writes(x, mask, rows, v, vs)):

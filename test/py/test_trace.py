@@ -24,7 +24,7 @@ from examples.reference_fusions import ag_linear
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC
 from hostir_dialect.text import print_module
-from hostir.runtime.communicator import Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import random_inputs, shard

@@ -1,4 +1,4 @@
-"""The watchdog of the copy engines' transfers (`runtime.watchdog`), with stand-in events.
+"""The watchdog of the copy engines' transfers (`runtime.distributed.watchdog`), with stand-in events.
 
 On GPUs the events are CUDA events and an expiry ends the process; test_copy_engine.py
 runs that with a peer that never signals. Here the events are flags the test sets, and
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from hostir.runtime import watchdog as watchdog_module
-from hostir.runtime.watchdog import Watchdog
+from hostir.runtime.distributed import watchdog as watchdog_module
+from hostir.runtime.distributed.watchdog import Watchdog
 
 
 class Flag:

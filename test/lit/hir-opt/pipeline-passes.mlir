@@ -16,6 +16,7 @@
 // AFTER: // -----// IR Dump After copy-engine-pipelining //----- //
 // AFTER-NOT: IR Dump After per-stream-buffers
 // AFTER: // -----// IR Dump After insert-deallocations //----- //
+// AFTER: // -----// IR Dump After forward-buffers //----- //
 // AFTER: // -----// IR Dump After canonicalize //----- //
 // AFTER: // -----// IR Dump After cse //----- //
 // AFTER-NOT: IR Dump
@@ -31,6 +32,7 @@
 // TIME: {{^}}Pass copy-engine-pipelining took
 // TIME: {{^}}Pass per-stream-buffers took
 // TIME: {{^}}Pass insert-deallocations took
+// TIME-NEXT: {{^}}Pass forward-buffers took
 // TIME-NEXT: {{^}}Pass canonicalize took
 // TIME-NEXT: {{^}}Pass cse took
 // TIME-EMPTY:

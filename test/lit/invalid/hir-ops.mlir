@@ -181,6 +181,92 @@ func.func @copy_shape(%a: !fusion.tensor<[4], f32>, %b: !fusion.tensor<[2, 2], f
 
 // -----
 
+func.func @forwarded_source_is_an_input(%a: !fusion.tensor<[4], f32>) {
+  %b = hir.allocate() : !fusion.tensor<[4], f32>
+  // expected-error@+1 {{forwards_source makes the out the source buffer itself, so the source must be a buffer of hir.allocate in the copy's block, not symmetric; it is not a buffer of hir.allocate}}
+  hir.copy ins(%a : !fusion.tensor<[4], f32>) outs(%b : !fusion.tensor<[4], f32>) forwards_source
+  func.return
+}
+
+// -----
+
+func.func @forwarded_into_a_symmetric_buffer() {
+  %a = hir.allocate() : !fusion.tensor<[4], f32>
+  %b = hir.allocate() symmetric : !fusion.tensor<[4], f32>
+  // expected-error@+1 {{so the out must be a buffer of hir.allocate in the copy's block, not symmetric; it is symmetric, its memory mapped by its peers}}
+  hir.copy ins(%a : !fusion.tensor<[4], f32>) outs(%b : !fusion.tensor<[4], f32>) forwards_source
+  func.return
+}
+
+// -----
+
+func.func @forwarded_from_another_block(%n: index) {
+  %a = hir.allocate() : !fusion.tensor<[4], f32>
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %n step %c1 {
+    %b = hir.allocate() : !fusion.tensor<[4], f32>
+    // expected-error@+1 {{so the source must be a buffer of hir.allocate in the copy's block, not symmetric; it is allocated in another block}}
+    hir.copy ins(%a : !fusion.tensor<[4], f32>) outs(%b : !fusion.tensor<[4], f32>) forwards_source
+  }
+  func.return
+}
+
+// -----
+
+func.func @forwarded_into_another_shape(%n: index) {
+  %a = hir.allocate(%n) : !fusion.tensor<[?], f32>
+  %b = hir.allocate() : !fusion.tensor<[4], f32>
+  // expected-error@+1 {{forwards_source makes the out the source buffer itself, so both must have one local shape and element type; the source has [?] f32, the out [4] f32}}
+  hir.copy ins(%a : !fusion.tensor<[?], f32>) outs(%b : !fusion.tensor<[4], f32>) forwards_source
+  func.return
+}
+
+// -----
+
+func.func @adopted_out_of_range(%x: !fusion.tensor<[3, 5], f32>) {
+  %t = hir.allocate() : !fusion.tensor<[5, 3], f32>
+  // expected-error@+1 {{adopted names out #1, but hir.aten has 1 out(s)}}
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%x : !fusion.tensor<[3, 5], f32>) outs(%t : !fusion.tensor<[5, 3], f32>) adopted [1]
+  func.return
+}
+
+// -----
+
+func.func @adopted_twice(%x: !fusion.tensor<[3, 5], f32>) {
+  %t = hir.allocate() : !fusion.tensor<[5, 3], f32>
+  // expected-error@+1 {{adopted names the outs that become the tensors hir.aten makes, each once and in increasing order; got [0, 0]}}
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%x : !fusion.tensor<[3, 5], f32>) outs(%t : !fusion.tensor<[5, 3], f32>) adopted [0, 0]
+  func.return
+}
+
+// -----
+
+func.func @adopted_slice(%x: !fusion.tensor<[3, 5], f32>) {
+  %c0 = arith.constant 0 : index
+  %both = hir.allocate() : !fusion.tensor<[2, 5, 3], f32>
+  %first = hir.alias_select %both[0 = %c0] : !fusion.tensor<[2, 5, 3], f32> -> !fusion.tensor<[5, 3], f32>
+  // expected-error@+1 {{out #0 is adopted, so it must be a buffer of hir.allocate in the op's block, not symmetric, that the op's result replaces; it is not a buffer of hir.allocate}}
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%x : !fusion.tensor<[3, 5], f32>) outs(%first : !fusion.tensor<[5, 3], f32>) adopted [0]
+  func.return
+}
+
+// -----
+
+func.func private @spread(%w: !fusion.tensor<[4], f32>) -> !fusion.tensor<[1, 4], f32> {
+  %s = fusion.broadcast %w [0] : !fusion.tensor<[4], f32> -> !fusion.tensor<[1, 4], f32>
+  func.return %s : !fusion.tensor<[1, 4], f32>
+}
+
+func.func @adopted_symmetric(%w: !fusion.tensor<[4], f32>) {
+  %s = hir.allocate() symmetric : !fusion.tensor<[1, 4], f32>
+  // expected-error@+1 {{out #0 is adopted, so it must be a buffer of hir.allocate in the op's block, not symmetric, that the op's result replaces; it is symmetric, its memory mapped by its peers}}
+  hir.post_on_stream @spread ins(%w : !fusion.tensor<[4], f32>) outs(%s : !fusion.tensor<[1, 4], f32>) adopted [0]
+  func.return
+}
+
+// -----
+
 func.func @pointwise_inputs(%a: !fusion.tensor<[4], f32>) {
   // expected-error@+1 {{hir.pointwise takes 1 or 2 inputs, got 3}}
   hir.pointwise "add" ins(%a, %a, %a : !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>) outs(%a : !fusion.tensor<[4], f32>)

@@ -290,3 +290,35 @@ func.func @eager(%x: !fusion.tensor<[?, 8], bf16>, %w: !fusion.tensor<[8, 16], b
   hir.reduction "max" [-1] keepdim ins(%y : !fusion.tensor<[?, 16], bf16>) outs(%k : !fusion.tensor<[?, 1], bf16>) {tag}
   func.return
 }
+
+// The marks of forward-buffers: a copy whose out is its source buffer, and the outs that
+// become the tensors an ATen op or a data-movement segment makes.
+// CHECK-LABEL: func.func @forwarded(
+// CHECK:      hir.copy ins(%s : !fusion.tensor<[?, 4], f32, axes = [stream, _]>) outs(%w : !fusion.tensor<[?, 4], f32>) forwards_source
+// CHECK:      hir.copy ins(%w : !fusion.tensor<[?, 4], f32>) outs(%c : !fusion.tensor<[?, 4], f32>) forwards_source {tag}
+// CHECK:      hir.aten "aten.var_mean.correction" call "[[{'operand': 0}, [1]], {}]" ins(%a : !fusion.tensor<[?, 4], f32>) outs(%var, %mean : !fusion.tensor<[?], f32>, !fusion.tensor<[?], f32>) adopted [0, 1]
+// CHECK:      hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%a : !fusion.tensor<[?, 4], f32>) outs(%t : !fusion.tensor<[4, ?], f32>) adopted [0] {tag}
+// CHECK:      hir.post_on_stream @segment ins(%a, %v : !fusion.tensor<[?, 4], f32>, !fusion.tensor<[4], f32>) outs(%p, %q : !fusion.tensor<[?, 4], f32>, !fusion.tensor<[?, 4], f32>) adopted [1]
+// GENERIC-LABEL: sym_name = "forwarded"
+// GENERIC: "hir.copy"(%s, %w) <{forwards_source, operandSegmentSizes = array<i32: 1, 1>}>
+// GENERIC: "hir.copy"(%w, %c) <{forwards_source, operandSegmentSizes = array<i32: 1, 1>}> {tag}
+// GENERIC: "hir.aten"(%a, %var, %mean) <{target = "aten.var_mean.correction", call = "[[{'operand': 0}, [1]], {}]", adopted = array<i64: 0, 1>, operandSegmentSizes = array<i32: 1, 2>}>
+// GENERIC: "hir.aten"(%a, %t) <{target = "aten.t.default", call = "[[{'operand': 0}], {}]", adopted = array<i64: 0>, operandSegmentSizes = array<i32: 1, 1>}> {tag}
+// GENERIC: "hir.post_on_stream"(%a, %v, %p, %q) <{callee = @segment, adopted = array<i64: 1>, operandSegmentSizes = array<i32: 2, 2>}>
+func.func @forwarded(%a: !fusion.tensor<[?, 4], f32>, %v: !fusion.tensor<[4], f32>) {
+  %n = hir.dim %a, 0 : !fusion.tensor<[?, 4], f32>
+  %s = hir.allocate(%n) : !fusion.tensor<[?, 4], f32, axes = [stream, _]>
+  %w = hir.allocate(%n) : !fusion.tensor<[?, 4], f32>
+  hir.copy ins(%s : !fusion.tensor<[?, 4], f32, axes = [stream, _]>) outs(%w : !fusion.tensor<[?, 4], f32>) forwards_source
+  %c = hir.allocate(%n) : !fusion.tensor<[?, 4], f32>
+  hir.copy ins(%w : !fusion.tensor<[?, 4], f32>) outs(%c : !fusion.tensor<[?, 4], f32>) forwards_source {tag}
+  %var = hir.allocate(%n) : !fusion.tensor<[?], f32>
+  %mean = hir.allocate(%n) : !fusion.tensor<[?], f32>
+  hir.aten "aten.var_mean.correction" call "[[{'operand': 0}, [1]], {}]" ins(%a : !fusion.tensor<[?, 4], f32>) outs(%var, %mean : !fusion.tensor<[?], f32>, !fusion.tensor<[?], f32>) adopted [0, 1]
+  %t = hir.allocate(%n) : !fusion.tensor<[4, ?], f32>
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%a : !fusion.tensor<[?, 4], f32>) outs(%t : !fusion.tensor<[4, ?], f32>) adopted [0] {tag}
+  %p = hir.allocate(%n) : !fusion.tensor<[?, 4], f32>
+  %q = hir.allocate(%n) : !fusion.tensor<[?, 4], f32>
+  hir.post_on_stream @segment ins(%a, %v : !fusion.tensor<[?, 4], f32>, !fusion.tensor<[4], f32>) outs(%p, %q : !fusion.tensor<[?, 4], f32>, !fusion.tensor<[?, 4], f32>) adopted [1]
+  func.return
+}

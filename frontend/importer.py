@@ -1,0 +1,453 @@
+"""From an FX graph of ATen ops and functional collectives (one rank's view) to a fusion.
+
+torch.compile with aot_autograd hands a backend the forward and backward graphs of each
+rank: ATen ops on that rank's local tensors, and `torch.ops._c10d_functional`
+collectives, each followed by `wait_tensor`, on a process group named by a string. The
+importer writes the same computation as a fusion whose shapes are global, so that the
+passes that hir-opt runs apply unchanged:
+
+* the mesh is the ranks of the process group the collectives name (one device, with no
+  collective);
+* a tensor that may differ between ranks (every input, everything computed from one) is
+  *varying*: its fusion type has the device axis first, `didx` over the mesh, and each
+  device's local piece is its FX tensor; a tensor that every rank holds whole (what an
+  all-gather or an all-reduce gives, and what is computed from such tensors alone) is
+  *replicated* and has no device axis;
+* `all_gather_into_tensor` is a `fusion.set` from varying to replicated (an allgather),
+  `reduce_scatter_tensor` and `all_reduce` are `fusion.sum`s over the device axis (a
+  reduce-scatter, an allreduce), `wait_tensor` is nothing (the host program waits);
+* matmuls and the pointwise ops and reductions that the fusion dialect has become those
+  ops, with ATen's dtype rules made explicit by casts;
+* any other ATen op becomes a `fusion.aten` that calls it on the local pieces
+  (`docs/frontend.md` has the table, with the sharding rule of each op).
+
+An FX tensor is its fusion value's piece read in the FX shape (`Value`): views and
+reshapes write no op, an all-gather's result keeps the gathered pieces as an axis of
+their own (the *chunk* axis: `[D, rows, ...]` for the FX tensor `[D * rows, ...]`)
+through the matmuls that read it, and a GEMM that a reduce-scatter reads is computed in
+the chunks of its pipeline; that is where `auto-stream-parallel` finds what to
+pipeline. An op that needs the FX shape gets a reshape first. All shapes are static:
+the backend imports a graph once per set of input shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+from hostir_dialect import fusion
+from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
+from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
+from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
+from hostir_dialect.text import HostirError
+from hostir.passes.analysis.cost_model import ChunksOf, OverlapProblem, one_chunk
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+
+class UnsupportedGraph(HostirError):
+    """A construct of the graph that hostir cannot run; the message names it."""
+
+
+# --------------------------------------------------------------------------- #
+# Values                                                                       #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class Value:
+    """The fusion value that holds an FX tensor.
+
+    A device's piece of the fusion value has the shape `local` (None: the FX shape), and
+    the FX tensor is that piece, its axes permuted by `order` (None: as they are), then
+    reshaped: an all-gather keeps its pieces as an axis of their own, a product that a
+    reduce-scatter reads is computed in the chunks of the reduce-scatter's pipeline, the
+    sequence pieces of a batch stay apart (`order`), and FX views and reshapes change
+    `shape` alone.
+    """
+
+    ssa: SSAValue
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    varying: bool
+    local: tuple[int, ...] | None = None
+    order: tuple[int, ...] | None = None
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """The shape of a device's piece in the fusion."""
+        return self.shape if self.local is None else self.local
+
+    @property
+    def is_flat(self) -> bool:
+        return self.local_shape == self.shape and self.order is None
+
+    @property
+    def keeps_last_axis(self) -> bool:
+        """Whether the piece's last axis is the FX tensor's last axis."""
+        last = len(self.local_shape) - 1
+        return self.local_shape[-1:] == self.shape[-1:] and (self.order is None or self.order[-1] == last)
+
+    def reshaped(self, shape: tuple[int, ...]) -> Value:
+        """The same piece, read as an FX tensor of `shape` (a view or a reshape of it)."""
+        return Value(self.ssa, shape, self.dtype, self.varying, self.local_shape, self.order)
+
+
+@dataclass
+class ImportedGraph:
+    """A graph's fusion, and how the graph's inputs and outputs map to the fusion's."""
+
+    module: ModuleOp
+    inputs: list[int]
+    """For each fusion input, the index of the graph input it is."""
+    input_varying: list[bool]
+    outputs: list[tuple[str, Any]]
+    """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index) or ("constant", value)."""
+    mesh: tuple[int, ...]
+    group: dist.ProcessGroup | None = None
+    """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
+
+
+def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` with its first axis cut into `chunks` and the rows of each."""
+    return (*chunks, shape[0] // math.prod(chunks), *shape[1:])
+
+
+def dtype_supported(dtype: torch.dtype) -> bool:
+    return dtype in TORCH_DTYPES
+
+
+class Importer:
+    """Imports one graph; see the module docstring."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf):
+        self.gm = gm
+        self.name = name
+        self.chunks_of = chunks_of
+        self.collective_chunks: dict[torch.fx.Node, tuple[OverlapProblem, int]] = {}
+        """The problem and the chunk count of each reduce-scatter or all-reduce that reads
+        chunked GEMMs."""
+        self.flattened: dict[tuple[SSAValue, tuple[int, ...], tuple[int, ...] | None], Value] = {}
+        """The FX-shaped copy of each value that a reader needed flat."""
+        self.group, self.mesh = self._group()
+        self.devices = len(self.mesh)
+        self.block = Block()
+        self.values: dict[torch.fx.Node, Any] = {}
+        self.values_returned: list[SSAValue] = []
+
+    # -- the mesh ------------------------------------------------------------- #
+
+    def _group(self) -> tuple[dist.ProcessGroup | None, tuple[int, ...]]:
+        """The one process group that the graph's collectives name, and its ranks (the
+        mesh); None and a mesh of device 0 if the graph has no collective."""
+        groups = {}
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function" and node.target in COLLECTIVES:
+                name = node.args[COLLECTIVES[node.target]]
+                groups.setdefault(name, node)
+        if not groups:
+            return None, (0,)
+        if len(groups) > 1:
+            raise UnsupportedGraph(
+                "the graph communicates over several process groups ("
+                + ", ".join(repr(g) for g in groups)
+                + "); hostir maps one group, the mesh of the graph, so a 2-D device mesh "
+                "(tensor and data parallel in one graph) is not supported"
+            )
+        (name,) = groups
+        try:
+            group = torch.distributed.distributed_c10d._resolve_process_group(name)
+            ranks = tuple(dist.get_process_group_ranks(group))
+        except Exception as error:  # noqa: BLE001 - torch raises several kinds here
+            raise UnsupportedGraph(
+                f"{groups[name].format_node()}: the process group {name!r} is not one this "
+                f"process belongs to ({error})"
+            ) from None
+        return group, ranks
+
+    # -- types ------------------------------------------------------------------ #
+
+    def tensor_type(self, local_shape: Sequence[int], dtype: torch.dtype, varying: bool) -> TensorType:
+        dtype = CARRIERS.get(dtype, dtype)
+        if not dtype_supported(dtype):
+            raise UnsupportedGraph(f"tensors of dtype {dtype} are not supported")
+        shape = [self.devices, *local_shape] if varying else list(local_shape)
+        axes = [DIDX, *[SERIAL] * len(local_shape)] if varying else [SERIAL] * len(local_shape)
+        return TensorType(shape, element_type(dtype), mesh=DeviceMeshAttr(self.mesh), axes=axes)
+
+    def varies(self, *values: Value) -> bool:
+        return self.devices > 1 and any(v.varying for v in values)
+
+    def emit(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    # -- the walk --------------------------------------------------------------- #
+
+    def run(self) -> ImportedGraph:
+        inputs: list[int] = []
+        input_varying: list[bool] = []
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for index, node in enumerate(placeholders):
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                varying = self.devices > 1
+                argument = self.block.insert_arg(
+                    self.tensor_type(tuple(value.shape), value.dtype, varying), len(self.block.args)
+                )
+                argument.name_hint = name_of(node)
+                self.values[node] = Value(argument, tuple(value.shape), value.dtype, varying)
+                inputs.append(index)
+                input_varying.append(varying)
+            else:
+                # A symbolic size of a graph traced with dynamic shapes: this compilation's value.
+                self.values[node] = concrete(value)
+        outputs: list[tuple[str, Any]] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function":
+                self.values[node] = self.call(node)
+            elif node.op == "output":
+                outputs = self.output(node, placeholders)
+            elif node.op != "placeholder":
+                raise UnsupportedGraph(f"{node.format_node()}: FX nodes of kind {node.op!r} are not supported")
+        self.emit(func.ReturnOp(*self.values_returned))
+        function = func.FuncOp(
+            self.name,
+            ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
+            Region(self.block),
+        )
+        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group)
+
+    def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
+        plan: list[tuple[str, Any]] = []
+        for item in node.args[0]:
+            if isinstance(item, torch.fx.Node) and item.op == "placeholder":
+                plan.append(("input", placeholders.index(item)))
+                continue
+            value = self.values[item] if isinstance(item, torch.fx.Node) else item
+            if isinstance(value, Value):
+                if value.order is not None:
+                    value = self.flat(value)
+                plan.append(("fusion", (len(self.values_returned), value.shape, value.dtype)))
+                self.values_returned.append(value.ssa)
+            else:
+                plan.append(("constant", value))
+        return plan
+
+    def call(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            results, index = node.args
+            return self.values[results][index]
+        result = node.meta.get("val")
+        if not isinstance(result, (torch.Tensor, tuple, list)):
+            # Shape arithmetic of a graph traced with dynamic shapes: this compilation's
+            # shapes are known, so its value is too.
+            return concrete(result)
+        rule = RULES.get(node.target)
+        if rule is not None:
+            result = rule(self, node)
+            if result is not None:
+                return result
+        return self.opaque(node)
+
+    # -- operands ------------------------------------------------------------------ #
+
+    def arg(self, node_or_value: Any) -> Any:
+        return self.values[node_or_value] if isinstance(node_or_value, torch.fx.Node) else node_or_value
+
+    def flat(self, value: Value) -> Value:
+        """`value` in the FX shape: a piece of another shape is reshaped (each device its own),
+        once per value and shape."""
+        if value.is_flat:
+            return value
+        key = (value.ssa, value.shape, value.order)
+        if key not in self.flattened:
+            self.flattened[key] = self.with_piece(value, value.shape)
+        return self.flattened[key]
+
+    def rechunked(self, value: Value, chunks: tuple[int, ...]) -> Value:
+        """`value` (flat) with its first axis cut into `chunks` (each device its piece)."""
+        return self.with_piece(value, chunked_shape(value.shape, chunks))
+
+    def with_piece(self, value: Value, local: tuple[int, ...]) -> Value:
+        """`value` with each device's piece reshaped to `local` (a view at run time), its
+        axes permuted first where the value has an `order` (a copy)."""
+        piece = value.ssa
+        if value.order is not None:
+            permuted = tuple(value.local_shape[axis] for axis in value.order)
+            piece = self._aten_view("aten.permute.default", piece, list(value.order), permuted, value)
+        piece = self._aten_view("aten.reshape.default", piece, list(local), local, value)
+        return Value(piece, value.shape, value.dtype, value.varying, local)
+
+    def regrouped(self, value: Value, shape: tuple[int, ...], size: int, dim: int) -> Value:
+        """`value` (flat) read in `shape`, axis `dim` cut into pieces of `size` and the
+        pieces' axis moved first (a view): the piece of a product whose rows a
+        reduce-scatter regroups (sequence parallelism with several sequences); the FX
+        tensor is that piece permuted back (`order`)."""
+        fine = cut(shape, dim, size)
+        permutation = (dim, *(axis for axis in range(len(fine)) if axis != dim))
+        local = tuple(fine[axis] for axis in permutation)
+        viewed = self.with_piece(value, fine)
+        piece = self._aten_view("aten.permute.default", viewed.ssa, list(permutation), local, value)
+        order = tuple(permutation.index(axis) for axis in range(len(permutation)))
+        return Value(piece, value.shape, value.dtype, value.varying, local, order)
+
+    def _aten_view(self, target: str, piece: SSAValue, argument: list[int], local: tuple[int, ...], like: Value) -> SSAValue:
+        call = encode_call([piece, argument], {}, lambda v: 0 if v is piece else None)
+        op = self.emit(fusion.AtenOp(target, call, [piece], [self.tensor_type(local, like.dtype, like.varying)]))
+        return op.results[0]
+
+    def aligned(self, value: Value, rank: int) -> SSAValue:
+        """`value` with extent-1 axes after its device axis, so that a varying value's device
+        axis meets the device axis of a result of local rank `rank` under broadcasting."""
+        local_rank = len(value.local_shape)
+        if not (value.varying and self.devices > 1) or local_rank >= rank:
+            return value.ssa
+        new_axes = list(range(1, 1 + rank - local_rank))
+        result_type = self.tensor_type((1,) * len(new_axes) + value.local_shape, value.dtype, True)
+        return self.emit(fusion.BroadcastOp(value.ssa, new_axes, result_type)).results[0]
+
+    def cast(self, value: Value, dtype: torch.dtype) -> Value:
+        if value.dtype == dtype:
+            return value
+        result_type = self.tensor_type(value.local_shape, dtype, value.varying)
+        op = self.emit(fusion.CastOp(value.ssa, result_type))
+        return Value(op.results[0], value.shape, dtype, value.varying, value.local, value.order)
+
+    def scalar(self, number: int | float | bool, dtype: torch.dtype) -> Value:
+        result_type = self.tensor_type((), dtype, False)
+        attr: FloatAttr | IntegerAttr = scalar_attr(number, result_type.element_type)
+        op = self.emit(fusion.ConstantOp(attr, result_type))
+        return Value(op.results[0], (), dtype, False)
+
+    # -- opaque ops ----------------------------------------------------------------- #
+
+    def opaque(self, node: torch.fx.Node) -> Any:
+        """A `fusion.aten` of the node's overload on the local pieces."""
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+            raise UnsupportedGraph(f"{node.format_node()}: {target} is not an ATen operator")
+        if target in STORAGE_LAYOUT_OPS:
+            raise UnsupportedGraph(
+                f"{node.format_node()}: {target} reads its operand's memory layout, which in hostir's "
+                "buffers differs from eager's"
+            )
+        operands: list[Value] = []
+
+        def operand(value: Any) -> int | None:
+            if not isinstance(value, Value):
+                return None
+            flat = self.flat(value)
+            for i, known in enumerate(operands):
+                if known.ssa is flat.ssa:
+                    return i
+            operands.append(flat)
+            return len(operands) - 1
+
+        def carried_dtype(index: int) -> torch.dtype | None:
+            dtype = operands[index].dtype
+            return dtype if dtype in CARRIERS else None
+
+        def resolve(item: Any) -> Any:
+            if isinstance(item, torch.fx.Node):
+                return self.values[item]
+            if isinstance(item, (list, tuple)):
+                return [resolve(i) for i in item]
+            return item
+
+        args = [resolve(a) for a in node.args]
+        kwargs = {k: resolve(v) for k, v in node.kwargs.items()}
+        try:
+            call = encode_call(args, kwargs, operand, carried_dtype)
+        except NotEncodable as error:
+            raise UnsupportedGraph(f"{node.format_node()}: {error}") from None
+        results = node.meta.get("val")
+        many = isinstance(results, (tuple, list))
+        result_list = list(results) if many else [results]
+        varying = self.varies(*operands)
+        returns = [i for i, r in enumerate(result_list) if isinstance(r, torch.Tensor)]
+        op = self.emit(
+            fusion.AtenOp(
+                f"{target.namespace}.{target._opname}.{target._overloadname}",
+                call,
+                [v.ssa for v in operands],
+                [self.tensor_type(tuple(result_list[i].shape), result_list[i].dtype, varying) for i in returns],
+                returns if returns != list(range(len(result_list))) else None,
+            )
+        )
+        tensors = iter(op.results)
+        values = [
+            Value(next(tensors), tuple(r.shape), r.dtype, varying) if isinstance(r, torch.Tensor) else concrete(r)
+            for r in result_list
+        ]
+        for value in values:
+            if isinstance(value, Value):
+                value.ssa.name_hint = name_of(node)
+        return values if many else values[0]
+
+
+STORAGE_LAYOUT_OPS = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}
+"""Ops whose values depend on the strides and offset of their operand's storage."""
+
+
+def concrete(value: Any) -> Any:
+    """A non-tensor result (an int of flash attention, say) as the value it has in this graph."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    return value
+
+
+def name_of(node: torch.fx.Node) -> str:
+    return node.name if node.name.isidentifier() else "v"
+
+
+# --------------------------------------------------------------------------- #
+# Rules: the ops the fusion dialect models (registered by frontend/rules/)    #
+# --------------------------------------------------------------------------- #
+
+Rule = Callable[[Importer, torch.fx.Node], Any]
+RULES: dict[Any, Rule] = {}
+"""The rule of each ATen op or collective the fusion dialect models, registered with `rule`
+by the modules of `hostir.frontend.rules`; a rule returns None where ATen's semantics
+differ from the fusion op's, and the op becomes a `fusion.aten`."""
+
+COLLECTIVES = {
+    c10d.all_gather_into_tensor.default: 2,
+    c10d.reduce_scatter_tensor.default: 3,
+    c10d.all_reduce.default: 2,
+}
+"""The functional collectives the importer maps, with the position of their group name."""
+
+
+def rule(*targets: Any) -> Callable[[Rule], Rule]:
+    def register(function: Rule) -> Rule:
+        for target in targets:
+            RULES[target] = function
+        return function
+
+    return register
+
+
+def result_of(node: torch.fx.Node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+def cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
+    """`shape` with axis `dim` cut into (pieces, `size`): what `split(x, size, dim)` reads."""
+    return (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
+
+
+def import_graph(gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk) -> ImportedGraph:
+    """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp)."""
+    return Importer(gm, name, chunks_of).run()

@@ -1,0 +1,63 @@
+"""The importer's rules for matmuls: `mm`, `bmm`, `matmul` and `addmm` as `fusion.matmul`, in the
+chunks of the pipeline that reads the product.
+"""
+
+from __future__ import annotations
+
+import torch.fx
+
+from hostir_dialect import fusion
+from hostir_dialect.aten_call import CARRIERS
+from hostir.frontend.importer import Importer, Value, aten, name_of, result_of, rule
+from hostir.frontend.rules.collectives import pipeline_chunks, regrouped_reader
+from hostir.frontend.rules.pointwise import elementwise_result, squeezed
+
+
+def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Value) -> Value | None:
+    """`lhs @ rhs` as a fusion.matmul, keeping the axes of `lhs`'s piece; None where ATen's
+    rules differ.
+
+    A product that a reduce-scatter or an all-reduce reads is computed in the chunks of
+    its pipeline (`pipeline_chunks`).
+    """
+    result = result_of(node)
+    if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
+        return None
+    if lhs.dtype in CARRIERS:
+        return None
+    rhs = importer.flat(rhs)
+    if len(lhs.shape) != 2 or not lhs.keeps_last_axis:
+        lhs = importer.flat(lhs)
+    varying = importer.varies(lhs, rhs)
+    chunks = pipeline_chunks(importer, node, lhs, rhs) if varying and len(lhs.shape) == 2 else ()
+    gathered = isinstance(lhs.ssa.owner, fusion.SetOp) and squeezed(lhs.local_shape) != squeezed(lhs.shape)
+    regrouping = regrouped_reader(node) if varying and len(lhs.shape) == 2 and not gathered else None
+    if regrouping is not None and lhs.order is None:
+        shape, size, dim = regrouping
+        lhs = importer.regrouped(importer.flat(lhs), (*shape[:-1], lhs.shape[-1]), size, dim)
+    if chunks and not gathered and lhs.order is None:
+        # The pieces of an all-gather read right here keep their axis, or its ring would
+        # not reach this matmul; any other piece takes the chunks (a view of it).
+        lhs = importer.rechunked(importer.flat(lhs), chunks)
+    local = (*lhs.local_shape[:-1], result.shape[-1]) if len(lhs.shape) == 2 else tuple(result.shape)
+    operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
+    op = importer.emit(fusion.MatmulOp(*operands, importer.tensor_type(local, result.dtype, varying)))
+    op.results[0].name_hint = name_of(node)
+    order = lhs.order if len(lhs.shape) == 2 else None
+    return Value(op.results[0], tuple(result.shape), result.dtype, varying, local, order)
+
+
+@rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(importer: Importer, node: torch.fx.Node) -> Value | None:
+    return _matmul_result(importer, node, importer.arg(node.args[0]), importer.arg(node.args[1]))
+
+
+@rule(aten.addmm.default)
+def _addmm(importer: Importer, node: torch.fx.Node) -> Value | None:
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    bias, lhs, rhs = (importer.arg(a) for a in node.args[:3])
+    product = _matmul_result(importer, node, lhs, rhs)
+    if product is None or bias.dtype != product.dtype:
+        return None
+    return elementwise_result(importer, node, fusion.AddOp, [product, bias])

@@ -1,0 +1,164 @@
+"""`forward-buffers`: marks the copies that need not move a byte and the ATen results that
+become their buffers, from buffer liveness (`passes/analysis/buffers.py`).
+
+Buffers are the runtime's to lay out (docs/design.md, *Runtime*), and two of its choices
+save copies that the program writes:
+
+* a copy whose source dies at the copy (`hir.copy ... forwards_source`): the out becomes
+  the source buffer itself. That is the whole copy that a pipelined loop's result gets
+  for the readers after the loop (`auto-stream-parallel`): a buffer with a stream axis,
+  copied into one without, the same bytes in the same layout.
+* an op that makes its results as tensors of its own, ATen's (`hir.aten`) or the views of
+  a data-movement segment (`hir.post_on_stream`): an out that becomes the tensor itself
+  (`... outs(%t : T) adopted [0]`) keeps ATen's layout (flash attention's backward reads
+  the forward's output with the strides the forward gave it, and is wrong with any other)
+  and stays a view where the result is one (a weight's transpose, or the weight a matmul
+  reads through a broadcast, is not copied every step).
+
+Both replace a buffer of the program by another tensor, which is right only where nothing
+could tell the difference: the buffer is a whole one of the op's block that only this
+device uses (`hir.allocate`, not symmetric, in the op's block; not a slice of a larger
+buffer, whose other slices the tensor would not share), and the op fills it first (no op
+uses it before). A forwarded source must also die at the copy: nothing uses it or a view
+of it afterwards but its `hir.deallocate`, a communication's wait counting as a use
+(`buffer_users`), and it must hold what the out holds (one local shape, element type and
+extents). The runtime reads the marks and decides nothing; a program without them
+(written by hand, or lowered with `hir-lowering{forward_buffers=false}`) runs with plain
+copies.
+
+The pass runs after `insert-deallocations`, whose deallocations are where a source dies.
+Running it again gives the same marks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import builtin
+from xdsl.dialects.builtin import DenseArrayBase, UnitAttr, i64
+from xdsl.ir import Block, Operation, OpResult, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from hostir_dialect import hir
+from hostir_dialect.fusion import tensor_type
+from hostir.passes.analysis.buffers import buffer_users
+from hostir.passes.analysis.extents import known_extent
+
+
+def whole_buffer(op: Operation, buffer: SSAValue) -> hir.AllocateOp | None:
+    """The allocation of `buffer` where it is a whole buffer of `op`'s block that only this
+    device uses: `hir.allocate` in that block, not symmetric (peers map those)."""
+    if not isinstance(buffer, OpResult) or not isinstance(allocation := buffer.op, hir.AllocateOp):
+        return None
+    if allocation.symmetric is not None or allocation.parent_block() is not op.parent_block():
+        return None
+    return allocation
+
+
+class BlockOrder:
+    """The position of each op in a block, or of its ancestor there. The pass moves no op,
+    so each block's positions are counted once (xDSL counts them at every ask)."""
+
+    def __init__(self) -> None:
+        self._positions: dict[Block, dict[Operation, int]] = {}
+
+    def position(self, op: Operation, block: Block) -> int:
+        positions = self._positions.get(block)
+        if positions is None:
+            positions = self._positions[block] = {o: i for i, o in enumerate(block.ops)}
+        return positions[block.find_ancestor_op_in_block(op)]
+
+
+def fills_first(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
+    """Whether `buffer` is a whole buffer of `op`'s block (`whole_buffer`) that no op uses
+    before `op` (a view made before it would not see the tensor that replaces it)."""
+    if whole_buffer(op, buffer) is None:
+        return False
+    block = op.parent_block()
+    position = order.position(op, block)
+    return all(
+        use.operation is op or order.position(use.operation, block) > position for use in buffer.uses
+    )
+
+
+def dies_at(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
+    """Whether `buffer`, a whole buffer of `op`'s block, is used after `op` (directly, through
+    a view, or by a communication until its wait) by nothing but its `hir.deallocate`."""
+    if whole_buffer(op, buffer) is None:
+        return False
+    block = op.parent_block()
+    position = order.position(op, block)
+    return all(
+        user is op or isinstance(user, hir.DeallocateOp) or order.position(user, block) < position
+        for user in buffer_users(buffer)
+    )
+
+
+def same_buffer_shape(a: hir.AllocateOp, b: hir.AllocateOp) -> bool:
+    """Whether the two allocations make buffers of one local shape and element type, and of
+    the same extents wherever they are dynamic (`known_extent`)."""
+    a_type, b_type = tensor_type(a.result), tensor_type(b.result)
+    return (
+        (a_type.local_shape(), a_type.element_type) == (b_type.local_shape(), b_type.element_type)
+        and len(a.dynamic_sizes) == len(b.dynamic_sizes)
+        and all(known_extent(x) == known_extent(y) for x, y in zip(a.dynamic_sizes, b.dynamic_sizes))
+    )
+
+
+def forwards_source(op: hir.CopyOp, order: BlockOrder) -> bool:
+    """Whether the copy's out may be its source buffer itself (the module docstring)."""
+    source, out = op.ins[0], op.outs[0]
+    if not fills_first(op, out, order) or not dies_at(op, source, order):
+        return False
+    return same_buffer_shape(whole_buffer(op, source), whole_buffer(op, out))
+
+
+@dataclass
+class ForwardCopySource(RewritePattern):
+    """Marks `forwards_source` a copy whose source dies at it, and unmarks one whose no longer does."""
+
+    order: BlockOrder
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: hir.CopyOp, rewriter: PatternRewriter, /) -> None:
+        forwarded = forwards_source(op, self.order)
+        if forwarded != (op.forwards_source is not None):
+            op.forwards_source = UnitAttr() if forwarded else None
+            rewriter.notify_op_modified(op)
+
+
+@dataclass
+class AdoptResults(RewritePattern):
+    """Marks `adopted` the outs of an `hir.aten` or an `hir.post_on_stream` that the op fills first."""
+
+    order: BlockOrder
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        if not isinstance(op, hir.AtenOp | hir.PostOnStreamOp):
+            return
+        adopted = [index for index, out in enumerate(op.outs) if fills_first(op, out, self.order)]
+        marked = [] if op.adopted is None else list(op.adopted.get_values())
+        if adopted != marked:
+            op.adopted = DenseArrayBase.from_list(i64, adopted) if adopted else None
+            rewriter.notify_op_modified(op)
+
+
+class ForwardBuffers(ModulePass):
+    """Marks the copies whose out may be their source (`forwards_source`) and the outs that
+    may be the tensors their ATen op or data-movement segment makes (`adopted`)."""
+
+    name = "forward-buffers"
+
+    def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
+        order = BlockOrder()
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier([ForwardCopySource(order), AdoptResults(order)]), apply_recursively=False
+        ).rewrite_module(op)

@@ -1,0 +1,62 @@
+"""`insert-deallocations`: frees every intermediate buffer after its last use.
+
+nvFuser's InsertDeallocations host-IR pass. A buffer made by `hir.allocate` is used
+by the ops that name it and by those that name a view of it (`hir.alias_select`,
+views of views too). Its `hir.deallocate` goes right after the last of them in the
+allocation's own block: a use inside an `scf.for` or `scf.if` counts as a use by
+that op, so a buffer that a loop slices is freed after the whole loop. A
+communication reads or writes its buffers until the `hir.wait` of its work (of its
+batch, for a coalesced send or receive), so that wait is a use too, where an `scf.for`
+carries the work to it (copy-engine-pipelining waits for a transfer in the next
+iteration, or after the loop). A buffer that
+the function returns, directly or through a view, is not freed.
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects import builtin, func
+from xdsl.ir import Block, Operation
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+from xdsl.rewriter import InsertPoint
+
+from hostir_dialect import hir
+from hostir.passes.analysis.buffers import buffer_users
+
+
+def _last_in_block(block: Block, users: list[Operation]) -> Operation:
+    """The last op of `block` that is or holds one of `users`."""
+    ancestors = [block.find_ancestor_op_in_block(user) for user in users]
+    return max(
+        (ancestor for ancestor in ancestors if ancestor is not None),
+        key=block.get_operation_index,
+    )
+
+
+class DeallocateAfterLastUse(RewritePattern):
+    """Inserts `hir.deallocate` after the last use of an allocated buffer that is not returned."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: hir.AllocateOp, rewriter: PatternRewriter, /) -> None:
+        users = buffer_users(op.result)
+        if any(isinstance(user, hir.DeallocateOp | func.ReturnOp) for user in users):
+            return
+        block = op.parent_block()
+        assert block is not None
+        last = _last_in_block(block, users) if users else op
+        rewriter.insert(hir.DeallocateOp(op.result), InsertPoint.after(last))
+
+
+class InsertDeallocations(ModulePass):
+    """Frees each buffer that `hir.allocate` made, after its last use."""
+
+    name = "insert-deallocations"
+
+    def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
+        PatternRewriteWalker(DeallocateAfterLastUse(), apply_recursively=False).rewrite_module(op)

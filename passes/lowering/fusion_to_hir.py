@@ -1,0 +1,520 @@
+"""fusion-to-hir: fusions become host programs (nvFuser's host IR lowering).
+
+Each public `func.func` holding fusion ops is rewritten in place into a host program
+with the same name and signature, as `docs/design.md` ("Host programs") describes:
+
+* a maximal run of pointwise ops over one iteration space (their results' shapes
+  broadcast together) becomes a `func.func private @<host>_segment_<k>` of
+  fusion ops and one `hir.launch_kernel` of it (`hir.post_on_stream` for a run of
+  broadcasts, which only moves data: nvFuser's HostUnit);
+* a set or a reduction that reshards becomes the communication that
+  `sharding.plan_resharding` names, each followed by `hir.wait`;
+* matmul, linear, ATen calls, local reductions and local sets become `hir.matmul`,
+  `hir.linear`, `hir.aten`, `hir.reduction` and `hir.copy`;
+* each result is a buffer allocated right before the op that fills it, sized from
+  `hir.dim`s of the arguments (at the top of the program) through the ops' shape rules.
+
+The pass first drops unused ops and outlines the segments (the program keeps value
+semantics, calling them with `func.call`), then replaces each op by buffers and hir
+ops, one pattern per kind of op. Private functions are segments and never lowered; a
+function without fusion ops is left as it is, so running the pass twice is running
+it once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func
+from xdsl.dialects.builtin import IndexType, ModuleOp
+from xdsl.ir import Block, BlockArgument, Operation, OpResult, Region, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+)
+from xdsl.rewriter import InsertPoint
+from xdsl.traits import SymbolTable
+from xdsl.transforms.dead_code_elimination import dce
+from xdsl.utils.exceptions import VerifyException
+
+from hostir_dialect import fusion, hir
+from hostir_dialect.fusion import (
+    DYNAMIC,
+    POINTWISE_OPS,
+    FusionOp,
+    broadcast_shapes,
+    shapes_compatible,
+    tensor_type,
+)
+from hostir_dialect.text import HostirError
+from hostir.passes.analysis.axis_mapping import operand_axis_maps
+from hostir.passes.analysis.operands import describe_operand
+from hostir.passes.analysis.sharding import (
+    LocalCopy,
+    LocalSlice,
+    local_operand_type,
+    plan_resharding,
+    reduces_didx_axis,
+    resharded_operands,
+)
+from hostir.passes.lowering.peer_readable import peer_readable
+from hostir.passes.options import check_choice
+
+Extent = int | SSAValue
+"""A static extent, or the index value that holds a dynamic one."""
+
+
+def host_function(op: Operation) -> func.FuncOp | None:
+    """The public function that `op` belongs to, which becomes a host program; None in a segment."""
+    function = op.parent_op()
+    if not isinstance(function, func.FuncOp):
+        return None
+    if function.sym_visibility is not None and function.sym_visibility.data == "private":
+        return None
+    return function
+
+
+def is_pointwise(op: Operation | None) -> bool:
+    return isinstance(op, POINTWISE_OPS)
+
+
+def require_local(op: FusionOp) -> None:
+    """Raises for an op that needs an operand moved: insert-reshardings puts the set that moves it."""
+    resharded = resharded_operands(op)
+    if resharded:
+        index = resharded[0]
+        raise HostirError.at(
+            op,
+            f"{op.name}: {describe_operand(op, index)} is at {tensor_type(op.operands[index]).sharding_str()} "
+            f"but the op computes at {local_operand_type(op, index).sharding_str()}; run "
+            "insert-reshardings first, which moves it with a fusion.set",
+        )
+
+
+# --------------------------------------------------------------------------- #
+# Extents                                                                      #
+# --------------------------------------------------------------------------- #
+
+
+class Extents:
+    """The logical extents of the values of a host program being built, asked axis by axis.
+
+    An argument's dynamic extent is an `hir.dim` at the top of the program, a buffer's
+    is the size it was allocated with, and a fusion op's result (in the program or in
+    a segment it calls) has the extents of the operand axes that map to its axis, with
+    torch's broadcasting: a static extent other than 1 wins, and several dynamic ones
+    give their `arith.maxui` (they are equal unless one is 1 at run time). A type's
+    static extent always wins. New ops go where the rewriter inserts.
+    """
+
+    def __init__(self, function: func.FuncOp, rewriter: PatternRewriter):
+        self.function = function
+        self.rewriter = rewriter
+        self.known: dict[tuple[SSAValue, int], Extent] = {}
+        self.arguments: dict[SSAValue, SSAValue] = {}
+        """The value that each argument of a called segment stands for."""
+
+    def of(self, value: SSAValue, axis: int) -> Extent:
+        extent = tensor_type(value).get_shape()[axis]
+        if extent != DYNAMIC:
+            return extent
+        if (value, axis) not in self.known:
+            self.known[value, axis] = self._infer(value, axis)
+        return self.known[value, axis]
+
+    def sizes(self, value: SSAValue) -> list[SSAValue]:
+        """The size operands of an `hir.allocate` of `value`'s type: one per `?` extent."""
+        shape = tensor_type(value).get_shape()
+        return [self._index(self.of(value, axis)) for axis in range(len(shape)) if shape[axis] == DYNAMIC]
+
+    def _infer(self, value: SSAValue, axis: int) -> Extent:
+        """The dynamic extent of `axis` of `value`."""
+        if value in self.arguments:
+            return self.of(self.arguments[value], axis)
+        match value:
+            case BlockArgument():
+                return self._dim(value, axis)
+            case OpResult(op=hir.AllocateOp() as allocation):
+                return allocation.size_of(axis)
+            case OpResult(op=func.CallOp() as call):
+                return self._through_call(call, value.index, axis)
+            case OpResult(op=FusionOp() as op):
+                return self._broadcast(
+                    [
+                        self.of(operand, source)
+                        for operand, axis_map in operand_axis_maps(op)
+                        for source, target in enumerate(axis_map)
+                        if target == axis
+                    ]
+                )
+            case _:
+                raise HostirError.at(
+                    value.owner,
+                    f"{value.owner.name}: fusion-to-hir lowers fusion ops only, and cannot "
+                    "size a buffer computed by another op",
+                )
+
+    def _through_call(self, call: func.CallOp, index: int, axis: int) -> Extent:
+        callee = SymbolTable.lookup_symbol(call, call.callee)
+        assert isinstance(callee, func.FuncOp)
+        self.arguments.update(zip(callee.args, call.arguments))
+        return_op = callee.get_return_op()
+        assert return_op is not None
+        return self.of(return_op.arguments[index], axis)
+
+    def _broadcast(self, extents: Sequence[Extent]) -> Extent:
+        static = [extent for extent in extents if isinstance(extent, int) and extent != 1]
+        if static:
+            return static[0]
+        dynamic = list(dict.fromkeys(e for e in extents if isinstance(e, SSAValue)))
+        if not dynamic:
+            return 1
+        return reduce(lambda a, b: self.rewriter.insert(arith.MaxUIOp(a, b)).result, dynamic)
+
+    def _dim(self, argument: BlockArgument, axis: int) -> SSAValue:
+        """`hir.dim` of an argument, made once, among the dims at the top of the program."""
+        block = self.function.body.block
+        last_dim = None
+        for op in block.ops:
+            if not isinstance(op, hir.DimOp):
+                break
+            if op.buffer is argument and op.axis.data == axis:
+                return op.result
+            last_dim = op
+        point = InsertPoint.at_start(block) if last_dim is None else InsertPoint.after(last_dim)
+        return self.rewriter.insert(hir.DimOp(argument, axis), point).result
+
+    def _index(self, extent: Extent) -> SSAValue:
+        if isinstance(extent, SSAValue):
+            return extent
+        return self.rewriter.insert(arith.ConstantOp.from_int_and_width(extent, IndexType())).result
+
+
+# --------------------------------------------------------------------------- #
+# Segments                                                                     #
+# --------------------------------------------------------------------------- #
+
+
+class OutlinePointwiseRun(RewritePattern):
+    """A maximal run of consecutive pointwise ops -> a segment function and a `func.call` of it.
+
+    A kernel walks one iteration space, and writes each output at every point of it,
+    so a run is cut where that does not hold (`kernel_run`); the next run starts there.
+
+    The segment takes the values the run reads from outside and returns those used
+    after it. A constant that only pointwise ops use stays where it is and each
+    segment that reads it recomputes it, so no kernel exists to compute a scalar; it
+    goes when the last of them has been outlined.
+    """
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        function = host_function(op)
+        # A run starts after an op that is not pointwise, or after a constant that stays
+        # in place (the end of a run cut just after one).
+        if function is None or not is_pointwise(op) or (is_pointwise(op.prev_op) and not is_recomputed(op.prev_op)):
+            return
+        run = kernel_run(op)
+        moved = [o for o in run if not is_recomputed(o)]
+        if not moved:
+            return
+        for o in moved:
+            require_local(o)
+
+        in_segment = set(moved)
+        read = [operand for o in moved for operand in o.operands if operand.owner not in in_segment]
+        constants = list(dict.fromkeys(v.owner for v in read if is_recomputed(v.owner)))
+        inputs = list(dict.fromkeys(v for v in read if v.owner not in constants))
+        outputs = [
+            o.results[0] for o in moved if any(use.operation not in in_segment for use in o.results[0].uses)
+        ]
+
+        body = Block(arg_types=[value.type for value in inputs])
+        values: dict[SSAValue, SSAValue] = dict(zip(inputs, body.args))
+        for argument, value in zip(body.args, inputs):
+            argument.name_hint = value.name_hint
+        # Constants from before the run first, then the run's own ops in program order.
+        from_before = [c for c in constants if c not in run]
+        from_run = [o for o in run if o in in_segment or o in constants]
+        body.add_ops([o.clone(values) for o in (*from_before, *from_run)])
+        body.add_op(func.ReturnOp(*(values[value] for value in outputs)))
+        name = segment_name(function)
+        segment = func.FuncOp(
+            name,
+            ([value.type for value in inputs], [value.type for value in outputs]),
+            Region(body),
+            "private",
+        )
+        rewriter.insert(segment, InsertPoint.before(function))
+
+        call = rewriter.insert(func.CallOp(name, inputs, [value.type for value in outputs]))
+        call.location = op.location
+        for value, result in zip(outputs, call.results):
+            rewriter.replace_all_uses_with(value, result)
+        for o in reversed(moved):
+            rewriter.erase(o)
+        for constant in constants:
+            if constant.result.first_use is None:
+                rewriter.erase(constant)
+
+
+def kernel_run(first: Operation) -> list[Operation]:
+    """The consecutive pointwise ops from `first` that one kernel computes.
+
+    The run ends before an op whose result does not broadcast with those before it (two
+    independent computations side by side, say a weight's broadcast next to an
+    activation's backward); then it ends before the first op whose result is used after
+    the run but is smaller than the run's iteration space (a broadcast that a later
+    loop reads), which only a kernel of its own can write whole.
+    """
+    run, space = [first], _shape(first)
+    while is_pointwise(following := run[-1].next_op):
+        try:
+            space = broadcast_shapes(space, _shape(following))
+        except VerifyException:
+            break
+        run.append(following)
+    while (cut := _first_partial_output(run)) is not None:
+        run = run[: max(cut, 1)]
+    return run
+
+
+def _shape(op: Operation) -> tuple[int, ...]:
+    return tensor_type(op.results[0]).get_shape()
+
+
+def _first_partial_output(run: list[Operation]) -> int | None:
+    """The position of the first op in `run` whose result is used after it but does not
+    fill the run's iteration space; None if there is none."""
+    space = broadcast_shapes(*map(_shape, run))
+    in_run = set(run)
+    for i, op in enumerate(run):
+        shape = _shape(op)
+        used_after = any(use.operation not in in_run for use in op.results[0].uses)
+        if used_after and not is_recomputed(op) and not shapes_compatible(shape, space[len(space) - len(shape) :]):
+            return i
+    return None
+
+
+def is_recomputed(op: Operation | Block) -> bool:
+    """A constant that only pointwise ops use: every segment that reads it computes it again."""
+    return isinstance(op, fusion.ConstantOp) and all(is_pointwise(use.operation) for use in op.result.uses)
+
+
+def segment_name(function: func.FuncOp) -> str:
+    """`<host>_segment_<k>` with the first `k` that names no symbol yet."""
+    k = 0
+    while SymbolTable.lookup_symbol(function, f"{function.sym_name.data}_segment_{k}"):
+        k += 1
+    return f"{function.sym_name.data}_segment_{k}"
+
+
+# --------------------------------------------------------------------------- #
+# Lowering to buffers                                                          #
+# --------------------------------------------------------------------------- #
+
+
+class BufferLowering(RewritePattern, ABC):
+    """Replaces an op of a host program by buffers for its results and the hir ops that fill them."""
+
+    @abstractmethod
+    def lowers(self, op: Operation) -> bool:
+        """Whether this pattern is the one that lowers `op`."""
+
+    @abstractmethod
+    def fill(self, op: Operation, outs: Sequence[SSAValue]) -> list[Operation]:
+        """The hir ops that compute `op` into the buffers `outs`."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        function = host_function(op)
+        if function is None or not self.lowers(op):
+            return
+        extents = Extents(function, rewriter)
+        buffers = [hir.AllocateOp(result.type, extents.sizes(result)) for result in op.results]
+        outs = [buffer.result for buffer in buffers]
+        lowered = [*buffers, *self.fill(op, outs)]
+        for new_op in lowered:
+            # Errors at run time then point at the line of the fusion op.
+            new_op.location = op.location
+        rewriter.replace(op, lowered, outs)
+
+
+@dataclass(frozen=True)
+class LowerCompute(BufferLowering):
+    """A local `fusion.matmul` or `fusion.linear` -> the hir op of the same name."""
+
+    fusion_op: type[FusionOp]
+    hir_op: type[hir.ComputeOp]
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, self.fusion_op)
+
+    def fill(self, op: Operation, outs: Sequence[SSAValue]) -> list[Operation]:
+        require_local(op)
+        return [self.hir_op(op.operands, outs)]
+
+
+class LowerAten(BufferLowering):
+    """`fusion.aten` -> `hir.aten` of the same overload and arguments."""
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, fusion.AtenOp)
+
+    def fill(self, op: fusion.AtenOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        require_local(op)
+        return [hir.AtenOp(op.target, op.call, op.inputs, outs, op.returns)]
+
+
+class LowerLocalReduction(BufferLowering):
+    """A sum or max over axes that are not `didx` -> `hir.reduction`."""
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, fusion.ReductionOp) and not reduces_didx_axis(op)
+
+    def fill(self, op: fusion.ReductionOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        require_local(op)
+        kind = op.name.removeprefix("fusion.")
+        return [hir.ReductionOp(kind, op.reduced_axes, op.keeps_dims, [op.input], outs)]
+
+
+class LowerLocalCopy(BufferLowering):
+    """A set that moves no data between devices -> `hir.copy`."""
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, fusion.SetOp) and isinstance(plan_resharding(op), LocalCopy)
+
+    def fill(self, op: fusion.SetOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        return [hir.CopyOp([op.input], outs)]
+
+
+class LowerLocalSlice(BufferLowering):
+    """A set from a replicated input to a sharded output on devices that hold it -> a local slice.
+
+    Each device copies slice (its index in the mesh) of the input's axis into its shard:
+    `alias_select` of both, then `hir.copy`.
+    """
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, fusion.SetOp) and isinstance(plan_resharding(op), LocalSlice)
+
+    def fill(self, op: fusion.SetOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        plan = plan_resharding(op)
+        assert isinstance(plan, LocalSlice)
+        device = hir.DeviceIndexOp()
+        first = arith.ConstantOp.from_int_and_width(plan.first_device, IndexType())
+        position = arith.SubiOp(device, first)
+        shard = arith.ConstantOp.from_int_and_width(0, IndexType())
+        source = hir.AliasSelectOp(op.input, plan.axis, position.result)
+        target = hir.AliasSelectOp(outs[0], plan.axis, shard.result)
+        return [
+            device,
+            first,
+            position,
+            shard,
+            source,
+            target,
+            hir.CopyOp([source.result], [target.result]),
+        ]
+
+
+@dataclass(frozen=True)
+class LowerCommunication(BufferLowering):
+    """A set or a `didx` reduction that moves data -> its communications, each then `hir.wait`.
+
+    With the `cuda` backend the copy engines move the bytes, which only the collectives
+    with a copy-engine form allow (`hir.COPY_ENGINE_OPS`); the input they read becomes
+    symmetric first (`peer_readable`), so that the peers can read it.
+    """
+
+    backend: hir.CommunicatorBackend
+
+    def lowers(self, op: Operation) -> bool:
+        return (isinstance(op, fusion.SetOp) or reduces_didx_axis(op)) and isinstance(
+            plan_resharding(op), tuple
+        )
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        if self.backend == hir.CommunicatorBackend.CUDA and host_function(op) and self.lowers(op):
+            for collective in plan_resharding(op):
+                if not collective.op.HAS_COPY_ENGINE_FORM:
+                    raise HostirError.at(
+                        op,
+                        f"{op.name}: fusion-to-hir{{backend=cuda}} asks the copy engines to move "
+                        f"this {collective.op.name}, which has no copy-engine form (the copy engines "
+                        f"move {', '.join(hir.COPY_ENGINE_OPS)} only); lower it with backend=nccl",
+                    )
+            op.operands[0] = peer_readable(rewriter, op.operands[0], op)
+        super().match_and_rewrite(op, rewriter)
+
+    def fill(self, op: Operation, outs: Sequence[SSAValue]) -> list[Operation]:
+        ops: list[Operation] = []
+        for collective in plan_resharding(op):
+            communication = collective.op(
+                op.operands[0],
+                outs[0],
+                collective.team,
+                root=collective.root,
+                reduce_op=collective.reduce_op,
+                backend=self.backend,
+            )
+            ops += [communication, hir.WaitOp(communication.work)]
+        return ops
+
+
+class LowerSegmentCall(BufferLowering):
+    """A call of a segment -> `hir.launch_kernel`, or `hir.post_on_stream` for broadcasts only."""
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, func.CallOp)
+
+    def fill(self, op: func.CallOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        segment = SymbolTable.lookup_symbol(op, op.callee)
+        assert isinstance(segment, func.FuncOp)
+        body = [o for o in segment.body.block.ops if not isinstance(o, func.ReturnOp)]
+        moves_only = all(isinstance(o, fusion.BroadcastOp) for o in body)
+        launch = hir.PostOnStreamOp if moves_only else hir.LaunchKernelOp
+        return [launch(op.callee, op.arguments, outs)]
+
+
+@dataclass(frozen=True)
+class FusionToHir(ModulePass):
+    """Rewrites every fusion into a host program of buffers, communications and kernels.
+
+    `backend` moves the bytes of the collectives: nccl, or cuda for the copy engines
+    (`docs/copy-engine.md`).
+    """
+
+    name = "fusion-to-hir"
+
+    backend: str = "nccl"
+
+    def __post_init__(self) -> None:
+        # A backend the pass cannot use is refused when the pass is built, before it runs.
+        check_choice(self.name, "backend", self.backend, hir.CommunicatorBackend)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        backend = hir.CommunicatorBackend(self.backend)
+        dce(op)
+        PatternRewriteWalker(OutlinePointwiseRun(), apply_recursively=False).rewrite_module(op)
+        PatternRewriteWalker(
+            GreedyRewritePatternApplier(
+                [
+                    LowerCompute(fusion.MatmulOp, hir.MatmulOp),
+                    LowerCompute(fusion.LinearOp, hir.LinearOp),
+                    LowerAten(),
+                    LowerLocalReduction(),
+                    LowerLocalCopy(),
+                    LowerLocalSlice(),
+                    LowerCommunication(backend),
+                    LowerSegmentCall(),
+                ],
+                dce_enabled=False,
+            ),
+            apply_recursively=False,
+        ).rewrite_module(op)

@@ -1,0 +1,155 @@
+// RUN: hir-opt %s -p forward-buffers | filecheck %s
+// RUN: hir-opt %s -p forward-buffers > %t && hir-opt %t -p forward-buffers | diff %t -
+
+// forward-buffers marks a copy `forwards_source` where its out may be its source buffer
+// (the source dies at the copy, the copy fills its out first, both whole buffers of the
+// copy's block that only this device uses, of one shape and extents), and marks
+// `adopted` the outs of an ATen op or a data-movement segment that may be the tensors
+// the op makes (whole buffers of its block that it fills first). It marks what it finds
+// and only that: a mark the program no longer allows is removed.
+
+!s = !fusion.tensor<[?, 4], f32, axes = [stream, _]>
+!t = !fusion.tensor<[?, 4], f32>
+!w = !fusion.tensor<[4, ?], f32>
+!v = !fusion.tensor<[4], f32>
+!m = !fusion.tensor<[?, 4], f32, mesh = [0, 1]>
+
+// A pipelined loop's result copied for the readers after the loop, then freed.
+// CHECK-LABEL: func.func @dies_at_the_copy(
+// CHECK:         hir.copy ins(%s : {{.*}}) outs(%whole : {{[^)]*}}) forwards_source{{$}}
+// CHECK-NEXT:    hir.deallocate %s
+func.func @dies_at_the_copy(%x: !t) -> !t {
+  %n = hir.dim %x, 0 : !t
+  %s = hir.allocate(%n) : !s
+  hir.pointwise "neg" ins(%x : !t) outs(%s : !s)
+  %whole = hir.allocate(%n) : !t
+  hir.copy ins(%s : !s) outs(%whole : !t)
+  hir.deallocate %s : !s
+  func.return %whole : !t
+}
+
+// Extents that are the same extent, read twice, compare equal.
+// CHECK-LABEL: func.func @same_extent_read_twice(
+// CHECK:         hir.copy {{.*}} forwards_source{{$}}
+func.func @same_extent_read_twice(%x: !t) -> !t {
+  %n = hir.dim %x, 0 : !t
+  %also_n = hir.dim %x, 0 : !t
+  %s = hir.allocate(%n) : !s
+  hir.pointwise "neg" ins(%x : !t) outs(%s : !s)
+  %whole = hir.allocate(%also_n) : !t
+  hir.copy ins(%s : !s) outs(%whole : !t)
+  hir.deallocate %s : !s
+  func.return %whole : !t
+}
+
+// The source is written after the copy (a stale mark is removed), read through a view
+// after it, or returned: the out must hold the value of the copy, so bytes move.
+// CHECK-LABEL: func.func @source_lives_on(
+// CHECK-NOT:     forwards_source
+// CHECK:         func.return
+func.func @source_lives_on(%x: !t) -> (!t, !t, !t, !v, !t) {
+  %n = hir.dim %x, 0 : !t
+  %c0 = arith.constant 0 : index
+  %a = hir.allocate(%n) : !t
+  hir.pointwise "exp" ins(%x : !t) outs(%a : !t)
+  %a_copy = hir.allocate(%n) : !t
+  hir.copy ins(%a : !t) outs(%a_copy : !t) forwards_source
+  hir.pointwise "abs" ins(%x : !t) outs(%a : !t)
+  %b = hir.allocate(%n) : !t
+  hir.pointwise "neg" ins(%x : !t) outs(%b : !t)
+  %b_copy = hir.allocate(%n) : !t
+  hir.copy ins(%b : !t) outs(%b_copy : !t)
+  %row = hir.alias_select %b[0 = %c0] : !t -> !v
+  %row_copy = hir.allocate() : !v
+  hir.copy ins(%row : !v) outs(%row_copy : !v)
+  %c = hir.allocate(%n) : !t
+  hir.pointwise "neg" ins(%x : !t) outs(%c : !t)
+  %c_copy = hir.allocate(%n) : !t
+  hir.copy ins(%c : !t) outs(%c_copy : !t)
+  func.return %a, %a_copy, %b_copy, %row_copy, %c : !t, !t, !t, !v, !t
+}
+
+// A communication reads its buffer until its wait: a source still being sent lives on.
+// CHECK-LABEL: func.func @sent_until_the_wait(
+// CHECK-NOT:     forwards_source
+// CHECK:         func.return
+func.func @sent_until_the_wait(%x: !m, %peer: index) -> !m {
+  %n = hir.dim %x, 0 : !m
+  %a = hir.allocate(%n) : !m
+  hir.pointwise "neg" ins(%x : !m) outs(%a : !m)
+  hir.start_coalescing
+  %sent = hir.send %a to %peer backend nccl : !m
+  %batch = hir.end_coalescing
+  %whole = hir.allocate(%n) : !m
+  hir.copy ins(%a : !m) outs(%whole : !m)
+  hir.wait %batch
+  hir.deallocate %a : !m
+  func.return %whole : !m
+}
+
+// The out is read before the copy (a view made first would not see the source), the
+// source is symmetric (its peers map its memory), or the extents differ.
+// CHECK-LABEL: func.func @out_or_source_unfit(
+// CHECK-NOT:     forwards_source
+// CHECK:         func.return
+func.func @out_or_source_unfit(%x: !t, %y: !t) -> (!t, !v, !t, !t) {
+  %n = hir.dim %x, 0 : !t
+  %m = hir.dim %y, 0 : !t
+  %c0 = arith.constant 0 : index
+  %a = hir.allocate(%n) : !t
+  hir.pointwise "neg" ins(%x : !t) outs(%a : !t)
+  %out = hir.allocate(%n) : !t
+  %first_row = hir.alias_select %out[0 = %c0] : !t -> !v
+  hir.copy ins(%a : !t) outs(%out : !t)
+  hir.deallocate %a : !t
+  %sym = hir.allocate(%n) symmetric : !t
+  hir.pointwise "neg" ins(%x : !t) outs(%sym : !t)
+  %from_sym = hir.allocate(%n) : !t
+  hir.copy ins(%sym : !t) outs(%from_sym : !t)
+  %b = hir.allocate(%n) : !t
+  hir.pointwise "neg" ins(%x : !t) outs(%b : !t)
+  %other_extent = hir.allocate(%m) : !t
+  hir.copy ins(%b : !t) outs(%other_extent : !t)
+  hir.deallocate %b : !t
+  func.return %out, %first_row, %from_sym, %other_extent : !t, !v, !t, !t
+}
+
+// ATen's results: a whole buffer the op fills first becomes the result; a slice of a
+// larger buffer, and a buffer viewed before the op (a stale mark is removed), get it
+// copied in.
+// CHECK-LABEL: func.func @aten_results(
+// CHECK:         hir.aten "aten.t.default" {{.*}} outs(%t : {{[^)]*}}) adopted [0]{{$}}
+// CHECK:         hir.aten "aten.var_mean.correction" {{.*}} outs(%var_slot, %mean : {{[^)]*}}) adopted [1]{{$}}
+// CHECK:         hir.aten "aten.t.default" {{.*}} outs(%viewed : {{[^)]*}}){{$}}
+func.func @aten_results(%x: !t) -> (!w, !fusion.tensor<[2, ?], f32>, !fusion.tensor<[?], f32>, !w, !fusion.tensor<[4], f32>) {
+  %n = hir.dim %x, 0 : !t
+  %c0 = arith.constant 0 : index
+  %t = hir.allocate(%n) : !w
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%x : !t) outs(%t : !w)
+  %both = hir.allocate(%n) : !fusion.tensor<[2, ?], f32>
+  %var_slot = hir.alias_select %both[0 = %c0] : !fusion.tensor<[2, ?], f32> -> !fusion.tensor<[?], f32>
+  %mean = hir.allocate(%n) : !fusion.tensor<[?], f32>
+  hir.aten "aten.var_mean.correction" call "[[{'operand': 0}, [1]], {}]" ins(%x : !t) outs(%var_slot, %mean : !fusion.tensor<[?], f32>, !fusion.tensor<[?], f32>)
+  %viewed = hir.allocate(%n) : !w
+  %column = hir.alias_select %viewed[1 = %c0] : !w -> !fusion.tensor<[4], f32>
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%x : !t) outs(%viewed : !w) adopted [0]
+  func.return %t, %both, %mean, %viewed, %column : !w, !fusion.tensor<[2, ?], f32>, !fusion.tensor<[?], f32>, !w, !fusion.tensor<[4], f32>
+}
+
+func.func private @spread(%w: !v) -> !fusion.tensor<[1, 4], f32> {
+  %s = fusion.broadcast %w [0] : !v -> !fusion.tensor<[1, 4], f32>
+  func.return %s : !fusion.tensor<[1, 4], f32>
+}
+
+// A data-movement segment's result is a view of its input: the weight a matmul reads
+// through a broadcast stays the weight.
+// CHECK-LABEL: func.func @spread_weight(
+// CHECK:         hir.post_on_stream @spread ins(%w : {{.*}}) outs(%s : {{[^)]*}}) adopted [0]{{$}}
+func.func @spread_weight(%x: !fusion.tensor<[2, 5, 4], f32>, %w: !v) -> !fusion.tensor<[2, 5], f32> {
+  %s = hir.allocate() : !fusion.tensor<[1, 4], f32>
+  hir.post_on_stream @spread ins(%w : !v) outs(%s : !fusion.tensor<[1, 4], f32>)
+  %y = hir.allocate() : !fusion.tensor<[2, 5], f32>
+  hir.aten "aten.sum.dim_IntList" call "[[{'operand': 0}, [2]], {}]" ins(%x : !fusion.tensor<[2, 5, 4], f32>) outs(%y : !fusion.tensor<[2, 5], f32>)
+  hir.deallocate %s : !fusion.tensor<[1, 4], f32>
+  func.return %y : !fusion.tensor<[2, 5], f32>
+}
