@@ -287,6 +287,17 @@ def test_linear_shapes_as_torch(x_shape, with_bias, build):
     assert computed.results[0].type == tensor(expected, f32, range(4))
 
 
+@pytest.mark.parametrize("bias", [[5], [1, 5], [3, 1, 5], []], ids=str)
+def test_matmul_with_a_bias_has_the_shape_of_the_product(bias, build):
+    fb = FusionBuilder("addmm")
+    a = fb.input([3, 4, 2], "bf16", mesh=range(2))
+    b = fb.input([2, 5], "bf16", mesh=range(2))
+    fb.output(fb.matmul(a, b, fb.input(bias, "bf16", mesh=range(2))))
+    (computed,) = body_ops(build(fb))
+    assert isinstance(computed, MatmulOp) and computed.bias is not None
+    assert computed.results[0].type == tensor([3, 4, 5], bf16, range(2))
+
+
 def test_matmul_and_linear_keep_dynamic_extents(build):
     fb = FusionBuilder("dynamic")
     x = fb.input([None, 8, None, None], "f32", mesh=range(8), axes=["_", "didx", "_", "_"])
@@ -430,6 +441,10 @@ def _two_inputs(fb: FusionBuilder):
         (
             lambda fb, x, y: fb.matmul(x, y),
             r"fusion.matmul: matmul contracts axis of extent 4",
+        ),
+        (
+            lambda fb, x, y: fb.matmul(x, fb.input([4, 2], "f32"), x),
+            r"fusion.matmul: matmul bias \[\?, 4\] does not broadcast to the product \[\?, 2\]",
         ),
         (lambda fb, x, y: fb.linear(y, x), r"fusion.linear: linear contracts the last axis"),
         (lambda fb, x, y: fb.linear(x, x, x), r"linear bias must have rank 0 or 1"),

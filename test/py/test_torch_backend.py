@@ -528,6 +528,28 @@ def test_activations_and_their_gradients_are_one_fused_pointwise_run(dtype):
     assert len(programs) == 2 and all(p.count("hir.launch_kernel") == 1 for p in programs), programs
 
 
+def test_addmm_adds_its_bias_before_it_rounds_the_product():
+    """`addmm` with a bias row is one fusion.matmul with its bias, which the GEMM adds
+    before it rounds, as ATen does: bf16 results equal eager's bit for bit (a matmul then
+    an add rounds twice, and differs in about a quarter of them). A bias of the product's
+    shape is ATen's addmm itself."""
+
+    def f(x, w, row, full):
+        return torch.addmm(row, x, w.t()), torch.addmm(full, x, w.t())
+
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(128, 64, dtype=torch.bfloat16) / 8
+    row, full = torch.randn(128, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir")(x, w, row, full)
+    for actual, expected in zip(out, f(x, w, row, full), strict=True):
+        assert torch.equal(actual, expected)
+    assert re.search(r"%addmm = fusion.matmul %\w+, %t, %\w+ :", dump.getvalue()), dump.getvalue()
+    assert 'fusion.aten "aten.addmm.default"' in dump.getvalue()
+    assert "fusion.add" not in dump.getvalue()
+
+
 def test_unsigned_tensors_are_carried_bit_for_bit():
     """uint8 (and flash attention's uint64 random state) have no element type in the
     fusion dialect: their buffers carry their bits in the signed type of the same size."""
