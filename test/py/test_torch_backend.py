@@ -160,6 +160,16 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
+def mlp_plan(sequence_parallel: bool) -> dict:
+    """The MLP tensor parallel, its rows sharded between the blocks (`sequence_parallel`) or replicated."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if sequence_parallel:
+        return {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
+    return {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
 def _mlp_on_rank(sequence_parallel: bool, checkpointed: bool = False) -> dict:
     """The MLP, tensor parallel with its rows sharded between the blocks (`sequence_parallel`)
     or replicated, compiled with two chunks, against eager DTensor; `checkpointed`: the
@@ -168,23 +178,12 @@ def _mlp_on_rank(sequence_parallel: bool, checkpointed: bool = False) -> dict:
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
 
     world, rank = dist.get_world_size(), dist.get_rank()
     device = rank_device()
     mesh = init_device_mesh(device.type, (world,))
-    torch.manual_seed(0)
-    if sequence_parallel:
-        plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
-    else:
-        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
-    reference = MLP()
-    modules = []
-    for _ in range(2):
-        module = MLP().to(device)
-        module.load_state_dict(reference.state_dict())
-        modules.append(parallelize_module(module, mesh, plan))
+    modules = [parallelize_module(module, mesh, mlp_plan(sequence_parallel)) for module in copies(MLP)]
     x = torch.randn(16, 16)
     x = (x.chunk(world)[rank] if sequence_parallel else x).to(device)
     x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -328,15 +327,32 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
-def _two_copies(module: type[nn.Module]) -> list[nn.Module]:
-    """Two `module()`s with the same random weights, on this rank's device: one to compile,
-    one to run eagerly."""
+def parallelize_llama(model: Llama, mesh) -> Llama:
+    """torchtitan's plan: the vocabulary sharded in the embeddings and the output (whose
+    logits stay DTensors, for `loss_parallel`), each layer as `parallelize` makes it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    parallelize_module(model, mesh, plan)
+    for layer in model.layers:
+        parallelize(layer, mesh)
+    return model
+
+
+def copies(module: type[nn.Module], count: int = 2) -> list[nn.Module]:
+    """`count` `module()`s with the same random weights, on this rank's device: one to
+    compile, one to run eagerly, ..."""
     torch.manual_seed(0)
     reference = module()
-    copies = [module().to(rank_device()) for _ in range(2)]
-    for copy in copies:
+    made = [module().to(rank_device()) for _ in range(count)]
+    for copy in made:
         copy.load_state_dict(reference.state_dict())
-    return copies
+    return made
 
 
 def _llama_on_rank() -> dict:
@@ -344,26 +360,10 @@ def _llama_on_rank() -> dict:
     output, the loss computed on the sharded logits), one training step against eager DTensor."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        SequenceParallel,
-        loss_parallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import loss_parallel
 
     mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
-    plan = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    }
-    models = _two_copies(Llama)
-    for model in models:
-        parallelize_module(model, mesh, plan)
-        for layer in model.layers:
-            parallelize(layer, mesh)
+    models = [parallelize_llama(model, mesh) for model in copies(Llama)]
     tokens, targets = (torch.randint(0, 128, (2, 16)).to(rank_device()) for _ in range(2))
     losses = []
     with warnings.catch_warnings(record=True) as caught:
@@ -404,7 +404,7 @@ def _layer_on_a_tensor_parallel_axis(fsdp: bool) -> dict:
 
     mesh = init_device_mesh(rank_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     tp, replica = mesh["tp"], mesh.get_coordinate()[0]
-    layers = [parallelize(layer, tp) for layer in _two_copies(DecoderLayer)]
+    layers = [parallelize(layer, tp) for layer in copies(DecoderLayer)]
     if fsdp:
         for layer in layers:
             fully_shard(layer, mesh=mesh["dp"])
