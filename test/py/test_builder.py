@@ -42,6 +42,7 @@ from hostir_dialect.fusion import (
     SetOp,
     SubOp,
     SumOp,
+    TanhOp,
     TensorType,
     element_type_name,
 )
@@ -630,6 +631,15 @@ def expected_reference_types(name: str, d: int):
                 (SumOp, on_mesh([None, d, None, None], "stream didx _ _")),
             ],
         ),
+        "tp_mlp": (
+            [
+                on_mesh([None, d, None, None], "_ didx _ _"),
+                on_mesh([d, None, None], "didx _ _"),
+                on_mesh([d, None], "didx _"),
+                on_mesh([d, None, None], "didx _ _"),
+            ],
+            _tp_mlp_ops(on_mesh, d),
+        ),
         "allgather_p2p": (
             [on_mesh([d, None], "didx _")],
             [(SetOp, on_mesh([d, None], "stream _"))],
@@ -641,8 +651,43 @@ def expected_reference_types(name: str, d: int):
     }[name]
 
 
+def _tp_mlp_ops(on_mesh, d: int) -> list:
+    """The ops of tp_mlp: the allgather, the first GEMM and its bias, the tanh-GELU's
+    pointwise ops (with their constants), the second GEMM, the reduce-scatter."""
+    streamed = on_mesh([None, d, d, None, None], "stream didx _ _ _")
+    weight = on_mesh([1, d, 1, None, None], "_ didx _ _ _")
+    scalar = on_mesh([])
+    gelu = [
+        (MulOp, streamed),  # h * h
+        (MulOp, streamed),  # h^3
+        (ConstantOp, scalar),
+        (MulOp, streamed),  # 0.044715 h^3
+        (AddOp, streamed),
+        (ConstantOp, scalar),
+        (MulOp, streamed),  # sqrt(2 / pi) (...)
+        (ConstantOp, scalar),
+        (MulOp, streamed),  # h / 2
+        (TanhOp, streamed),
+        (ConstantOp, scalar),
+        (AddOp, streamed),  # 1 + tanh
+        (MulOp, streamed),
+    ]
+    return [
+        (SetOp, on_mesh([None, d, None, None], "stream _ _ _")),
+        (BroadcastOp, on_mesh([None, 1, d, None, None], "stream _ _ _ _")),
+        (BroadcastOp, weight),
+        (MatmulOp, streamed),
+        (BroadcastOp, on_mesh([1, d, 1, 1, None], "_ didx _ _ _")),
+        (AddOp, streamed),
+        *gelu,
+        (BroadcastOp, weight),
+        (MatmulOp, streamed),
+        (SumOp, on_mesh([None, d, None, None], "stream didx _ _")),
+    ]
+
+
 MULTI_DEVICE = ["ag_linear", "allgather", "allreduce", "reduce_scatter", "ag_matmul", "matmul_ar",
-                "matmul_rs_through_bcast", "allgather_p2p", "ag_matmul_p2p"]  # fmt: skip
+                "matmul_rs_through_bcast", "tp_mlp", "allgather_p2p", "ag_matmul_p2p"]  # fmt: skip
 
 STREAM_0 = tensor([None, None], axes="stream _")
 
