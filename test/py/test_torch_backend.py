@@ -550,6 +550,57 @@ def test_addmm_adds_its_bias_before_it_rounds_the_product():
     assert "fusion.add" not in dump.getvalue()
 
 
+def _scalar_input_on_rank() -> dict:
+    """A graph with a collective (its inputs vary, each rank's piece its own) and a 0-dim
+    int64 input, a different value on each rank, that an ATen op hostir does not model
+    reads: the result against eager, and the shape and device of what ATen got."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hostir.frontend.backend import compiled_graphs
+
+    def f(x, seed):
+        return torch.fmod(funcol.all_reduce(x, "sum", dist.group.WORLD), seed)
+
+    rank = dist.get_rank()
+    x, seed = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank)) * 10, torch.tensor(3 + rank)
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir", options={"fallback": False})(x, seed)
+
+    class SeenByFmod(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[tuple[list[int], str]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.fmod.Tensor:
+                self.seen.append((list(args[1].shape), args[1].device.type))
+            return func(*args, **(kwargs or {}))
+
+    (graph,) = compiled_graphs()
+    (shapes,) = graph.compiled.values()
+    with SeenByFmod() as fmod:  # the program as the backend runs it, a device axis added to each input
+        (again,) = shapes.run([x, seed])
+    equal = torch.equal(out, f(x, seed)) and torch.equal(again, out)
+    return {"equal": equal, "seen": fmod.seen, "dump": dump.getvalue()}
+
+
+@needs_ranks(2)
+def test_a_0_dim_input_reaches_aten_as_a_0_dim_tensor():
+    """An attention kernel's random seed and offset are 0-dim CPU tensors that its backward
+    takes back. Such an input varies as every graph input does (a device axis, each
+    rank's piece of extent 1), and ATen gets it as the 0-dim tensor it was: ATen takes a
+    CPU tensor beside CUDA tensors only so (Program.check refuses any other CPU input)."""
+    results = run_on_local_ranks(_scalar_input_on_rank, 2, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert result["equal"], f"rank {rank}"
+        assert result["seen"] == [([], "cpu")], f"rank {rank}: {result['seen']}"
+    dump = results[0]["dump"]
+    assert 'fusion.aten "aten.fmod.Tensor"' in dump and "!fusion.tensor<[2], i64, mesh = [0, 1], axes = [didx]>" in dump
+
+
 def test_unsigned_tensors_are_carried_bit_for_bit():
     """uint8 (and flash attention's uint64 random state) have no element type in the
     fusion dialect: their buffers carry their bits in the signed type of the same size."""
