@@ -699,8 +699,8 @@ def _matmul_result(
     `lhs`'s piece; None where ATen's rules differ.
 
     A product that a reduce-scatter or an all-reduce reads is computed in the chunks of
-    its pipeline (`pipeline_chunks`); a bias then must be the same for every row (a row
-    or a scalar), as `nn.Linear`'s is.
+    its pipeline (`pipeline_chunks`), its rows cut: so the bias must be the same for
+    every row (a row or a scalar, as `nn.Linear`'s is); ATen runs an addmm with another.
     """
     result = _result(node)
     if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
