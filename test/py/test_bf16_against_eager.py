@@ -167,11 +167,18 @@ def _bf16_errors_on_rank(names: list[str], options: dict, compiler: str) -> dict
         eager, hostir, other = (model.parallelize(m, mesh) for m in copies(model.module, 3))
         torch._dynamo.reset()
         expected = _gradients(model, eager, world, rank)
+        earlier = set(compiled_graphs())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", HostirFallbackWarning)
             compiled = torch.compile(hostir, backend="hostir", options=options)
             hostir_errors = _errors(_gradients(model, compiled, world, rank), expected)
-        programs = [shapes for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes is not None]
+        programs = [
+            shapes
+            for graph in compiled_graphs()
+            if graph not in earlier
+            for shapes in graph.compiled.values()
+            if shapes is not None
+        ]
         results[name] = {
             "hostir": hostir_errors,
             compiler: _errors(_gradients(model, torch.compile(other, backend=compiler), world, rank), expected),
