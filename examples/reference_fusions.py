@@ -10,6 +10,8 @@ runtime tests reuse these fusions; each docstring gives nvFuser's shapes.
 
 from __future__ import annotations
 
+import math
+
 from xdsl.dialects.builtin import ModuleOp
 
 from hostir_dialect.builder import DType, FusionBuilder, Tensor
@@ -142,6 +144,49 @@ def matmul_rs_through_bcast(num_devices: int = 8, dtype: DType = "f32") -> Modul
     return fb.build()
 
 
+def tp_mlp(num_devices: int = 8, dtype: DType = "f32") -> ModuleOp:
+    """nvFuser's tensor-parallel MLP with sequence parallelism, every tensor of the chain
+    stream-parallel: allgather -> matmul -> bias + tanh-GELU -> matmul -> reduce-scatter.
+
+    x [S, DIDx(D), M, E] -> set -> [Stream(S), D, M, E] -> broadcast [1] -> [S, 1, D, M, E];
+    w1 [DIDx(D), E, H/D] -> broadcast [0, 2]; h = x @ w1 + b1 [DIDx(D), H/D] (broadcast
+    [0, 2, 3]) -> [Stream(S), DIDx(D), D, M, H/D]; GELU (tanh); @ w2 [DIDx(D), H/D, E]
+    (broadcast [0, 2], between the two matmuls) -> [Stream(S), DIDx(D), D, M, E] -> sum(1)
+    -> [Stream(S), DIDx(D), M, E].
+    """
+    fb = FusionBuilder("tp_mlp")
+    d = num_devices
+
+    def streamed(tensor: Tensor) -> Tensor:
+        fb.parallelize(tensor, 0, "stream")
+        fb.parallelize(tensor, 1, "didx")
+        return tensor
+
+    def weight(tensor: Tensor, new_axes: list[int]) -> Tensor:
+        broadcast = fb.broadcast(tensor, new_axes)
+        fb.parallelize(broadcast, 1, "didx")
+        return broadcast
+
+    x = _mesh_input(fb, d, [None, d, None, None], dtype, didx_axis=1)
+    w1 = _mesh_input(fb, d, [d, None, None], dtype, didx_axis=0)
+    b1 = _mesh_input(fb, d, [d, None], dtype, didx_axis=0)
+    w2 = _mesh_input(fb, d, [d, None, None], dtype, didx_axis=0)
+    gathered = fb.set(x)
+    fb.parallelize(gathered, 0, "stream")
+    rows = fb.broadcast(gathered, [1])
+    fb.parallelize(rows, 0, "stream")
+    h = streamed(fb.matmul(rows, weight(w1, [0, 2])))
+    h = streamed(fb.add(h, weight(b1, [0, 2, 3])))
+    # gelu(h) = h / 2 * (1 + tanh(sqrt(2 / pi) * (h + 0.044715 * h^3)))
+    cube = streamed(fb.mul(streamed(fb.mul(h, h)), h))
+    inner = streamed(fb.mul(streamed(fb.add(h, streamed(fb.mul(cube, 0.044715)))), math.sqrt(2 / math.pi)))
+    gelu = streamed(fb.mul(streamed(fb.mul(h, 0.5)), streamed(fb.add(streamed(fb.tanh(inner)), 1.0))))
+    partial = streamed(fb.matmul(gelu, weight(w2, [0, 2])))
+    out = streamed(fb.sum(partial, [1]))
+    fb.output(out)
+    return fb.build()
+
+
 # --------------------------------------------------------------------------- #
 # pr4515: allgather through point-to-point transfers                           #
 # --------------------------------------------------------------------------- #
@@ -258,6 +303,7 @@ REFERENCE_FUSIONS = {
         ag_matmul,
         matmul_ar,
         matmul_rs_through_bcast,
+        tp_mlp,
         allgather_p2p,
         ag_matmul_p2p,
         single_set,

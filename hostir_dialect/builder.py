@@ -89,6 +89,7 @@ from hostir_dialect.fusion import (
     TensorType,
     broadcast_in_shape,
     broadcast_shapes,
+    check_matmul_bias,
     element_type_name,
     linear_shape,
     matmul_shape,
@@ -485,12 +486,16 @@ class FusionBuilder:
             shape = broadcast_in_shape(x.shape, new_axes)
         return self._define(BroadcastOp, (x, new_axes), shape)
 
-    def matmul(self, lhs: Tensor, rhs: Tensor) -> Tensor:
-        """torch.matmul of `lhs` and `rhs`."""
-        self._check_operands(MatmulOp, lhs, rhs)
+    def matmul(self, lhs: Tensor, rhs: Tensor, bias: Tensor | None = None) -> Tensor:
+        """torch.matmul of `lhs` and `rhs`; with a `bias`, `bias + lhs @ rhs` summed in the
+        GEMM and rounded once (torch.addmm)."""
+        operands = (lhs, rhs) if bias is None else (lhs, rhs, bias)
+        self._check_operands(MatmulOp, *operands)
         with _reported_as(MatmulOp.name):
             shape = matmul_shape(lhs.shape, rhs.shape)
-        return self._define(MatmulOp, (lhs, rhs), shape)
+            if bias is not None:
+                check_matmul_bias(bias.shape, shape)
+        return self._define(MatmulOp, (lhs, rhs, bias), shape)
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """torch.nn.functional.linear: `x @ weight^T + bias`."""

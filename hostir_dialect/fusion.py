@@ -495,6 +495,16 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
     return result
 
 
+def check_matmul_bias(bias: Shape, product: Shape) -> None:
+    """A matmul's bias broadcasts to its product without changing the product's shape."""
+    try:
+        fits = len(bias) <= len(product) and shapes_compatible(broadcast_shapes(product, bias), product)
+    except VerifyException:
+        fits = False
+    if not fits:
+        raise VerifyException(f"matmul bias {shape_str(bias)} does not broadcast to the product {shape_str(product)}")
+
+
 def linear_shape(x: Shape, w: Shape, bias: Shape | None) -> Shape:
     """torch.nn.functional.linear's result shape: x @ w^T + bias."""
     if not x:
@@ -946,23 +956,33 @@ class BroadcastOp(FusionOp):
 
 @irdl_op_definition
 class MatmulOp(FusionOp):
-    """torch.matmul: batched, with broadcasting batch axes."""
+    """torch.matmul: batched, with broadcasting batch axes; with a `bias`, ATen's addmm
+    (baddbmm): `bias + lhs @ rhs`, the bias (broadcast to the product) added to the
+    product in the GEMM's accumulator (f32 for bf16 and f16) and the sum rounded once.
+
+    `fusion.matmul %a, %b, %bias : (T, T2, T3) -> T4`
+    """
 
     name = "fusion.matmul"
 
     lhs = operand_def(TensorType)
     rhs = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
     result = result_def(TensorType)
 
     assembly_format = (
-        "$lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+        "$lhs `,` $rhs (`,` $bias^)? attr-dict `:` "
+        "`(` type($lhs) `,` type($rhs) (`,` type($bias)^)? `)` `->` type($result)"
     )
 
-    def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: TensorType):
-        super().__init__(operands=[lhs, rhs], result_types=[result_type])
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, bias: SSAValue | None, result_type: TensorType):
+        super().__init__(operands=[lhs, rhs, [bias] if bias is not None else []], result_types=[result_type])
 
     def infer_shape(self) -> Shape:
-        return matmul_shape(tensor_type(self.lhs).get_shape(), tensor_type(self.rhs).get_shape())
+        product = matmul_shape(tensor_type(self.lhs).get_shape(), tensor_type(self.rhs).get_shape())
+        if self.bias is not None:
+            check_matmul_bias(tensor_type(self.bias).get_shape(), product)
+        return product
 
     def verify_(self) -> None:
         _check_same_element_types(self)

@@ -943,14 +943,16 @@ class ComputeOp(IRDLOperation, ABC):
 
 @irdl_op_definition
 class MatmulOp(ComputeOp):
-    """`outs[0] = ins[0] @ ins[1]`; with `accumulate`, `outs[0] += ins[0] @ ins[1]`, the sum
-    done by the GEMM's epilogue (cuBLAS's beta = 1), which reads `outs[0]` as it writes it.
+    """`outs[0] = ins[0] @ ins[1]`, plus a bias `ins[2]` where there is one (`fusion.matmul`'s,
+    summed in the GEMM and rounded once); with `accumulate`, `outs[0] += ins[0] @ ins[1]`,
+    the sum done by the GEMM's epilogue (cuBLAS's beta = 1), which reads `outs[0]` as it
+    writes it.
 
     `hir.matmul accumulate ins(%a, %b : T, T) outs(%c : T)`
     """
 
     name = "hir.matmul"
-    NUM_INS: ClassVar[tuple[int, ...]] = (2,)
+    NUM_INS: ClassVar[tuple[int, ...]] = (2, 3)
 
     accumulate = opt_prop_def(UnitAttr)
 
@@ -958,6 +960,13 @@ class MatmulOp(ComputeOp):
 
     def __init__(self, ins: Sequence[SSAValue], outs: Sequence[SSAValue], accumulate: bool = False):
         super().__init__(ins, outs, {"accumulate": UnitAttr()} if accumulate else {})
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.accumulate is not None and len(self.ins) == 3:
+            raise VerifyException(
+                "hir.matmul accumulate takes 2 inputs, no bias: the out it adds the product to stands for one"
+            )
 
 
 @irdl_op_definition

@@ -143,8 +143,9 @@ class Program:
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
         self.aten_inputs = aten_only_inputs(host)
-        """The inputs that only ATen calls read: one of a single element may be a CPU tensor on
-        GPUs, as ATen's own kernels return some (an attention kernel's random seed and offset)."""
+        """The inputs that only ATen calls read: one that gives them a 0-dim tensor may be a CPU
+        tensor beside a GPU program, as ATen's own kernels return some (an attention kernel's
+        random seed and offset) and take them back (`_input_problem`)."""
         self.output_types = _tensor_types(host, host.function_type.outputs.data, "output")
         self.symmetric_outputs = symmetric_outputs(host)
         """The outputs in a buffer of `hir.allocate symmetric`: made once and given back to
@@ -512,7 +513,12 @@ def _symmetric_input_problem(
 
 def _input_problem(value: object, declared: TensorType, communicator: Communicator, aten_only: bool) -> str | None:
     """What is wrong with `value` as this rank's piece of a tensor of type `declared`, if
-    anything; `aten_only`: only ATen calls read it, so one element of it may be on the CPU."""
+    anything; `aten_only`: only ATen calls read it.
+
+    A CPU tensor beside a program on another device is an input that only ATen calls read
+    and that gives them a 0-dim tensor (a 0-dim input, or a varying one whose piece is its
+    device axis alone, which they read without it): ATen takes a CPU tensor beside CUDA
+    tensors only as a 0-dim scalar, and refuses even one of shape [1]."""
     if not isinstance(value, torch.Tensor):
         return f"expected a torch.Tensor, got {type(value).__name__}"
     if communicator.rank not in declared.mesh.ids:
@@ -533,7 +539,17 @@ def _input_problem(value: object, declared: TensorType, communicator: Communicat
     dtype = torch_dtype(declared.element_type)
     if value.dtype != dtype:
         return f"expected dtype {dtype}, got {value.dtype}"
-    cpu_scalar = aten_only and value.device.type == "cpu" and value.numel() == 1
-    if value.device != communicator.device and not cpu_scalar:
-        return f"expected a tensor on {communicator.device}, got one on {value.device}"
+    if value.device == communicator.device:
+        return None
+    problem = f"expected a tensor on {communicator.device}, got one on {value.device}"
+    if value.device.type != "cpu":
+        return problem
+    if not aten_only:
+        return f"{problem}; only an input that ATen calls alone read may stay on the CPU"
+    read = value.shape[1:] if declared.didx_axis == 0 else value.shape
+    if read:
+        return (
+            f"{problem}; the ATen calls that read it would get shape {list(read)}, where they take a "
+            "CPU tensor beside another device's only as a 0-dim scalar"
+        )
     return None

@@ -4,26 +4,31 @@ chunks of the pipeline that reads the product.
 
 from __future__ import annotations
 
+import math
+
 import torch.fx
 
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import CARRIERS
 from hostir.frontend.importer import Importer, Value, aten, name_of, result_of, rule
 from hostir.frontend.rules.collectives import pipeline_chunks, regrouped_reader
-from hostir.frontend.rules.pointwise import elementwise_result, squeezed
+from hostir.frontend.rules.pointwise import squeezed
 
 
-def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Value) -> Value | None:
-    """`lhs @ rhs` as a fusion.matmul, keeping the axes of `lhs`'s piece; None where ATen's
-    rules differ.
+def _matmul_result(
+    importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Value, bias: Value | None = None
+) -> Value | None:
+    """`lhs @ rhs` (`bias + lhs @ rhs` with a bias) as a fusion.matmul, keeping the axes of
+    `lhs`'s piece; None where ATen's rules differ.
 
     A product that a reduce-scatter or an all-reduce reads is computed in the chunks of
-    its pipeline (`pipeline_chunks`).
+    its pipeline (`pipeline_chunks`), its rows cut: so the bias must be the same for
+    every row (a row or a scalar, as `nn.Linear`'s is); ATen runs an addmm with another.
     """
     result = result_of(node)
     if lhs.dtype != rhs.dtype or result.dtype != lhs.dtype or len(rhs.shape) < 2 or len(lhs.shape) < 2:
         return None
-    if lhs.dtype in CARRIERS:
+    if lhs.dtype in CARRIERS or (bias is not None and (bias.dtype != lhs.dtype or math.prod(bias.shape[:-1]) != 1)):
         return None
     rhs = importer.flat(rhs)
     if len(lhs.shape) != 2 or not lhs.keeps_last_axis:
@@ -40,8 +45,10 @@ def _matmul_result(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Val
         # not reach this matmul; any other piece takes the chunks (a view of it).
         lhs = importer.rechunked(importer.flat(lhs), chunks)
     local = (*lhs.local_shape[:-1], result.shape[-1]) if len(lhs.shape) == 2 else tuple(result.shape)
-    operands = [importer.aligned(v, len(local)) for v in (lhs, rhs)]
-    op = importer.emit(fusion.MatmulOp(*operands, importer.tensor_type(local, result.dtype, varying)))
+    varying = varying or (bias is not None and importer.varies(bias))
+    lhs_ssa, rhs_ssa = (importer.aligned(v, len(local)) for v in (lhs, rhs))
+    bias_ssa = None if bias is None else importer.aligned(importer.flat(bias), len(local))
+    op = importer.emit(fusion.MatmulOp(lhs_ssa, rhs_ssa, bias_ssa, importer.tensor_type(local, result.dtype, varying)))
     op.results[0].name_hint = name_of(node)
     order = lhs.order if len(lhs.shape) == 2 else None
     return Value(op.results[0], tuple(result.shape), result.dtype, varying, local, order)
@@ -54,10 +61,9 @@ def _mm(importer: Importer, node: torch.fx.Node) -> Value | None:
 
 @rule(aten.addmm.default)
 def _addmm(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """`addmm(bias, a, b)`: one fusion.matmul with its bias, which ATen adds to the product
+    before it rounds it; a matmul followed by an add would round twice."""
     if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
         return None
     bias, lhs, rhs = (importer.arg(a) for a in node.args[:3])
-    product = _matmul_result(importer, node, lhs, rhs)
-    if product is None or bias.dtype != product.dtype:
-        return None
-    return elementwise_result(importer, node, fusion.AddOp, [product, bias])
+    return _matmul_result(importer, node, lhs, rhs, bias)

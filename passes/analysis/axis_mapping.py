@@ -141,8 +141,13 @@ def _fusion_broadcast(op: fusion.BroadcastOp) -> list[AxisMap]:
     ]
 
 
+def _with_bias(maps: tuple[AxisMap, AxisMap], bias: SSAValue | None, output: SSAValue) -> list[AxisMap]:
+    """A matmul's maps, and its bias's where it has one: it broadcasts to the product."""
+    return [*maps] if bias is None else [*maps, right_aligned(_rank(bias), _rank(output))]
+
+
 def _fusion_matmul(op: fusion.MatmulOp) -> list[AxisMap]:
-    return list(matmul(_rank(op.lhs), _rank(op.rhs)))
+    return _with_bias(matmul(_rank(op.lhs), _rank(op.rhs)), op.bias, op.result)
 
 
 def _fusion_linear(op: fusion.LinearOp) -> list[AxisMap]:
@@ -162,7 +167,8 @@ def _hir_reduction(op: hir.ReductionOp) -> list[AxisMap]:
 
 
 def _hir_matmul(op: hir.MatmulOp) -> list[AxisMap]:
-    return _with_outs(list(matmul(_rank(op.ins[0]), _rank(op.ins[1]))), op)
+    bias = op.ins[2] if len(op.ins) == 3 else None
+    return _with_outs(_with_bias(matmul(_rank(op.ins[0]), _rank(op.ins[1])), bias, op.outs[0]), op)
 
 
 def _hir_linear(op: hir.LinearOp) -> list[AxisMap]:

@@ -116,10 +116,11 @@ def fewer_slices(op: hir.AllocateOp, count: SSAValue, rewriter: PatternRewriter)
 
 
 def product_of(op: hir.CommunicationOp) -> hir.MatmulOp | None:
-    """The matmul that writes the collective's whole input, before it in its block, if
-    the input is (a view of) a buffer the program allocates and nothing else reads or
-    writes it, through any view of that buffer (extents and deallocation aside): the
-    rewrite leaves the buffer holding other values."""
+    """The plain matmul (no bias, not accumulating) that writes the collective's whole
+    input, before it in its block, if the input is (a view of) a buffer the program
+    allocates and nothing else reads or writes it, through any view of that buffer
+    (extents and deallocation aside): the rewrite leaves the buffer holding other values.
+    A bias would be added by both devices' GEMMs of a chunk."""
     root = hir.view_root(op.input)
     if not isinstance(root.owner, hir.AllocateOp):
         return None
@@ -132,6 +133,7 @@ def product_of(op: hir.CommunicationOp) -> hir.MatmulOp | None:
     (matmul,) = matmuls
     if (
         matmul.accumulate is not None
+        or len(matmul.ins) != 2
         or matmul.outs[0] is not op.input
         or not matmul.is_before_in_block(op)
     ):

@@ -122,7 +122,7 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
             return _declined(op, "no matmul reads the gathered tensor as its left operand")
         targets = []
         for user in users:
-            (_, lhs_map), _ = operand_axis_maps(user)
+            (_, lhs_map), *_ = operand_axis_maps(user)
             result_axis = lhs_map[axis]
             result = tensor_type(user.result)
             if result_axis is None or result.stream_axis is not None:
@@ -238,7 +238,7 @@ class PipelineMatmulIntoReduction(RewritePattern):
             if not value.has_one_use():
                 return _declined(op, f"{_owner_name(value)}'s result is read by other ops too")
             if isinstance(producer, fusion.MatmulOp):
-                (lhs, lhs_map), _ = operand_axis_maps(producer)
+                (lhs, lhs_map), *_ = operand_axis_maps(producer)
                 lhs_axis = lhs_map.index(value_axis) if value_axis in lhs_map else None
                 if lhs_axis is None or lhs_axis >= tensor_type(lhs).rank - 2:
                     # Its M axis would be the rows of each destination, not chunks of them,

@@ -92,7 +92,7 @@ def _unsliceable_matmul_axis(op: Operation, maps: AxisMaps) -> str | None:
     output = tensor_type(output_of(op))
     if output.stream_axis is None or not isinstance(op, hir.MatmulOp):
         return None
-    lhs, rhs = (tensor_type(value).rank for value in op.ins)
+    lhs, rhs = (tensor_type(value).rank for value in op.ins[:2])
     problem = matmul_slice_problem(lhs, rhs, output.stream_axis)
     if problem is None:
         return None

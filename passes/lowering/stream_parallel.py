@@ -21,8 +21,9 @@ The synchronisation has its own loop (reference pr4401): at the top of the work 
 stream `i` would also wait for the back-synchronisation of every earlier iteration,
 which serialises the pipeline. `separate_sync_loop=false` puts it there anyway, as
 pr4147 did. Consecutive loops over the same extent merge; ops that only define
-values (`hir.dim`, `hir.allocate`, constants) move before the loop instead of
-ending it; any other op ends it (pr4147's ThreeSetOps).
+values (`hir.dim`, `hir.allocate`, constants), and data-movement segments whose
+buffers the first loop does not use (a weight's broadcast), move before the loop
+instead of ending it; any other op ends it (pr4147's ThreeSetOps).
 
 An allgather or copy that turns the input's `didx` axis into the output's `stream`
 axis becomes the point-to-point allgather of pr4515, in ring order by default. With
@@ -139,6 +140,17 @@ def _insert_stream_loops(
 def _only_defines_values(op: Operation) -> bool:
     """Ops that may move before a loop without changing what the program does."""
     return isinstance(op, hir.DimOp | hir.AllocateOp) or (not op.regions and is_side_effect_free(op))
+
+
+def _buffers(ops: Sequence[Operation]) -> set[SSAValue]:
+    """The buffers that `ops` (and the ops they hold) read or write, through any view."""
+    return {
+        hir.view_root(value)
+        for op in ops
+        for inner in op.walk()
+        for value in inner.operands
+        if isinstance(value.type, fusion.TensorType)
+    }
 
 
 # --------------------------------------------------------------------------- #
@@ -381,9 +393,13 @@ def _expression(value: SSAValue, induction: SSAValue) -> object:
 class MergeStreamLoops(RewritePattern):
     """Moves the work of a stream loop into the previous work loop over the same extent.
 
-    Ops in between that only define values move before the first loop; the second
-    loop's synchronisation loop goes, and its slices that the first loop already
-    made are reused.
+    Ops in between that only define values move before the first loop, and so does a
+    data-movement segment (`hir.post_on_stream`: a weight read through a broadcast)
+    whose buffers the first loop does not use: it cannot depend on the loop, nor the
+    loop on it, so it is loop-invariant, and left between the loops it would split the
+    pipeline (the intermediate between them would then be allocated whole, not one slice
+    per stream). The second loop's synchronisation loop goes, and its slices that the
+    first loop already made are reused.
 
     An iteration of a ring point-to-point allgather works on its slot, not on slot `i`:
     the work of a plain loop merged into it runs on that slot too (its induction
@@ -399,11 +415,14 @@ class MergeStreamLoops(RewritePattern):
             return
         between: list[Operation] = []
         previous = second.start.prev_op
-        while previous is not None and _only_defines_values(previous):
+        while previous is not None and (_only_defines_values(previous) or isinstance(previous, hir.PostOnStreamOp)):
             between.append(previous)
             previous = previous.prev_op
         first = StreamLoop.match(previous)
         if first is None or first.is_sync_loop or known_extent(first.loop.ub) != known_extent(op.ub):
+            return
+        segments = [between_op for between_op in between if isinstance(between_op, hir.PostOnStreamOp)]
+        if segments and _buffers(segments) & _buffers([first.start, first.loop]):
             return
         first_index, second_index = first.loop.body.block.args[0], op.body.block.args[0]
         first_slot = _p2p_slot(first)

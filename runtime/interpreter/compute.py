@@ -143,7 +143,10 @@ def matmul_accumulate_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tens
 
 @handles(hir.MatmulOp)
 def _matmul(op: hir.MatmulOp, prep: Preparation) -> Step:
-    product = matmul_accumulate_into if op.accumulate else matmul_into
+    if len(op.ins) == 3:
+        product = fusion_eval.matmul_with_bias_into
+    else:
+        product = matmul_accumulate_into if op.accumulate else matmul_into
 
     def compute(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         product(*ins, outs[0])

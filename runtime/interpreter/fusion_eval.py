@@ -17,6 +17,7 @@ intermediate keeps the unrounded f32 value.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -82,6 +83,42 @@ def _defined(result: torch.Tensor | None, out: SSAValue, device: torch.device) -
     return torch.zeros(shape, dtype=torch_dtype(out_type.element_type), device=device)
 
 
+def matmul(lhs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`fusion.matmul`: torch.matmul, and with a bias `matmul_with_bias_into`'s sum."""
+    if bias is None:
+        return torch.matmul(lhs, rhs)
+    shape = torch.matmul(lhs.to("meta"), rhs.to("meta")).shape
+    out = torch.empty(shape, dtype=lhs.dtype, device=lhs.device)
+    matmul_with_bias_into(lhs, rhs, bias, out)
+    return out
+
+
+def matmul_with_bias_into(lhs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:
+    """`bias + torch.matmul(lhs, rhs)` written into `out`, summed as ATen's addmm sums it: the
+    bias joins the product in the GEMM's accumulator (f32 for bf16 and f16), and the sum is
+    rounded once. Rounding the product first and adding the bias after would round twice,
+    and a bf16 model's gradients would drift from eager's by far more than bf16's rounding
+    (docs/design.md).
+
+    Where the product is one matrix (every batch axis of extent 1) into a contiguous `out`,
+    and the bias a row or a matrix, this is `torch.addmm` itself, the call eager's
+    `nn.Linear` makes, bias in the GEMM's epilogue; anywhere else, the product is computed
+    and summed with the bias in f32 (bf16 and f16 upcast), and rounded into `out`.
+    """
+    operands = (lhs, rhs, out)
+    if (
+        out.is_contiguous()
+        and all(t.dim() >= 2 and math.prod(t.shape[:-2]) == 1 for t in operands)
+        and math.prod(bias.shape[:-2]) == 1
+    ):
+        lhs, rhs, out = (t.view(t.shape[-2:]) for t in operands)
+        bias = bias.reshape(bias.shape[-2:])
+        # A bias row as a vector: eager's bias, which cuBLAS adds in the GEMM's epilogue.
+        torch.addmm(bias[0] if bias.dim() == 2 and bias.shape[0] == 1 else bias, lhs, rhs, out=out)
+        return
+    out.copy_(torch.matmul(upcast(lhs), upcast(rhs)).add_(upcast(bias)))
+
+
 POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.NegOp: torch.neg,
     fusion.AbsOp: torch.abs,
@@ -109,7 +146,7 @@ TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.BroadcastOp: _broadcast,
     fusion.SumOp: _reduction(torch.sum),
     fusion.MaxOp: _reduction(torch.amax),
-    fusion.MatmulOp: _ignoring_op(torch.matmul),
+    fusion.MatmulOp: _ignoring_op(matmul),
     fusion.LinearOp: _ignoring_op(torch.nn.functional.linear),
     fusion.AtenOp: _aten,
 }

@@ -42,6 +42,7 @@ from hostir_dialect.fusion import (
     SetOp,
     SubOp,
     SumOp,
+    TanhOp,
     TensorType,
     element_type_name,
 )
@@ -287,6 +288,17 @@ def test_linear_shapes_as_torch(x_shape, with_bias, build):
     assert computed.results[0].type == tensor(expected, f32, range(4))
 
 
+@pytest.mark.parametrize("bias", [[5], [1, 5], [3, 1, 5], []], ids=str)
+def test_matmul_with_a_bias_has_the_shape_of_the_product(bias, build):
+    fb = FusionBuilder("addmm")
+    a = fb.input([3, 4, 2], "bf16", mesh=range(2))
+    b = fb.input([2, 5], "bf16", mesh=range(2))
+    fb.output(fb.matmul(a, b, fb.input(bias, "bf16", mesh=range(2))))
+    (computed,) = body_ops(build(fb))
+    assert isinstance(computed, MatmulOp) and computed.bias is not None
+    assert computed.results[0].type == tensor([3, 4, 5], bf16, range(2))
+
+
 def test_matmul_and_linear_keep_dynamic_extents(build):
     fb = FusionBuilder("dynamic")
     x = fb.input([None, 8, None, None], "f32", mesh=range(8), axes=["_", "didx", "_", "_"])
@@ -430,6 +442,10 @@ def _two_inputs(fb: FusionBuilder):
         (
             lambda fb, x, y: fb.matmul(x, y),
             r"fusion.matmul: matmul contracts axis of extent 4",
+        ),
+        (
+            lambda fb, x, y: fb.matmul(x, fb.input([4, 2], "f32"), x),
+            r"fusion.matmul: matmul bias \[\?, 4\] does not broadcast to the product \[\?, 2\]",
         ),
         (lambda fb, x, y: fb.linear(y, x), r"fusion.linear: linear contracts the last axis"),
         (lambda fb, x, y: fb.linear(x, x, x), r"linear bias must have rank 0 or 1"),
@@ -615,6 +631,15 @@ def expected_reference_types(name: str, d: int):
                 (SumOp, on_mesh([None, d, None, None], "stream didx _ _")),
             ],
         ),
+        "tp_mlp": (
+            [
+                on_mesh([None, d, None, None], "_ didx _ _"),
+                on_mesh([d, None, None], "didx _ _"),
+                on_mesh([d, None], "didx _"),
+                on_mesh([d, None, None], "didx _ _"),
+            ],
+            _tp_mlp_ops(on_mesh, d),
+        ),
         "allgather_p2p": (
             [on_mesh([d, None], "didx _")],
             [(SetOp, on_mesh([d, None], "stream _"))],
@@ -626,8 +651,43 @@ def expected_reference_types(name: str, d: int):
     }[name]
 
 
+def _tp_mlp_ops(on_mesh, d: int) -> list:
+    """The ops of tp_mlp: the allgather, the first GEMM and its bias, the tanh-GELU's
+    pointwise ops (with their constants), the second GEMM, the reduce-scatter."""
+    streamed = on_mesh([None, d, d, None, None], "stream didx _ _ _")
+    weight = on_mesh([1, d, 1, None, None], "_ didx _ _ _")
+    scalar = on_mesh([])
+    gelu = [
+        (MulOp, streamed),  # h * h
+        (MulOp, streamed),  # h^3
+        (ConstantOp, scalar),
+        (MulOp, streamed),  # 0.044715 h^3
+        (AddOp, streamed),
+        (ConstantOp, scalar),
+        (MulOp, streamed),  # sqrt(2 / pi) (...)
+        (ConstantOp, scalar),
+        (MulOp, streamed),  # h / 2
+        (TanhOp, streamed),
+        (ConstantOp, scalar),
+        (AddOp, streamed),  # 1 + tanh
+        (MulOp, streamed),
+    ]
+    return [
+        (SetOp, on_mesh([None, d, None, None], "stream _ _ _")),
+        (BroadcastOp, on_mesh([None, 1, d, None, None], "stream _ _ _ _")),
+        (BroadcastOp, weight),
+        (MatmulOp, streamed),
+        (BroadcastOp, on_mesh([1, d, 1, 1, None], "_ didx _ _ _")),
+        (AddOp, streamed),
+        *gelu,
+        (BroadcastOp, weight),
+        (MatmulOp, streamed),
+        (SumOp, on_mesh([None, d, None, None], "stream didx _ _")),
+    ]
+
+
 MULTI_DEVICE = ["ag_linear", "allgather", "allreduce", "reduce_scatter", "ag_matmul", "matmul_ar",
-                "matmul_rs_through_bcast", "allgather_p2p", "ag_matmul_p2p"]  # fmt: skip
+                "matmul_rs_through_bcast", "tp_mlp", "allgather_p2p", "ag_matmul_p2p"]  # fmt: skip
 
 STREAM_0 = tensor([None, None], axes="stream _")
 

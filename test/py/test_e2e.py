@@ -153,6 +153,14 @@ def identity(x):
     return x
 
 
+def tp_mlp(x, w1, b1, w2):
+    """The tensor-parallel MLP on whole tensors: every device's GEMMs of every device's rows,
+    summed over the devices (the reduce-scatter), each device keeping its own rows."""
+    h = torch.einsum("semk,dkn->sdemn", x, w1) + b1[None, :, None, None, :]
+    gelu = torch.nn.functional.gelu(h, approximate="tanh")
+    return torch.einsum("sdemn,dnk->semk", gelu, w2)
+
+
 @dataclass(frozen=True)
 class Fusion:
     name: str
@@ -195,6 +203,7 @@ FUSIONS = [
         lambda D, e: [(e.S, D, D, e.M, e.K), (D, e.K, e.N)],
         lambda a, b: torch.einsum("sdemk,dkn->semn", a, b),
     ),
+    Fusion("tp_mlp", lambda D, e: [(e.S, D, e.M, e.K), (D, e.K, e.N), (D, e.N), (D, e.N, e.K)], tp_mlp),
     Fusion("allgather_p2p", lambda D, e: [(D, e.M)], identity),
     Fusion("ag_matmul_p2p", lambda D, e: [(D, e.M, e.K), (e.K, e.N)], matmul),
 ]

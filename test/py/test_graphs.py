@@ -342,16 +342,16 @@ def test_gpu_replay_reads_static_inputs_in_place():
 
 @needs_cuda
 def test_gpu_replay_runs_eagerly_when_an_input_is_on_the_cpu():
-    """A one-element CPU input that only an ATen call reads (as attention kernels take
-    their random seed back): a captured kernel would keep its value from the capture, so
-    the program runs eagerly, says why, and sees each run's value."""
+    """A 0-dim CPU input that only an ATen call reads (as attention kernels take their
+    random seed back): a captured kernel would keep its value from the capture, so the
+    program runs eagerly, says why, and sees each run's value."""
     from test_program import SEEDED
 
     with pytest.warns(GraphReplayFallback, match=r"input #0 is on the CPU"):
         replayer = GraphReplayer(Program.compile(SEEDED), Communicator.single(torch.device("cuda", 0)))
         x = torch.randn(4, device="cuda")
         for seed in (3, 5):
-            torch.testing.assert_close(replayer.run([torch.tensor([seed]), x])[0], (x + seed) - x)
+            torch.testing.assert_close(replayer.run([torch.tensor(seed), x])[0], (x + seed) - x)
     assert not replayer.replays and replayer.captured == {}
 
 

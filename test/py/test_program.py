@@ -9,6 +9,8 @@ unchanged.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from xdsl.dialects import func
@@ -431,28 +433,62 @@ def test_an_output_in_symmetric_memory_stays_the_callers_after_the_next_run():
     assert torch.equal(first, x) and torch.equal(second, x + 10)
 
 
-SEEDED = """
-func.func @seeded(%seed: !fusion.tensor<[1], i64>, %x: !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32> {
-  %y = fusion.aten "aten.add.Tensor"(%x, %seed) call "[[{'operand': 0}, {'operand': 1}], {}]" : (!fusion.tensor<[4], f32>, !fusion.tensor<[1], i64>) -> !fusion.tensor<[4], f32>
-  %z = fusion.neg %x : !fusion.tensor<[4], f32> -> !fusion.tensor<[4], f32>
-  %w = fusion.add %y, %z : (!fusion.tensor<[4], f32>, !fusion.tensor<[4], f32>) -> !fusion.tensor<[4], f32>
-  func.return %w : !fusion.tensor<[4], f32>
-}
+def _seeded(seed: str, x: str = "!fusion.tensor<[4], f32>") -> str:
+    """x plus a seed that only an ATen call reads, minus x: the seed, in the type of x."""
+    return f"""
+func.func @seeded(%seed: {seed}, %x: {x}) -> {x} {{
+  %y = fusion.aten "aten.add.Tensor"(%x, %seed) call "[[{{'operand': 0}}, {{'operand': 1}}], {{}}]" : ({x}, {seed}) -> {x}
+  %z = fusion.neg %x : {x} -> {x}
+  %w = fusion.add %y, %z : ({x}, {x}) -> {x}
+  func.return %w : {x}
+}}
 """
 
 
-def test_an_input_only_aten_reads_may_be_one_element_on_the_cpu_of_a_gpu_program():
+SEEDED = _seeded("!fusion.tensor<[], i64>")
+"""An attention kernel's random seed as its backward takes it back: a 0-dim input that only
+an ATen call reads."""
+
+
+@pytest.mark.parametrize(
+    "seed_type, x_type, seed, problem",
+    [
+        ("!fusion.tensor<[], i64>", "!fusion.tensor<[4], f32>", torch.tensor(3), None),
+        # Varying: ATen reads its piece, without the device axis, as a 0-dim tensor.
+        (
+            "!fusion.tensor<[1], i64, mesh = [0], axes = [didx]>",
+            "!fusion.tensor<[1, 4], f32, mesh = [0], axes = [didx, _]>",
+            torch.tensor([3]),
+            None,
+        ),
+        # ATen would read [1], which it refuses beside CUDA tensors.
+        (
+            "!fusion.tensor<[1], i64>",
+            "!fusion.tensor<[4], f32>",
+            torch.tensor([3]),
+            "the ATen calls that read it would get shape [1], where they take a CPU tensor beside "
+            "another device's only as a 0-dim scalar",
+        ),
+    ],
+    ids=["0-dim", "varying-piece", "one-element"],
+)
+def test_a_cpu_input_beside_a_gpu_program_is_a_0_dim_tensor_only_aten_reads(seed_type, x_type, seed, problem):
     """As ATen's kernels return some (an attention kernel's random seed and offset) and take
-    them back; any other input, or a larger one, must be on the program's device."""
-    program = Program.compile(SEEDED)
+    them back. Any other input must be on the program's device, and so must one that would
+    reach ATen with a shape."""
+    program = Program.compile(_seeded(seed_type, x_type))
     assert program.aten_inputs == {0}
+    x = torch.randn(program.input_types[1].local_shape())
     gpu = Communicator(0, 1, torch.device("cuda", 0), "nccl", 60.0, joined=False)
+    if problem is None:
+        # The seed on the CPU passes (input #0); x does not (input #1).
+        problem = (
+            "input #1 of @seeded on rank 0: expected a tensor on cuda:0, got one on cpu; only an input "
+            "that ATen calls alone read may stay on the CPU"
+        )
+    else:
+        problem = f"input #0 of @seeded on rank 0: expected a tensor on cuda:0, got one on cpu; {problem}"
+    with pytest.raises(HostirError, match=re.escape(problem)):
+        program.check([seed, x], gpu)
     cpu = Communicator.single(torch.device("cpu"))
-    assert program.check([torch.tensor([3]), torch.zeros(4)], cpu) == {}
-    # The seed on the CPU passes; x does not.
-    with pytest.raises(HostirError, match=r"input #1 of @seeded on rank 0: expected a tensor on cuda:0, got one on cpu"):
-        program.check([torch.tensor([3]), torch.zeros(4)], gpu)
-    with pytest.raises(HostirError, match=r"input #0 of @seeded .*expected local shape \[1\]"):
-        program.check([torch.tensor([3, 4]), torch.zeros(4)], gpu)
-    x = torch.randn(4)
-    torch.testing.assert_close(program.run([torch.tensor([3]), x], cpu)[0], (x + 3) - x)
+    torch.testing.assert_close(program.run([seed, x], cpu)[0], (x + 3) - x)

@@ -160,6 +160,16 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
+def mlp_plan(sequence_parallel: bool) -> dict:
+    """The MLP tensor parallel, its rows sharded between the blocks (`sequence_parallel`) or replicated."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if sequence_parallel:
+        return {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
+    return {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
 def _mlp_on_rank(sequence_parallel: bool, checkpointed: bool = False) -> dict:
     """The MLP, tensor parallel with its rows sharded between the blocks (`sequence_parallel`)
     or replicated, compiled with two chunks, against eager DTensor; `checkpointed`: the
@@ -168,23 +178,12 @@ def _mlp_on_rank(sequence_parallel: bool, checkpointed: bool = False) -> dict:
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
 
     world, rank = dist.get_world_size(), dist.get_rank()
     device = rank_device()
     mesh = init_device_mesh(device.type, (world,))
-    torch.manual_seed(0)
-    if sequence_parallel:
-        plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
-    else:
-        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
-    reference = MLP()
-    modules = []
-    for _ in range(2):
-        module = MLP().to(device)
-        module.load_state_dict(reference.state_dict())
-        modules.append(parallelize_module(module, mesh, plan))
+    modules = [parallelize_module(module, mesh, mlp_plan(sequence_parallel)) for module in copies(MLP)]
     x = torch.randn(16, 16)
     x = (x.chunk(world)[rank] if sequence_parallel else x).to(device)
     x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -328,15 +327,32 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
-def _two_copies(module: type[nn.Module]) -> list[nn.Module]:
-    """Two `module()`s with the same random weights, on this rank's device: one to compile,
-    one to run eagerly."""
+def parallelize_llama(model: Llama, mesh) -> Llama:
+    """torchtitan's plan: the vocabulary sharded in the embeddings and the output (whose
+    logits stay DTensors, for `loss_parallel`), each layer as `parallelize` makes it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    parallelize_module(model, mesh, plan)
+    for layer in model.layers:
+        parallelize(layer, mesh)
+    return model
+
+
+def copies(module: type[nn.Module], count: int = 2) -> list[nn.Module]:
+    """`count` `module()`s with the same random weights, on this rank's device: one to
+    compile, one to run eagerly, ..."""
     torch.manual_seed(0)
     reference = module()
-    copies = [module().to(rank_device()) for _ in range(2)]
-    for copy in copies:
+    made = [module().to(rank_device()) for _ in range(count)]
+    for copy in made:
         copy.load_state_dict(reference.state_dict())
-    return copies
+    return made
 
 
 def _llama_on_rank() -> dict:
@@ -344,26 +360,10 @@ def _llama_on_rank() -> dict:
     output, the loss computed on the sharded logits), one training step against eager DTensor."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        SequenceParallel,
-        loss_parallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import loss_parallel
 
     mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
-    plan = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    }
-    models = _two_copies(Llama)
-    for model in models:
-        parallelize_module(model, mesh, plan)
-        for layer in model.layers:
-            parallelize(layer, mesh)
+    models = [parallelize_llama(model, mesh) for model in copies(Llama)]
     tokens, targets = (torch.randint(0, 128, (2, 16)).to(rank_device()) for _ in range(2))
     losses = []
     with warnings.catch_warnings(record=True) as caught:
@@ -404,7 +404,7 @@ def _layer_on_a_tensor_parallel_axis(fsdp: bool) -> dict:
 
     mesh = init_device_mesh(rank_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     tp, replica = mesh["tp"], mesh.get_coordinate()[0]
-    layers = [parallelize(layer, tp) for layer in _two_copies(DecoderLayer)]
+    layers = [parallelize(layer, tp) for layer in copies(DecoderLayer)]
     if fsdp:
         for layer in layers:
             fully_shard(layer, mesh=mesh["dp"])
@@ -526,6 +526,79 @@ def test_activations_and_their_gradients_are_one_fused_pointwise_run(dtype):
     assert "fusion.aten" not in text and all(op in text for op in ("fusion.erf", "fusion.tanh", "fusion.sigmoid"))
     programs = text.split("// hostir: the host program of graph ")[1:]
     assert len(programs) == 2 and all(p.count("hir.launch_kernel") == 1 for p in programs), programs
+
+
+def test_addmm_adds_its_bias_before_it_rounds_the_product():
+    """`addmm` with a bias row is one fusion.matmul with its bias, which the GEMM adds
+    before it rounds, as ATen does: bf16 results equal eager's bit for bit (a matmul then
+    an add rounds twice, and differs in about a quarter of them). A bias of the product's
+    shape is ATen's addmm itself."""
+
+    def f(x, w, row, full):
+        return torch.addmm(row, x, w.t()), torch.addmm(full, x, w.t())
+
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(128, 64, dtype=torch.bfloat16) / 8
+    row, full = torch.randn(128, dtype=torch.bfloat16), torch.randn(64, 128, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir")(x, w, row, full)
+    for actual, expected in zip(out, f(x, w, row, full), strict=True):
+        assert torch.equal(actual, expected)
+    assert re.search(r"%addmm = fusion.matmul %\w+, %t, %\w+ :", dump.getvalue()), dump.getvalue()
+    assert 'fusion.aten "aten.addmm.default"' in dump.getvalue()
+    assert "fusion.add" not in dump.getvalue()
+
+
+def _scalar_input_on_rank() -> dict:
+    """A graph with a collective (its inputs vary, each rank's piece its own) and a 0-dim
+    int64 input, a different value on each rank, that an ATen op hostir does not model
+    reads: the result against eager, and the shape and device of what ATen got."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hostir.frontend.backend import compiled_graphs
+
+    def f(x, seed):
+        return torch.fmod(funcol.all_reduce(x, "sum", dist.group.WORLD), seed)
+
+    rank = dist.get_rank()
+    x, seed = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank)) * 10, torch.tensor(3 + rank)
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir", options={"fallback": False})(x, seed)
+
+    class SeenByFmod(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[tuple[list[int], str]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.fmod.Tensor:
+                self.seen.append((list(args[1].shape), args[1].device.type))
+            return func(*args, **(kwargs or {}))
+
+    (graph,) = compiled_graphs()
+    (shapes,) = graph.compiled.values()
+    with SeenByFmod() as fmod:  # the program as the backend runs it, a device axis added to each input
+        (again,) = shapes.run([x, seed])
+    equal = torch.equal(out, f(x, seed)) and torch.equal(again, out)
+    return {"equal": equal, "seen": fmod.seen, "dump": dump.getvalue()}
+
+
+@needs_ranks(2)
+def test_a_0_dim_input_reaches_aten_as_a_0_dim_tensor():
+    """An attention kernel's random seed and offset are 0-dim CPU tensors that its backward
+    takes back. Such an input varies as every graph input does (a device axis, each
+    rank's piece of extent 1), and ATen gets it as the 0-dim tensor it was: ATen takes a
+    CPU tensor beside CUDA tensors only so (Program.check refuses any other CPU input)."""
+    results = run_on_local_ranks(_scalar_input_on_rank, 2, timeout_s=300)
+    for rank, result in enumerate(results):
+        assert result["equal"], f"rank {rank}"
+        assert result["seen"] == [([], "cpu")], f"rank {rank}: {result['seen']}"
+    dump = results[0]["dump"]
+    assert 'fusion.aten "aten.fmod.Tensor"' in dump and "!fusion.tensor<[2], i64, mesh = [0, 1], axes = [didx]>" in dump
 
 
 def test_unsigned_tensors_are_carried_bit_for_bit():

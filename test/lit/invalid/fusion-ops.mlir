@@ -169,6 +169,22 @@ func.func @matmul_shape(%a: !fusion.tensor<[4, 8], f32>, %b: !fusion.tensor<[8, 
 
 // -----
 
+func.func @matmul_bias(%a: !fusion.tensor<[4, 8], f32>, %b: !fusion.tensor<[8, 2], f32>, %bias: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{matmul bias [4] does not broadcast to the product [4, 2]}}
+  %y = fusion.matmul %a, %b, %bias : (!fusion.tensor<[4, 8], f32>, !fusion.tensor<[8, 2], f32>, !fusion.tensor<[4], f32>) -> !fusion.tensor<[4, 2], f32>
+  func.return
+}
+
+// -----
+
+func.func @matmul_bias_rank(%a: !fusion.tensor<[4, 8], f32>, %b: !fusion.tensor<[8, 2], f32>, %bias: !fusion.tensor<[3, 4, 2], f32>) {
+  // expected-error@+1 {{matmul bias [3, 4, 2] does not broadcast to the product [4, 2]}}
+  %y = fusion.matmul %a, %b, %bias : (!fusion.tensor<[4, 8], f32>, !fusion.tensor<[8, 2], f32>, !fusion.tensor<[3, 4, 2], f32>) -> !fusion.tensor<[4, 2], f32>
+  func.return
+}
+
+// -----
+
 func.func @matmul_element_types(%a: !fusion.tensor<[4, 8], f32>, %b: !fusion.tensor<[8, 2], bf16>) {
   // expected-error@+1 {{operands have element types f32, bf16; they must be equal}}
   %y = fusion.matmul %a, %b : (!fusion.tensor<[4, 8], f32>, !fusion.tensor<[8, 2], bf16>) -> !fusion.tensor<[4, 2], f32>

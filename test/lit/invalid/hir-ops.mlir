@@ -150,8 +150,16 @@ func.func @collective_team_mesh(%x: !fusion.tensor<[4], f32, mesh = [0, 1]>) {
 // -----
 
 func.func @matmul_inputs(%a: !fusion.tensor<[4, 4], f32>) {
-  // expected-error@+1 {{hir.matmul takes 2 inputs, got 1}}
+  // expected-error@+1 {{hir.matmul takes 2 or 3 inputs, got 1}}
   hir.matmul ins(%a : !fusion.tensor<[4, 4], f32>) outs(%a : !fusion.tensor<[4, 4], f32>)
+  func.return
+}
+
+// -----
+
+func.func @matmul_accumulate_bias(%a: !fusion.tensor<[4, 4], f32>, %bias: !fusion.tensor<[4], f32>) {
+  // expected-error@+1 {{hir.matmul accumulate takes 2 inputs, no bias: the out it adds the product to stands for one}}
+  hir.matmul accumulate ins(%a, %a, %bias : !fusion.tensor<[4, 4], f32>, !fusion.tensor<[4, 4], f32>, !fusion.tensor<[4], f32>) outs(%a : !fusion.tensor<[4, 4], f32>)
   func.return
 }
 

@@ -189,17 +189,20 @@ func.func @broadcast(%v: !fusion.tensor<[8], f32>) {
   func.return
 }
 
-// torch.matmul shapes: 2-D, batched with broadcast batch axes, vector operands.
+// torch.matmul shapes: 2-D, batched with broadcast batch axes, vector operands; with a
+// bias (an optional operand, broadcast to the product: torch.addmm).
 // CHECK-LABEL: func.func @matmul(
 // CHECK-NEXT: %mm = fusion.matmul %a, %b : (!fusion.tensor<[?, 16], bf16>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[?, 32], bf16>
 // CHECK-NEXT: %bmm = fusion.matmul %batched, %b : (!fusion.tensor<[3, 4, 16], bf16>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[3, 4, 32], bf16>
 // CHECK-NEXT: %mv = fusion.matmul %b, %vec : (!fusion.tensor<[16, 32], bf16>, !fusion.tensor<[32], bf16>) -> !fusion.tensor<[16], bf16>
 // CHECK-NEXT: %stream = fusion.matmul %s, %b : (!fusion.tensor<[4, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[4, 32], bf16, mesh = [0, 1], axes = [stream, _]>
+// CHECK-NEXT: %addmm = fusion.matmul %batched, %b, %vec : (!fusion.tensor<[3, 4, 16], bf16>, !fusion.tensor<[16, 32], bf16>, !fusion.tensor<[32], bf16>) -> !fusion.tensor<[3, 4, 32], bf16>
 // GENERIC-LABEL: sym_name = "matmul"
 // GENERIC: %mm = "fusion.matmul"(%a, %b) : (!fusion.tensor<[?, 16], bf16>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[?, 32], bf16>
 // GENERIC-NEXT: %bmm = "fusion.matmul"(%batched, %b) : (!fusion.tensor<[3, 4, 16], bf16>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[3, 4, 32], bf16>
 // GENERIC-NEXT: %mv = "fusion.matmul"(%b, %vec) : (!fusion.tensor<[16, 32], bf16>, !fusion.tensor<[32], bf16>) -> !fusion.tensor<[16], bf16>
 // GENERIC-NEXT: %stream = "fusion.matmul"(%s, %b) : (!fusion.tensor<[4, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[4, 32], bf16, mesh = [0, 1], axes = [stream, _]>
+// GENERIC-NEXT: %addmm = "fusion.matmul"(%batched, %b, %vec) : (!fusion.tensor<[3, 4, 16], bf16>, !fusion.tensor<[16, 32], bf16>, !fusion.tensor<[32], bf16>) -> !fusion.tensor<[3, 4, 32], bf16>
 func.func @matmul(%a: !fusion.tensor<[?, 16], bf16>, %b: !fusion.tensor<[16, 32], bf16>,
                   %batched: !fusion.tensor<[3, 4, 16], bf16>, %vec: !fusion.tensor<[32], bf16>,
                   %s: !fusion.tensor<[4, 16], bf16, mesh = [0, 1]>) {
@@ -207,6 +210,7 @@ func.func @matmul(%a: !fusion.tensor<[?, 16], bf16>, %b: !fusion.tensor<[16, 32]
   %bmm = fusion.matmul %batched, %b : (!fusion.tensor<[3, 4, 16], bf16>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[3, 4, 32], bf16>
   %mv = fusion.matmul %b, %vec : (!fusion.tensor<[16, 32], bf16>, !fusion.tensor<[32], bf16>) -> !fusion.tensor<[16], bf16>
   %stream = fusion.matmul %s, %b : (!fusion.tensor<[4, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[16, 32], bf16>) -> !fusion.tensor<[4, 32], bf16, mesh = [0, 1], axes = [stream, _]>
+  %addmm = fusion.matmul %batched, %b, %vec : (!fusion.tensor<[3, 4, 16], bf16>, !fusion.tensor<[16, 32], bf16>, !fusion.tensor<[32], bf16>) -> !fusion.tensor<[3, 4, 32], bf16>
   func.return
 }
 

@@ -3,8 +3,9 @@
 
 // Left alone, each copy-engine allreduce saying why with `explain=true`: a team of four
 // (it keeps its allreduce in two phases), a reduction that is not a sum, a product that
-// no matmul makes, an allreduce outside a stream loop, and a loop that does more than
-// its GEMM+AR. NCCL's allreduce is not the pass's: no remark.
+// no matmul makes, a product with a bias (the GEMMs of both devices would add it), an
+// allreduce outside a stream loop, and a loop that does more than its GEMM+AR. NCCL's
+// allreduce is not the pass's: no remark.
 
 !a4 = !fusion.tensor<[?, 4, ?, ?], f32, mesh = [0, 1, 2, 3], axes = [_, didx, _, _]>
 !b4 = !fusion.tensor<[4, ?, ?], f32, mesh = [0, 1, 2, 3], axes = [didx, _, _]>
@@ -18,8 +19,9 @@
 !partial = !fusion.tensor<[?, 2, ?, ?], f32, mesh = [0, 1], axes = [stream, didx, _, _]>
 !out = !fusion.tensor<[?, ?, ?], f32, mesh = [0, 1], axes = [stream, _, _]>
 !chunk_out = !fusion.tensor<[?, ?], f32, mesh = [0, 1]>
+!bias = !fusion.tensor<[2, 1, ?], f32, mesh = [0, 1], axes = [didx, _, _]>
 
-func.func @left_alone(%a4: !a4, %b4: !b4, %out4: !out4, %a: !a, %b: !b, %out: !out, %copied: !out) {
+func.func @left_alone(%a4: !a4, %b4: !b4, %out4: !out4, %a: !a, %b: !b, %out: !out, %copied: !out, %bias: !bias) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %main_stream = hir.get_current_stream
@@ -56,6 +58,21 @@ func.func @left_alone(%a4: !a4, %b4: !b4, %out4: !out4, %a: !a, %b: !b, %out: !o
   // REMARK: left-alone.mlir:{{[0-9]+:[0-9]+}}: remark: allreduce-in-matmul leaves this hir.allreduce: its input is not the whole product of one plain matmul
   %w_copy = hir.allreduce %p_copy_0 into %out_0 team [0, 1] op sum backend cuda : !chunk_a, !chunk_out
   hir.wait %w_copy
+  %p_bias = hir.allocate(%s, %m, %n) symmetric : !partial
+  scf.for %i = %c0 to %s step %c1 {
+    %stream_index = arith.remui %i, %num_streams : index
+    %stream = hir.stream %stream_index
+    hir.set_current_stream %stream
+    %a_slice = hir.alias_select %a[0 = %i] : !a -> !chunk_a
+    %p_slice = hir.alias_select %p_bias[0 = %i] : !partial -> !chunk_a
+    hir.matmul ins(%a_slice, %b, %bias : !chunk_a, !b, !bias) outs(%p_slice : !chunk_a)
+    %out_slice = hir.alias_select %out[0 = %i] : !out -> !chunk_out
+    // REMARK: left-alone.mlir:{{[0-9]+:[0-9]+}}: remark: allreduce-in-matmul leaves this hir.allreduce: its input is not the whole product of one plain matmul
+    %w = hir.allreduce %p_slice into %out_slice team [0, 1] op sum backend cuda : !chunk_a, !chunk_out
+    hir.wait %w
+    hir.set_current_stream %main_stream
+    hir.synchronize_stream %stream
+  }
   %p_body = hir.allocate(%s, %m, %n) symmetric : !partial
   %p_body_0 = hir.alias_select %p_body[0 = %c0] : !partial -> !chunk_a
   hir.matmul ins(%a_0, %b : !chunk_a, !b) outs(%p_body_0 : !chunk_a)
@@ -91,5 +108,5 @@ func.func @left_alone(%a4: !a4, %b4: !b4, %out4: !out4, %a: !a, %b: !b, %out: !o
 
 // CHECK-LABEL: func.func @left_alone(
 // CHECK-NOT:     accumulate
-// CHECK-COUNT-6: hir.allreduce
+// CHECK-COUNT-7: hir.allreduce
 // CHECK-NOT:     accumulate

@@ -27,6 +27,29 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // LOOP:            hir.wait
 // LOOP:          }
 
+// A GEMM with a bias (nn.Linear's, which ATen adds in the GEMM): the bias, the same
+// for every chunk, is read at its extent-1 chunk axis by every iteration.
+
+!bias = !fusion.tensor<[2, 1, 1, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+
+func.func @biased_matmul_ar(%a: !a, %b: !b, %bias: !bias) -> !out {
+  %p = fusion.matmul %a, %b, %bias : (!a, !b, !bias) -> !p
+  %out = fusion.sum %p [0] : !p -> !out
+  func.return %out : !out
+}
+
+// CHECK-LABEL: func.func @biased_matmul_ar(
+// CHECK:         fusion.matmul {{.*}} -> !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, stream, _, _]>
+// CHECK-NEXT:    fusion.sum {{.*}} -> !fusion.tensor<[2, 4, 8], f32, mesh = [0, 1], axes = [stream, _, _]>
+
+// LOOP-LABEL:    func.func @biased_matmul_ar(
+// LOOP:          scf.for %[[I:.*]] = %c0
+// LOOP:            %[[BIAS:.*]] = hir.alias_select %bias[1 = %c0]
+// LOOP:            hir.matmul ins(%{{.*}}, %{{.*}}, %[[BIAS]] :
+// LOOP:            hir.allreduce
+// LOOP:            hir.wait
+// LOOP:          }
+
 // Without chunks, the first axis is the rows, the matmul's M axis: nothing streams.
 
 !a1 = !fusion.tensor<[2, 8, 16], f32, mesh = [0, 1], axes = [didx, _, _]>

@@ -120,3 +120,54 @@ func.func @static_extents(%a: !a4) -> !s4 {
 // CHECK-COUNT-2: scf.for
 // CHECK-NOT:     scf.for
 // CHECK:         func.return
+
+// A data-movement segment between the loops (a weight's broadcast, written between the
+// two ops it separates) that neither loop's buffers meet moves before the loops, which
+// merge; one that reads what the first loop wrote stays between them, and so do the loops.
+
+!w = !fusion.tensor<[8], f32>
+!wb = !fusion.tensor<[1, 8], f32>
+
+func.func private @broadcast_row(%v: !w) -> !wb {
+  %r = fusion.broadcast %v [0] : !w -> !wb
+  func.return %r : !wb
+}
+
+func.func private @copied(%v: !s4) -> !a4 {
+  %r = fusion.set %v : !s4 -> !a4
+  func.return %r : !a4
+}
+
+func.func @independent_broadcast(%a: !a4, %w: !w) -> !s4 {
+  %x = hir.allocate() : !s4
+  hir.pointwise "neg" ins(%a : !a4) outs(%x : !s4)
+  %wb = hir.allocate() : !wb
+  hir.post_on_stream @broadcast_row ins(%w : !w) outs(%wb : !wb)
+  %y = hir.allocate() : !s4
+  hir.pointwise "add" ins(%x, %wb : !s4, !wb) outs(%y : !s4)
+  func.return %y : !s4
+}
+
+// CHECK-LABEL: func.func @independent_broadcast(
+// CHECK:         %wb = hir.allocate
+// CHECK-NEXT:    hir.post_on_stream @broadcast_row ins(%w : {{.*}}) outs(%wb :
+// CHECK-COUNT-2: scf.for
+// CHECK-NOT:     scf.for
+// CHECK:         func.return
+
+func.func @dependent_segment(%a: !a4) -> !s4 {
+  %x = hir.allocate() : !s4
+  hir.pointwise "neg" ins(%a : !a4) outs(%x : !s4)
+  %copy = hir.allocate() : !a4
+  hir.post_on_stream @copied ins(%x : !s4) outs(%copy : !a4)
+  %y = hir.allocate() : !s4
+  hir.pointwise "exp" ins(%copy : !a4) outs(%y : !s4)
+  func.return %y : !s4
+}
+
+// CHECK-LABEL: func.func @dependent_segment(
+// CHECK-COUNT-2: scf.for
+// CHECK:         hir.post_on_stream @copied
+// CHECK-COUNT-2: scf.for
+// CHECK-NOT:     scf.for
+// CHECK:         func.return
