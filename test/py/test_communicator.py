@@ -5,7 +5,10 @@ docs/design.md: the gathered, reduced and scattered axes come from the types, on
 outermost axis and on inner ones, into contiguous buffers and strided views, with a
 reversed team and a sub-team, with a root outside the mesh that holds the shards
 (written by hand and lowered from fusions), and with sends and receives that the
-ranks outside their buffers' mesh skip. Every rank runs every case in one spawn; the
+ranks outside their buffers' mesh skip. At world size 4 every collective and
+point-to-point pattern also runs over teams whose order is neither sorted nor its own
+inverse (`TEAMS_IN_ORDER`), through NCCL/gloo and through the copy engines (whose CPU
+form sends torch.distributed messages). Every rank runs every case in one spawn; the
 parent compares each rank's output with its piece of plain torch on the unsharded data.
 Inputs are random, allocations are poisoned with NaN, inputs are checked unchanged.
 """
@@ -48,13 +51,63 @@ class Case:
     """What lowers `program` first, if it is a fusion."""
 
 
-def one_collective(kind: str, input: str, output: str, team, attributes: str = "") -> str:
+def _read_by_peers(buffer: str, type: str, backend: str) -> tuple[str, str]:
+    """What the peers read of `buffer`: itself, or with `backend` cuda (the copy engines) a
+    symmetric copy of it; (the lines that make it, its name)."""
+    if backend != "cuda":
+        return "", buffer
     return f"""
-    func.func @main(%x: {input}) -> {output} {{
+      %symmetric = hir.allocate() symmetric : {type}
+      hir.copy ins({buffer} : {type}) outs(%symmetric : {type})""", "%symmetric"
+
+
+def one_collective(kind: str, input: str, output: str, team, attributes: str = "", backend: str = "nccl") -> str:
+    made, source = _read_by_peers("%x", input, backend)
+    return f"""
+    func.func @main(%x: {input}) -> {output} {{{made}
       %y = hir.allocate() : {output}
-      %w = hir.{kind} %x into %y team {list(team)}{attributes} backend nccl : {input}, {output}
+      %w = hir.{kind} {source} into %y team {list(team)}{attributes} backend {backend} : {input}, {output}
       hir.wait %w
       func.return %y : {output}
+    }}"""
+
+
+def index_per_rank(name: str, values: dict[int, int]) -> tuple[str, str]:
+    """Lines that give each rank (`%rank`, its `hir.device_index`) its value of `values`, a
+    chain of selects from the first value, which a rank not in `values` keeps; (the lines,
+    the name of the value)."""
+    items = list(values.items())
+    lines = [f"%{name}_0 = arith.constant {items[0][1]} : index"]
+    for i, (rank, value) in enumerate(items[1:], start=1):
+        lines += [
+            f"%{name}_rank_{i} = arith.constant {rank} : index",
+            f"%{name}_value_{i} = arith.constant {value} : index",
+            f"%{name}_is_{i} = arith.cmpi eq, %rank, %{name}_rank_{i} : index",
+            f"%{name}_{i} = arith.select %{name}_is_{i}, %{name}_value_{i}, %{name}_{i - 1} : index",
+        ]
+    return "\n      ".join(lines), f"%{name}_{len(items) - 1}"
+
+
+def ring_exchange(team: list[int], backend: str) -> str:
+    """Each member of `team` sends its shard to the next member in team order and receives the
+    previous member's, in one coalesced batch: the whole output is the input rolled by one
+    along its sharded axis."""
+    shard = tensor([len(team), 3], mesh=team, axes="didx _")
+    following, next_peer = index_per_rank("next", {d: team[(k + 1) % len(team)] for k, d in enumerate(team)})
+    preceding, previous_peer = index_per_rank("previous", {d: team[k - 1] for k, d in enumerate(team)})
+    made, sent = _read_by_peers("%x", shard, backend)
+    return f"""
+    func.func @main(%x: {shard}) -> {shard} {{
+      %rank = hir.device_index
+      {following}
+      {preceding}{made}
+      %y = hir.allocate() : {shard}
+      hir.start_coalescing
+      %r = hir.recv %y from {previous_peer} backend {backend} : {shard}
+      %s = hir.send {sent} to {next_peer} backend {backend} : {shard}
+      %w = hir.end_coalescing
+      hir.wait %w
+      func.return %y : {shard}
     }}"""
 
 
@@ -275,6 +328,89 @@ def collective_cases(n: int) -> list[Case]:
         x = randn(2, 5)
         case("allreduce in another sub-team", one_collective(
             "allreduce", tensor([2, 5], mesh=[2, 0], axes="didx _"), tensor([5], mesh=[2, 0]), [2, 0], " op sum"
+        ), [x], [x.sum(0)])
+        for team in TEAMS_IN_ORDER:
+            cases += team_order_cases(team, n, randn)
+    return cases
+
+
+TEAMS_IN_ORDER = ([1, 2, 3, 0], [2, 0, 3, 1], [1, 2, 0])
+"""Teams of a world of 4 whose order is neither sorted nor its own inverse: rotated, shuffled,
+and a sub-team. Shard k of a team's axis lies on its k-th device, while torch.distributed
+orders a group's ranks sorted; the permutation between the two, applied the wrong way round,
+is the identity for a sorted team and the same permutation for a reversed one, so only such
+teams tell the two apart."""
+
+
+def team_order_cases(team: list[int], world: int, randn) -> list[Case]:
+    """Every collective and point-to-point pattern over `team`, its buffers' meshes listed in
+    team order: through NCCL/gloo, and through the copy engines where they have a form
+    (allgather, allreduce, reduce_scatter, a batch of sends and recvs). A sub-team also
+    gathers to, scatters from and reduces to the device outside it."""
+    m, cases = len(team), []
+
+    def case(what, program, inputs, expected):
+        cases.append(Case(f"{what}, team {team}", program, inputs, expected))
+
+    def sharded(shape, axes):
+        return tensor(shape, mesh=team, axes=axes)
+
+    for backend in ("nccl", "cuda"):
+        x = randn(m, 3)
+        case(f"allgather ({backend})", one_collective(
+            "allgather", sharded([m, 3], "didx _"), tensor([m, 3], mesh=team), team, backend=backend
+        ), [x], [x])
+        x = randn(2, m, 3)
+        case(f"allgather inner axis ({backend})", one_collective(
+            "allgather", sharded([2, m, 3], "_ didx _"), tensor([2, m, 3], mesh=team), team, backend=backend
+        ), [x], [x])
+        x = randn(m, 5)
+        case(f"allreduce sum ({backend})", one_collective(
+            "allreduce", sharded([m, 5], "didx _"), tensor([5], mesh=team), team, " op sum", backend
+        ), [x], [x.sum(0)])
+        x = randn(m, m, 2)
+        case(f"reduce_scatter sum ({backend})", one_collective(
+            "reduce_scatter", sharded([m, m, 2], "didx _ _"), sharded([m, 2], "didx _"), team, " op sum", backend
+        ), [x], [x.sum(0)])
+        x = randn(m, 2, m)
+        case(f"reduce_scatter max, scattered axis inner ({backend})", one_collective(
+            "reduce_scatter", sharded([m, 2, m], "didx _ _"), sharded([2, m], "_ didx"), team, " op max", backend
+        ), [x], [x.amax(0)])
+        x = randn(m, 3)
+        case(f"ring of sends and recvs in team order ({backend})", ring_exchange(team, backend), [x], [x.roll(1, 0)])
+    x = randn(3, m)
+    case("gather to the second member", one_collective(
+        "gather", sharded([3, m], "_ didx"), tensor([3, m], mesh=[team[1]]), team, f" root {team[1]}"
+    ), [x], [x])
+    x = randn(m, 4)
+    case("scatter from the last member", one_collective(
+        "scatter", tensor([m, 4], mesh=[team[-1]]), sharded([m, 4], "didx _"), team, f" root {team[-1]}"
+    ), [x], [x])
+    x = randn(m, 4)
+    case("reduce sum to the third member", one_collective(
+        "reduce", sharded([m, 4], "didx _"), tensor([4], mesh=[team[2]]), team, f" root {team[2]} op sum"
+    ), [x], [x.sum(0)])
+    x = randn(4, 2)
+    case("broadcast from the second member", one_collective(
+        "broadcast", tensor([4, 2], mesh=[team[1]]), tensor([4, 2], mesh=team), team, f" root {team[1]}"
+    ), [x], [x])
+    x = randn(5)
+    case("send_recv from the last member to the first", one_collective(
+        "send_recv", tensor([5], mesh=[team[-1]]), tensor([5], mesh=[team[0]]), [team[-1], team[0]], f" root {team[-1]}"
+    ), [x], [x])
+    for outsider in sorted(set(range(world)) - set(team)):
+        with_root = [*team, outsider]
+        x = randn(3, m)
+        case(f"gather to device {outsider} outside", one_collective(
+            "gather", sharded([3, m], "_ didx"), tensor([3, m], mesh=[outsider]), with_root, f" root {outsider}"
+        ), [x], [x])
+        x = randn(m, 4)
+        case(f"scatter from device {outsider} outside", one_collective(
+            "scatter", tensor([m, 4], mesh=[outsider]), sharded([m, 4], "didx _"), with_root, f" root {outsider}"
+        ), [x], [x])
+        x = randn(m, 4)
+        case(f"reduce sum to device {outsider} outside", one_collective(
+            "reduce", sharded([m, 4], "didx _"), tensor([4], mesh=[outsider]), with_root, f" root {outsider} op sum"
         ), [x], [x.sum(0)])
     return cases
 
