@@ -16,6 +16,7 @@ Inputs are random, allocations are poisoned with NaN, inputs are checked unchang
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -491,26 +492,35 @@ def test_ranks_launched_without_a_group_talk_through_their_arguments():
     assert results == [(0, False, 2), (1, False, 0), (2, False, 1)]
 
 
-def join_late_then_wait_alone(late_s: float, timeout_s: float) -> float | None:
-    """Rank 1 joins `late_s` after rank 0, then leaves rank 0 alone in a collective: on rank 0,
-    the seconds that collective waited before it failed."""
+def join_late_then_wait_alone(joining, late_s: float, timeout_s: float) -> tuple[float, str] | None:
+    """Rank 1 joins `late_s` after rank 0 has begun to join (the event `joining`), then leaves
+    rank 0 alone in a collective: on rank 0, the seconds that joining took, and the error of
+    that collective."""
     rank = int(os.environ["RANK"])
     if rank == 1:
+        assert joining.wait(timeout=60), "rank 0 never began to join"
         time.sleep(late_s)
+    else:
+        joining.set()
+    start = time.monotonic()
     Communicator.from_env(timeout_s=timeout_s)
     torch.distributed.barrier()
+    joined = time.monotonic() - start
     if rank == 1:
         time.sleep(late_s + timeout_s)  # keeps its connections open while rank 0 waits
         return None
-    start = time.monotonic()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as failed:
         torch.distributed.all_reduce(torch.zeros(1))
-    return time.monotonic() - start
+    return joined, str(failed.value)
 
 
 def test_joining_waits_for_a_late_rank_longer_than_a_communication_does(monkeypatch):
     """A rank that starts late on a loaded machine is no failed communication: joining waits
-    for it past the 1 s timeout, which then bounds the collectives."""
+    for it past the 1 s timeout, which then bounds the collectives. Rank 1 starts its delay
+    once rank 0 is joining, so a loaded machine can only lengthen rank 0's wait; the timeout
+    that fires is read from gloo's message, not from the clock."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    waited, _ = run_on_local_ranks(join_late_then_wait_alone, 2, 3.0, 1.0, join_group=False)
-    assert 1.0 <= waited < 2.5
+    joining = torch.multiprocessing.get_context("spawn").Event()
+    (joined, error), _ = run_on_local_ranks(join_late_then_wait_alone, 2, joining, 2.0, 1.0, join_group=False)
+    assert joined >= 2.0, f"rank 0 joined after {joined:.2f} s, before rank 1 did"
+    assert re.search(r"Timed out waiting 1000ms", error), error
