@@ -405,6 +405,9 @@ def _function(body: str, arguments: str = f"%x: {T}") -> str:
         ),
         ("!t = 0x" + "f" * 40 + "<[4], f32>\n", "1:6", "Integer value 14615016373309029182036848327162830196559"),
         ("func.func @f() attributes {a = 300 : i8} {\n}", "1:32", "Integer value 300 is out of range for type i8"),
+        ("func.func @f() attributes {a = 1.0e39 : f32} {\n}", "1:32", "float literal 1.0e39 is out of range for type f32"),
+        ("#a = -1.0e39 : bf16\n", "1:6", "float literal -1.0e39 is out of range for type bf16"),
+        ("#a = array<f16: 1.0e5>\n", "1:1", "a value is out of its type's range (float too large to pack with e format)"),
         (
             _function("%c1 = arith.constant 1 : index\n  scf.for %i = %c1 to %n step %c1 {\n    %n = hir.dim %x, 0 : " + T + "\n  }"),
             "3:3",

@@ -73,6 +73,10 @@ AWKWARD = [
     str(2**63),
     str(2**64),
     "9" * 5000,
+    "1.0e39",
+    "1.0e39 : f32",
+    "-65520.0 : f16",
+    "0x1FFFFFFFF : f32",
     "0x" + "f" * 40,
     '"' + "a" * 40,
     '"\\q"',
@@ -227,6 +231,7 @@ def check_round_trip(text: str) -> None:
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(mutants())
 @example("func.func @f() {\n  func.return\n}\n1e999/ CHECK-NOT: Traceback\n")  # a diagnostic's source line
+@example("func.func @f() attributes {a = 1.0e39 : f32} {\n  func.return\n}\n")  # beyond f32's largest float
 def test_hir_opt_ends_every_mutant_with_a_diagnostic_or_text_that_reads_back(text):
     for name, arguments in PIPELINES.items():
         status, out, err = hir_opt(text, *arguments)
