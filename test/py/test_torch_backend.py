@@ -32,6 +32,20 @@ from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
 
 
+def _without_fallback(fn, *args):
+    """`fn(*args)` on a rank, where a graph that hostir would run as torch eager ops
+    (`HostirFallbackWarning`) is an error, as pyproject.toml's filter makes it in pytest's own
+    process: a test of hostir must not pass on eager's results. (A rank is a process of its
+    own, with the warning filters it started with.)"""
+    warnings.simplefilter("error", HostirFallbackWarning)
+    return fn(*args)
+
+
+def run_on_hostir(fn, nproc: int, *args, timeout_s: float) -> list:
+    """`run_on_local_ranks(fn, nproc, *args)`, each rank `_without_fallback`."""
+    return run_on_local_ranks(_without_fallback, nproc, fn, *args, timeout_s=timeout_s)
+
+
 def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
 
@@ -121,7 +135,7 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     input gradients' sums of GEMMs too); with two, the sequences' pieces are
     interleaved in the gathered tensor, which the importer keeps as a permutation of
     the pieces, and all of them are pipelined still."""
-    results = run_on_local_ranks(_layer_on_rank, world, sequences, dtype, batch, timeout_s=600)
+    results = run_on_hostir(_layer_on_rank, world, sequences, dtype, batch, timeout_s=600)
     for rank, result in enumerate(results):
         bad = {what: error for what, error in result["errors"].items() if error > TOLERANCES[dtype]}
         assert not bad, f"rank {rank}: {bad}"
@@ -156,7 +170,7 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
 
 def test_adamw_steps_track_eager():
     """Ten AdamW steps of the layer: the losses with hostir track the eager ones."""
-    (losses, *_) = run_on_local_ranks(train, 2, 10, timeout_s=600)
+    (losses, *_) = run_on_hostir(train, 2, 10, timeout_s=600)
     for step, (hostir_loss, eager_loss) in enumerate(losses):
         assert hostir_loss == pytest.approx(eager_loss, rel=F32_TOLERANCE), f"step {step}"
     assert losses[-1][0] != losses[0][0], "the weights changed"
@@ -249,7 +263,7 @@ def _unplannable_kernels(dump: str) -> list[str]:
 
 def _mlp_programs(sequence_parallel: bool) -> list[str]:
     """The MLP's forward and backward host programs on 2 ranks, after checking its numbers."""
-    results = run_on_local_ranks(_mlp_on_rank, 2, sequence_parallel, timeout_s=300)
+    results = run_on_hostir(_mlp_on_rank, 2, sequence_parallel, timeout_s=300)
     for rank, result in enumerate(results):
         assert max(result["errors"].values()) < F32_TOLERANCE, f"rank {rank}: {result['errors']}"
     programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
@@ -399,7 +413,7 @@ def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_host
     """Every graph of the model is hostir's (the embeddings' masked lookup holds tensor
     constants), replayed as a CUDA graph on GPUs (its masked writes are `where`s), and the
     loss and every gradient match eager DTensor's."""
-    for rank, result in enumerate(run_on_local_ranks(_llama_on_rank, 2, timeout_s=600)):
+    for rank, result in enumerate(run_on_hostir(_llama_on_rank, 2, timeout_s=600)):
         assert not result["fallbacks"], f"rank {rank}: {result['fallbacks']}"
         hostir_loss, eager_loss = result["losses"]
         assert hostir_loss == pytest.approx(eager_loss, rel=F32_TOLERANCE), f"rank {rank}"
@@ -456,7 +470,7 @@ def test_a_layer_tensor_parallel_on_one_axis_of_a_2d_mesh_runs_on_that_axis_grou
     groups and its checks involve no other rank, so the two data-parallel replicas need
     not run in step; with FSDP2 on the other axis, its all-gathers and reduce-scatters
     stay torch's, outside the graphs."""
-    results = run_on_local_ranks(_layer_on_a_tensor_parallel_axis, 4, fsdp, timeout_s=600)
+    results = run_on_hostir(_layer_on_a_tensor_parallel_axis, 4, fsdp, timeout_s=600)
     parameters = len(list(DecoderLayer().parameters()))
     for rank, result in enumerate(results):
         assert not result["fallbacks"], f"rank {rank}: {result['fallbacks']}"
@@ -470,7 +484,7 @@ def test_a_layer_tensor_parallel_on_one_axis_of_a_2d_mesh_runs_on_that_axis_grou
 def test_a_compiled_module_under_activation_checkpointing_matches_eager():
     """Checkpointing around the compiled module (inside it, torch's own aot_autograd fails
     for DTensor modules, docs/frontend.md): its forward runs again in the backward."""
-    results = run_on_local_ranks(_mlp_on_rank, 2, True, True, timeout_s=300)
+    results = run_on_hostir(_mlp_on_rank, 2, True, True, timeout_s=300)
     for rank, result in enumerate(results):
         assert max(result["errors"].values()) < F32_TOLERANCE, f"rank {rank}: {result['errors']}"
     programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
@@ -819,7 +833,7 @@ def test_decoder_layer_on_gpus_with_graph_replay(world, backend):
     # auto: the copy engines where the GPUs have peer access (the ranks are all on this host)
     peers = all(torch.cuda.can_device_access_peer(a, b) for a in range(world) for b in range(world) if a != b)
     expected = ("cuda" if peers else "nccl") if backend == "auto" else backend
-    for rank, result in enumerate(run_on_local_ranks(_layer_on_gpu, world, backend, timeout_s=600)):
+    for rank, result in enumerate(run_on_hostir(_layer_on_gpu, world, backend, timeout_s=600)):
         bad = {what: error for what, error in result["errors"].items() if error > 3e-2}
         assert not bad, f"rank {rank}: {bad}"
         assert result["replayed"] and all(result["replayed"]), f"rank {rank}: {result['replayed']}"

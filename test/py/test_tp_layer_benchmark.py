@@ -2,7 +2,8 @@
 
 One run of `--smoke` (2 local CPU ranks, gloo, f32, a tiny layer) checks every contender
 that runs here against eager DTensor and writes the table, the JSON and the PNG; the
-contenders that need CUDA say so in the table. The limit is tested on its own: it runs
+contenders that need CUDA say so in the table, and the hostir contender fails if a graph of
+it ran as torch eager ops (`check_ran_on_hostir`, tested on its own). The limit is tested on its own: it runs
 exactly the GEMMs and attention of the layer, one rank's share of them.
 """
 
@@ -13,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from examples.tp_decoder_layer import DecoderLayer
+from test_torch_backend import F32_TOLERANCE
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -47,7 +50,7 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
             result = results[step, contender]
             assert result["status"] == "ok" and result["ms"] == max(result["rank_ms"])
             assert result["ratio_to_limit"] == pytest.approx(result["ms"] / limit["ms"])
-            assert result["check_ok"] and max(result["errors"].values()) <= 1e-4
+            assert result["check_ok"] and max(result["errors"].values()) <= F32_TOLERANCE
         # Needing CUDA, or C++ builds too slow for a smoke test, is said, not hidden.
         assert results[step, tp_layer.ASYNC_TP]["status"].startswith("unavailable: async-TP needs CUDA")
         assert results[step, tp_layer.HOSTIR_CUDA]["status"].startswith("unavailable: the copy engines")
@@ -64,6 +67,18 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert "| dim 64, 2 x 16 tokens |" in table and "WRONG" not in table
     assert tp_layer.CPU_INDUCTOR_SKIP in table and "unavailable: the copy engines are CUDA's" in table
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_hostir_contender_whose_graph_ran_eagerly_fails():
+    """What the smoke run relies on: a graph that the backend compiled to None (hostir's
+    fallback to torch eager ops) fails the contender, and so does a contender that compiled
+    no graph at all."""
+    ran, fell_back = (SimpleNamespace(name=name, compiled={(): compiled}) for name, compiled in (("forward_1", object()), ("backward_2", None)))
+    tp_layer.check_ran_on_hostir([ran])
+    with pytest.raises(RuntimeError, match="hostir ran graph.s. backward_2 as torch eager ops"):
+        tp_layer.check_ran_on_hostir([ran, fell_back])
+    with pytest.raises(RuntimeError, match="hostir compiled no graph"):
+        tp_layer.check_ran_on_hostir([])
 
 
 class MatmulsAndAttention(TorchDispatchMode):
