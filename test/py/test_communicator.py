@@ -28,7 +28,7 @@ from hostir.runtime.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
-from test_interpreter import poisoned_allocations, tensor
+from test_interpreter import poisoned_allocations, poisoned_frees, tensor
 
 
 def needs_ranks(n: int):
@@ -52,20 +52,16 @@ class Case:
     """What lowers `program` first, if it is a fusion."""
 
 
-def _read_by_peers(buffer: str, type: str, backend: str) -> tuple[str, str]:
-    """What the peers read of `buffer`: itself, or with `backend` cuda (the copy engines) a
-    symmetric copy of it; (the lines that make it, its name)."""
-    if backend != "cuda":
-        return "", buffer
-    return f"""
-      %symmetric = hir.allocate() symmetric : {type}
-      hir.copy ins({buffer} : {type}) outs(%symmetric : {type})""", "%symmetric"
-
-
 def one_collective(kind: str, input: str, output: str, team, attributes: str = "", backend: str = "nccl") -> str:
-    made, source = _read_by_peers("%x", input, backend)
+    """A host program of one collective; with `backend` cuda (the copy engines) its input is
+    first copied into a symmetric buffer, which the peers read."""
+    source, symmetric = "%x", ""
+    if backend == "cuda":
+        source, symmetric = "%symmetric", f"""
+      %symmetric = hir.allocate() symmetric : {input}
+      hir.copy ins(%x : {input}) outs(%symmetric : {input})"""
     return f"""
-    func.func @main(%x: {input}) -> {output} {{{made}
+    func.func @main(%x: {input}) -> {output} {{{symmetric}
       %y = hir.allocate() : {output}
       %w = hir.{kind} {source} into %y team {list(team)}{attributes} backend {backend} : {input}, {output}
       hir.wait %w
@@ -90,22 +86,25 @@ def index_per_rank(name: str, values: dict[int, int]) -> tuple[str, str]:
 
 
 def ring_exchange(team: list[int], backend: str) -> str:
-    """Each member of `team` sends its shard to the next member in team order and receives the
-    previous member's, in one coalesced batch: the whole output is the input rolled by one
-    along its sharded axis."""
+    """Each member of `team` sends a copy of its shard to the next member in team order and
+    receives the previous member's, in one coalesced batch: the whole output is the input
+    rolled by one along its sharded axis. The copy is a buffer of the program (symmetric with
+    `backend` cuda), which nothing uses after the send but the wait of its batch."""
     shard = tensor([len(team), 3], mesh=team, axes="didx _")
     following, next_peer = index_per_rank("next", {d: team[(k + 1) % len(team)] for k, d in enumerate(team)})
     preceding, previous_peer = index_per_rank("previous", {d: team[k - 1] for k, d in enumerate(team)})
-    made, sent = _read_by_peers("%x", shard, backend)
+    symmetric = " symmetric" if backend == "cuda" else ""
     return f"""
     func.func @main(%x: {shard}) -> {shard} {{
       %rank = hir.device_index
       {following}
-      {preceding}{made}
+      {preceding}
+      %sent = hir.allocate(){symmetric} : {shard}
+      hir.copy ins(%x : {shard}) outs(%sent : {shard})
       %y = hir.allocate() : {shard}
       hir.start_coalescing
       %r = hir.recv %y from {previous_peer} backend {backend} : {shard}
-      %s = hir.send {sent} to {next_peer} backend {backend} : {shard}
+      %s = hir.send %sent to {next_peer} backend {backend} : {shard}
       %w = hir.end_coalescing
       hir.wait %w
       func.return %y : {shard}
@@ -248,6 +247,9 @@ def collective_cases(n: int) -> list[Case]:
             "send_recv", tensor([2, 3], mesh=[last]), tensor([2, 3], mesh=[0]), [last, 0], f" root {last}"
         ), [x], [x])
     if n >= 2:
+        x = randn(n, 3)
+        case("a coalesced send's buffer, freed after the wait of its batch", ring_exchange(everyone, "nccl"),
+             [x], [x.roll(1, 0)], "insert-deallocations")
         # A root outside the mesh that holds the shards is the team's last member (the
         # team rule of docs/design.md): it holds no shard of a gather or a scatter, and
         # adds nothing to a reduce.
@@ -417,11 +419,14 @@ def team_order_cases(team: list[int], world: int, randn) -> list[Case]:
 
 
 def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
-    """One rank: runs every case on its pieces of the inputs; returns its outputs per case."""
+    """One rank: runs every case on its pieces of the inputs; returns its outputs per case.
+    What a program frees is overwritten (`poisoned_frees`), so a buffer freed before a
+    communication is done with it shows in the peer's output."""
     communicator = Communicator.from_env()
     results = []
     for case in collective_cases(n):
-        program = Program.compile(case.program, pipeline=case.pipeline)
+        with poisoned_frees():
+            program = Program.compile(case.program, pipeline=case.pipeline)
         inputs = [
             shard(full, type, communicator.rank).to(communicator.device)
             for full, type in zip(case.inputs, program.input_types)
