@@ -32,7 +32,9 @@ same weights and the same inputs:
 
 Before it is timed, every contender's forward output, training-step output, input
 gradient and parameter gradients (each rank's shard) are compared with eager DTensor's:
-the largest error relative to the largest |eager value|, the slowest rank's. Then each
+the largest error relative to the largest |eager value|, the slowest rank's. A hostir
+contender fails if any of its graphs runs as torch eager ops (hostir's fallback for a
+graph it cannot import), whose time would pass for hostir's. Then each
 step runs `--warmup` times and `--reps` times timed (CUDA events around the step, after
 a barrier; host timers on CPU ranks). A contender's time is the median over the timed
 steps of one rank, the slowest rank's median; the ratio is to the limit's.
@@ -81,6 +83,7 @@ sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from overlap_report import machine  # noqa: E402
 from step_breakdown import STEP, Breakdown, table  # noqa: E402
+from hostir.frontend.backend import compiled_graphs  # noqa: E402
 from hostir.runtime.distributed.communicator import Communicator  # noqa: E402
 from hostir.runtime.graphs import release_captured_graphs  # noqa: E402
 from hostir.runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
@@ -452,10 +455,13 @@ def measure_layer(
     steps, and with `traces` (a folder for the trace files) every rank's breakdown of each step
     and, on GPUs, its median with the host ahead (`median_ms`)."""
     layer = parallelize(copy.deepcopy(base), mesh)
+    earlier_graphs = set(compiled_graphs())
     model = wrap(contender, layer, mesh)
     began = time.perf_counter()
     errors = check(model, layer, inputs, expected, reference=contender == EAGER)
     first_s = max(gathered(time.perf_counter() - began))
+    if contender in (HOSTIR, HOSTIR_CUDA):
+        check_ran_on_hostir([graph for graph in compiled_graphs() if graph not in earlier_graphs])
     errors = {
         step: {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
         for step, what in errors.items()
@@ -496,6 +502,17 @@ def profiled(step: Callable[[], object], device: torch.device, path: Path) -> Br
     profiler.export_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
     return Breakdown.of_trace(events, device.type)
+
+
+def check_ran_on_hostir(graphs: list) -> None:
+    """Raises unless the backend compiled `graphs`, a hostir contender's, and every one of them
+    runs as a host program: one that hostir could not import runs as torch eager ops (its
+    `compiled` value None)."""
+    if not graphs:
+        raise RuntimeError("hostir compiled no graph: the layer ran as torch eager ops")
+    eager = [graph.name for graph in graphs if None in graph.compiled.values()]
+    if eager:
+        raise RuntimeError(f"hostir ran graph(s) {', '.join(eager)} as torch eager ops, not importing them")
 
 
 def progress(outcome: list[Result]) -> str:

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import io
 import linecache
+import math
 import re
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import FileLineColLoc, FloatAttr, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, ParametrizedAttribute
 from xdsl.irdl.dominance import DominanceInfo
 from xdsl.parser import Parser
@@ -164,14 +165,29 @@ class LocatingParser(Parser):
             self.raise_error(str(e), start, self.pos)
 
     def parse_optional_builtin_int_or_float_attr(self) -> Attribute | None:
-        """An integer attribute out of its type's range (`0xfff...f`, `300 : i8`) is an error
-        on the literal: xDSL's IntegerAttr raises it outside any span, so in an alias
-        definition, outside every op, it had no location."""
+        """A literal that does not fit its type is an error on the literal.
+
+        An integer out of its type's range (`0xfff...f`, `300 : i8`): xDSL's IntegerAttr
+        raises it outside any span, so in an alias definition, outside every op, it had no
+        location. A float beyond its type's largest finite value (`1.0e39 : f32`): xDSL's
+        packing raises OverflowError for f16 and f32 and rounds it to infinity for bf16 and
+        f64 (a decimal literal never means infinity, which is written in hexadecimal, as
+        its bits, as xDSL prints it); a hexadecimal literal with more bits than its type
+        raises OverflowError too.
+        """
         start = self._current_token.span.start
+        hexadecimal = self._current_token.text[:2] in ("0x", "0X")
         try:
-            return super().parse_optional_builtin_int_or_float_attr()
+            attr = super().parse_optional_builtin_int_or_float_attr()
         except VerifyException as e:
             self.raise_error(str(e), start, self.pos)
+        except OverflowError:
+            pass  # packing it as f16 or f32
+        else:
+            if hexadecimal or not isinstance(attr, FloatAttr) or math.isfinite(attr.value.data):
+                return attr
+        literal, _, type = self.lexer.input.content[start : self.pos].partition(":")
+        self.raise_error(f"float literal {literal.strip()} is out of range for type {type.strip()}", start, self.pos)
 
     def parse_operation(self) -> Operation:
         start_span = self._current_token.span
@@ -183,14 +199,30 @@ class LocatingParser(Parser):
             # of the wrong kind, or a property out of its type's range, fails in the op's
             # constructor, not in the parser.
             self.raise_error(str(e), start_span.start, self._current_token.span.start)
-        except struct.error as e:
-            # xDSL's dense arrays accept i64 values up to 2**64 - 1, then fail to pack them.
-            self.raise_error(f"a value is out of its type's range ({e})", start_span.start, self._current_token.span.start)
+        except _PACKING_ERRORS as e:
+            self._raise_out_of_range(e, start_span.start)
         if not isinstance(op.location, FileLineColLoc):
             op.location = FileLineColLoc(
                 StringAttr(start.file), IntAttr(start.line + self.line_offset), IntAttr(start.col)
             )
         return op
+
+    def _parse_alias_def(self) -> None:
+        start = self._current_token.span.start
+        try:
+            super()._parse_alias_def()
+        except _PACKING_ERRORS as e:
+            self._raise_out_of_range(e, start)
+
+    def _raise_out_of_range(self, error: Exception, start: int) -> NoReturn:
+        """A dense array or tensor that holds a value out of its type's range, from `start` (the
+        op or alias definition that holds it) to here: xDSL's dense arrays accept i64 values up
+        to 2**64 - 1, then fail to pack them, and a float too large for its type fails to pack."""
+        self.raise_error(f"a value is out of its type's range ({error})", start, self._current_token.span.start)
+
+
+_PACKING_ERRORS = (struct.error, OverflowError)
+"""What xDSL's packing of values into bytes raises for a value out of its type's range."""
 
 
 def _remember_source(filename: str, text: str, line_offset: int) -> None:

@@ -14,7 +14,10 @@ does, so the command behaves as a fresh process of the tool would.
 Where no server answers (it failed to start, or the client runs outside lit), the client
 runs the tool itself, in a fresh process.
 
-    python preload.py serve SOCKET_FD                 # start_server: a bound, listening socket
+The server ends with lit, whenever lit ends, even before the server is done importing:
+it reads a pipe whose only writer is lit, and ends at its end of file.
+
+    python preload.py serve SOCKET_FD LIT_FD          # start_server: a listening socket, lit's pipe
     python -I -S preload.py SOCKET_PATH TOOL ARGS...  # a RUN line's command (client_command)
 """
 
@@ -36,21 +39,29 @@ _HEADER = 8
 
 
 def start_server(directory: str) -> "subprocess.Popen[bytes]":
-    """Starts the server on `directory`/socket. It serves until its parent exits or it is
-    terminated, then removes the socket and the directory."""
+    """Starts the server on `directory`/socket. It serves until this process exits or it is
+    terminated, then removes the socket and the directory.
+
+    This process keeps the write end of a pipe open, never writing to it, until it exits;
+    the server ends at the pipe's end of file. The descriptor is not inheritable, so the
+    commands lit runs do not hold it open. (The server's parent is no sign: lit may exit
+    before the server has imported anything, and the server then has init's pid to
+    compare with, which it would take for lit's.)"""
     import socket
     import subprocess
 
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listening.bind(os.path.join(directory, "socket"))
     listening.listen(64)
+    lit_alive, _held_by_lit = os.pipe()  # the write end: never closed, never written to
     server = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "serve", str(listening.fileno())],
-        pass_fds=[listening.fileno()],
+        [sys.executable, os.path.abspath(__file__), "serve", str(listening.fileno()), str(lit_alive)],
+        pass_fds=[listening.fileno(), lit_alive],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
     )
     listening.close()  # once the server is gone, a client runs its tool itself
+    os.close(lit_alive)
     return server
 
 
@@ -100,8 +111,9 @@ def _receive_exactly(connection: _socket.socket, size: int) -> bytes:
 # --------------------------------------------------------------------------- #
 
 
-def serve(listening: _socket.socket) -> None:
-    """Imports the tools, then forks a child per connection, until its parent (lit) exits."""
+def serve(listening: _socket.socket, lit_alive: int) -> None:
+    """Imports the tools, then forks a child per connection, until lit exits (`lit_alive`, the
+    read end of lit's pipe, is then at its end) or the server is terminated."""
     import selectors
     import signal
 
@@ -123,14 +135,17 @@ def serve(listening: _socket.socket) -> None:
 
     # Each tool's main, and its sys.argv[0] as its script would see it.
     tools = {"hir-opt": (hir_opt_main, HIR_OPT), "filecheck": (filecheck_main, filecheck.__main__.__file__)}
-    parent = os.getppid()
     terminated = []
     signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     selector = selectors.DefaultSelector()
     selector.register(listening, selectors.EVENT_READ)
-    while os.getppid() == parent and not terminated:
-        if not selector.select(timeout=0.2):
+    selector.register(lit_alive, selectors.EVENT_READ)  # readable only at its end: lit is gone
+    while not terminated:
+        ready = [key.fileobj for key, _ in selector.select(timeout=0.2)]
+        if lit_alive in ready:
+            break
+        if not ready:
             continue
         connection, _ = listening.accept()
         if os.fork() == 0:
@@ -138,6 +153,7 @@ def serve(listening: _socket.socket) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             selector.close()
             listening.close()
+            os.close(lit_alive)
             os._exit(_run_child(connection, tools))
         connection.close()
     path = listening.getsockname()
@@ -217,6 +233,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "serve":
         import socket
 
-        serve(socket.socket(fileno=int(sys.argv[2])))
+        serve(socket.socket(fileno=int(sys.argv[2])), int(sys.argv[3]))
     else:
         sys.exit(request(sys.argv[1], sys.argv[2], sys.argv[3:]))

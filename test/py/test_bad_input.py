@@ -102,8 +102,11 @@ def test_bad_stream_counts():
 # Inputs wrong on one rank: every rank raises at once                          #
 # --------------------------------------------------------------------------- #
 
-EXCHANGE_TIMEOUT_S = 30
-"""The process-group timeout of these tests: the ranks must fail well within it."""
+EXCHANGE_TIMEOUT_S = 60
+"""The process-group timeout of these tests. A rank that waited for a peer until a timeout
+fired would fail after it; failing in less than half of it (`AT_ONCE_S`) says no rank did,
+with room that a loaded machine does not eat."""
+AT_ONCE_S = EXCHANGE_TIMEOUT_S / 2
 
 
 def _mesh_change(world: int) -> str:
@@ -192,10 +195,10 @@ def test_inputs_wrong_on_one_rank_make_every_rank_raise_at_once(world, monkeypat
             message, elapsed = outcome[case]
             pattern = on_the_last_rank if rank == last else on_the_others
             assert re.match("error: " + pattern, message), (rank, case, message)
-            assert elapsed < EXCHANGE_TIMEOUT_S / 6, (rank, case, elapsed)
+            assert elapsed < AT_ONCE_S, (rank, case, elapsed)
         message, elapsed = outcome["extent"]
         assert message == "error: " + disagreement, (rank, message)
-        assert elapsed < EXCHANGE_TIMEOUT_S / 6, (rank, elapsed)
+        assert elapsed < AT_ONCE_S, (rank, elapsed)
         assert outcome["then"][0] == "True"
 
 
@@ -402,6 +405,9 @@ def _function(body: str, arguments: str = f"%x: {T}") -> str:
         ),
         ("!t = 0x" + "f" * 40 + "<[4], f32>\n", "1:6", "Integer value 14615016373309029182036848327162830196559"),
         ("func.func @f() attributes {a = 300 : i8} {\n}", "1:32", "Integer value 300 is out of range for type i8"),
+        ("func.func @f() attributes {a = 1.0e39 : f32} {\n}", "1:32", "float literal 1.0e39 is out of range for type f32"),
+        ("#a = -1.0e39 : bf16\n", "1:6", "float literal -1.0e39 is out of range for type bf16"),
+        ("#a = array<f16: 1.0e5>\n", "1:1", "a value is out of its type's range (float too large to pack with e format)"),
         (
             _function("%c1 = arith.constant 1 : index\n  scf.for %i = %c1 to %n step %c1 {\n    %n = hir.dim %x, 0 : " + T + "\n  }"),
             "3:3",
@@ -496,7 +502,9 @@ def test_every_way_into_parsing_reports_a_located_error_at_once(entry, text, loc
     assert status == 1
     assert re.search(rf"^(hir-run: )?{re.escape(f'{path}:{location}: error: {message}')}", err, re.MULTILINE), err
     assert "Traceback" not in err
-    assert time.monotonic() - start < 5
+    # xDSL's lexer would take time exponential in the 10,000 characters of the open string
+    # (30 take half a minute): a minute is room that only that, not a loaded machine, eats.
+    assert time.monotonic() - start < 60
 
 
 def test_a_dynamic_extent_that_a_set_splits_over_the_mesh_must_be_the_mesh_size():

@@ -5,7 +5,10 @@ docs/design.md: the gathered, reduced and scattered axes come from the types, on
 outermost axis and on inner ones, into contiguous buffers and strided views, with a
 reversed team and a sub-team, with a root outside the mesh that holds the shards
 (written by hand and lowered from fusions), and with sends and receives that the
-ranks outside their buffers' mesh skip. Every rank runs every case in one spawn; the
+ranks outside their buffers' mesh skip. At world size 4 every collective and
+point-to-point pattern also runs over teams whose order is neither sorted nor its own
+inverse (`TEAMS_IN_ORDER`), through NCCL/gloo and through the copy engines (whose CPU
+form sends torch.distributed messages). Every rank runs every case in one spawn; the
 parent compares each rank's output with its piece of plain torch on the unsharded data.
 Inputs are random, allocations are poisoned with NaN, inputs are checked unchanged.
 """
@@ -13,6 +16,7 @@ Inputs are random, allocations are poisoned with NaN, inputs are checked unchang
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -24,7 +28,7 @@ from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
-from test_interpreter import poisoned_allocations, tensor
+from test_interpreter import poisoned_allocations, poisoned_frees, tensor
 
 
 def needs_ranks(n: int):
@@ -48,13 +52,62 @@ class Case:
     """What lowers `program` first, if it is a fusion."""
 
 
-def one_collective(kind: str, input: str, output: str, team, attributes: str = "") -> str:
+def one_collective(kind: str, input: str, output: str, team, attributes: str = "", backend: str = "nccl") -> str:
+    """A host program of one collective; with `backend` cuda (the copy engines) its input is
+    first copied into a symmetric buffer, which the peers read."""
+    source, symmetric = "%x", ""
+    if backend == "cuda":
+        source, symmetric = "%symmetric", f"""
+      %symmetric = hir.allocate() symmetric : {input}
+      hir.copy ins(%x : {input}) outs(%symmetric : {input})"""
     return f"""
-    func.func @main(%x: {input}) -> {output} {{
+    func.func @main(%x: {input}) -> {output} {{{symmetric}
       %y = hir.allocate() : {output}
-      %w = hir.{kind} %x into %y team {list(team)}{attributes} backend nccl : {input}, {output}
+      %w = hir.{kind} {source} into %y team {list(team)}{attributes} backend {backend} : {input}, {output}
       hir.wait %w
       func.return %y : {output}
+    }}"""
+
+
+def index_per_rank(name: str, values: dict[int, int]) -> tuple[str, str]:
+    """Lines that give each rank (`%rank`, its `hir.device_index`) its value of `values`, a
+    chain of selects from the first value, which a rank not in `values` keeps; (the lines,
+    the name of the value)."""
+    items = list(values.items())
+    lines = [f"%{name}_0 = arith.constant {items[0][1]} : index"]
+    for i, (rank, value) in enumerate(items[1:], start=1):
+        lines += [
+            f"%{name}_rank_{i} = arith.constant {rank} : index",
+            f"%{name}_value_{i} = arith.constant {value} : index",
+            f"%{name}_is_{i} = arith.cmpi eq, %rank, %{name}_rank_{i} : index",
+            f"%{name}_{i} = arith.select %{name}_is_{i}, %{name}_value_{i}, %{name}_{i - 1} : index",
+        ]
+    return "\n      ".join(lines), f"%{name}_{len(items) - 1}"
+
+
+def ring_exchange(team: list[int], backend: str) -> str:
+    """Each member of `team` sends a copy of its shard to the next member in team order and
+    receives the previous member's, in one coalesced batch: the whole output is the input
+    rolled by one along its sharded axis. The copy is a buffer of the program (symmetric with
+    `backend` cuda), which nothing uses after the send but the wait of its batch."""
+    shard = tensor([len(team), 3], mesh=team, axes="didx _")
+    following, next_peer = index_per_rank("next", {d: team[(k + 1) % len(team)] for k, d in enumerate(team)})
+    preceding, previous_peer = index_per_rank("previous", {d: team[k - 1] for k, d in enumerate(team)})
+    symmetric = " symmetric" if backend == "cuda" else ""
+    return f"""
+    func.func @main(%x: {shard}) -> {shard} {{
+      %rank = hir.device_index
+      {following}
+      {preceding}
+      %sent = hir.allocate(){symmetric} : {shard}
+      hir.copy ins(%x : {shard}) outs(%sent : {shard})
+      %y = hir.allocate() : {shard}
+      hir.start_coalescing
+      %r = hir.recv %y from {previous_peer} backend {backend} : {shard}
+      %s = hir.send %sent to {next_peer} backend {backend} : {shard}
+      %w = hir.end_coalescing
+      hir.wait %w
+      func.return %y : {shard}
     }}"""
 
 
@@ -194,6 +247,9 @@ def collective_cases(n: int) -> list[Case]:
             "send_recv", tensor([2, 3], mesh=[last]), tensor([2, 3], mesh=[0]), [last, 0], f" root {last}"
         ), [x], [x])
     if n >= 2:
+        x = randn(n, 3)
+        case("a coalesced send's buffer, freed after the wait of its batch", ring_exchange(everyone, "nccl"),
+             [x], [x.roll(1, 0)], "insert-deallocations")
         # A root outside the mesh that holds the shards is the team's last member (the
         # team rule of docs/design.md): it holds no shard of a gather or a scatter, and
         # adds nothing to a reduce.
@@ -276,15 +332,101 @@ def collective_cases(n: int) -> list[Case]:
         case("allreduce in another sub-team", one_collective(
             "allreduce", tensor([2, 5], mesh=[2, 0], axes="didx _"), tensor([5], mesh=[2, 0]), [2, 0], " op sum"
         ), [x], [x.sum(0)])
+        for team in TEAMS_IN_ORDER:
+            cases += team_order_cases(team, n, randn)
+    return cases
+
+
+TEAMS_IN_ORDER = ([1, 2, 3, 0], [2, 0, 3, 1], [1, 2, 0])
+"""Teams of a world of 4 whose order is neither sorted nor its own inverse: rotated, shuffled,
+and a sub-team. Shard k of a team's axis lies on its k-th device, while torch.distributed
+orders a group's ranks sorted; the permutation between the two, applied the wrong way round,
+is the identity for a sorted team and the same permutation for a reversed one, so only such
+teams tell the two apart."""
+
+
+def team_order_cases(team: list[int], world: int, randn) -> list[Case]:
+    """Every collective and point-to-point pattern over `team`, its buffers' meshes listed in
+    team order: through NCCL/gloo, and through the copy engines where they have a form
+    (allgather, allreduce, reduce_scatter, a batch of sends and recvs). A sub-team also
+    gathers to, scatters from and reduces to the device outside it."""
+    m, cases = len(team), []
+
+    def case(what, program, inputs, expected):
+        cases.append(Case(f"{what}, team {team}", program, inputs, expected))
+
+    def sharded(shape, axes):
+        return tensor(shape, mesh=team, axes=axes)
+
+    for backend in ("nccl", "cuda"):
+        x = randn(m, 3)
+        case(f"allgather ({backend})", one_collective(
+            "allgather", sharded([m, 3], "didx _"), tensor([m, 3], mesh=team), team, backend=backend
+        ), [x], [x])
+        x = randn(2, m, 3)
+        case(f"allgather inner axis ({backend})", one_collective(
+            "allgather", sharded([2, m, 3], "_ didx _"), tensor([2, m, 3], mesh=team), team, backend=backend
+        ), [x], [x])
+        x = randn(m, 5)
+        case(f"allreduce sum ({backend})", one_collective(
+            "allreduce", sharded([m, 5], "didx _"), tensor([5], mesh=team), team, " op sum", backend
+        ), [x], [x.sum(0)])
+        x = randn(m, m, 2)
+        case(f"reduce_scatter sum ({backend})", one_collective(
+            "reduce_scatter", sharded([m, m, 2], "didx _ _"), sharded([m, 2], "didx _"), team, " op sum", backend
+        ), [x], [x.sum(0)])
+        x = randn(m, 2, m)
+        case(f"reduce_scatter max, scattered axis inner ({backend})", one_collective(
+            "reduce_scatter", sharded([m, 2, m], "didx _ _"), sharded([2, m], "_ didx"), team, " op max", backend
+        ), [x], [x.amax(0)])
+        x = randn(m, 3)
+        case(f"ring of sends and recvs in team order ({backend})", ring_exchange(team, backend), [x], [x.roll(1, 0)])
+    x = randn(3, m)
+    case("gather to the second member", one_collective(
+        "gather", sharded([3, m], "_ didx"), tensor([3, m], mesh=[team[1]]), team, f" root {team[1]}"
+    ), [x], [x])
+    x = randn(m, 4)
+    case("scatter from the last member", one_collective(
+        "scatter", tensor([m, 4], mesh=[team[-1]]), sharded([m, 4], "didx _"), team, f" root {team[-1]}"
+    ), [x], [x])
+    x = randn(m, 4)
+    case("reduce sum to the third member", one_collective(
+        "reduce", sharded([m, 4], "didx _"), tensor([4], mesh=[team[2]]), team, f" root {team[2]} op sum"
+    ), [x], [x.sum(0)])
+    x = randn(4, 2)
+    case("broadcast from the second member", one_collective(
+        "broadcast", tensor([4, 2], mesh=[team[1]]), tensor([4, 2], mesh=team), team, f" root {team[1]}"
+    ), [x], [x])
+    x = randn(5)
+    case("send_recv from the last member to the first", one_collective(
+        "send_recv", tensor([5], mesh=[team[-1]]), tensor([5], mesh=[team[0]]), [team[-1], team[0]], f" root {team[-1]}"
+    ), [x], [x])
+    for outsider in sorted(set(range(world)) - set(team)):
+        with_root = [*team, outsider]
+        x = randn(3, m)
+        case(f"gather to device {outsider} outside", one_collective(
+            "gather", sharded([3, m], "_ didx"), tensor([3, m], mesh=[outsider]), with_root, f" root {outsider}"
+        ), [x], [x])
+        x = randn(m, 4)
+        case(f"scatter from device {outsider} outside", one_collective(
+            "scatter", tensor([m, 4], mesh=[outsider]), sharded([m, 4], "didx _"), with_root, f" root {outsider}"
+        ), [x], [x])
+        x = randn(m, 4)
+        case(f"reduce sum to device {outsider} outside", one_collective(
+            "reduce", sharded([m, 4], "didx _"), tensor([4], mesh=[outsider]), with_root, f" root {outsider} op sum"
+        ), [x], [x.sum(0)])
     return cases
 
 
 def run_collective_cases(n: int) -> list[list[torch.Tensor]]:
-    """One rank: runs every case on its pieces of the inputs; returns its outputs per case."""
+    """One rank: runs every case on its pieces of the inputs; returns its outputs per case.
+    What a program frees is overwritten (`poisoned_frees`), so a buffer freed before a
+    communication is done with it shows in the peer's output."""
     communicator = Communicator.from_env()
     results = []
     for case in collective_cases(n):
-        program = Program.compile(case.program, pipeline=case.pipeline)
+        with poisoned_frees():
+            program = Program.compile(case.program, pipeline=case.pipeline)
         inputs = [
             shard(full, type, communicator.rank).to(communicator.device)
             for full, type in zip(case.inputs, program.input_types)
@@ -355,26 +497,35 @@ def test_ranks_launched_without_a_group_talk_through_their_arguments():
     assert results == [(0, False, 2), (1, False, 0), (2, False, 1)]
 
 
-def join_late_then_wait_alone(late_s: float, timeout_s: float) -> float | None:
-    """Rank 1 joins `late_s` after rank 0, then leaves rank 0 alone in a collective: on rank 0,
-    the seconds that collective waited before it failed."""
+def join_late_then_wait_alone(joining, late_s: float, timeout_s: float) -> tuple[float, str] | None:
+    """Rank 1 joins `late_s` after rank 0 has begun to join (the event `joining`), then leaves
+    rank 0 alone in a collective: on rank 0, the seconds that joining took, and the error of
+    that collective."""
     rank = int(os.environ["RANK"])
     if rank == 1:
+        assert joining.wait(timeout=60), "rank 0 never began to join"
         time.sleep(late_s)
+    else:
+        joining.set()
+    start = time.monotonic()
     Communicator.from_env(timeout_s=timeout_s)
     torch.distributed.barrier()
+    joined = time.monotonic() - start
     if rank == 1:
         time.sleep(late_s + timeout_s)  # keeps its connections open while rank 0 waits
         return None
-    start = time.monotonic()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as failed:
         torch.distributed.all_reduce(torch.zeros(1))
-    return time.monotonic() - start
+    return joined, str(failed.value)
 
 
 def test_joining_waits_for_a_late_rank_longer_than_a_communication_does(monkeypatch):
     """A rank that starts late on a loaded machine is no failed communication: joining waits
-    for it past the 1 s timeout, which then bounds the collectives."""
+    for it past the 1 s timeout, which then bounds the collectives. Rank 1 starts its delay
+    once rank 0 is joining, so a loaded machine can only lengthen rank 0's wait; the timeout
+    that fires is read from gloo's message, not from the clock."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    waited, _ = run_on_local_ranks(join_late_then_wait_alone, 2, 3.0, 1.0, join_group=False)
-    assert 1.0 <= waited < 2.5
+    joining = torch.multiprocessing.get_context("spawn").Event()
+    (joined, error), _ = run_on_local_ranks(join_late_then_wait_alone, 2, joining, 2.0, 1.0, join_group=False)
+    assert joined >= 2.0, f"rank 0 joined after {joined:.2f} s, before rank 1 did"
+    assert re.search(r"Timed out waiting 1000ms", error), error

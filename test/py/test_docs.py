@@ -8,6 +8,8 @@ example drifts from the code.
   blocks that run, in one script: a tour read in order, and run in order.
 * A ```sh block runs with `bash -e`: every command must succeed. The installed `hir-opt`,
   `hir-run` and `python` come first on the PATH.
+* No block may print a `HostirFallbackWarning`: an example of `backend="hostir"` must run
+  its graphs as host programs, not as torch eager ops.
 * Each runs in a fresh directory that links the repository's top-level entries (`examples/`,
   `benchmarks/`, `tools/` ...), so that paths are those of the checkout and any file a
   command writes lands in the test's own directory, never in the checkout.
@@ -136,6 +138,9 @@ def test_code_block_runs(block: Block, workdir: Path):
         f"the {block.language} block at {block.where} failed (exit {result.returncode}):\n"
         f"{block.code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     )
+    # An example of the torch.compile backend whose graph ran as torch eager ops would pass
+    # on eager's results.
+    assert "HostirFallbackWarning" not in result.stderr, f"{block.where}:\n{result.stderr}"
 
 
 DOCUMENT = """\

@@ -1,5 +1,7 @@
 """End to end: every reference fusion, and one fusion per kind of communication, from the fusion
-(Program.compile with the default pipeline) to outputs checked against plain torch.
+(Program.compile with the default pipeline) to outputs checked against plain torch; and
+GEMM+AR and GEMM+RS written without chunks, lowered after auto-stream-parallel, which must
+not stream their rows.
 
 The expected outputs are written here in plain torch on the unsharded tensors (einsum
 in f64), independently of the fusion dialect's own evaluator. Each case runs in f32
@@ -28,6 +30,7 @@ from examples.reference_fusions import REFERENCE_FUSIONS
 from hostir_dialect.builder import FusionBuilder
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
+from hostir.passes import DEFAULT_PIPELINE
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
 from test_interpreter import poisoned_allocations
@@ -127,9 +130,44 @@ def allgather_p2p_upper(num_devices: int, dtype: str, shape: list[int]) -> Modul
     return fb.build()
 
 
+def matmul_ar_without_chunks(num_devices: int, dtype: str, shape: list[int], n: int) -> ModuleOp:
+    """[DIDx(D), M, K] x [DIDx(D), K, N] -> sum(0) -> [M, N] on 0 .. D-1: a K-sharded GEMM and
+    the allreduce of its product, whose rows are not cut into chunks. Its first axis is the
+    GEMM's M: auto-stream-parallel must leave it (with it streamed, stream-parallel would
+    refuse the program: slices of M of a batched matmul are no slices of its product)."""
+    k = shape[-1]
+    fb = FusionBuilder("matmul_ar_without_chunks")
+    a = fb.input(shape, dtype, mesh=range(num_devices), axes=["didx", "_", "_"])
+    b = fb.input([num_devices, k, n], dtype, mesh=range(num_devices), axes=["didx", "_", "_"])
+    partial = fb.matmul(a, b)
+    fb.parallelize(partial, 0, "didx")
+    fb.output(fb.sum(partial, [0]))
+    return fb.build()
+
+
+def matmul_rs_without_chunks(num_devices: int, dtype: str, shape: list[int], n: int) -> ModuleOp:
+    """[DIDx(D), D, M, K] x [DIDx(D), 1, K, N] -> sum(0) -> [DIDx(D), M, N]: a K-sharded GEMM
+    and the reduce-scatter of its product, the rows of each destination not cut into chunks:
+    the axis after the scattered one is the GEMM's M, which auto-stream-parallel must leave."""
+    k = shape[-1]
+    fb = FusionBuilder("matmul_rs_without_chunks")
+    a = fb.input(shape, dtype, mesh=range(num_devices), axes=["didx", "_", "_", "_"])
+    b = fb.input([num_devices, 1, k, n], dtype, mesh=range(num_devices), axes=["didx", "_", "_", "_"])
+    partial = fb.matmul(a, b)
+    fb.parallelize(partial, 0, "didx")
+    out = fb.sum(partial, [0])
+    fb.parallelize(out, 0, "didx")
+    fb.output(out)
+    return fb.build()
+
+
 COMMUNICATION_FUSIONS = {
-    f.__name__: f for f in (scatter, broadcast, gather, reduce, send_recv, allgather_p2p_upper)
-}
+    f.__name__: f
+    for f in (
+        scatter, broadcast, gather, reduce, send_recv, allgather_p2p_upper,
+        matmul_ar_without_chunks, matmul_rs_without_chunks,
+    )
+}  # fmt: skip
 
 
 def build(fusion: str, **arguments) -> ModuleOp:
@@ -171,7 +209,8 @@ class Fusion:
     arguments: dict = field(default_factory=dict)
     multi_device: bool = True
     static_shape: bool = False
-    """Whether the builder takes the shape of its one input (`shape`) instead of leaving extents dynamic."""
+    """Whether the builder takes the shape of its first input (`shape`) instead of leaving extents dynamic."""
+    pipeline: str = DEFAULT_PIPELINE
 
 
 FUSIONS = [
@@ -217,6 +256,27 @@ COMMUNICATIONS = [
     Fusion("allgather_p2p_upper", lambda D, e: [(D - 1, e.M)], identity, static_shape=True),
 ]
 
+AUTO_PIPELINED = [
+    Fusion(
+        "matmul_ar_without_chunks",
+        lambda D, e: [(D, e.M, e.K), (D, e.K, 3)],
+        lambda a, b: torch.einsum("dmk,dkn->mn", a, b),
+        {"n": 3},
+        static_shape=True,
+        pipeline=f"auto-stream-parallel,{DEFAULT_PIPELINE}",
+    ),
+    Fusion(
+        "matmul_rs_without_chunks",
+        lambda D, e: [(D, D, e.M, e.K), (D, 1, e.K, 3)],
+        lambda a, b: torch.einsum("demk,dkn->emn", a, b[:, 0]),
+        {"n": 3},
+        static_shape=True,
+        pipeline=f"auto-stream-parallel,{DEFAULT_PIPELINE}",
+    ),
+]
+"""Fusions written without stream axes, which auto-stream-parallel pipelines (as it does the
+graphs of the torch.compile backend), or must leave as they are."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -239,7 +299,7 @@ class Case:
         if self.fusion.multi_device:
             arguments["num_devices"] = self.num_devices
         if self.fusion.static_shape:
-            (arguments["shape"],) = self.fusion.shapes(self.num_devices, self.extents)
+            arguments["shape"] = self.fusion.shapes(self.num_devices, self.extents)[0]
         return arguments
 
     def inputs(self) -> list[torch.Tensor]:
@@ -257,7 +317,7 @@ def _cases() -> list[Case]:
     for world in (2, 4):
         cases += [
             Case(f, world, world, d, e)
-            for f in FUSIONS + COMMUNICATIONS
+            for f in FUSIONS + COMMUNICATIONS + AUTO_PIPELINED
             if f.multi_device
             for d, e in variants
         ]
@@ -277,7 +337,7 @@ CASES = _cases()
 
 
 def run_cases(
-    cases: list[tuple[str, dict, list[torch.Tensor]]], communicator: Communicator | None = None
+    cases: list[tuple[str, dict, str, list[torch.Tensor]]], communicator: Communicator | None = None
 ) -> list[tuple[list[torch.Tensor], bool] | str]:
     """On one rank: each case's local outputs (on the CPU) and whether its inputs came back unchanged.
 
@@ -288,9 +348,9 @@ def run_cases(
         communicator.device.type == DEVICE
     ), f"rank runs on {communicator.device}, expected {DEVICE}"
     results = []
-    for fusion, arguments, inputs in cases:
+    for fusion, arguments, pipeline, inputs in cases:
         try:
-            program = Program.compile(build(fusion, **arguments))
+            program = Program.compile(build(fusion, **arguments), pipeline)
             local = [
                 shard(x, t, communicator.rank).to(communicator.device)
                 for x, t in zip(inputs, program.input_types)
@@ -309,7 +369,7 @@ def run_cases(
 def results_of_world(world: int) -> dict[str, list]:
     """Every case of world size `world` run at once; case id -> the per-rank results."""
     cases = [c for c in CASES if c.world == world]
-    payload = [(c.fusion.name, c.build_arguments, c.inputs()) for c in cases]
+    payload = [(c.fusion.name, c.build_arguments, c.fusion.pipeline, c.inputs()) for c in cases]
     if world == 1:
         communicator = Communicator.single(torch.device("cpu") if DEVICE == "cpu" else None)
         per_rank = [run_cases(payload, communicator)]
@@ -349,7 +409,7 @@ def test_end_to_end(case: Case):
     expected = case.fusion.expected(*(x.double() for x in inputs))
     dtype = DTYPES[case.dtype]
     tolerance = TOLERANCE[dtype] * expected.abs().max().item()
-    program = Program.compile(build(case.fusion.name, **case.build_arguments))
+    program = Program.compile(build(case.fusion.name, **case.build_arguments), case.fusion.pipeline)
     (output_type,) = program.output_types
     for rank, result in enumerate(results_of_world(case.world)[case.id]):
         assert not isinstance(result, str), f"rank {rank}: {result}"

@@ -58,6 +58,27 @@ def poisoned_allocations():
         yield
 
 
+@contextmanager
+def poisoned_frees():
+    """`hir.deallocate` fills its buffer with NaN (or -7) before it lets go of it, in the
+    programs prepared meanwhile: as the memory's next owner may write it at once (a GPU's
+    caching allocator hands a freed block to the next allocation on the same stream), so a
+    buffer freed while something still reads it shows."""
+    deallocate = HANDLERS[hir.DeallocateOp]
+
+    def poisoning(op: hir.DeallocateOp, prep: Preparation):
+        buffer, free = prep.slot(op.buffer), deallocate(op, prep)
+
+        def step(env, context) -> None:
+            env[buffer].fill_(float("nan") if env[buffer].is_floating_point() else -7)
+            free(env, context)
+
+        return step
+
+    with mock.patch.dict(HANDLERS, {hir.DeallocateOp: poisoning}):
+        yield
+
+
 def host_function(text: str, entry: str = "main") -> func.FuncOp:
     module = parse_module(text)
     return next(op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == entry)

@@ -11,8 +11,10 @@ import importlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +105,49 @@ def test_a_preloaded_tool_behaves_as_a_fresh_process(tmp_path: Path, fusion_file
         server.terminate()
         server.wait()
     assert not directory.exists()  # the server removes its socket and directory
+
+
+def _processes_marked(marker: str) -> list[int]:
+    """The processes whose environment holds `marker` (a NAME=VALUE), by reading /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        if marker.encode() in environment:
+            found.append(int(entry.name))
+    return found
+
+
+SERVER_ENDS_S = 120
+"""How long the preload server may take to see that lit has gone: its imports, on a loaded machine."""
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the server's process in /proc")
+def test_the_preload_server_ends_with_a_lit_run_that_ends_before_the_server_has_started(tmp_path: Path):
+    """`lit --show-tests` starts the server and ends long before the server has imported
+    the tools: the server, which finds lit gone after its imports, ends then, and removes
+    its socket and directory."""
+    lit = shutil.which("lit")
+    assert lit is not None, "lit is not installed (pip install -e '.[test]')"
+    marker = f"HOSTIR_TEST_PRELOAD={os.getpid()}-{tmp_path.name}"
+    environment = {**os.environ, "TMPDIR": str(tmp_path), marker.split("=")[0]: marker.split("=")[1]}
+    # Into files: the server inherits lit's standard error, which a pipe would keep open.
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        listed = subprocess.run([lit, "--show-tests", str(REPOSITORY / "test" / "lit")], env=environment, stdout=out, stderr=err)
+    output = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    assert listed.returncode == 0 and "hostir :: golden/ag_linear.mlir" in output, output
+    deadline = time.monotonic() + SERVER_ENDS_S
+    while (left := _processes_marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:  # what a failing run left behind, marked as this test's
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"the preload server (pid {left}) outlived lit by {SERVER_ENDS_S} s"
+    assert not list(tmp_path.glob("hostir-lit-*")), "the server left its directory"
+    assert "Traceback" not in output, output
 
 
 # --------------------------------------------------------------------------- #

@@ -2,8 +2,9 @@
 
 One run of `--smoke --breakdown` (2 local CPU ranks, gloo, f32, a tiny layer) checks every
 contender that runs here against eager DTensor, splits one profiled step of each, and writes
-the table, the JSON, the PNG and the traces; the
-contenders that need CUDA say so in the table. The limit is tested on its own: it runs
+the table, the JSON, the PNG and the traces; the contenders that need CUDA say so in the
+table, and the hostir contender fails if a graph of it ran as torch eager ops
+(`check_ran_on_hostir`, tested on its own). The limit is tested on its own: it runs
 exactly the GEMMs and attention of the layer, one rank's share of them.
 """
 
@@ -14,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from examples.tp_decoder_layer import DecoderLayer
+from test_torch_backend import F32_TOLERANCE
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -56,7 +59,7 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
             result = results[step, contender]
             assert result["status"] == "ok" and result["ms"] == max(result["rank_ms"])
             assert result["ratio_to_limit"] == pytest.approx(result["ms"] / limit["ms"])
-            assert result["check_ok"] and max(result["errors"].values()) <= 1e-4
+            assert result["check_ok"] and max(result["errors"].values()) <= F32_TOLERANCE
             # --breakdown: each rank's profiled step, split; its trace kept for Perfetto.
             assert len(result["breakdown"]) == 2
             for rank, breakdown in enumerate(result["breakdown"]):
@@ -82,6 +85,18 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
         assert f"### Where the time goes: {title}, dim 64, 2 x 16 tokens (ms)" in table
     assert "| hostir (nccl), 1 |" in table
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_hostir_contender_whose_graph_ran_eagerly_fails():
+    """What the smoke run relies on: a graph that the backend compiled to None (hostir's
+    fallback to torch eager ops) fails the contender, and so does a contender that compiled
+    no graph at all."""
+    ran, fell_back = (SimpleNamespace(name=name, compiled={(): compiled}) for name, compiled in (("forward_1", object()), ("backward_2", None)))
+    tp_layer.check_ran_on_hostir([ran])
+    with pytest.raises(RuntimeError, match="hostir ran graph.s. backward_2 as torch eager ops"):
+        tp_layer.check_ran_on_hostir([ran, fell_back])
+    with pytest.raises(RuntimeError, match="hostir compiled no graph"):
+        tp_layer.check_ran_on_hostir([])
 
 
 class MatmulsAndAttention(TorchDispatchMode):
