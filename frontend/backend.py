@@ -47,7 +47,7 @@ from xdsl.dialects.builtin import ModuleOp
 from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
-from hostir.frontend.importer import ImportedGraph, UnsupportedGraph, import_graph
+from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, UnsupportedGraph, import_graph
 from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
 from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -140,10 +140,10 @@ class CompiledShapes:
 
     def run(self, args: Sequence[Any]) -> list[Any]:
         imported = self.imported
-        inputs = [
-            _carried(args[i]).unsqueeze(0) if varying else _carried(args[i])
-            for i, varying in zip(imported.inputs, imported.input_varying)
-        ]
+        inputs = []
+        for i, varying, piece in zip(imported.inputs, imported.input_varying, imported.input_pieces, strict=True):
+            value = _carried(args[i]) if piece is None else _carried(args[i]).reshape(piece)
+            inputs.append(value.unsqueeze(0) if varying else value)
         if self.replayer is not None:
             results = self.replayer.run(inputs)
         else:
@@ -176,6 +176,7 @@ class HostirGraph:
         parameters: Parameters,
         forward: bool,
         saved: slice | None = None,
+        saved_layouts: SavedLayouts | None = None,
     ):
         self.gm, self.constants = constants_as_arguments(gm)
         """The graph, reading the tensors it held as attributes from arguments after its own."""
@@ -185,21 +186,53 @@ class HostirGraph:
         self.forward = forward
         self.saved = saved
         """The outputs of a forward graph that aot_autograd saves for the backward graph."""
+        self.saved_layouts = saved_layouts if saved_layouts is not None else SavedLayouts()
+        """The layouts in which the forward graph of this one's module hands its saved activations on."""
         self.compiled: dict[tuple, CompiledShapes | None] = {}
         """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
+        self.eager_layouts: dict[tuple, GraphLayouts] = {}
+        """Per set of input shapes that runs eagerly, the layouts its tensors must be turned from or to."""
         _GRAPHS.add(self)
 
-    def __call__(self, *args: Any) -> list[Any]:
-        key = tuple(
+    @staticmethod
+    def _key(args: Sequence[Any]) -> tuple:
+        """What a compilation depends on: each argument's shape, dtype and device (an int's value)."""
+        return tuple(
             (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a if isinstance(a, int) else None)
             for a in args
         )
+
+    def _outputs(self) -> list[Any]:
+        """The items of the graph's output node, in order."""
+        return list(next(node for node in reversed(self.gm.graph.nodes) if node.op == "output").args[0])
+
+    def _layouts(self, args: Sequence[Any]) -> GraphLayouts:
+        """The layouts of this graph's saved activations: those the forward graph handed
+        over (the backward's inputs), or those it may choose or must keep (its outputs)."""
+        if not self.forward:
+            return GraphLayouts(inputs=self.saved_layouts.of_inputs(self.gm, args))
+        return self.saved_layouts.of_outputs(self.saved, self._outputs())
+
+    def __call__(self, *args: Any) -> list[Any]:
+        key = self._key(args)
         if key not in self.compiled:
             self.compiled[key] = self._compile(args)
         compiled = self.compiled[key]
         if compiled is None:
-            return self.gm(*args, *self.constants)
+            return self._eagerly(args, self.eager_layouts[key])
         return compiled.run((*args, *self.constants))
+
+    def _eagerly(self, args: Sequence[Any], layouts: GraphLayouts) -> list[Any]:
+        """The graph run as torch eager ops, its saved activations in the layouts in which
+        the backward graph takes them (`SavedLayouts`)."""
+        args = [
+            layouts.inputs[i].to_fx(arg, arg.shape) if i in layouts.inputs else arg for i, arg in enumerate(args)
+        ]
+        outputs = self.gm(*args, *self.constants)
+        for position, layout in layouts.outputs.items():
+            if layout is not None:
+                outputs[position] = layout.from_fx(outputs[position])
+        return outputs
 
     def _compile(self, args: Sequence[Any]) -> CompiledShapes | None:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
@@ -212,15 +245,21 @@ class HostirGraph:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
             if masked_writes_as_where(self.gm):
                 FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+        layouts = self._layouts(args)
         try:
-            imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
+            imported = import_graph(self.gm, self.name, self.options.chunks_of(device), layouts)
         except UnsupportedGraph as error:
             if not self.options.fallback:
                 raise
             warnings.warn(
                 f"hostir runs graph {self.name} as torch eager ops: {error}", HostirFallbackWarning, stacklevel=2
             )
+            self.eager_layouts[self._key(args[: len(args) - len(self.constants)])] = self.saved_layouts.eager(
+                self.saved, layouts, self._outputs()
+            )
             return None
+        if self.forward:
+            self.saved_layouts.record(self.saved, imported.output_layouts, self._outputs())
         if imported.group is None or not dist.is_initialized():
             communicator = Communicator.single(device)
         elif imported.mesh == tuple(range(dist.get_world_size())):
@@ -276,6 +315,75 @@ def _graph_name(kind: str) -> str:
 
 
 @dataclass
+class SavedLayouts:
+    """The layouts in which a forward graph hands the activations it saves to its backward
+    graph: where it computed one in a layout of its own (`Layout`: the pieces of an
+    all-gather of several sequences, say), the backward reads it there, and no copy turns it
+    into the FX layout and back.
+
+    A saved activation is known by its place among the saved tensors, its shape and its
+    dtype, the same in the forward's outputs and the backward's inputs: aot_autograd passes
+    the saved tensors first (after the saved sizes of a graph of symbolic shapes), in
+    order, in placeholders named after the forward's nodes, which the backward checks. The first compilation of the forward to hand one
+    over decides its layout; later ones, a graph run eagerly included, hand it over in that
+    layout too, so that every backward reads what it is given. Only an activation that
+    the forward returns to no caller (`_saved_only`) is handed over so."""
+
+    layouts: dict[tuple[int, tuple[int, ...], torch.dtype], tuple[str, Layout | None]] = field(default_factory=dict)
+    """(place among the saved tensors, shape, dtype) -> the forward's node name, the layout (None: FX)."""
+
+    @staticmethod
+    def _saved(saved: slice | None, items: Sequence[Any]) -> dict[int, tuple[int, tuple[int, ...], torch.dtype]]:
+        """Position of each saved tensor among the outputs (FX nodes) -> its key."""
+        if saved is None:
+            return {}
+        keys = {}
+        for k, position in enumerate(range(*saved.indices(len(items)))):
+            value = items[position].meta.get("val") if isinstance(items[position], torch.fx.Node) else None
+            if isinstance(value, torch.Tensor):
+                keys[position] = (k, tuple(value.shape), value.dtype)
+        return keys
+
+    def of_outputs(self, saved: slice | None, items: Sequence[Any]) -> GraphLayouts:
+        """The forward's: a saved tensor that no caller gets may keep the layout of its piece,
+        or must keep the layout an earlier compilation chose."""
+        keys = self._saved(saved, items)
+        returned = {items[p] for p in range(len(items)) if p not in keys and isinstance(items[p], torch.fx.Node)}
+        handed = {p: key for p, key in keys.items() if items[p].op != "placeholder" and items[p] not in returned}
+        fixed = {p: self.layouts[key][1] for p, key in handed.items() if key in self.layouts}
+        return GraphLayouts(outputs=fixed, free_outputs=frozenset(handed.keys() - fixed.keys()))
+
+    def record(self, saved: slice | None, chosen: dict[int, Layout], items: Sequence[Any]) -> None:
+        """The layouts a compilation of the forward chose, first come first kept."""
+        for position, key in self._saved(saved, items).items():
+            self.layouts.setdefault(key, (items[position].name, chosen.get(position)))
+
+    def eager(self, saved: slice | None, layouts: GraphLayouts, items: Sequence[Any]) -> GraphLayouts:
+        """What a graph run eagerly must turn: its inputs from their layouts, and its outputs
+        into the layouts already chosen for them (the others are recorded as FX)."""
+        self.record(saved, {}, items)
+        return GraphLayouts(inputs=layouts.inputs, outputs=layouts.outputs)
+
+    def of_inputs(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> dict[int, Layout]:
+        """The backward's: its leading tensor inputs, the saved tensors (after the saved
+        sizes of a graph of symbolic shapes, which are no tensors), in their layouts."""
+        placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+        tensors = [i for i, arg in enumerate(args) if isinstance(arg, torch.Tensor)]
+        layouts = {}
+        for k, i in enumerate(tensors):
+            name, layout = self.layouts.get((k, tuple(args[i].shape), args[i].dtype), ("", None))
+            if layout is None:
+                continue
+            if placeholders[i].name != name:
+                raise HostirError(
+                    f"the backward graph's saved tensor #{k} is {placeholders[i].name!r}, where the forward "
+                    f"graph handed over {name!r} in a layout of its own: hostir cannot tell what it reads"
+                )
+            layouts[i] = layout
+        return layouts
+
+
+@dataclass
 class Parameters:
     """The parameters of one compiled module, which its forward and backward graphs take
     as arguments at the same address every step: a CUDA graph replay reads them in place
@@ -326,6 +434,7 @@ def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dic
     dump_kinds()
 
     parameters = Parameters()
+    saved_layouts = SavedLayouts()
 
     def compiler(kind: str):
         def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
@@ -334,7 +443,8 @@ def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dic
                 parameters.forward = _forward_parameters()
             saved = _saved_for_backward() if forward else None
             # aot_autograd's boxed convention: the arguments come as one list.
-            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options, parameters, forward, saved))
+            graph = HostirGraph(graph, _graph_name(kind), backend_options, parameters, forward, saved, saved_layouts)
+            return make_boxed_func(graph)
 
         return compile_graph
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -103,6 +103,52 @@ class Value:
         """The same piece, read as an FX tensor of `shape` (a view or a reshape of it)."""
         return Value(self.ssa, shape, self.dtype, self.varying, self.local_shape, self.order)
 
+    @property
+    def layout(self) -> Layout | None:
+        """How the FX tensor lies in the piece, where it is not the FX layout itself."""
+        return None if self.order is None else Layout(self.local_shape, self.order)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor held as a piece of shape `local` whose axes, permuted by `order`, then
+    reshaped, are the FX tensor (a `Value`'s `local` and `order`).
+
+    A forward graph hands the backward graph the activations it saves in the layout in
+    which it computed them (`GraphLayouts`): the pieces of an all-gather of several
+    sequences, say, which the FX layout would interleave, and the backward reads again in
+    the pieces' order, by a copy each way."""
+
+    local: tuple[int, ...]
+    order: tuple[int, ...]
+
+    @property
+    def permuted(self) -> tuple[int, ...]:
+        """The piece's shape with its axes permuted: the FX tensor's, before the reshape."""
+        return tuple(self.local[axis] for axis in self.order)
+
+    def to_fx(self, held: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        """The FX tensor of `shape` that `held` holds in this layout (its elements in the
+        piece's order): a copy."""
+        return held.reshape(self.local).permute(self.order).reshape(shape)
+
+    def from_fx(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` held in this layout, in its own shape (its elements in the piece's order): a copy."""
+        back = [self.order.index(axis) for axis in range(len(self.order))]
+        return tensor.reshape(self.permuted).permute(back).contiguous().reshape(tensor.shape)
+
+
+@dataclass(frozen=True)
+class GraphLayouts:
+    """The layouts of a graph's tensors where they are not the FX layout: the graph's
+    inputs that hold pieces (`inputs`, by placeholder), and its outputs that may be handed
+    on in the layout of their piece (`free_outputs`, by position in the output) or must be
+    in a given one (`outputs`, None for the FX layout)."""
+
+    inputs: dict[int, Layout] = field(default_factory=dict)
+    outputs: dict[int, Layout | None] = field(default_factory=dict)
+    free_outputs: frozenset[int] = frozenset()
+
 
 @dataclass
 class ImportedGraph:
@@ -117,6 +163,10 @@ class ImportedGraph:
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
+    input_pieces: list[tuple[int, ...] | None] = field(default_factory=list)
+    """For each fusion input, the shape to read the graph input as (a piece of a `Layout`), or None."""
+    output_layouts: dict[int, Layout] = field(default_factory=dict)
+    """The graph outputs (by position) that the fusion returns as pieces of a layout of their own."""
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -131,10 +181,11 @@ def dtype_supported(dtype: torch.dtype) -> bool:
 class Importer:
     """Imports one graph; see the module docstring."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf, layouts: GraphLayouts = GraphLayouts()):
         self.gm = gm
         self.name = name
         self.chunks_of = chunks_of
+        self.layouts = layouts
         self.collective_chunks: dict[torch.fx.Node, tuple[OverlapProblem, int]] = {}
         """The problem and the chunk count of each reduce-scatter or all-reduce that reads
         chunked GEMMs."""
@@ -198,18 +249,24 @@ class Importer:
     def run(self) -> ImportedGraph:
         inputs: list[int] = []
         input_varying: list[bool] = []
+        input_pieces: list[tuple[int, ...] | None] = []
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         for index, node in enumerate(placeholders):
             value = node.meta.get("val")
             if isinstance(value, torch.Tensor):
                 varying = self.devices > 1
-                argument = self.block.insert_arg(
-                    self.tensor_type(tuple(value.shape), value.dtype, varying), len(self.block.args)
-                )
+                layout = self.layouts.inputs.get(index)
+                local = tuple(value.shape) if layout is None else layout.local
+                argument = self.block.insert_arg(self.tensor_type(local, value.dtype, varying), len(self.block.args))
                 argument.name_hint = name_of(node)
-                self.values[node] = Value(argument, tuple(value.shape), value.dtype, varying)
+                self.values[node] = (
+                    Value(argument, tuple(value.shape), value.dtype, varying)
+                    if layout is None
+                    else Value(argument, tuple(value.shape), value.dtype, varying, layout.local, layout.order)
+                )
                 inputs.append(index)
                 input_varying.append(varying)
+                input_pieces.append(None if layout is None else layout.local)
             else:
                 # A symbolic size of a graph traced with dynamic shapes: this compilation's value.
                 self.values[node] = concrete(value)
@@ -227,18 +284,37 @@ class Importer:
             ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
             Region(self.block),
         )
-        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group)
+        return ImportedGraph(
+            ModuleOp([function]),
+            inputs,
+            input_varying,
+            outputs,
+            self.mesh,
+            self.group,
+            input_pieces,
+            self.output_layouts,
+        )
 
     def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
+        """The plan of the graph's outputs; the values of the fusion's, each in the FX layout
+        but where `layouts` lets or makes it keep a layout of its own (`output_layouts`)."""
         plan: list[tuple[str, Any]] = []
-        for item in node.args[0]:
+        self.output_layouts: dict[int, Layout] = {}
+        for position, item in enumerate(node.args[0]):
             if isinstance(item, torch.fx.Node) and item.op == "placeholder":
                 plan.append(("input", placeholders.index(item)))
                 continue
             value = self.values[item] if isinstance(item, torch.fx.Node) else item
             if isinstance(value, Value):
-                if value.order is not None:
-                    value = self.flat(value)
+                if position in self.layouts.outputs:
+                    layout = self.layouts.outputs[position]
+                elif position in self.layouts.free_outputs:
+                    layout = value.layout
+                else:
+                    layout = None
+                value = self.in_layout(value, layout)
+                if layout is not None:
+                    self.output_layouts[position] = layout
                 plan.append(("fusion", (len(self.values_returned), value.shape, value.dtype)))
                 self.values_returned.append(value.ssa)
             else:
@@ -276,6 +352,18 @@ class Importer:
             self.flattened[key] = self.with_piece(value, value.shape)
         return self.flattened[key]
 
+    def in_layout(self, value: Value, layout: Layout | None) -> Value:
+        """`value` held as a piece of `layout` (None: the FX layout): as it is where it is
+        held so, else a copy (its FX tensor read in the layout's permuted shape, permuted back)."""
+        if layout is None:
+            return self.flat(value)
+        if value.layout == layout:
+            return value
+        fx = self.with_piece(self.flat(value), layout.permuted)
+        back = [layout.order.index(axis) for axis in range(len(layout.order))]
+        piece = self.aten_view("aten.permute.default", fx.ssa, back, layout.local, value)
+        return Value(piece, value.shape, value.dtype, value.varying, layout.local, layout.order)
+
     def rechunked(self, value: Value, chunks: tuple[int, ...]) -> Value:
         """`value` (flat) with its first axis cut into `chunks` (each device its piece)."""
         return self.with_piece(value, chunked_shape(value.shape, chunks))
@@ -286,8 +374,8 @@ class Importer:
         piece = value.ssa
         if value.order is not None:
             permuted = tuple(value.local_shape[axis] for axis in value.order)
-            piece = self._aten_view("aten.permute.default", piece, list(value.order), permuted, value)
-        piece = self._aten_view("aten.reshape.default", piece, list(local), local, value)
+            piece = self.aten_view("aten.permute.default", piece, list(value.order), permuted, value)
+        piece = self.aten_view("aten.reshape.default", piece, list(local), local, value)
         return Value(piece, value.shape, value.dtype, value.varying, local)
 
     def regrouped(self, value: Value, shape: tuple[int, ...], size: int, dim: int) -> Value:
@@ -299,12 +387,17 @@ class Importer:
         permutation = (dim, *(axis for axis in range(len(fine)) if axis != dim))
         local = tuple(fine[axis] for axis in permutation)
         viewed = self.with_piece(value, fine)
-        piece = self._aten_view("aten.permute.default", viewed.ssa, list(permutation), local, value)
+        piece = self.aten_view("aten.permute.default", viewed.ssa, list(permutation), local, value)
         order = tuple(permutation.index(axis) for axis in range(len(permutation)))
         return Value(piece, value.shape, value.dtype, value.varying, local, order)
 
-    def _aten_view(self, target: str, piece: SSAValue, argument: list[int], local: tuple[int, ...], like: Value) -> SSAValue:
-        call = encode_call([piece, argument], {}, lambda v: 0 if v is piece else None)
+    def aten_view(
+        self, target: str, piece: SSAValue, argument: list[int] | None, local: tuple[int, ...], like: Value
+    ) -> SSAValue:
+        """The ATen view `target` of each device's `piece` (with `argument`, if any): a piece of
+        shape `local` of `like`'s dtype and variance."""
+        arguments = [piece] if argument is None else [piece, argument]
+        call = encode_call(arguments, {}, lambda v: 0 if v is piece else None)
         op = self.emit(fusion.AtenOp(target, call, [piece], [self.tensor_type(local, like.dtype, like.varying)]))
         return op.results[0]
 
@@ -448,6 +541,9 @@ def cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
     return (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
 
 
-def import_graph(gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk) -> ImportedGraph:
-    """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp)."""
-    return Importer(gm, name, chunks_of).run()
+def import_graph(
+    gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk, layouts: GraphLayouts = GraphLayouts()
+) -> ImportedGraph:
+    """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp), its
+    inputs and outputs in the layouts `layouts` gives (the FX layout elsewhere)."""
+    return Importer(gm, name, chunks_of, layouts).run()

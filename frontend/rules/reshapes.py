@@ -24,6 +24,19 @@ def _reshape(importer: Importer, node: torch.fx.Node) -> Value:
     return importer.arg(node.args[0]).reshaped(tuple(result_of(node).shape))
 
 
+@rule(aten.t.default)
+def _transpose(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """The transpose of a 2-D FX tensor held in a layout of its own whose last axis is the
+    piece's last: the same piece, that axis first in the order, no op (the weight
+    gradient's `t` of gathered activations, which `mm` then contracts over their rows in
+    the pieces' order). Any other is ATen's `t`, a view."""
+    value = importer.arg(node.args[0])
+    if not isinstance(value, Value) or value.order is None or len(value.shape) != 2 or not value.keeps_last_axis:
+        return None
+    order = (value.order[-1], *value.order[:-1])
+    return Value(value.ssa, tuple(result_of(node).shape), value.dtype, value.varying, value.local_shape, order)
+
+
 @rule(aten.slice.Tensor)
 def _whole_slice(importer: Importer, node: torch.fx.Node) -> Value | None:
     """A slice of a whole axis (of the same shape as its operand: from the start to the end,

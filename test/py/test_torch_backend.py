@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 import warnings
@@ -153,7 +154,7 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     # a symbolic length are pipelined as the first ones are.
     programs = dump.split("// hostir: the host program of graph ")[1:]
     assert len(programs) == 2 * len(sequences), [program.split()[0] for program in programs]
-    for forward, backward in zip(programs[0::2], programs[1::2]):
+    for sequence, forward, backward in zip(sequences, programs[0::2], programs[1::2]):
         pipelined = [body for body in _loops(forward) if "hir.matmul" in body]
         backward_pipelined = [body for body in _loops(backward) if "hir.matmul" in body]
         # Attention's QKV and the MLP's up projections on the ring, wo and w2 in chunks. With
@@ -166,6 +167,84 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
         assert sum(
             "hir.reduce_scatter" in body and body.count("hir.matmul") >= 2 for body in backward_pipelined
         ) == 2, backward
+        if batch > 1:
+            # The activations the forward saves stay in their pieces' layout, which the
+            # backward reads as they are (`SavedLayouts`): the forward copies a piece into the
+            # FX layout for attention's q, k and v alone, and the backward the weight
+            # gradients' operands that attention gives in the FX layout ([T, dim / D] each) and
+            # attention's input gradient; the products the weight gradients contract over the
+            # rows read the pieces in their order (8 copies, 13 in the FX layout).
+            fx_copies = [_copies_out_of_a_layout(forward), _copies_out_of_a_layout(backward)]
+            assert [len(copies) for copies in fx_copies] == [3, 5], fx_copies
+            assert all(
+                shape[-1] <= 64 // world and math.prod(shape) <= batch * sequence * 64 // world
+                for copies in fx_copies
+                for shape in copies
+            ), fx_copies
+
+
+def _layer_with_an_eager_backward() -> dict:
+    """The layer of two sequences, hostir's backward graph refused at its import: the
+    forward hands over its saved activations in their pieces' layout, and the backward,
+    run as torch eager ops, reads them in the FX layout after all."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hostir.frontend import backend
+    from hostir.frontend.importer import UnsupportedGraph
+
+    def forward_only(gm, name, *args):
+        if name.startswith("backward"):
+            raise UnsupportedGraph("the test refuses backward graphs")
+        return imported(gm, name, *args)
+
+    imported, backend.import_graph = backend.import_graph, forward_only
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    layers = [parallelize(DecoderLayer(), mesh) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    compiled = torch.compile(layers[0], backend="hostir", options={"backend": "cuda"})
+    x = torch.randn(2, 16, 64).chunk(world, dim=1)[rank]
+    inputs = [x.clone().requires_grad_() for _ in layers]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = [compiled(inputs[0]), layers[1](inputs[1])]
+        for out in outputs:
+            (out * outputs[1].detach()).sum().backward()
+    forward = [graph for graph in backend.compiled_graphs() if graph.forward][-1]
+    errors = {"input gradient": _max_error(inputs[0].grad, inputs[1].grad)}
+    for name, grad in _grads(layers[0]).items():
+        errors[name] = _max_error(grad, _grads(layers[1])[name])
+    return {
+        "errors": errors,
+        "layouts": [layout for _, layout in forward.saved_layouts.layouts.values() if layout is not None],
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, HostirFallbackWarning)],
+    }
+
+
+@needs_ranks(2)
+def test_a_backward_run_eagerly_reads_the_saved_activations_in_the_fx_layout():
+    """An activation the forward saves is handed to the backward in its pieces' layout; a
+    backward that hostir refuses turns it into the FX layout before torch's ops read it,
+    and its gradients are eager's."""
+    for rank, result in enumerate(run_on_local_ranks(_layer_with_an_eager_backward, 2, timeout_s=300)):
+        assert result["layouts"], "the forward handed over nothing in a layout of its own"
+        assert len(result["warnings"]) == 1 and "the test refuses backward graphs" in result["warnings"][0]
+        bad = {what: error for what, error in result["errors"].items() if error > F32_TOLERANCE}
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def _copies_out_of_a_layout(program: str) -> list[tuple[int, ...]]:
+    """The shapes into which `program` reshapes a permuted piece (a copy, where its FX tensor
+    is not a view of the piece), without the device axis."""
+    permuted = set(re.findall(r'hir\.aten "aten\.permute\.default".*?outs\((%\w+)', program))
+    shapes = []
+    for line in program.splitlines():
+        found = re.search(r'hir\.aten "aten\.reshape\.default" call "\[\[\{\'operand\': 0\}, \[([\d, ]*)\]\].*ins\((%\w+)', line)
+        if found and found[2] in permuted:
+            shapes.append(tuple(int(extent) for extent in found[1].split(", ")))
+    return shapes
 
 
 def test_adamw_steps_track_eager():
