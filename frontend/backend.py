@@ -152,7 +152,9 @@ class CompiledShapes:
         for kind, what in imported.outputs:
             if kind == "fusion":
                 index, shape, dtype = what
-                outputs.append(results[index].reshape(shape).view(dtype))
+                result = results[index].reshape(shape)
+                # Only a dtype the IR carries in another (`CARRIERS`) needs a view: each step's host time counts.
+                outputs.append(result if result.dtype == dtype else result.view(dtype))
             elif kind == "input":
                 outputs.append(args[what])
             else:
@@ -178,6 +180,13 @@ class HostirGraph:
         saved: slice | None = None,
         saved_layouts: SavedLayouts | None = None,
     ):
+        self.static = all(
+            isinstance(value := node.meta.get("val"), torch.Tensor) and all(isinstance(extent, int) for extent in value.shape)
+            for node in gm.graph.nodes
+            if node.op == "placeholder"
+        )
+        """Whether the graph was traced with static shapes: dynamo's guards then let it be called
+        with those alone, and a call needs no look at its arguments' shapes (`_key`)."""
         self.gm, self.constants = constants_as_arguments(gm)
         """The graph, reading the tensors it held as attributes from arguments after its own."""
         self.name = name
@@ -194,9 +203,11 @@ class HostirGraph:
         """Per set of input shapes that runs eagerly, the layouts its tensors must be turned from or to."""
         _GRAPHS.add(self)
 
-    @staticmethod
-    def _key(args: Sequence[Any]) -> tuple:
-        """What a compilation depends on: each argument's shape, dtype and device (an int's value)."""
+    def _key(self, args: Sequence[Any]) -> tuple:
+        """What a compilation depends on: each argument's shape, dtype and device (an int's
+        value); nothing for a graph of static shapes, called with those alone."""
+        if self.static:
+            return ()
         return tuple(
             (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a if isinstance(a, int) else None)
             for a in args
