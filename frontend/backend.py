@@ -239,7 +239,7 @@ class HostirGraph:
         args = [
             layouts.inputs[i].to_fx(arg, arg.shape) if i in layouts.inputs else arg for i, arg in enumerate(args)
         ]
-        outputs = self.gm(*args, *self.constants)
+        outputs = list(self.gm(*args, *self.constants))
         for position, layout in layouts.outputs.items():
             if layout is not None:
                 outputs[position] = layout.from_fx(outputs[position])
