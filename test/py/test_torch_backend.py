@@ -235,6 +235,45 @@ def test_a_backward_run_eagerly_reads_the_saved_activations_in_the_fx_layout():
         assert not bad, f"rank {rank}: {bad}"
 
 
+def test_saved_layouts_are_kept_from_the_first_compilation_and_checked_by_the_backward():
+    """A saved tensor that the caller does not get may keep its piece's layout; once a
+    compilation chose, a later one must keep that layout (the backward reads what it is
+    given); the backward takes it for its input of that place, shape and dtype, and refuses
+    a placeholder that is not the node the forward handed over."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from hostir.frontend.backend import SavedLayouts
+    from hostir.frontend.importer import Layout
+
+    def forward(x, w):
+        y = x @ w
+        z = y.relu()
+        return (z, y, z)  # z to the caller; y and z saved
+
+    gm = torch.fx.symbolic_trace(forward)
+    FakeTensorProp(gm).propagate(torch.randn(4, 6), torch.randn(6, 8))
+    items = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    saved, layouts = slice(1, 3), SavedLayouts()
+    first = layouts.of_outputs(saved, items)
+    assert (first.outputs, first.free_outputs) == ({}, {1}), "z is returned to the caller too"
+    chosen = Layout((2, 2, 8), (1, 0, 2))
+    layouts.record(saved, {1: chosen}, items)
+    again = layouts.of_outputs(saved, items)
+    assert (again.outputs, again.free_outputs) == ({1: chosen}, frozenset())
+
+    def backward(matmul, relu, tangent):
+        return (tangent * matmul,)
+
+    args = [torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)]
+    assert layouts.of_inputs(torch.fx.symbolic_trace(backward), args) == {0: chosen}
+
+    def misnamed(other, relu, tangent):
+        return (tangent * other,)
+
+    with pytest.raises(HostirError, match=r"saved tensor #0 is 'other', where the forward graph handed over 'matmul'"):
+        layouts.of_inputs(torch.fx.symbolic_trace(misnamed), args)
+
+
 def _copies_out_of_a_layout(program: str) -> list[tuple[int, ...]]:
     """The shapes into which `program` reshapes a permuted piece (a copy, where its FX tensor
     is not a view of the piece), without the device axis."""
