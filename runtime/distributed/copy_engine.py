@@ -353,6 +353,8 @@ class SymmetricMemoryEngine(CopyEngine):
         super().__init__(communicator)
         self.device = communicator.device
         self.stream = torch.cuda.Stream(self.device)
+        self.peer_streams: list[torch.cuda.Stream] = []
+        """Streams for the pulls of one step from several peers at once (`_copy_from_peers`)."""
         self.watchdog = Watchdog(communicator.timeout_s, functools.partial(end_process, self.rank))
 
     def _allocate(self, shape, dtype, group_ranks, what) -> SymmetricBuffer:
@@ -411,11 +413,25 @@ class SymmetricMemoryEngine(CopyEngine):
     def _copy_from_peers(self, source: SymmetricBuffer, views, targets, team) -> None:
         """Once the team's barrier says that every member's data is written, the part
         `views[k]` of `source` of each peer into `targets[k]`, `k` its team position, in ring
-        order, on the current stream."""
+        order. A single peer's copy runs on the current stream; with several, each copy runs
+        on a stream of its own that forks from the current stream and joins it again: on one
+        stream the copies would run one after the other, each over the link of one peer,
+        where on their own streams the copy engines pull from every peer at once."""
         _, *peers = ring(team.index(self.rank), len(team))
         source.signals.barrier(WRITTEN_CHANNEL)
-        for k in peers:
+        if len(peers) == 1:
+            (k,) = peers
             targets[k].copy_(source.peer_view(views[k], team[k]))
+            return
+        current = torch.cuda.current_stream(self.device)
+        while len(self.peer_streams) < len(peers):
+            self.peer_streams.append(torch.cuda.Stream(self.device))
+        for stream, k in zip(self.peer_streams, peers):
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                targets[k].copy_(source.peer_view(views[k], team[k]))
+        for stream in self.peer_streams[: len(peers)]:
+            current.wait_stream(stream)
 
     @collective
     def allgather(self, input, output, team, axis: int) -> tuple[list, list]:
