@@ -552,15 +552,7 @@ def train_outputs(model: nn.Module, inputs: Inputs, layer: nn.Module) -> dict[st
 
 
 def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output: Path, command: str) -> int:
-    """Every size on this rank. With `--breakdown`, one more step of each kind runs under `torch.profiler` per contender
-and rank, and its time is split (benchmarks/step_breakdown.py): GEMMs, attention,
-communication not hidden behind compute, every other kernel (count and time), and host
-time with no kernel running; the traces stay in `--output` for Perfetto. The profiler
-slows the host down, so on GPUs the steps are also timed with the host ahead of the GPU
-(which waits `HOST_AHEAD_MS` before each): the time the GPU waits for its host in a
-timed step is the difference, without the profiler.
-
-Rank 0 prints a line per contender and rewrites the report after
+    """Every size on this rank. Rank 0 prints a line per contender and rewrites the report after
     each, so that a run cut short leaves what it measured; at the end it prints the tables and
     returns the exit status."""
     from torch.distributed.device_mesh import init_device_mesh
