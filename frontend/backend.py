@@ -27,8 +27,6 @@ every graph to standard error, on the first rank of the graph's mesh.
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -46,15 +44,14 @@ from xdsl.dialects.builtin import ModuleOp
 
 from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
+from hostir import config, logs
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import ImportedGraph, UnsupportedGraph, import_graph
 from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
-from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
 from hostir.runtime.program import Program
-
-DUMP_KINDS = ("fusion", "host_ir")
 
 
 class HostirFallbackWarning(UserWarning):
@@ -116,15 +113,6 @@ class BackendOptions:
             except HostirError:
                 pass  # the next backend's lowering may take it
         return Program.compile(module, self.lowering(last)), last
-
-
-def dump_kinds() -> set[str]:
-    """The kinds HOSTIR_DUMP asks for; an unknown kind is refused with the known ones."""
-    kinds = {k.strip() for k in os.environ.get("HOSTIR_DUMP", "").split(",") if k.strip()}
-    unknown = kinds - set(DUMP_KINDS)
-    if unknown:
-        raise ValueError(f"HOSTIR_DUMP names {sorted(unknown)}; it takes a list of {', '.join(DUMP_KINDS)}")
-    return kinds
 
 
 @dataclass
@@ -225,17 +213,16 @@ class HostirGraph:
             communicator = Communicator.single(device)
         elif imported.mesh == tuple(range(dist.get_world_size())):
             communicator = Communicator(
-                dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), DEFAULT_TIMEOUT_S
+                dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), config.timeout_s
             )
         else:  # a group of part of the world (tensor parallel on one axis of a 2-D mesh)
-            communicator = Communicator.of_group(imported.group, device, DEFAULT_TIMEOUT_S)
-        kinds = dump_kinds()
-        dumps = kinds and communicator.rank == imported.mesh[0]
-        if dumps and "fusion" in kinds:
-            print(f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}", file=sys.stderr)
+            communicator = Communicator.of_group(imported.group, device, config.timeout_s)
+        says = communicator.rank == imported.mesh[0]  # every rank compiles alike: the first says so
+        if says and logs.wanted("fusion"):
+            logs.say("fusion", f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}")
         program, backend = self.options.compile(imported.module, communicator)
-        if dumps and "host_ir" in kinds:
-            print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
+        if says and logs.wanted("host_ir"):
+            logs.say("host_ir", f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}")
         replayer = None
         if self.options.cuda_graphs and device.type == "cuda":
             parameters = self.parameters.among(args, self.forward)
@@ -323,7 +310,7 @@ def _saved_for_backward() -> slice | None:
 def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None):
     """The `hostir` backend of torch.compile (registered under that name by the package's entry point)."""
     backend_options = BackendOptions.of(options)
-    dump_kinds()
+    config.check()
 
     parameters = Parameters()
 

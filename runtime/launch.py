@@ -3,7 +3,8 @@
     results = run_on_local_ranks(check_allgather, 4, seed)   # [rank 0's result, ...]
 
 Each rank is a fresh process (`torch.multiprocessing.start_processes`) with the
-launcher's environment, torchrun's variables, `OMP_NUM_THREADS=1` unless the caller set
+launcher's environment and settings (`hostir.config`: what the launcher patched reaches
+its ranks), torchrun's variables, `OMP_NUM_THREADS=1` unless the caller set
 it (as torchrun does: N ranks of one thread each share the cores better than N ranks of
 all of them), and a joined process group (`Communicator.from_env()`), so a function that
 works here works unchanged under torchrun. The rendezvous store listens on the
@@ -54,6 +55,7 @@ import torch.multiprocessing as mp
 from multiprocessing import forkserver
 
 from hostir_dialect.text import HostirError
+from hostir import config
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import release_captured_graphs
 
@@ -95,11 +97,12 @@ def plain_message(error: BaseException) -> str:
 class _LauncherEnvironment:
     """The launcher's environment variables, which a rank takes on as this is unpickled: among
     the rank's arguments it comes before `fn` and `args`, whose modules the rank imports as they
-    are unpickled (a module may read a variable as it is imported). OMP_NUM_THREADS is 1 unless
-    the launcher set it."""
+    are unpickled (a module may read a variable as it is imported). The settings the launcher
+    changed (`hostir.config.patch`) are among them; OMP_NUM_THREADS is 1 unless the launcher
+    set it."""
 
     def __init__(self) -> None:
-        self.variables = {"OMP_NUM_THREADS": "1", **os.environ}
+        self.variables = {"OMP_NUM_THREADS": "1", **config.environment()}
 
     def __reduce__(self):
         return (_take_on_environment, (self.variables,))

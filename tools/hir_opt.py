@@ -37,6 +37,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from hostir_dialect.text import HostirError, SourceLocation, check_printed_nesting, parse_module, print_module
 from hostir.passes import available_dialects, available_passes
+from hostir.version import version_line
 from hostir.passes.driver import (
     describe_type,
     expand,
@@ -71,7 +72,8 @@ UNSUPPORTED_XDSL_OPTIONS = {
 class HirOptMain(xDSLOptMain):
     """xdsl-opt for hostir programs; see the module docstring."""
 
-    version_format = "hir-opt built from xdsl version {xdsl_version}"
+    version_format = version_line("hir-opt")
+    """What `--version` prints (xDSL's format string: no braces of its own)."""
 
     passes: tuple[ModulePass, ...] = ()
     """The pipeline, its pipeline passes expanded."""
@@ -112,7 +114,7 @@ class HirOptMain(xDSLOptMain):
         options["--output-file"].help = "Write the output there instead of to stdout ('-': stdout)"
         options["--time-passes"].help = "Print the time each pass takes to stderr"
         options["--disable-verify"].help = "Skip verification after parsing and after each pass"
-        options["--version"].help = "Print the xDSL version hir-opt is built on and exit"
+        options["--version"].help = "Print hostir's version, and xDSL's and torch's, and exit"
         for flag in UNSUPPORTED_XDSL_OPTIONS.values():
             options[flag].help = argparse.SUPPRESS
         (input_file,) = (a for a in arg_parser._actions if a.dest == "input_file")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import re
 import signal
 import statistics
@@ -43,9 +42,10 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
+from hostir import config
+from hostir.config import DEFAULT_TIMEOUT_S, timeout_seconds
 from hostir.passes import DEFAULT_PIPELINE
-from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
-from hostir.runtime.distributed.streams import configured_num_streams
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs
 from hostir.runtime.launch import RankFailed, plain_message, run_on_local_ranks
 from hostir.runtime.program import Program
@@ -60,6 +60,7 @@ from hostir.runtime.reference import (
     unshard,
 )
 from hostir.runtime.trace import Interval, trace_run, write_chrome_trace, write_timeline_png
+from hostir.version import version_line
 
 QUIET_S = 2.0
 """How long a run goes before --progress says what it is doing: a quick run stays quiet."""
@@ -158,6 +159,9 @@ def argument_parser() -> argparse.ArgumentParser:
         "optionally checks every output against plain torch on the unsharded tensors.",
     )
     parser.add_argument("file", nargs="?", default="-", help="a .mlir file; '-' or nothing: stdin")
+    parser.add_argument(
+        "-v", "--version", action="version", version=version_line("hir-run"), help="print hostir's version, and xDSL's and torch's, and exit"
+    )
     parser.add_argument(
         "-p",
         "--pipeline",
@@ -263,10 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.time()
     arguments = argument_parser().parse_args(argv)
     progress = Progress(arguments.progress or sys.stderr.isatty(), start)
+    # --timeout is the timeout of this process and of the ranks it starts (hostir.config).
+    timeout = {} if arguments.timeout is None else {"timeout_s": arguments.timeout}
     try:
-        if under_torchrun():
-            return run_under_torchrun(arguments, progress)
-        return run_locally(arguments, progress)
+        with config.patch(**timeout):
+            if config.under_torchrun():
+                return run_under_torchrun(arguments, progress)
+            return run_locally(arguments, progress)
     except HostirError as error:
         print(_prefixed(str(error)), file=sys.stderr)
     except RankFailed as failure:
@@ -277,13 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
 
 
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def _prefixed(message: str) -> str:
     """The message, with the rank in front under torchrun (where every rank prints its own)."""
-    return f"rank {os.environ['RANK']}: {message}" if under_torchrun() else message
+    return f"rank {config.rank}: {message}" if config.under_torchrun() else message
 
 
 def _failure_report(failure: RankFailed) -> str:
@@ -421,7 +424,7 @@ def _synchronize(device: torch.device) -> None:
 def spawned_rank(options: RunOptions, inputs: list[torch.Tensor]) -> RankResult:
     """A local rank started by `run_on_local_ranks`: compiles the program and runs it."""
     with plain_errors():
-        options.progress.say(f"rank {os.environ['RANK']}: compiling")
+        options.progress.say(f"rank {config.rank}: compiling")
         return run_rank(compile_program(options), inputs, Communicator.from_env(), options)
 
 
@@ -437,10 +440,7 @@ def plain_errors() -> Iterator[None]:
 
 
 def run_locally(arguments: argparse.Namespace, progress: Progress) -> int:
-    if arguments.timeout is None:
-        configured_timeout_s()  # a bad HOSTIR_TIMEOUT_S fails here, once, not on every rank
-    else:
-        os.environ["HOSTIR_TIMEOUT_S"] = str(arguments.timeout)
+    config.check()  # a bad HOSTIR_TIMEOUT_S fails here, once, not on every rank
     options = run_options(arguments, progress)
     progress.say("compiling")
     program = compile_program(options)
@@ -480,7 +480,7 @@ def run_under_torchrun(arguments: argparse.Namespace, progress: Progress) -> int
     options = run_options(arguments, progress)
     with plain_errors():
         communicator = Communicator.from_env(arguments.timeout)
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", communicator.world_size))
+        local_ranks = config.local_world_size or communicator.world_size
         if arguments.nproc_per_node not in (None, local_ranks):
             raise HostirError(
                 f"--nproc-per-node {arguments.nproc_per_node} contradicts torchrun's "
@@ -522,7 +522,7 @@ def report(
     arguments: argparse.Namespace,
 ) -> int:
     """Prints the timings and the check, saves the outputs; the exit status (1: a check failed)."""
-    streams = arguments.num_streams or configured_num_streams()
+    streams = arguments.num_streams or config.num_streams
     eager_reason = results[0].eager_reason
     print(
         f"@{program.host.sym_name.data}: {len(results)} rank(s), {results[0].where}, {streams} stream(s), "

@@ -185,7 +185,7 @@ def test_options_that_contradict_torchrun_are_refused(files, capsys, monkeypatch
     monkeypatch.setenv("LOCAL_RANK", "abc")
     status, _, err = run_main(capsys, str(files["matmul"]), "--nproc-per-node", "2")
     assert status == 1
-    assert err.strip() == "rank 0: error: LOCAL_RANK must be a whole number, as torchrun sets it; got 'abc'"
+    assert err.strip() == "rank 0: error: LOCAL_RANK: expected a whole number, as torchrun sets it, got 'abc'"
     torchrun_variables(monkeypatch)
     status, _, err = run_main(capsys, str(files["matmul"]), "--nproc_per_node", "3")
     assert status == 1
