@@ -11,7 +11,9 @@ pipeline (`auto-stream-parallel`), lowers it with hir-lowering and prepares the
 program, then runs it on this rank's tensors. A new set of shapes compiles again;
 dynamo's own recompilation (a new shape, a new dtype) hands over a new graph.
 
-Options (`torch.compile(..., options={...})`):
+Options (`torch.compile(..., options={...})`, or `backend=hostir.backend(**options)`,
+which checks them where they are written: torch hands a backend named by a string its
+options only when it first compiles):
 
 | option | default | meaning |
 |---|---|---|
@@ -21,8 +23,11 @@ Options (`torch.compile(..., options={...})`):
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
 
-`HOSTIR_DUMP=fusion,host_ir` prints the imported fusion and the lowered host program of
-every graph to standard error, on the first rank of the graph's mesh.
+`mode` (torch.compile's) is one of `MODES`, a preset of these options.
+
+What hostir did with each graph, it says on the `hostir` loggers once per graph, on the
+first of the graph's ranks (`hostir.logs`: `TORCH_LOGS="+hostir"`, or `HOSTIR_DUMP`), and
+keeps in `HostirGraph.explanations` (`hostir.explain`).
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from xdsl.dialects.builtin import ModuleOp
 from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
 from hostir import config, logs
+from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import ImportedGraph, UnsupportedGraph, import_graph
+from hostir.frontend.rules.pointwise import ACTIVATION_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -55,7 +62,32 @@ from hostir.runtime.program import Program
 
 
 class HostirFallbackWarning(UserWarning):
-    """A graph runs as torch eager ops because hostir cannot import it; the message says why."""
+    """A graph runs as torch eager ops because hostir cannot import it; the message says why,
+    and the warning points at the line of the user's code that the construct comes from."""
+
+
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {"cuda_graphs": True},
+    "max-autotune": {"cuda_graphs": True},
+    "max-autotune-no-cudagraphs": {"cuda_graphs": False},
+}
+"""torch.compile's modes, each as the options it stands for. hostir replays its programs as
+CUDA graphs unless told not to (`reduce-overhead`'s point), and tunes nothing at compilation:
+the cost model chooses the chunks, so `max-autotune` is the default's options."""
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A graph's fusion lowered: the program, who moves its collectives' bytes and why, and
+    what auto-stream-parallel said while lowering it."""
+
+    program: Program
+    pipeline: str
+    """The pass pipeline that lowered it, as `hir-opt -p` takes it."""
+    backend: str
+    why: str
+    pipelining: list[str]
 
 
 @dataclass(frozen=True)
@@ -67,8 +99,10 @@ class BackendOptions:
     fallback: bool = True
 
     @classmethod
-    def of(cls, options: dict[str, Any] | None) -> BackendOptions:
-        options = dict(options or {})
+    def of(cls, options: dict[str, Any] | None, mode: str | None = None) -> BackendOptions:
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"hostir has no mode {mode!r}; torch.compile's modes are {', '.join(MODES)}")
+        options = {**MODES[mode or "default"], **(options or {})}
         unknown = set(options) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(
@@ -91,6 +125,16 @@ class BackendOptions:
             return lambda problem: self.chunks
         return modelled_chunks if device.type == "cuda" else one_chunk
 
+    def chunks_chosen_by(self, device: torch.device) -> str:
+        """Who `chunks_of(device)` is, in words (`hostir.explain`)."""
+        if not self.pipeline:
+            return "pipeline=False: one chunk"
+        if self.chunks is not None:
+            return "the chunks option"
+        if device.type == "cuda":
+            return "the cost model's choice"
+        return "one chunk on the CPU, where gloo's transfers block"
+
     def backends(self, communicator: Communicator) -> list[str]:
         """The backends to lower with, in order of preference: the one asked for; for
         `auto`, the copy engines where they can serve this world, faster than NCCL on one
@@ -103,16 +147,25 @@ class BackendOptions:
     def lowering(self, backend: str) -> str:
         return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={backend}}}"
 
-    def compile(self, module: ModuleOp, communicator: Communicator) -> tuple[Program, str]:
+    def compile(self, module: ModuleOp, communicator: Communicator) -> Lowered:
         """`module` lowered with the first of `self.backends(communicator)` whose lowering
-        takes it, and that backend; the last one's error where none does."""
+        takes it; the last one's error where none does."""
         *preferred, last = self.backends(communicator)
+        if self.backend != "auto":
+            why = f"backend={self.backend!r}"
+        else:
+            why = f"backend='auto': {why_not_copy_engines(communicator) or 'every rank on this host, with peer access'}"
         for backend in preferred:
             try:
-                return Program.compile(module, self.lowering(backend)), backend
-            except HostirError:
-                pass  # the next backend's lowering may take it
-        return Program.compile(module, self.lowering(last)), last
+                with logs.recorded("pipelining") as pipelining:
+                    pipeline = self.lowering(backend)
+                    return Lowered(Program.compile(module, pipeline), pipeline, backend, why, pipelining)
+            except HostirError as error:
+                # The next backend's lowering may take it.
+                why = f"backend='auto': the copy engines cannot move this graph's collectives: {error.message}"
+        with logs.recorded("pipelining") as pipelining:
+            pipeline = self.lowering(last)
+            return Lowered(Program.compile(module, pipeline), pipeline, last, why, pipelining)
 
 
 @dataclass
@@ -175,6 +228,8 @@ class HostirGraph:
         """The outputs of a forward graph that aot_autograd saves for the backward graph."""
         self.compiled: dict[tuple, CompiledShapes | None] = {}
         """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
+        self.explanations: list[GraphExplanation] = []
+        """What hostir did with the graph, per set of input shapes in the order they came."""
         _GRAPHS.add(self)
 
     def __call__(self, *args: Any) -> list[Any]:
@@ -200,14 +255,17 @@ class HostirGraph:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
             if masked_writes_as_where(self.gm):
                 FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+        explanation = GraphExplanation(self.name, [s for s in map(tensor_summary, args) if s is not None])
+        self.explanations.append(explanation)
         try:
             imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
         except UnsupportedGraph as error:
+            explanation.fell_back(error.message, error.node)
             if not self.options.fallback:
                 raise
-            warnings.warn(
-                f"hostir runs graph {self.name} as torch eager ops: {error}", HostirFallbackWarning, stacklevel=2
-            )
+            if _speaks_for(error.group):
+                _warn_at_users_code(f"hostir runs graph {self.name} as torch eager ops: {explanation.fallback_line()}", explanation)
+                logs.say("explain", str(explanation))
             return None
         if imported.group is None or not dist.is_initialized():
             communicator = Communicator.single(device)
@@ -217,12 +275,27 @@ class HostirGraph:
             )
         else:  # a group of part of the world (tensor parallel on one axis of a 2-D mesh)
             communicator = Communicator.of_group(imported.group, device, config.timeout_s)
-        says = communicator.rank == imported.mesh[0]  # every rank compiles alike: the first says so
+        says = _speaks_for(imported.group)
         if says and logs.wanted("fusion"):
             logs.say("fusion", f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}")
-        program, backend = self.options.compile(imported.module, communicator)
-        if says and logs.wanted("host_ir"):
-            logs.say("host_ir", f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}")
+        lowered = self.options.compile(imported.module, communicator)
+        program, backend = lowered.program, lowered.backend
+        explanation.ranks = communicator.ranks if communicator.joined else (communicator.rank,)
+        explanation.pipelining, explanation.backend, explanation.backend_why = lowered.pipelining, backend, lowered.why
+        chosen_by = self.options.chunks_chosen_by(device)
+        explanation.chunked = [
+            ChunkedCollective(name, problem, chunks, chosen_by) for name, (problem, chunks) in imported.chunked.items()
+        ]
+        if says:
+            for decision in lowered.pipelining:
+                logs.say("pipelining", decision)
+            if logs.wanted("host_ir"):
+                logs.say(
+                    "host_ir",
+                    f"// hostir: the host program of graph {self.name}, which `hir-opt -p '{lowered.pipeline}'` "
+                    f"makes of its fusion\n{print_module(program.module)}",
+                )
+            logs.say("explain", str(explanation))
         replayer = None
         if self.options.cuda_graphs and device.type == "cuda":
             parameters = self.parameters.among(args, self.forward)
@@ -242,6 +315,26 @@ class HostirGraph:
         outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
         returned = {index for j, index in enumerate(outputs) if j not in saved}
         return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
+
+
+def _speaks_for(group: dist.ProcessGroup | None) -> bool:
+    """Whether this rank says what hostir did with a graph whose collectives name `group`:
+    every rank compiles it alike, and the first of its ranks (of the world, for a graph
+    without collectives) speaks for all."""
+    if not dist.is_initialized():
+        return True
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+    return dist.get_rank() == min(ranks)
+
+
+def _warn_at_users_code(message: str, explanation: GraphExplanation) -> None:
+    """A `HostirFallbackWarning` located at the line of the user's code the construct comes
+    from (where the trace knows it), as a warning of that line would be."""
+    place = explanation.place
+    if place is None:
+        warnings.warn(message, HostirFallbackWarning, stacklevel=3)
+    else:
+        warnings.warn_explicit(message, HostirFallbackWarning, place.file, place.line)
 
 
 _GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()
@@ -307,22 +400,57 @@ def _saved_for_backward() -> slice | None:
         return None
 
 
-def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None):
-    """The `hostir` backend of torch.compile (registered under that name by the package's entry point)."""
-    backend_options = BackendOptions.of(options)
-    config.check()
+class HostirBackend:
+    """The hostir backend with its options, as torch.compile calls a backend: once per graph
+    that dynamo traces. `graphs` are the forward and backward graphs it made."""
 
-    parameters = Parameters()
+    def __init__(self, options: BackendOptions):
+        config.check()
+        self.options = options
+        self.graphs: list[HostirGraph] = []
 
-    def compiler(kind: str):
-        def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
-            forward = kind == "forward"
-            if forward:
-                parameters.forward = _forward_parameters()
-            saved = _saved_for_backward() if forward else None
-            # aot_autograd's boxed convention: the arguments come as one list.
-            return make_boxed_func(HostirGraph(graph, _graph_name(kind), backend_options, parameters, forward, saved))
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **given: Any) -> Callable[..., Any]:
+        if given:
+            raise ValueError(
+                f"torch.compile gave {' and '.join(sorted(given))} to a hostir.backend(...), which has its "
+                "options already: give them to it, as in hostir.backend(mode='reduce-overhead', chunks=2)"
+            )
+        parameters = Parameters()
 
-        return compile_graph
+        def compiler(kind: str):
+            def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
+                forward = kind == "forward"
+                if forward:
+                    parameters.forward = _forward_parameters()
+                saved = _saved_for_backward() if forward else None
+                self.graphs.append(HostirGraph(graph, _graph_name(kind), self.options, parameters, forward, saved))
+                # aot_autograd's boxed convention: the arguments come as one list.
+                return make_boxed_func(self.graphs[-1])
 
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)
+            return compile_graph
+
+        return aot_autograd(
+            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=ACTIVATION_DECOMPOSITIONS
+        )(gm, example_inputs)
+
+
+def backend(mode: str | None = None, **options: Any) -> HostirBackend:
+    """The hostir backend with `options` (the module docstring's), checked here:
+    `torch.compile(model, backend=hostir.backend(chunks=2))` refuses an unknown option or
+    value at that line, where `backend="hostir", options={...}` can only at the first call."""
+    return HostirBackend(BackendOptions.of(options, mode))
+
+
+def hostir(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, mode: str | None = None
+) -> Callable[..., Any]:
+    """The `hostir` backend of torch.compile (registered under that name by the package's entry
+    point), which torch calls with the `options` and `mode` given to torch.compile."""
+    try:
+        backend_options = BackendOptions.of(options, mode)
+    except ValueError as error:
+        raise ValueError(
+            f"{error} (torch hands a backend named by a string its options when it first compiles; "
+            "backend=hostir.backend(...) checks them at the torch.compile line)"
+        ) from None
+    return HostirBackend(backend_options)(gm, example_inputs)

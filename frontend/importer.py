@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,7 +57,14 @@ c10d = torch.ops._c10d_functional
 
 
 class UnsupportedGraph(HostirError):
-    """A construct of the graph that hostir cannot run; the message names it."""
+    """A construct of the graph that hostir cannot run; the message names it, and `node` is the
+    FX node that holds it (None where no one node does), `group` the process group the graph's
+    collectives name (None: none, or several)."""
+
+    def __init__(self, message: str, node: torch.fx.Node | None = None, group: dist.ProcessGroup | None = None):
+        super().__init__(message)
+        self.node = node
+        self.group = group
 
 
 # --------------------------------------------------------------------------- #
@@ -117,6 +124,9 @@ class ImportedGraph:
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
+    chunked: dict[str, tuple[OverlapProblem, int]] = field(default_factory=dict)
+    """The problem and the chunk count of each reduce-scatter or all-reduce of GEMMs cut into
+    chunks, by the name of its FX node (`hostir.explain` reports them)."""
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -159,11 +169,13 @@ class Importer:
         if not groups:
             return None, (0,)
         if len(groups) > 1:
+            second = list(groups.values())[1]
             raise UnsupportedGraph(
-                "the graph communicates over several process groups ("
+                f"{second.format_node()}: the graph communicates over several process groups ("
                 + ", ".join(repr(g) for g in groups)
                 + "); hostir maps one group, the mesh of the graph, so a 2-D device mesh "
-                "(tensor and data parallel in one graph) is not supported"
+                "(tensor and data parallel in one graph) is not supported",
+                second,
             )
         (name,) = groups
         try:
@@ -172,7 +184,8 @@ class Importer:
         except Exception as error:  # noqa: BLE001 - torch raises several kinds here
             raise UnsupportedGraph(
                 f"{groups[name].format_node()}: the process group {name!r} is not one this "
-                f"process belongs to ({error})"
+                f"process belongs to ({error})",
+                groups[name],
             ) from None
         return group, ranks
 
@@ -215,19 +228,25 @@ class Importer:
                 self.values[node] = concrete(value)
         outputs: list[tuple[str, Any]] = []
         for node in self.gm.graph.nodes:
-            if node.op == "call_function":
-                self.values[node] = self.call(node)
-            elif node.op == "output":
-                outputs = self.output(node, placeholders)
-            elif node.op != "placeholder":
-                raise UnsupportedGraph(f"{node.format_node()}: FX nodes of kind {node.op!r} are not supported")
+            try:
+                if node.op == "call_function":
+                    self.values[node] = self.call(node)
+                elif node.op == "output":
+                    outputs = self.output(node, placeholders)
+                elif node.op != "placeholder":
+                    raise UnsupportedGraph(f"FX nodes of kind {node.op!r} are not supported")
+            except UnsupportedGraph as error:
+                # Every message names the node that holds the construct, and so its op.
+                named = error.message if error.message.startswith(node.format_node()) else f"{node.format_node()}: {error.message}"
+                raise UnsupportedGraph(named, node, self.group) from None
         self.emit(func.ReturnOp(*self.values_returned))
         function = func.FuncOp(
             self.name,
             ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
             Region(self.block),
         )
-        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group)
+        chunked = {node.name: chosen for node, chosen in self.collective_chunks.items()}
+        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group, chunked)
 
     def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
         plan: list[tuple[str, Any]] = []

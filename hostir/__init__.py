@@ -37,7 +37,7 @@ _PUBLIC = {
     "compiled_graphs": "hostir.frontend.backend",
     "HostirFallbackWarning": "hostir.frontend.backend",
     "explain": "hostir.frontend.explain",
-    "Explanation": "hostir.frontend.explain",
+    "Explanation": "hostir.frontend.explanation",
 }
 """Each public name and the module it comes from."""
 
@@ -46,7 +46,8 @@ __all__ = ["__version__", "config", *_PUBLIC]
 if TYPE_CHECKING:
     from hostir import config
     from hostir.frontend.backend import HostirFallbackWarning, backend, compiled_graphs
-    from hostir.frontend.explain import Explanation, explain
+    from hostir.frontend.explain import explain
+    from hostir.frontend.explanation import Explanation
     from hostir.runtime.graphs import release_captured_graphs
     from hostir.runtime.launch import RankFailed, run_on_local_ranks
     from hostir.runtime.program import Program

@@ -805,10 +805,13 @@ def test_auto_lowers_for_nccl_what_the_copy_engines_cannot_move(monkeypatch, tex
     """An allgather goes to the copy engines; a scatter, which has no copy-engine form, to NCCL."""
     monkeypatch.setattr("hostir.frontend.backend.why_not_copy_engines", lambda communicator: None)
     communicator = Communicator(0, 2, torch.device("cpu"), "gloo", 60.0)
-    program, chosen = BackendOptions.of({}).compile(parse_module(text), communicator)
-    assert chosen == backend
-    backends = {op.properties["backend"].data for op in program.host.walk() if "backend" in op.properties}
+    lowered = BackendOptions.of({}).compile(parse_module(text), communicator)
+    assert lowered.backend == backend
+    backends = {op.properties["backend"].data for op in lowered.program.host.walk() if "backend" in op.properties}
     assert backends == {hir.CommunicatorBackend(backend)}
+    assert lowered.pipeline == f"auto-stream-parallel{{enabled=true}},hir-lowering{{backend={backend}}}"
+    why = "every rank on this host, with peer access" if backend == "cuda" else "the copy engines cannot move this graph's collectives: "
+    assert lowered.why.startswith(f"backend='auto': {why}"), lowered.why
 
 
 def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
