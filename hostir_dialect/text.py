@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FileLineColLoc, FloatAttr, IntAttr, ModuleOp, StringAttr
-from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, ParametrizedAttribute
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, ParametrizedAttribute, Region
 from xdsl.irdl.dominance import DominanceInfo
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -126,6 +126,8 @@ class LocatingParser(Parser):
     def __init__(self, text: str, filename: str, line_offset: int = 0, ctx: Context | None = None):
         super().__init__(ctx or hostir_context(), text, filename)
         self.line_offset = line_offset
+        self.open_regions: list[int] = []
+        """The offset of the `{` of each region being parsed, innermost last."""
 
     def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
         """The module; input without any operation (empty, only comments) is an empty one."""
@@ -188,6 +190,31 @@ class LocatingParser(Parser):
                 return attr
         literal, _, type = self.lexer.input.content[start : self.pos].partition(":")
         self.raise_error(f"float literal {literal.strip()} is out of range for type {type.strip()}", start, self.pos)
+
+    def parse_optional_region(self, arguments: Any = None) -> Region | None:
+        opens = self._current_token.kind == MLIRTokenKind.L_BRACE
+        if opens:
+            self.open_regions.append(self._current_token.span.start)
+        try:
+            return super().parse_optional_region(arguments)
+        finally:
+            if opens:
+                self.open_regions.pop()
+
+    def _parse_block(self) -> Block:
+        """A labelled block; where a region goes on with something else, an error that says what
+        was expected (xDSL's message is " in block definition"), and at the end of the input, the
+        `}` that is missing, placed after the last character of the text."""
+        token = self._current_token
+        if token.kind != MLIRTokenKind.CARET_IDENT:
+            text = self.lexer.input.content
+            if token.kind == MLIRTokenKind.EOF:
+                opening = self.open_regions[-1] if self.open_regions else 0
+                line = text.count("\n", 0, opening) + 1 + self.line_offset
+                end = len(text.rstrip())
+                self.raise_error(f"expected '}}' to close the region opened at line {line}, before the end of the input", end, end + 1)
+            self.raise_error(f"expected an operation, a block label or '}}', got '{token.text}'")
+        return super()._parse_block()
 
     def parse_operation(self) -> Operation:
         start_span = self._current_token.span
