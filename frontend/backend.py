@@ -277,7 +277,7 @@ class HostirGraph:
             communicator = Communicator.of_group(imported.group, device, config.timeout_s)
         says = _speaks_for(imported.group)
         if says and logs.wanted("fusion"):
-            logs.say("fusion", f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}")
+            logs.say("fusion", f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module, aliases=True)}")
         lowered = self.options.compile(imported.module, communicator)
         program, backend = lowered.program, lowered.backend
         explanation.ranks = communicator.ranks if communicator.joined else (communicator.rank,)
@@ -292,8 +292,8 @@ class HostirGraph:
             if logs.wanted("host_ir"):
                 logs.say(
                     "host_ir",
-                    f"// hostir: the host program of graph {self.name}, which `hir-opt -p '{lowered.pipeline}'` "
-                    f"makes of its fusion\n{print_module(program.module)}",
+                    f"// hostir: the host program of graph {self.name}, which its fusion lowers to with\n"
+                    f"// hir-opt -p '{lowered.pipeline}'\n{print_module(program.module, aliases=True)}",
                 )
             logs.say("explain", str(explanation))
         replayer = None
