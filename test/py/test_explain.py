@@ -167,6 +167,7 @@ def _what_each_rank_says() -> dict:
         model_out = torch.compile(model, backend="hostir", options={"chunks": 2})(x)
         model_out.sum().backward()
     explanation = hostir.explain(model, x, chunks=2)
+    unpipelined = hostir.explain(model, x, pipeline=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.compile(Complex(), backend="hostir")(torch.randn(2, 4))
@@ -178,6 +179,7 @@ def _what_each_rank_says() -> dict:
             for g in explanation.graphs
         ],
         "fallback warnings": sum(issubclass(w.category, HostirFallbackWarning) for w in caught),
+        "unpipelined": [(g.pipelining, [(c.chunks, c.chosen_by) for c in g.chunked]) for g in unpipelined.graphs],
     }
 
 
@@ -202,6 +204,8 @@ def test_what_hostir_did_is_said_once_on_the_first_rank_and_hir_opt_reproduces_i
     assert forward["chunked"] == [(2, "the chunks option")]
     assert any("is pipelined" in decision for decision in forward["pipelining"])
     assert "the cost model predicts" in first["explanation"]
+    # pipeline=False: auto-stream-parallel decides nothing, and nothing is cut into chunks.
+    assert first["unpipelined"] == [([], [(1, "pipeline=False: one chunk")])] * 2
     # The dumps read: type aliases, lines cut to 100 characters where they can be (an op
     # whose first words are longer goes on a little).
     dumps = [line for text in re.findall(r"^// hostir: .*?\n}\n", said, re.S | re.M) for line in text.splitlines()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -309,6 +310,13 @@ def test_list_passes(extra_passes, capsys):
     hir_lowering = lines.index(next(p for p in passes if p.startswith("hir-lowering ")))
     assert "    backend=nccl  (one of nccl, cuda)" in lines[hir_lowering + 1 : hir_lowering + 12]
     assert "    p2p-order=ring  (one of ring, device)" in lines[hir_lowering + 1 : hir_lowering + 12]
+
+
+def test_version_names_hostir_xdsl_and_torch(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert re.fullmatch(r"hir-opt \d+\.\d+\.\d+ \(xDSL 0\.74\.0, torch \d+\.\d+\.\d+\S*\)\n", capsys.readouterr().out)
 
 
 def test_print_ir_before_and_after_named_passes(capsys):
