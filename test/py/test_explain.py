@@ -137,29 +137,19 @@ def test_hostir_backend_checks_its_options_where_they_are_written():
 # --------------------------------------------------------------------------- #
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(16, 32)
-        self.down = nn.Linear(32, 16)
-
-    def forward(self, x):
-        return self.down(F.silu(self.up(x)))
-
-
 def _what_each_rank_says() -> dict:
-    """The MLP with sequence parallelism in two chunks: what this rank printed with every kind
-    of HOSTIR_DUMP, its explanation, and the fallback warnings it gave for a graph without
-    collectives."""
+    """test_torch_backend's MLP with sequence parallelism in two chunks: what this rank printed
+    with every kind of HOSTIR_DUMP, its explanation, and the fallback warnings it gave for a
+    graph without collectives."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from test_torch_backend import MLP, mlp_plan
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    plan = {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}
     torch.manual_seed(0)
-    model = parallelize_module(MLP(), mesh, plan)
+    model = parallelize_module(MLP(), mesh, mlp_plan(sequence_parallel=True))
     x = torch.randn(16, 16, requires_grad=True)
     torch._dynamo.reset()
     said = io.StringIO()

@@ -141,12 +141,12 @@ def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path)
     assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", result.stdout, re.MULTILINE)
 
 
-def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
+def torchrun_pair(arguments_of_ranks: tuple[list[str], list[str]]) -> list[tuple[int, str, str]]:
+    """hir-run as torchrun's ranks 0 and 1 of a world of 2, each with its arguments: (status, stdout, stderr)."""
     port = str(_free_port())
-    trace = tmp_path / "matmul_ar.json"
     processes = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(files["matmul_ar"]), "--check", "--trace", str(trace)],
+            [sys.executable, str(SCRIPT), *arguments_of_ranks[rank]],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -157,8 +157,15 @@ def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
         )  # fmt: skip
         for rank in (0, 1)
     ]
-    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in processes)
-    assert [p.returncode for p in processes] == [0, 0], err0 + err1
+    outputs = [p.communicate(timeout=120) for p in processes]
+    return [(p.returncode, *output) for p, output in zip(processes, outputs)]
+
+
+def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
+    trace = tmp_path / "matmul_ar.json"
+    arguments = [str(files["matmul_ar"]), "--check", "--trace", str(trace)]
+    (status0, out0, err0), (status1, out1, err1) = torchrun_pair((arguments, arguments))
+    assert [status0, status1] == [0, 0], err0 + err1
     assert out0.startswith("@matmul_ar: 2 rank(s), ")
     assert "output #0 f32 [8, 8, 8]: max relative error" in out0 and "ok" in out0
     assert "rank 1: " in out0
@@ -402,38 +409,18 @@ def test_log_dir_and_tee_send_each_ranks_output_as_torchrun_does(files, tmp_path
     assert one.returncode == 0 and "[rank 0]: hir-run: run 1 of 1" in one.stderr, "even one rank runs as a rank of its own"
 
 
-def _torchrun_pair(files_of_ranks: tuple[Path, Path]) -> list[tuple[int, str, str]]:
-    """hir-run as torchrun's ranks 0 and 1 of a world of 2, each on its file: (status, stdout, stderr)."""
-    port = str(_free_port())
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(files_of_ranks[rank])],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_environment(
-                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-            ),
-        )  # fmt: skip
-        for rank in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=120) for p in processes]
-    return [(p.returncode, *output) for p, output in zip(processes, outputs)]
-
-
 def test_under_torchrun_a_failure_before_the_runs_is_said_once(files, tmp_path):
     """The ranks agree on what failed before the runs, and rank 0 says it for all of them:
     ranks that failed alike together, a rank that failed alone by its rank."""
     broken = tmp_path / "broken.mlir"
     broken.write_text("func.func @f(%x: !fusion.tensor<[4], f32>) {\n  func.return\n")
-    (status0, out0, err0), (status1, out1, err1) = _torchrun_pair((broken, broken))
+    (status0, out0, err0), (status1, out1, err1) = torchrun_pair(([str(broken)], [str(broken)]))
     assert (status0, status1, out0, out1, err1) == (1, 1, "", "", "")
     assert err0 == (
         f"ranks 0, 1: {broken}:2:14: error: expected '}}' to close the region opened at line 1, before the end of the input\n"
         "  func.return\n             ^\n"
     )
-    (status0, out0, err0), (status1, out1, err1) = _torchrun_pair((files["ag_linear"], tmp_path / "absent.mlir"))
+    (status0, out0, err0), (status1, out1, err1) = torchrun_pair(([str(files["ag_linear"])], [str(tmp_path / "absent.mlir")]))
     assert (status0, status1, out0, out1, err1) == (1, 1, "", "", "")
     assert err0 == f"rank 1: error: cannot read '{tmp_path / 'absent.mlir'}': No such file or directory\n"
 
