@@ -402,12 +402,18 @@ def _saved_for_backward() -> slice | None:
 
 class HostirBackend:
     """The hostir backend with its options, as torch.compile calls a backend: once per graph
-    that dynamo traces. `graphs` are the forward and backward graphs it made."""
+    that dynamo traces."""
 
     def __init__(self, options: BackendOptions):
         config.check()
         self.options = options
-        self.graphs: list[HostirGraph] = []
+        self._graphs: list[weakref.ref[HostirGraph]] = []
+
+    @property
+    def graphs(self) -> list[HostirGraph]:
+        """The forward and backward graphs it made that are still in use (dynamo holds them
+        while it may call them), in the order it made them."""
+        return [graph for reference in self._graphs if (graph := reference()) is not None]
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **given: Any) -> Callable[..., Any]:
         if given:
@@ -423,9 +429,10 @@ class HostirBackend:
                 if forward:
                     parameters.forward = _forward_parameters()
                 saved = _saved_for_backward() if forward else None
-                self.graphs.append(HostirGraph(graph, _graph_name(kind), self.options, parameters, forward, saved))
+                made = HostirGraph(graph, _graph_name(kind), self.options, parameters, forward, saved)
+                self._graphs.append(weakref.ref(made))
                 # aot_autograd's boxed convention: the arguments come as one list.
-                return make_boxed_func(self.graphs[-1])
+                return make_boxed_func(made)
 
             return compile_graph
 

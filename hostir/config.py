@@ -19,8 +19,8 @@ in place of the inherited ones.
 
 torchrun's variables (`RANK`, `WORLD_SIZE`, ...) are settings too, read-only: torchrun sets
 them, and `torch.distributed` reads them itself when a process joins its group, so a patch
-could only make hostir and torch disagree. `SETTINGS` lists every setting (the reference
-table of docs/runtime.md is made from it).
+could only make hostir and torch disagree. `SETTINGS` lists every setting; docs/frontend.md
+has the table.
 
 Why not torch's own config modules (`torch._inductor.config`, built with the private
 `torch.utils._config_module`): they read their variables once, at import, which a rank
@@ -100,7 +100,6 @@ class Setting(Generic[T]):
     variable: str
     default: T
     parse: Callable[[str], T]
-    meaning: str
     patchable: bool = True
     """False for torchrun's variables, which torch.distributed reads itself."""
 
@@ -123,30 +122,25 @@ class Setting(Generic[T]):
             raise HostirError(f"{self.variable}: {error}") from None
 
 
+def _torchrun(variable: str, parse: Callable[[str], Any]) -> Setting[Any]:
+    """A variable torchrun sets: read only, None where it is not set."""
+    return Setting(variable, None, parse, patchable=False)
+
+
 SETTINGS: dict[str, Setting[Any]] = {
-    "dump": Setting(
-        "HOSTIR_DUMP",
-        frozenset(),
-        _dump_kinds,
-        "what to print on stderr, a comma-separated list of " + ", ".join(DUMP_KINDS),
-    ),
-    "num_streams": Setting(
-        "HOSTIR_NUM_STREAMS", 4, _whole_number(1), "the size of the stream pool when `Program.run` is given none"
-    ),
-    "timeout_s": Setting(
-        "HOSTIR_TIMEOUT_S",
-        DEFAULT_TIMEOUT_S,
-        timeout_seconds,
-        f"seconds a communication may wait for its peers, at least {MIN_TIMEOUT_S:g}",
-    ),
-    "rank": Setting("RANK", None, _whole_number(0, as_torchrun_sets_it=True), "torchrun's: this process's rank", patchable=False),
-    "world_size": Setting("WORLD_SIZE", None, _whole_number(1, as_torchrun_sets_it=True), "torchrun's: the number of ranks", patchable=False),
-    "local_rank": Setting("LOCAL_RANK", None, _whole_number(0, as_torchrun_sets_it=True), "torchrun's: the rank on this machine", patchable=False),
-    "local_world_size": Setting(
-        "LOCAL_WORLD_SIZE", None, _whole_number(1, as_torchrun_sets_it=True), "torchrun's: the ranks on this machine", patchable=False
-    ),
-    "master_addr": Setting("MASTER_ADDR", None, str, "torchrun's: the rendezvous host", patchable=False),
-    "master_port": Setting("MASTER_PORT", None, _whole_number(0, as_torchrun_sets_it=True), "torchrun's: the rendezvous port", patchable=False),
+    # What to print on stderr (hostir.logs), as NVFUSER_DUMP does.
+    "dump": Setting("HOSTIR_DUMP", frozenset(), _dump_kinds),
+    # The size of the stream pool when `Program.run` is given none.
+    "num_streams": Setting("HOSTIR_NUM_STREAMS", 4, _whole_number(1)),
+    # How long a communication may wait for its peers.
+    "timeout_s": Setting("HOSTIR_TIMEOUT_S", DEFAULT_TIMEOUT_S, timeout_seconds),
+    # torchrun's: this process's rank, the ranks, this machine's, the rendezvous.
+    "rank": _torchrun("RANK", _whole_number(0, as_torchrun_sets_it=True)),
+    "world_size": _torchrun("WORLD_SIZE", _whole_number(1, as_torchrun_sets_it=True)),
+    "local_rank": _torchrun("LOCAL_RANK", _whole_number(0, as_torchrun_sets_it=True)),
+    "local_world_size": _torchrun("LOCAL_WORLD_SIZE", _whole_number(1, as_torchrun_sets_it=True)),
+    "master_addr": _torchrun("MASTER_ADDR", str),
+    "master_port": _torchrun("MASTER_PORT", _whole_number(0, as_torchrun_sets_it=True)),
 }
 """Every setting by name: the attribute of this module that reads it."""
 

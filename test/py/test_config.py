@@ -139,3 +139,21 @@ def test_cuda_kernel_dumps_each_kernel_when_it_is_compiled(monkeypatch, capsys):
         assert capsys.readouterr().err == "", "a cached kernel is not compiled, so not printed, again"
     cache.kernel(source.replace("0.0712890625f", "0.5f"), "scaled")
     assert capsys.readouterr().err == ""
+
+
+def test_the_documented_settings_are_the_settings():
+    """docs/frontend.md's table of settings names each setting with its variable, and each
+    kind of HOSTIR_DUMP and its logger."""
+    from pathlib import Path
+
+    document = (Path(__file__).resolve().parents[2] / "docs" / "frontend.md").read_text()
+    table = document.split("### Settings: `hostir.config`", 1)[1].split("\n\n")[2]
+    rows = [row for row in table.splitlines() if row.startswith("| `")]
+    documented = {name.strip("` ") for row in rows for name in row.split("|")[1].split(",")}
+    assert documented == set(config.SETTINGS)
+    for name, setting in config.SETTINGS.items():
+        row = next(row for row in rows if f"`{name}`" in row)
+        assert f"`{setting.variable}`" in row or not setting.patchable, row
+    kinds = document.split("## Seeing what hostir did", 1)[1].split("\n\n")[2]
+    for kind, level in logs.LEVELS.items():
+        assert f"| `hostir.{kind}` | {logging.getLevelName(level)} |" in kinds and f"| `{kind}` |" in kinds, kind
