@@ -264,7 +264,8 @@ class HostirGraph:
             if not self.options.fallback:
                 raise
             if _speaks_for(error.group):
-                _warn_at_users_code(f"hostir runs graph {self.name} as torch eager ops: {explanation.fallback_line()}", explanation)
+                message = f"hostir runs graph {self.name} as torch eager ops: {explanation.fallback_line()}"
+                _warn_at_users_code(message, explanation)
                 logs.say("explain", str(explanation))
             return None
         if imported.group is None or not dist.is_initialized():

@@ -12,6 +12,7 @@ run (`Explanation`).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -21,7 +22,10 @@ import torch.fx
 from hostir_dialect.builder import TORCH_DTYPES
 from hostir.passes.analysis.cost_model import NOMINAL_GPU_RATES, OverlapKind, OverlapProblem, choose_pipeline, pipeline_time
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>[^\n]*)')
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+"""Where torch's own code is."""
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)(?:\n(?!\s*File ")(?P<code>[^\n]*))?')
 """A frame of an FX node's `stack_trace` (Python's traceback format): the file, the line, the code."""
 
 
@@ -38,18 +42,20 @@ class SourcePlace:
 
     @classmethod
     def of(cls, node: torch.fx.Node | None) -> SourcePlace | None:
-        """The innermost frame of the node's stack trace, and the module that traced it (a
-        forward graph's nodes know it; a backward graph's know only the line)."""
+        """The innermost frame of the node's stack trace in the user's code (not torch's: an
+        `nn.Linear`'s forward is torch's line), and the module that traced it (a forward
+        graph's nodes know it; a backward graph's know only the line)."""
         frames = list(_FRAME.finditer((node.meta.get("stack_trace") or "") if node is not None else ""))
         if not frames:
             return None
-        frame = frames[-1]
+        users = [frame for frame in frames if not frame["file"].startswith(_TORCH)]
+        frame = (users or frames)[-1]
         stack = node.meta.get("nn_module_stack") or {}
         module = None
         if stack:
             path, kind = list(stack.values())[-1]
             module = f"{_module_path(path)} ({getattr(kind, '__name__', kind)})"
-        return cls(frame["file"], int(frame["line"]), frame["code"].strip(), module)
+        return cls(frame["file"], int(frame["line"]), (frame["code"] or "").strip(), module)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
@@ -116,7 +122,8 @@ class GraphExplanation:
     """What auto-stream-parallel pipelined and declined, with the reasons."""
     chunked: list[ChunkedCollective] = field(default_factory=list)
     backend: str | None = None
-    """Who moves the collectives' bytes: `nccl` (the process group: NCCL, gloo on CPU ranks) or `cuda` (the copy engines)."""
+    """Who moves the collectives' bytes: `nccl` (the process group: NCCL, gloo on CPU ranks)
+    or `cuda` (the copy engines)."""
     backend_why: str = ""
 
     @property
@@ -141,7 +148,7 @@ class GraphExplanation:
         head = f"graph {self.graph} ({', '.join(self.inputs) or 'no tensor inputs'})"
         if not self.imported:
             lines = [f"{head}: runs as torch eager ops", f"  {self.fallback_line()}"]
-            if self.place is not None:
+            if self.place is not None and self.place.code:
                 lines.append(f"    {self.place.code}")
             if self.node is not None:
                 lines.append(f"  node: {self.node.format_node()}")

@@ -237,7 +237,8 @@ class Importer:
                     raise UnsupportedGraph(f"FX nodes of kind {node.op!r} are not supported")
             except UnsupportedGraph as error:
                 # Every message names the node that holds the construct, and so its op.
-                named = error.message if error.message.startswith(node.format_node()) else f"{node.format_node()}: {error.message}"
+                described = node.format_node()
+                named = error.message if error.message.startswith(described) else f"{described}: {error.message}"
                 raise UnsupportedGraph(named, node, self.group) from None
         self.emit(func.ReturnOp(*self.values_returned))
         function = func.FuncOp(

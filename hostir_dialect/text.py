@@ -213,7 +213,9 @@ class LocatingParser(Parser):
                 opening = self.open_regions[-1] if self.open_regions else 0
                 line = text.count("\n", 0, opening) + 1 + self.line_offset
                 end = len(text.rstrip())
-                self.raise_error(f"expected '}}' to close the region opened at line {line}, before the end of the input", end, end + 1)
+                self.raise_error(
+                    f"expected '}}' to close the region opened at line {line}, before the end of the input", end, end + 1
+                )
             self.raise_error(f"expected an operation, a block label or '}}', got '{token.text}'")
         return super()._parse_block()
 
