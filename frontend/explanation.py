@@ -132,8 +132,10 @@ class GraphExplanation:
 
     @property
     def op(self) -> str | None:
-        """The ATen op (or other target) of the node that falls back."""
-        return None if self.node is None else str(self.node.target)
+        """The ATen op (or other target) of the node that falls back; an input by its name."""
+        if self.node is None:
+            return None
+        return f"the input {self.node.target}" if self.node.op == "placeholder" else str(self.node.target)
 
     def fell_back(self, reason: str, node: torch.fx.Node | None) -> None:
         self.node, self.place = node, SourcePlace.of(node)

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,9 +217,9 @@ class Importer:
             value = node.meta.get("val")
             if isinstance(value, torch.Tensor):
                 varying = self.devices > 1
-                argument = self.block.insert_arg(
-                    self.tensor_type(tuple(value.shape), value.dtype, varying), len(self.block.args)
-                )
+                with self.naming(node):
+                    type = self.tensor_type(tuple(value.shape), value.dtype, varying)
+                argument = self.block.insert_arg(type, len(self.block.args))
                 argument.name_hint = name_of(node)
                 self.values[node] = Value(argument, tuple(value.shape), value.dtype, varying)
                 inputs.append(index)
@@ -228,18 +229,13 @@ class Importer:
                 self.values[node] = concrete(value)
         outputs: list[tuple[str, Any]] = []
         for node in self.gm.graph.nodes:
-            try:
+            with self.naming(node):
                 if node.op == "call_function":
                     self.values[node] = self.call(node)
                 elif node.op == "output":
                     outputs = self.output(node, placeholders)
                 elif node.op != "placeholder":
                     raise UnsupportedGraph(f"FX nodes of kind {node.op!r} are not supported")
-            except UnsupportedGraph as error:
-                # Every message names the node that holds the construct, and so its op.
-                described = node.format_node()
-                named = error.message if error.message.startswith(described) else f"{described}: {error.message}"
-                raise UnsupportedGraph(named, node, self.group) from None
         self.emit(func.ReturnOp(*self.values_returned))
         function = func.FuncOp(
             self.name,
@@ -248,6 +244,17 @@ class Importer:
         )
         chunked = {node.name: chosen for node, chosen in self.collective_chunks.items()}
         return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group, chunked)
+
+    @contextmanager
+    def naming(self, node: torch.fx.Node) -> Iterator[None]:
+        """Within: what hostir cannot run is said of `node`, which holds it: the message names
+        the node, and so its op, and the error carries it."""
+        try:
+            yield
+        except UnsupportedGraph as error:
+            described = node.format_node()
+            named = error.message if error.message.startswith(described) else f"{described}: {error.message}"
+            raise UnsupportedGraph(named, node, self.group) from None
 
     def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
         plan: list[tuple[str, Any]] = []

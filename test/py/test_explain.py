@@ -45,7 +45,9 @@ class WithComplex(nn.Module):
         return self.odd(self.up(x))
 
 
-COMPLEX_LINE = next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if line.endswith("# COMPLEX LINE"))
+LINE_OF = {line.rpartition("# ")[2]: i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if line.endswith(" LINE")}
+"""The lines of this file marked `# ... LINE`, by their mark."""
+COMPLEX_LINE = LINE_OF["COMPLEX LINE"]
 
 
 def test_a_fallback_warning_points_at_the_users_line_and_names_the_op_and_module():
@@ -84,6 +86,20 @@ def test_explain_says_what_falls_back_and_why_and_changes_no_gradient():
     assert text.startswith("2 graph(s): 0 run by hostir, 2 as torch eager ops\n")
     assert f"    return (x.to(torch.complex64) * 2).real  # COMPLEX LINE\n" in text
     assert "runs as torch eager ops" in text and "node: %_to_copy" in text
+
+
+class Spectrum(nn.Module):
+    def forward(self, x):
+        return torch.stft(x, n_fft=4, window=torch.ones(4), return_complex=True).abs()  # STFT LINE
+
+
+def test_the_users_line_is_outside_torchs_code():
+    """torch.stft is traced through torch's own Python code: the line is the user's call of it."""
+    (forward, *_) = hostir.explain(Spectrum(), torch.randn(16)).graphs
+    assert forward.op == "aten._fft_r2c.default"
+    assert (forward.place.file, forward.place.line) == (__file__, LINE_OF["STFT LINE"])
+    (complex_input,) = hostir.explain(torch.abs, torch.randn(3, dtype=torch.complex64)).graphs
+    assert complex_input.op.startswith("the input ") and complex_input.fallback.startswith("tensors of dtype torch.complex64")
 
 
 def test_explain_of_a_graph_hostir_runs(monkeypatch):
