@@ -525,6 +525,7 @@ def run_under_torchrun(arguments: argparse.Namespace, progress: Progress) -> int
     if failed:
         if communicator.rank == 0:
             print(RankFailed(failed), file=sys.stderr)
+        dist.destroy_process_group()  # every rank is here: leave the group as the runs would
         return 1
     with plain_errors():
         result = run_rank(program, inputs, communicator, options)
