@@ -11,7 +11,9 @@ pipeline (`auto-stream-parallel`), lowers it with hir-lowering and prepares the
 program, then runs it on this rank's tensors. A new set of shapes compiles again;
 dynamo's own recompilation (a new shape, a new dtype) hands over a new graph.
 
-Options (`torch.compile(..., options={...})`):
+Options (`torch.compile(..., options={...})`, or `backend=hostir.backend(**options)`,
+which checks them where they are written: torch hands a backend named by a string its
+options only when it first compiles):
 
 | option | default | meaning |
 |---|---|---|
@@ -21,14 +23,15 @@ Options (`torch.compile(..., options={...})`):
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
 
-`HOSTIR_DUMP=fusion,host_ir` prints the imported fusion and the lowered host program of
-every graph to standard error, on the first rank of the graph's mesh.
+`mode` (torch.compile's) is one of `MODES`, a preset of these options.
+
+What hostir did with each graph, it says on the `hostir` loggers once per graph, on the
+first of the graph's ranks (`hostir.logs`: `TORCH_LOGS="+hostir"`, or `HOSTIR_DUMP`), and
+keeps in `HostirGraph.explanations` (`hostir.explain`).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -46,19 +49,45 @@ from xdsl.dialects.builtin import ModuleOp
 
 from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.text import HostirError, print_module
+from hostir import config, logs
+from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, UnsupportedGraph, import_graph
+from hostir.frontend.rules.pointwise import ACTIVATION_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
-from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
 from hostir.runtime.program import Program
 
-DUMP_KINDS = ("fusion", "host_ir")
-
 
 class HostirFallbackWarning(UserWarning):
-    """A graph runs as torch eager ops because hostir cannot import it; the message says why."""
+    """A graph runs as torch eager ops because hostir cannot import it; the message says why,
+    and the warning points at the line of the user's code that the construct comes from."""
+
+
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {"cuda_graphs": True},
+    "max-autotune": {"cuda_graphs": True},
+    "max-autotune-no-cudagraphs": {"cuda_graphs": False},
+}
+"""torch.compile's modes, each as the options it stands for. hostir replays its programs as
+CUDA graphs unless told not to (`reduce-overhead`'s point), and tunes nothing at compilation:
+the cost model chooses the chunks, so `max-autotune` is the default's options."""
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A graph's fusion lowered: the program, who moves its collectives' bytes and why, and
+    what auto-stream-parallel said while lowering it."""
+
+    program: Program
+    pipeline: str
+    """The pass pipeline that lowered it, as `hir-opt -p` takes it."""
+    backend: str
+    why: str
+    pipelining: list[str]
 
 
 @dataclass(frozen=True)
@@ -70,8 +99,10 @@ class BackendOptions:
     fallback: bool = True
 
     @classmethod
-    def of(cls, options: dict[str, Any] | None) -> BackendOptions:
-        options = dict(options or {})
+    def of(cls, options: dict[str, Any] | None, mode: str | None = None) -> BackendOptions:
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"hostir has no mode {mode!r}; torch.compile's modes are {', '.join(MODES)}")
+        options = {**MODES[mode or "default"], **(options or {})}
         unknown = set(options) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(
@@ -94,6 +125,16 @@ class BackendOptions:
             return lambda problem: self.chunks
         return modelled_chunks if device.type == "cuda" else one_chunk
 
+    def chunks_chosen_by(self, device: torch.device) -> str:
+        """Who `chunks_of(device)` is, in words (`hostir.explain`)."""
+        if not self.pipeline:
+            return "pipeline=False: one chunk"
+        if self.chunks is not None:
+            return "the chunks option"
+        if device.type == "cuda":
+            return "the cost model's choice"
+        return "one chunk on the CPU, where gloo's transfers block"
+
     def backends(self, communicator: Communicator) -> list[str]:
         """The backends to lower with, in order of preference: the one asked for; for
         `auto`, the copy engines where they can serve this world, faster than NCCL on one
@@ -106,25 +147,25 @@ class BackendOptions:
     def lowering(self, backend: str) -> str:
         return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={backend}}}"
 
-    def compile(self, module: ModuleOp, communicator: Communicator) -> tuple[Program, str]:
+    def compile(self, module: ModuleOp, communicator: Communicator) -> Lowered:
         """`module` lowered with the first of `self.backends(communicator)` whose lowering
-        takes it, and that backend; the last one's error where none does."""
+        takes it; the last one's error where none does."""
         *preferred, last = self.backends(communicator)
+        if self.backend != "auto":
+            why = f"backend={self.backend!r}"
+        else:
+            why = f"backend='auto': {why_not_copy_engines(communicator) or 'every rank on this host, with peer access'}"
         for backend in preferred:
             try:
-                return Program.compile(module, self.lowering(backend)), backend
-            except HostirError:
-                pass  # the next backend's lowering may take it
-        return Program.compile(module, self.lowering(last)), last
-
-
-def dump_kinds() -> set[str]:
-    """The kinds HOSTIR_DUMP asks for; an unknown kind is refused with the known ones."""
-    kinds = {k.strip() for k in os.environ.get("HOSTIR_DUMP", "").split(",") if k.strip()}
-    unknown = kinds - set(DUMP_KINDS)
-    if unknown:
-        raise ValueError(f"HOSTIR_DUMP names {sorted(unknown)}; it takes a list of {', '.join(DUMP_KINDS)}")
-    return kinds
+                with logs.recorded("pipelining") as pipelining:
+                    pipeline = self.lowering(backend)
+                    return Lowered(Program.compile(module, pipeline), pipeline, backend, why, pipelining)
+            except HostirError as error:
+                # The next backend's lowering may take it.
+                why = f"backend='auto': the copy engines cannot move this graph's collectives: {error.message}"
+        with logs.recorded("pipelining") as pipelining:
+            pipeline = self.lowering(last)
+            return Lowered(Program.compile(module, pipeline), pipeline, last, why, pipelining)
 
 
 @dataclass
@@ -201,6 +242,8 @@ class HostirGraph:
         """Per set of input shapes, what it compiled to; None where the graph runs eagerly."""
         self.eager_layouts: dict[tuple, GraphLayouts] = {}
         """Per set of input shapes that runs eagerly, the layouts its tensors must be turned from or to."""
+        self.explanations: list[GraphExplanation] = []
+        """What hostir did with the graph, per set of input shapes in the order they came."""
         _GRAPHS.add(self)
 
     def _key(self, args: Sequence[Any]) -> tuple:
@@ -257,14 +300,18 @@ class HostirGraph:
             if masked_writes_as_where(self.gm):
                 FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
         layouts = self._layouts(args)
+        explanation = GraphExplanation(self.name, [s for s in map(tensor_summary, args) if s is not None])
+        self.explanations.append(explanation)
         try:
             imported = import_graph(self.gm, self.name, self.options.chunks_of(device), layouts)
         except UnsupportedGraph as error:
+            explanation.fell_back(error.message, error.node)
             if not self.options.fallback:
                 raise
-            warnings.warn(
-                f"hostir runs graph {self.name} as torch eager ops: {error}", HostirFallbackWarning, stacklevel=2
-            )
+            if _speaks_for(error.group):
+                message = f"hostir runs graph {self.name} as torch eager ops: {explanation.fallback_line()}"
+                _warn_at_users_code(message, explanation)
+                logs.say("explain", str(explanation))
             self.eager_layouts[self._key(args[: len(args) - len(self.constants)])] = self.saved_layouts.eager(
                 self.saved, layouts, self._outputs()
             )
@@ -275,17 +322,31 @@ class HostirGraph:
             communicator = Communicator.single(device)
         elif imported.mesh == tuple(range(dist.get_world_size())):
             communicator = Communicator(
-                dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), DEFAULT_TIMEOUT_S
+                dist.get_rank(), dist.get_world_size(), device, dist.get_backend(), config.timeout_s
             )
         else:  # a group of part of the world (tensor parallel on one axis of a 2-D mesh)
-            communicator = Communicator.of_group(imported.group, device, DEFAULT_TIMEOUT_S)
-        kinds = dump_kinds()
-        dumps = kinds and communicator.rank == imported.mesh[0]
-        if dumps and "fusion" in kinds:
-            print(f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}", file=sys.stderr)
-        program, backend = self.options.compile(imported.module, communicator)
-        if dumps and "host_ir" in kinds:
-            print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
+            communicator = Communicator.of_group(imported.group, device, config.timeout_s)
+        says = _speaks_for(imported.group)
+        if says and logs.wanted("fusion"):
+            logs.say("fusion", f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module, aliases=True)}")
+        lowered = self.options.compile(imported.module, communicator)
+        program, backend = lowered.program, lowered.backend
+        explanation.ranks = communicator.ranks if communicator.joined else (communicator.rank,)
+        explanation.pipelining, explanation.backend, explanation.backend_why = lowered.pipelining, backend, lowered.why
+        chosen_by = self.options.chunks_chosen_by(device)
+        explanation.chunked = [
+            ChunkedCollective(name, problem, chunks, chosen_by) for name, (problem, chunks) in imported.chunked.items()
+        ]
+        if says:
+            for decision in lowered.pipelining:
+                logs.say("pipelining", decision)
+            if logs.wanted("host_ir"):
+                logs.say(
+                    "host_ir",
+                    f"// hostir: the host program of graph {self.name}, which its fusion lowers to with\n"
+                    f"// hir-opt -p '{lowered.pipeline}'\n{print_module(program.module, aliases=True)}",
+                )
+            logs.say("explain", str(explanation))
         replayer = None
         if self.options.cuda_graphs and device.type == "cuda":
             parameters = self.parameters.among(args, self.forward)
@@ -305,6 +366,26 @@ class HostirGraph:
         outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
         returned = {index for j, index in enumerate(outputs) if j not in saved}
         return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
+
+
+def _speaks_for(group: dist.ProcessGroup | None) -> bool:
+    """Whether this rank says what hostir did with a graph whose collectives name `group`:
+    every rank compiles it alike, and the first of its ranks (of the world, for a graph
+    without collectives) speaks for all."""
+    if not dist.is_initialized():
+        return True
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+    return dist.get_rank() == min(ranks)
+
+
+def _warn_at_users_code(message: str, explanation: GraphExplanation) -> None:
+    """A `HostirFallbackWarning` located at the line of the user's code the construct comes
+    from (where the trace knows it), as a warning of that line would be."""
+    place = explanation.place
+    if place is None:
+        warnings.warn(message, HostirFallbackWarning, stacklevel=3)
+    else:
+        warnings.warn_explicit(message, HostirFallbackWarning, place.file, place.line)
 
 
 _GRAPHS: weakref.WeakSet[HostirGraph] = weakref.WeakSet()
@@ -439,24 +520,65 @@ def _saved_for_backward() -> slice | None:
         return None
 
 
-def hostir(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None):
-    """The `hostir` backend of torch.compile (registered under that name by the package's entry point)."""
-    backend_options = BackendOptions.of(options)
-    dump_kinds()
+class HostirBackend:
+    """The hostir backend with its options, as torch.compile calls a backend: once per graph
+    that dynamo traces."""
 
-    parameters = Parameters()
-    saved_layouts = SavedLayouts()
+    def __init__(self, options: BackendOptions):
+        config.check()
+        self.options = options
+        self._graphs: list[weakref.ref[HostirGraph]] = []
 
-    def compiler(kind: str):
-        def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
-            forward = kind == "forward"
-            if forward:
-                parameters.forward = _forward_parameters()
-            saved = _saved_for_backward() if forward else None
-            # aot_autograd's boxed convention: the arguments come as one list.
-            graph = HostirGraph(graph, _graph_name(kind), backend_options, parameters, forward, saved, saved_layouts)
-            return make_boxed_func(graph)
+    @property
+    def graphs(self) -> list[HostirGraph]:
+        """The forward and backward graphs it made that are still in use (dynamo holds them
+        while it may call them), in the order it made them."""
+        return [graph for reference in self._graphs if (graph := reference()) is not None]
 
-        return compile_graph
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **given: Any) -> Callable[..., Any]:
+        if given:
+            raise ValueError(
+                f"torch.compile gave {' and '.join(sorted(given))} to a hostir.backend(...), which has its "
+                "options already: give them to it, as in hostir.backend(mode='reduce-overhead', chunks=2)"
+            )
+        parameters = Parameters()
+        saved_layouts = SavedLayouts()
 
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))(gm, example_inputs)
+        def compiler(kind: str):
+            def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[[list[Any]], list[Any]]:
+                forward = kind == "forward"
+                if forward:
+                    parameters.forward = _forward_parameters()
+                saved = _saved_for_backward() if forward else None
+                made = HostirGraph(graph, _graph_name(kind), self.options, parameters, forward, saved, saved_layouts)
+                self._graphs.append(weakref.ref(made))
+                # aot_autograd's boxed convention: the arguments come as one list.
+                return make_boxed_func(made)
+
+            return compile_graph
+
+        return aot_autograd(
+            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=ACTIVATION_DECOMPOSITIONS
+        )(gm, example_inputs)
+
+
+def backend(mode: str | None = None, **options: Any) -> HostirBackend:
+    """The hostir backend with `options` (the module docstring's), checked here:
+    `torch.compile(model, backend=hostir.backend(chunks=2))` refuses an unknown option or
+    value at that line, where `backend="hostir", options={...}` can only at the first call."""
+    return HostirBackend(BackendOptions.of(options, mode))
+
+
+def hostir(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, mode: str | None = None
+) -> Callable[..., Any]:
+    """The `hostir` backend of torch.compile (registered under that name by the package's entry
+    point), which torch calls with the `options` and `mode` given to torch.compile."""
+    try:
+        backend_options = BackendOptions.of(options, mode)
+    except ValueError as error:
+        raise ValueError(
+            f"{error} (torch hands a backend named by a string its options when it first compiles; "
+            "backend=hostir.backend(...) checks them at the torch.compile line)"
+        ) from None
+    return HostirBackend(backend_options)(gm, example_inputs)

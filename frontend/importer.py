@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,14 @@ c10d = torch.ops._c10d_functional
 
 
 class UnsupportedGraph(HostirError):
-    """A construct of the graph that hostir cannot run; the message names it."""
+    """A construct of the graph that hostir cannot run; the message names it, and `node` is the
+    FX node that holds it (None where no one node does), `group` the process group the graph's
+    collectives name (None: none, or several)."""
+
+    def __init__(self, message: str, node: torch.fx.Node | None = None, group: dist.ProcessGroup | None = None):
+        super().__init__(message)
+        self.node = node
+        self.group = group
 
 
 # --------------------------------------------------------------------------- #
@@ -163,6 +171,9 @@ class ImportedGraph:
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
+    chunked: dict[str, tuple[OverlapProblem, int]] = field(default_factory=dict)
+    """The problem and the chunk count of each reduce-scatter or all-reduce of GEMMs cut into
+    chunks, by the name of its FX node (`hostir.explain` reports them)."""
     input_pieces: list[tuple[int, ...] | None] = field(default_factory=list)
     """For each fusion input, the shape to read the graph input as (a piece of a `Layout`), or None."""
     output_layouts: dict[int, Layout] = field(default_factory=dict)
@@ -210,11 +221,13 @@ class Importer:
         if not groups:
             return None, (0,)
         if len(groups) > 1:
+            second = list(groups.values())[1]
             raise UnsupportedGraph(
-                "the graph communicates over several process groups ("
+                f"{second.format_node()}: the graph communicates over several process groups ("
                 + ", ".join(repr(g) for g in groups)
                 + "); hostir maps one group, the mesh of the graph, so a 2-D device mesh "
-                "(tensor and data parallel in one graph) is not supported"
+                "(tensor and data parallel in one graph) is not supported",
+                second,
             )
         (name,) = groups
         try:
@@ -223,7 +236,8 @@ class Importer:
         except Exception as error:  # noqa: BLE001 - torch raises several kinds here
             raise UnsupportedGraph(
                 f"{groups[name].format_node()}: the process group {name!r} is not one this "
-                f"process belongs to ({error})"
+                f"process belongs to ({error})",
+                groups[name],
             ) from None
         return group, ranks
 
@@ -257,7 +271,9 @@ class Importer:
                 varying = self.devices > 1
                 layout = self.layouts.inputs.get(index)
                 local = tuple(value.shape) if layout is None else layout.local
-                argument = self.block.insert_arg(self.tensor_type(local, value.dtype, varying), len(self.block.args))
+                with self.naming(node):
+                    type = self.tensor_type(local, value.dtype, varying)
+                argument = self.block.insert_arg(type, len(self.block.args))
                 argument.name_hint = name_of(node)
                 self.values[node] = (
                     Value(argument, tuple(value.shape), value.dtype, varying)
@@ -272,18 +288,20 @@ class Importer:
                 self.values[node] = concrete(value)
         outputs: list[tuple[str, Any]] = []
         for node in self.gm.graph.nodes:
-            if node.op == "call_function":
-                self.values[node] = self.call(node)
-            elif node.op == "output":
-                outputs = self.output(node, placeholders)
-            elif node.op != "placeholder":
-                raise UnsupportedGraph(f"{node.format_node()}: FX nodes of kind {node.op!r} are not supported")
+            with self.naming(node):
+                if node.op == "call_function":
+                    self.values[node] = self.call(node)
+                elif node.op == "output":
+                    outputs = self.output(node, placeholders)
+                elif node.op != "placeholder":
+                    raise UnsupportedGraph(f"FX nodes of kind {node.op!r} are not supported")
         self.emit(func.ReturnOp(*self.values_returned))
         function = func.FuncOp(
             self.name,
             ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
             Region(self.block),
         )
+        chunked = {node.name: chosen for node, chosen in self.collective_chunks.items()}
         return ImportedGraph(
             ModuleOp([function]),
             inputs,
@@ -291,9 +309,21 @@ class Importer:
             outputs,
             self.mesh,
             self.group,
+            chunked,
             input_pieces,
             self.output_layouts,
         )
+
+    @contextmanager
+    def naming(self, node: torch.fx.Node) -> Iterator[None]:
+        """Within: what hostir cannot run is said of `node`, which holds it: the message names
+        the node, and so its op, and the error carries it."""
+        try:
+            yield
+        except UnsupportedGraph as error:
+            described = node.format_node()
+            named = error.message if error.message.startswith(described) else f"{described}: {error.message}"
+            raise UnsupportedGraph(named, node, self.group) from None
 
     def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
         """The plan of the graph's outputs; the values of the fusion's, each in the FX layout

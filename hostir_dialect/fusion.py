@@ -61,11 +61,13 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
-from xdsl.parser import AttrParser, Parser
+from xdsl.parser import AttrParser, Parser, UnresolvedOperand
 from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
+
+from hostir_dialect.aten_syntax import call_operands, parse_optional_call, print_call
 
 DYNAMIC = -1
 """The extent of an axis whose size is only known at run time (`?` in text)."""
@@ -1047,13 +1049,15 @@ def check_returns(target: str, returns: DenseArrayBase | None, count: int, what:
 class AtenOp(FusionOp):
     """An ATen op that hostir does not model, run by torch on each device's local pieces.
 
-    `%r = fusion.aten "aten.gelu.default"(%x) call "[[{'operand': 0}], {'approximate': 'tanh'}]" : (T) -> T2`
+    `%r = fusion.aten "aten.gelu.default"(%x, approximate = "tanh") : (T) -> T2`
 
     `target` names the overload (`torch.ops.aten.gelu.default`); `call` is the Python
     literal `[args, kwargs]` of its arguments, where `{'operand': i}` stands for operand
-    `i`'s local piece (docs/frontend.md lists the other encodings). It is what keeps
-    every graph that torch.compile hands hostir compilable: the op computes exactly
-    what ATen computes, and only blocks pipelining across itself.
+    `i`'s local piece (docs/frontend.md lists the other encodings), which the text writes
+    as the call reads (`hostir_dialect.aten_syntax`; the literal itself, `(%x) call
+    "[[{'operand': 0}], {...}]"`, is read too). It is what keeps every graph that
+    torch.compile hands hostir compilable: the op computes exactly what ATen computes,
+    and only blocks pipelining across itself.
 
     The results are what ATen returns: the one tensor, or each item of the tuple. When
     ATen's tuple holds more (flash attention's sequence lengths, or a tensor that one
@@ -1076,11 +1080,6 @@ class AtenOp(FusionOp):
     call = prop_def(StringAttr)
     returns = opt_prop_def(DenseArrayBase[I64])
 
-    assembly_format = (
-        "$target `(` $inputs `)` `call` $call (`returns` $returns^)? attr-dict "
-        "`:` functional-type($inputs, $outputs)"
-    )
-
     def __init__(
         self,
         target: str,
@@ -1094,10 +1093,29 @@ class AtenOp(FusionOp):
             properties["returns"] = DenseArrayBase.from_list(i64, returns)
         super().__init__(operands=[inputs], result_types=[result_types], properties=properties)
 
+    @classmethod
+    def parse(cls, parser: Parser) -> AtenOp:
+        target, call, operands, returns = parse_aten_call(parser)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        position = parser.pos
+        function_type = parser.parse_function_type()
+        inputs = parser.resolve_operands(operands, function_type.inputs.data, position)
+        op = cls(target, call, inputs, function_type.outputs.data, returns)
+        op.attributes.update(attributes)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        print_aten_call(printer, self)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_function_type([v.type for v in self.inputs], [v.type for v in self.outputs])
+
     def verify_(self) -> None:
         values = [*self.inputs, *self.outputs]
         if not self.outputs:
             raise VerifyException(f"fusion.aten {self.target.data} must have at least one result")
+        check_call_operands(self.target.data, self.call.data, len(self.inputs))
         check_returns(self.target.data, self.returns, len(self.outputs), "result")
         meshes = {tensor_type(value).mesh for value in values}
         if len(meshes) > 1:
@@ -1125,6 +1143,64 @@ class AtenOp(FusionOp):
                 f"fusion.aten {self.target.data}: a result is replicated but an operand varies "
                 "between devices, so the result may differ between devices too"
             )
+
+
+def parse_aten_call(parser: Parser) -> tuple[str, str, list[UnresolvedOperand], list[int] | None]:
+    """`"target"(call) (returns [...])?` of `fusion.aten` and `hir.aten`: the target, the `call`
+    literal, the operands it names and the `returns` items; or the literal form,
+    `"target"(%operands) call "literal"` (`"target" call "literal"` in `hir.aten`)."""
+    target = parser.parse_str_literal(" (the ATen overload, as in \"aten.gelu.default\")")
+    start = parser.pos
+    named = parse_optional_call(parser)
+    if parser.parse_optional_keyword("call") is not None:
+        # The literal form: the operands alone in the list, if any, then the literal.
+        operands = [] if named is None else named[1]
+        if named is not None and named[0] != repr([[{"operand": i} for i in range(len(operands))], {}]):
+            parser.raise_error("before `call \"...\"`, the list holds the operands alone", start, parser.pos)
+        call = parser.parse_str_literal(" (the call's Python literal)")
+    elif named is None:
+        parser.raise_error(f"expected the call of {target}, as in \"aten.gelu.default\"(%x, approximate = \"tanh\")")
+    else:
+        call, operands = named
+    returns = None
+    if parser.parse_optional_keyword("returns") is not None:
+        returns = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+    return target, call, operands, returns
+
+
+def print_aten_call(printer: Printer, op: AtenOp | IRDLOperation) -> None:
+    """Prints `"target"(call) (returns [...])?` of `fusion.aten` or `hir.aten`; a call that
+    does not verify (printed with verification off) in the literal form, which reads back."""
+    operands = op.inputs if isinstance(op, AtenOp) else op.ins
+    printer.print_string(" ")
+    printer.print_string_literal(op.target.data)
+    try:
+        check_call_operands(op.target.data, op.call.data, len(operands))
+    except VerifyException:
+        if isinstance(op, AtenOp):
+            printer.print_string("(")
+            printer.print_list(operands, printer.print_operand)
+            printer.print_string(")")
+        printer.print_string(" call ")
+        printer.print_string_literal(op.call.data)
+    else:
+        print_call(printer, op.call.data, operands)
+    if op.returns is not None:
+        printer.print_string(f" returns [{', '.join(map(str, op.returns.get_values()))}]")
+
+
+def check_call_operands(target: str, call: str, operands: int) -> None:
+    """The call names every operand, operand `i` being the `i`-th it names: what its text
+    writes (`hostir_dialect.aten_syntax`) names the operands so."""
+    try:
+        named = call_operands(call)
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as error:
+        raise VerifyException(f"{target}: the call is no Python literal [args, kwargs]: {error}") from None
+    if named != list(range(operands)):
+        raise VerifyException(
+            f"{target}: the call names operands {named} in that order; it must name each of its "
+            f"{operands} operand(s), operand i as the i-th"
+        )
 
 
 def _check_same_element_types(op: IRDLOperation) -> None:

@@ -53,7 +53,7 @@ from xdsl.irdl import (
     traits_def,
     var_operand_def,
 )
-from xdsl.parser import Parser
+from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
 from xdsl.dialects import func
 from xdsl.traits import Pure, SymbolTable, SymbolUserOpInterface
@@ -67,9 +67,12 @@ from hostir_dialect.fusion import (
     DeviceMeshAttr,
     TensorType,
     UnaryOp,
+    check_call_operands,
     check_returns,
     normalize_axes,
+    parse_aten_call,
     parse_device_list_checked,
+    print_aten_call,
     print_device_list,
     reduction_shape,
     shape_str,
@@ -1128,9 +1131,12 @@ class AtenOp(ComputeOp):
     """`fusion.aten` on buffers: the ATen op `target` on the local pieces of `ins`, its
     results written into `outs` (a varying buffer's device axis dropped, as in the fusion).
 
-    `hir.aten "aten.gelu.default" call "[[{'operand': 0}], {}]" ins(%a : T) outs(%b : T)`
+    `hir.aten "aten.gelu.default"(%a) ins(%a : T) outs(%b : T)`
 
-    `returns`, as in `fusion.aten`, names the items of ATen's tuple that fill `outs`.
+    The call is written as `fusion.aten`'s (`hostir_dialect.aten_syntax`; the literal
+    form, `"aten.gelu.default" call "[[{'operand': 0}], {}]"`, is read too), and `ins` are
+    the buffers it names, in the order it names them. `returns`, as in `fusion.aten`,
+    names the items of ATen's tuple that fill `outs`.
     """
 
     name = "hir.aten"
@@ -1142,10 +1148,7 @@ class AtenOp(ComputeOp):
     adopted = opt_prop_def(DenseArrayBase[I64])
     """The outs that become the tensors the op makes (`verify_adopted`)."""
 
-    assembly_format = (
-        "$target `call` $call (`returns` $returns^)? `ins` `(` ($ins^ `:` type($ins))? `)` "
-        "`outs` `(` $outs `:` type($outs) `)` (`adopted` $adopted^)? attr-dict"
-    )
+    assembly_format = None  # ComputeOp's: this op's text is its `parse` and `print`
 
     def __init__(
         self,
@@ -1154,16 +1157,77 @@ class AtenOp(ComputeOp):
         ins: Sequence[SSAValue],
         outs: Sequence[SSAValue],
         returns: DenseArrayBase | None = None,
+        adopted: DenseArrayBase | None = None,
     ):
         properties: dict[str, Attribute] = {"target": target, "call": call}
         if returns is not None:
             properties["returns"] = returns
+        if adopted is not None:
+            properties["adopted"] = adopted
         super().__init__(ins, outs, properties)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AtenOp:
+        target, call, named, returns = parse_aten_call(parser)
+        ins_start = parser.pos
+        ins = _parse_buffers(parser, "ins", allow_none=True)
+        if named and [u.span.text for u, _ in ins] != [u.span.text for u in named]:
+            parser.raise_error(
+                f"ins are the buffers the call names, in the order it names them: "
+                f"{', '.join(u.span.text for u in named)}",
+                ins_start,
+                parser.pos,
+            )
+        outs = _parse_buffers(parser, "outs", allow_none=False)
+        adopted = None
+        if parser.parse_optional_keyword("adopted") is not None:
+            adopted = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+        attributes = parser.parse_optional_attr_dict()
+        op = cls(
+            StringAttr(target),
+            StringAttr(call),
+            [parser.resolve_operand(u, t) for u, t in ins],
+            [parser.resolve_operand(u, t) for u, t in outs],
+            None if returns is None else DenseArrayBase.from_list(i64, returns),
+            None if adopted is None else DenseArrayBase.from_list(i64, adopted),
+        )
+        op.attributes.update(attributes)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        print_aten_call(printer, self)
+        for keyword, buffers in (("ins", self.ins), ("outs", self.outs)):
+            printer.print_string(f" {keyword}(")
+            if buffers:
+                printer.print_list(buffers, printer.print_operand)
+                printer.print_string(" : ")
+                printer.print_list([b.type for b in buffers], printer.print_attribute)
+            printer.print_string(")")
+        if self.adopted is not None:
+            printer.print_string(f" adopted [{', '.join(map(str, self.adopted.get_values()))}]")
+        printer.print_op_attributes(self.attributes)
 
     def verify_(self) -> None:
         super().verify_()
+        check_call_operands(self.target.data, self.call.data, len(self.ins))
         check_returns(self.target.data, self.returns, len(self.outs), "out")
         verify_adopted(self)
+
+
+def _parse_buffers(parser: Parser, keyword: str, allow_none: bool) -> list[tuple[UnresolvedOperand, Attribute]]:
+    """`keyword(%a, %b : T, U)`: the buffers and their types (`keyword()` where `allow_none`)."""
+    parser.parse_keyword(keyword)
+    parser.parse_punctuation("(")
+    if allow_none and parser.parse_optional_punctuation(")") is not None:
+        return []
+    position = parser.pos
+    buffers = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_unresolved_operand)
+    parser.parse_punctuation(":")
+    types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+    parser.parse_punctuation(")")
+    if len(types) != len(buffers):
+        parser.raise_error(f"{len(buffers)} buffer(s) but {len(types)} type(s)", position, parser.pos)
+    return list(zip(buffers, types))
 
 
 def verify_adopted(op: AtenOp | PostOnStreamOp) -> None:

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FileLineColLoc, FloatAttr, IntAttr, ModuleOp, StringAttr
-from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, ParametrizedAttribute
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, OpResult, ParametrizedAttribute, Region
 from xdsl.irdl.dominance import DominanceInfo
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -34,6 +34,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyExcepti
 from xdsl.utils.mlir_lexer import MLIRTokenKind
 
 from hostir_dialect import hostir_context
+from hostir_dialect.fusion import DYNAMIC, ParallelType, TensorType, element_type_name
 
 
 @dataclass
@@ -126,6 +127,8 @@ class LocatingParser(Parser):
     def __init__(self, text: str, filename: str, line_offset: int = 0, ctx: Context | None = None):
         super().__init__(ctx or hostir_context(), text, filename)
         self.line_offset = line_offset
+        self.open_regions: list[int] = []
+        """The offset of the `{` of each region being parsed, innermost last."""
 
     def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
         """The module; input without any operation (empty, only comments) is an empty one."""
@@ -188,6 +191,33 @@ class LocatingParser(Parser):
                 return attr
         literal, _, type = self.lexer.input.content[start : self.pos].partition(":")
         self.raise_error(f"float literal {literal.strip()} is out of range for type {type.strip()}", start, self.pos)
+
+    def parse_optional_region(self, arguments: Any = None) -> Region | None:
+        opens = self._current_token.kind == MLIRTokenKind.L_BRACE
+        if opens:
+            self.open_regions.append(self._current_token.span.start)
+        try:
+            return super().parse_optional_region(arguments)
+        finally:
+            if opens:
+                self.open_regions.pop()
+
+    def _parse_block(self) -> Block:
+        """A labelled block; where a region goes on with something else, an error that says what
+        was expected (xDSL's message is " in block definition"), and at the end of the input, the
+        `}` that is missing, placed after the last character of the text."""
+        token = self._current_token
+        if token.kind != MLIRTokenKind.CARET_IDENT:
+            text = self.lexer.input.content
+            if token.kind == MLIRTokenKind.EOF:
+                opening = self.open_regions[-1] if self.open_regions else 0
+                line = text.count("\n", 0, opening) + 1 + self.line_offset
+                end = len(text.rstrip())
+                self.raise_error(
+                    f"expected '}}' to close the region opened at line {line}, before the end of the input", end, end + 1
+                )
+            self.raise_error(f"expected an operation, a block label or '}}', got '{token.text}'")
+        return super()._parse_block()
 
     def parse_operation(self) -> Operation:
         start_span = self._current_token.span
@@ -450,11 +480,90 @@ def _too_deep_offset(text: str) -> int | None:
     return None
 
 
-def print_module(module: Operation, generic: bool = False) -> str:
+class _AliasingPrinter(Printer):
+    """A printer that writes each `!fusion.tensor` type of `aliases` by its alias, and records
+    every one it writes, in order, in `seen`."""
+
+    def __init__(self, stream: io.StringIO, generic: bool, aliases: dict[Attribute, str]):
+        super().__init__(stream=stream, print_generic_format=generic)
+        self.aliases = aliases
+        self.seen: dict[Attribute, None] = {}
+
+    def print_attribute(self, attribute: Attribute) -> None:
+        if isinstance(attribute, TensorType):
+            self.seen[attribute] = None
+            if attribute in self.aliases:
+                self.print_string(f"!{self.aliases[attribute]}")
+                return
+        super().print_attribute(attribute)
+
+
+def type_alias(type: TensorType) -> str:
+    """A tensor type's alias, from what it is: `f32_2x16x32_didx` (element type, extents with
+    `N` for a dynamic one, the parallel types other than serial)."""
+    extents = "x".join("N" if extent == DYNAMIC else str(extent) for extent in type.get_shape()) or "scalar"
+    kinds = [kind.value for kind in type.parallel_types() if kind != ParallelType.SERIAL]
+    return "_".join([element_type_name(type.element_type), extents, *kinds])
+
+
+READABLE_WIDTH = 100
+"""The length past which `print_module(..., aliases=True)` cuts an op's line."""
+
+_CUTS = re.compile(r'"(?:[^"\\]|\\.)*"|(, | (?=: )| (?=-> ))')
+"""String literals, skipped whole, and where a line may be cut: after the `, ` between two
+items, and before the `: ` of the types and the `-> ` of the results."""
+
+
+def _cut(line: str, width: int) -> list[str]:
+    """`line`, cut where `_CUTS` finds (outside string literals) into lines of at most
+    `width` characters where it can be, each going on four spaces further in: the parser
+    reads a line break as any other space."""
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    cuts = [match.end(1) for match in _CUTS.finditer(line) if match.group(1)]
+    lines, start, prefix = [], 0, ""
+    while len(prefix) + len(line) - start > width:
+        fitting = [cut for cut in cuts if cut > start and len(prefix) + cut - start - 1 <= width]
+        later = [cut for cut in cuts if cut > start]
+        cut = fitting[-1] if fitting else (later[0] if later else None)
+        if cut is None:
+            break
+        lines.append(prefix + line[start:cut].rstrip())
+        start, prefix = cut, indent
+    lines.append(prefix + line[start:])
+    return lines
+
+
+def print_module(module: Operation, generic: bool = False, aliases: bool = False) -> str:
     """The module's text, in the custom syntax or in MLIR's generic form; a located
-    HostirError where that text would nest too deep to read back (`check_printed_nesting`)."""
+    HostirError where that text would nest too deep to read back (`check_printed_nesting`).
+
+    With `aliases`, every `!fusion.tensor` type is written by an alias defined at the top
+    (`!f32_2x16x32_didx = !fusion.tensor<[2, 16, 32], f32, mesh = [0, 1], axes = [didx, _, _]>`),
+    as the repository's examples write them by hand, and an op's line longer than
+    `READABLE_WIDTH` is cut after its commas: the dumps of torch.compile's graphs read so,
+    and parse to the same module."""
     out = io.StringIO()
-    Printer(stream=out, print_generic_format=generic).print_op(module)
+    printer = _AliasingPrinter(out, generic, {})
+    printer.print_op(module)
+    if aliases and printer.seen:
+        names: dict[Attribute, str] = {}
+        taken: set[str] = set()
+        for type in printer.seen:  # types of one alias on several meshes are told apart by a number
+            name = base = type_alias(type)
+            number = 1
+            while name in taken:
+                name, number = f"{base}_{number}", number + 1
+            names[type] = name
+            taken.add(name)
+        out = io.StringIO()
+        for type, name in names.items():
+            out.write(f"!{name} = ")
+            Printer(stream=out).print_attribute(type)
+            out.write("\n")
+        out.write("\n")
+        _AliasingPrinter(out, generic, names).print_op(module)
+        out = io.StringIO("\n".join(cut for line in out.getvalue().split("\n") for cut in _cut(line, READABLE_WIDTH)))
+        out.seek(0, io.SEEK_END)
     out.write("\n")
     text = out.getvalue()
     check_printed_nesting(module, text, generic)

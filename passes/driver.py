@@ -7,9 +7,11 @@ syntax errors: an unknown pass (with hostir's passes listed and the closest name
 pass whose module does not import, an unknown option, a value of the wrong type, an
 option given twice, a value the pass refuses.
 
-`run_passes` applies them. A `Pipeline` (a pass made of passes, `hir-lowering`) runs as
-its passes, so that what is printed, timed, verified or reported after a pass names the
-pass that ran, as mlir-opt does for the passes of a pipeline.
+`run_passes` applies them, as xDSL's `PassPipeline`, whose callback between two passes
+reports on the one that ran and announces the next. A `Pipeline` (a pass made of passes,
+`hir-lowering`) runs as its passes, so that what is printed, timed, verified or reported
+before or after a pass names the pass that runs, as mlir-opt does for the passes of a
+pipeline.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
+from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.arg_spec import (
     ArgSpec,
     PipelineLexer,
@@ -65,6 +67,8 @@ def expand(passes: Iterable[ModulePass]) -> tuple[ModulePass, ...]:
 
 AfterPass = Callable[[ModulePass, ModuleOp, float], None]
 """Called after each pass with the pass, the module and the seconds the pass took."""
+BeforePass = Callable[[ModulePass, ModuleOp], None]
+"""Called before each pass with the pass and the module."""
 
 
 def run_passes(
@@ -73,31 +77,38 @@ def run_passes(
     module: ModuleOp,
     verify: bool = False,
     after: AfterPass | None = None,
+    before: BeforePass | None = None,
 ) -> None:
-    """Applies `passes`, their pipelines expanded, in order.
+    """Applies `passes`, their pipelines expanded, in order (xDSL's `PassPipeline`).
 
     An xDSL diagnostic raised by a pass becomes a `HostirError` naming the pass. With
     `verify`, the module is verified after each pass, and invalid IR is an error at the
     offending op that names the pass that left it.
     """
-    for current in expand(passes):
-        start = time.perf_counter()
-        try:
-            current.apply(ctx, module)
-        except DiagnosticException as error:
-            raise HostirError(f"pass '{current.name}' failed: {error}") from None
-        seconds = time.perf_counter() - start
-        if verify:
-            try:
-                verify_module(module)
-            except HostirError as error:
-                raise HostirError(
-                    f"pass '{current.name}' produced invalid IR: {error.message}",
-                    error.location,
-                    error.op_name,
-                ) from None
-        if after is not None:
-            after(current, module, seconds)
+    running: list[Any] = [None, 0.0]
+    """The pass that runs, and when it started (the callback's time excluded)."""
+
+    def between(done: ModulePass | None, module: ModuleOp, following: ModulePass | None) -> None:
+        if done is not None:
+            seconds = time.perf_counter() - running[1]
+            if verify:
+                try:
+                    verify_module(module)
+                except HostirError as error:
+                    raise HostirError(
+                        f"pass '{done.name}' produced invalid IR: {error.message}", error.location, error.op_name
+                    ) from None
+            if after is not None:
+                after(done, module, seconds)
+        if following is not None:
+            if before is not None:
+                before(following, module)
+            running[:] = [following, time.perf_counter()]
+
+    try:
+        PassPipeline(expand(passes), between).apply(ctx, module)
+    except DiagnosticException as error:
+        raise HostirError(f"pass '{running[0].name}' failed: {error}") from None
 
 
 # --------------------------------------------------------------------------- #

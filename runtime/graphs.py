@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hostir_dialect.text import HostirError
+from hostir import config
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.distributed.streams import configured_num_streams
 from hostir.runtime.interpreter import RunContext
 from hostir.runtime.interpreter.communication import copy_engine_transfers
 from hostir.runtime.program import Program
@@ -254,7 +254,7 @@ class GraphReplayer:
         self.hand_over = frozenset(hand_over)
         """The outputs that a replay returns as they are, with no copy (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
-        self.num_streams = configured_num_streams() if num_streams is None else num_streams
+        self.num_streams = config.num_streams if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
         self.captured: dict[Signature, CapturedRun] = {}
         self.said: set[str] = set()

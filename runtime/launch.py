@@ -3,7 +3,8 @@
     results = run_on_local_ranks(check_allgather, 4, seed)   # [rank 0's result, ...]
 
 Each rank is a fresh process (`torch.multiprocessing.start_processes`) with the
-launcher's environment, torchrun's variables, `OMP_NUM_THREADS=1` unless the caller set
+launcher's environment and settings (`hostir.config`: what the launcher patched reaches
+its ranks), torchrun's variables, `OMP_NUM_THREADS=1` unless the caller set
 it (as torchrun does: N ranks of one thread each share the cores better than N ranks of
 all of them), and a joined process group (`Communicator.from_env()`), so a function that
 works here works unchanged under torchrun. The rendezvous store listens on the
@@ -24,6 +25,10 @@ process-group timeout (HOSTIR_TIMEOUT_S) instead of hanging; a rank still runnin
 reaches) is killed. Nothing else limits how long the ranks may compute, unless the
 caller gives `timeout_s`.
 
+A rank's stdout and stderr are the launcher's, unless `output` (a `RankOutput`) sends them,
+as torchrun's `--log-dir` and `--tee` do, into a log file per rank and stream, or to the
+console with each line prefixed by its rank, or both.
+
 No rank outlives its launcher. Each rank asks the kernel for SIGKILL when its parent, the
 forkserver, dies (a parent-death signal), and the forkserver ends when the launcher does,
 whatever kills the launcher: it reads a pipe that only the launcher holds open once the
@@ -42,10 +47,13 @@ import queue
 import signal
 import socket
 import threading
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -54,6 +62,7 @@ import torch.multiprocessing as mp
 from multiprocessing import forkserver
 
 from hostir_dialect.text import HostirError
+from hostir import config
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import release_captured_graphs
 
@@ -73,12 +82,19 @@ POLL_S = 0.1
 
 
 class RankFailed(Exception):
-    """One or more ranks raised, died or ran past the timeout; `failures` maps rank -> message."""
+    """One or more ranks raised, died or ran past the timeout; `failures` maps rank -> message.
+    Said once per message: ranks that failed alike are named together (`ranks 0, 1: ...`)."""
 
     def __init__(self, failures: dict[int, str]):
         self.failures = dict(sorted(failures.items()))
+        ranks_by_message: dict[str, list[int]] = {}
+        for rank, message in self.failures.items():
+            ranks_by_message.setdefault(message, []).append(rank)
         super().__init__(
-            "\n".join(f"rank {rank}: {message}" for rank, message in self.failures.items())
+            "\n".join(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
+                for message, ranks in ranks_by_message.items()
+            )
         )
 
 
@@ -95,11 +111,12 @@ def plain_message(error: BaseException) -> str:
 class _LauncherEnvironment:
     """The launcher's environment variables, which a rank takes on as this is unpickled: among
     the rank's arguments it comes before `fn` and `args`, whose modules the rank imports as they
-    are unpickled (a module may read a variable as it is imported). OMP_NUM_THREADS is 1 unless
-    the launcher set it."""
+    are unpickled (a module may read a variable as it is imported). The settings the launcher
+    changed (`hostir.config.patch`) are among them; OMP_NUM_THREADS is 1 unless the launcher
+    set it."""
 
     def __init__(self) -> None:
-        self.variables = {"OMP_NUM_THREADS": "1", **os.environ}
+        self.variables = {"OMP_NUM_THREADS": "1", **config.environment()}
 
     def __reduce__(self):
         return (_take_on_environment, (self.variables,))
@@ -111,6 +128,85 @@ def _take_on_environment(variables: dict[str, str]) -> None:
     threads = variables["OMP_NUM_THREADS"]
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))  # the forkserver's torch read the variable as it was then
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """Where each rank's stdout and stderr go (file descriptors 1 and 2, so that what torch,
+    NCCL and CUDA print goes with what Python prints), as torchrun's `--log-dir` and `--tee`
+    say: with `log_dir`, into `log_dir/rank<k>/stdout.log` and `stderr.log`; with `tee`, to
+    the launcher's console too (only there, without `log_dir`), each line prefixed
+    `[rank k]: ` and written at once, so that the ranks' lines never run into each other.
+    Neither: the launcher's own stdout and stderr, as they are."""
+
+    log_dir: Path | None = None
+    tee: bool = False
+
+    def prepare(self, nproc: int) -> None:
+        """Makes the folders of the ranks' logs, before any rank starts."""
+        if self.log_dir is None:
+            return
+        try:
+            for rank in range(nproc):
+                (self.log_dir / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise HostirError(f"cannot make the log folder '{self.log_dir}': {error.strerror or error}") from None
+
+    @contextmanager
+    def redirected(self, rank: int) -> Iterator[None]:
+        if self.log_dir is None and not self.tee:
+            yield
+            return
+        streams = [
+            _Redirected(
+                descriptor,
+                None if self.log_dir is None else self.log_dir / f"rank{rank}" / f"{name}.log",
+                f"[rank {rank}]: ".encode() if self.tee else None,
+            )
+            for descriptor, name in ((1, "stdout"), (2, "stderr"))
+        ]
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for stream in streams:
+                stream.close()
+
+
+class _Redirected:
+    """File descriptor `descriptor` into the file `log`, and with a `prefix` to where it went
+    before too, each line prefixed, through a pipe that a thread copies."""
+
+    def __init__(self, descriptor: int, log: Path | None, prefix: bytes | None):
+        self.descriptor = descriptor
+        self.before = os.dup(descriptor)
+        self.log = None if log is None else open(log, "ab", buffering=0)
+        self.copier: threading.Thread | None = None
+        if prefix is None:
+            assert self.log is not None
+            os.dup2(self.log.fileno(), descriptor)
+            return
+        read, write = os.pipe()
+        os.dup2(write, descriptor)
+        os.close(write)
+        self.copier = threading.Thread(target=self._copy, args=(read, prefix), daemon=True)
+        self.copier.start()
+
+    def _copy(self, read: int, prefix: bytes) -> None:
+        with os.fdopen(read, "rb") as pipe:
+            for line in pipe:
+                if self.log is not None:
+                    self.log.write(line)
+                os.write(self.before, prefix + line)
+
+    def close(self) -> None:
+        os.dup2(self.before, self.descriptor)  # the pipe's last writer closes: the copier reads its end
+        if self.copier is not None:
+            self.copier.join(timeout=STOP_GRACE_S)
+        os.close(self.before)
+        if self.log is not None:
+            self.log.close()
 
 
 def _die_with_launcher() -> None:
@@ -135,9 +231,17 @@ def _rank_main(
     fn: Callable,
     args: tuple,
     join_group: bool,
+    output: RankOutput,
 ) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # also if another started the server
     _die_with_launcher()
+    with output.redirected(rank):
+        _run_rank(rank, nproc, port, results, fn, args, join_group)
+
+
+def _run_rank(
+    rank: int, nproc: int, port: int, results: mp.Queue, fn: Callable, args: tuple, join_group: bool
+) -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -197,6 +301,7 @@ def run_on_local_ranks(
     *args,
     timeout_s: float | None = None,
     join_group: bool = True,
+    output: RankOutput = RankOutput(),
 ) -> list[T]:
     """Calls `fn(*args)` on `nproc` local ranks; returns the per-rank results in rank order.
 
@@ -204,8 +309,9 @@ def run_on_local_ranks(
     `timeout_s`, if given, limits the whole call: ranks still running then are killed.
     With `join_group=False` the ranks get torchrun's variables but join no process group:
     `fn` talks to its peers by other means (multiprocessing queues in `args`, say), and
-    several ranks may share one GPU.
+    several ranks may share one GPU. `output` says where the ranks' stdout and stderr go.
     """
+    output.prepare(nproc)
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # for the server, once: the first launch starts it
     results = context.Queue()
@@ -218,7 +324,7 @@ def run_on_local_ranks(
             try:
                 processes = mp.start_processes(
                     _rank_main,
-                    args=(_LauncherEnvironment(), nproc, store.port, results, fn, args, join_group),
+                    args=(_LauncherEnvironment(), nproc, store.port, results, fn, args, join_group, output),
                     nprocs=nproc,
                     join=False,
                     daemon=True,

@@ -133,9 +133,19 @@ def random_inputs(
             raise HostirError(
                 f"a size is given for argument {index}, but the function has {len(types)} argument(s)"
             )
-        if not 0 <= axis < types[index].rank:
+        type = types[index]
+        if not 0 <= axis < type.rank:
+            raise HostirError(f"a size is given for axis {axis} of argument {index}, which has {type.rank} axes")
+        declared = type.get_shape()[axis]
+        if axis == type.didx_axis:
             raise HostirError(
-                f"a size is given for axis {axis} of argument {index}, which has {types[index].rank} axes"
+                f"a size is given for axis {axis} of argument {index} ({type}), its didx axis, whose "
+                f"extent is the size of its mesh, {type.mesh.size}"
+            )
+        if declared != DYNAMIC:
+            raise HostirError(
+                f"a size is given for axis {axis} of argument {index} ({type}), which is not dynamic: "
+                f"its extent is {declared}"
             )
     return [
         random_tensor(

@@ -39,8 +39,9 @@ from xdsl.ir import Block, Operation, OpResult, SSAValue
 
 from hostir_dialect import hir
 from hostir_dialect.text import HostirError, operation_location
+from hostir import config
 from hostir.runtime.distributed.communicator import Communicator
-from hostir.runtime.distributed.streams import configured_num_streams, start_together, stream_pool
+from hostir.runtime.distributed.streams import start_together, stream_pool
 from hostir.runtime.interpreter import Environment, RunContext, Step
 from hostir.runtime.program import Program
 
@@ -352,7 +353,7 @@ def _traced(
     if communicator.world_size > 1 and dist.is_initialized():
         dist.barrier()
     if device.type == "cuda":
-        size = configured_num_streams() if num_streams is None else num_streams
+        size = config.num_streams if num_streams is None else num_streams
         clock = CudaClock(device, stream_pool(device, size).streams, hold_ms)
     else:
         clock = HostClock()

@@ -37,6 +37,8 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from hostir_dialect.text import HostirError, SourceLocation, check_printed_nesting, parse_module, print_module
 from hostir.passes import available_dialects, available_passes
+from hostir.version import version_line
+from hostir.passes import HOSTIR_PASSES
 from hostir.passes.driver import (
     describe_type,
     expand,
@@ -44,6 +46,7 @@ from hostir.passes.driver import (
     option_fields,
     parse_pass_pipeline,
     run_passes,
+    unknown_pass_message,
 )
 from hostir.passes.options import option_choices
 
@@ -71,7 +74,8 @@ UNSUPPORTED_XDSL_OPTIONS = {
 class HirOptMain(xDSLOptMain):
     """xdsl-opt for hostir programs; see the module docstring."""
 
-    version_format = "hir-opt built from xdsl version {xdsl_version}"
+    version_format = version_line("hir-opt")
+    """What `--version` prints (xDSL's format string: no braces of its own)."""
 
     passes: tuple[ModulePass, ...] = ()
     """The pipeline, its pipeline passes expanded."""
@@ -112,7 +116,7 @@ class HirOptMain(xDSLOptMain):
         options["--output-file"].help = "Write the output there instead of to stdout ('-': stdout)"
         options["--time-passes"].help = "Print the time each pass takes to stderr"
         options["--disable-verify"].help = "Skip verification after parsing and after each pass"
-        options["--version"].help = "Print the xDSL version hir-opt is built on and exit"
+        options["--version"].help = "Print hostir's version, and xDSL's and torch's, and exit"
         for flag in UNSUPPORTED_XDSL_OPTIONS.values():
             options[flag].help = argparse.SUPPRESS
         (input_file,) = (a for a in arg_parser._actions if a.dest == "input_file")
@@ -123,33 +127,69 @@ class HirOptMain(xDSLOptMain):
             action="store_true",
             help="Print the IR to stderr after every pass, as mlir-opt does",
         )
+        for when in ("before", "after"):
+            arg_parser.add_argument(
+                f"--print-ir-{when}",
+                metavar="PASS[,PASS...]",
+                type=lambda text: [name for name in text.split(",") if name],
+                action="extend",
+                default=[],
+                help=f"Print the IR to stderr {when} each pass named (repeatable), as mlir-opt does",
+            )
         arg_parser.add_argument(
             "--list-passes",
+            nargs="?",
+            const="all",
+            choices=("all", "hostir"),
             action=ListPassesAction,
             passes=self.available_passes,
-            help="List the passes, each with its summary and options, and exit",
+            help="List the passes, hostir's first, each with its summary and options, and exit; "
+            "--list-passes=hostir lists hostir's alone",
         )
 
     # -- the pass pipeline ---------------------------------------------------- #
 
     def setup_pipeline(self) -> None:
-        """Builds the pipeline first, so that a bad one is an error on the `-p` text."""
+        """Builds the pipeline first, so that a bad one is an error on the `-p` text, and
+        checks that the passes `--print-ir-before` and `--print-ir-after` name are in it."""
         self.passes = expand(parse_pass_pipeline(self.args.passes, self.available_passes))
+        running = [p.name for p in self.passes]
+        for when in ("before", "after"):
+            for name in getattr(self.args, f"print_ir_{when}"):
+                if name not in self.available_passes:
+                    raise HostirError(f"--print-ir-{when}: {unknown_pass_message(name, self.available_passes)}")
+                if name not in running:
+                    raise HostirError(
+                        f"--print-ir-{when} names '{name}', which the pipeline does not run; it runs "
+                        + (", ".join(dict.fromkeys(running)) or "no pass")
+                    )
 
     def apply_passes(self, prog: ModuleOp) -> None:
         """Applies the pipeline, verifying after each pass; prints what the options ask."""
         run_passes(
-            self.passes, self.ctx, prog, verify=not self.args.disable_verify, after=self.after_pass
+            self.passes,
+            self.ctx,
+            prog,
+            verify=not self.args.disable_verify,
+            after=self.after_pass,
+            before=self.before_pass,
+        )
+
+    def before_pass(self, coming: ModulePass, module: ModuleOp) -> None:
+        if coming.name in self.args.print_ir_before:
+            self.print_ir("Before", coming, module)
+
+    def print_ir(self, when: str, named: ModulePass, module: ModuleOp) -> None:
+        sys.stderr.write(
+            f"// -----// IR Dump {when} {named.name} //----- //\n"
+            + print_module(module, generic=self.args.print_op_generic)
         )
 
     def after_pass(self, done: ModulePass, module: ModuleOp, seconds: float) -> None:
         if self.args.time_passes:
             print(f"Pass {done.name} took {seconds:.6f} seconds", file=sys.stderr)
-        if self.args.print_ir_after_all:
-            sys.stderr.write(
-                f"// -----// IR Dump After {done.name} //----- //\n"
-                + print_module(module, generic=self.args.print_op_generic)
-            )
+        if self.args.print_ir_after_all or done.name in self.args.print_ir_after:
+            self.print_ir("After", done, module)
         self.passes_done += 1
         if self.args.print_between_passes and self.passes_done < len(self.passes):
             print(f"IR after {done.name}:")
@@ -317,13 +357,16 @@ def pass_listing(name: str, factory: Callable[[], type[ModulePass]]) -> list[str
     return [f"{name}  {pass_summary(name, pass_class)}", *(f"    {line}" for line in option_lines(pass_class))]
 
 
-class ListPassesAction(argparse.Action):
-    """`--list-passes`: prints every pass, its summary and options, then exits as `--version` does."""
+HOSTIR_HEADING = "hostir's passes:"
+XDSL_HEADING = "xDSL's passes, and those of its plugins:"
 
-    def __init__(
-        self, *args: Any, passes: dict[str, Callable[[], type[ModulePass]]], **kwargs: Any
-    ):
-        super().__init__(*args, nargs=0, **kwargs)
+
+class ListPassesAction(argparse.Action):
+    """`--list-passes[=all|hostir]`: prints the passes, hostir's first, each with its summary
+    and options (`--list-passes=hostir`: hostir's alone), then exits as `--version` does."""
+
+    def __init__(self, *args: Any, passes: dict[str, Callable[[], type[ModulePass]]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.passes = passes
 
     def __call__(
@@ -333,8 +376,14 @@ class ListPassesAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        for name in sorted(self.passes):
-            print("\n".join(pass_listing(name, self.passes[name])))
+        hostir = sorted(name for name in self.passes if name in HOSTIR_PASSES)
+        others = sorted(name for name in self.passes if name not in HOSTIR_PASSES)
+        sections = [(None, hostir)] if values == "hostir" else [(HOSTIR_HEADING, hostir), (XDSL_HEADING, others)]
+        for heading, names in sections:
+            if heading is not None:
+                print(heading)
+            for name in names:
+                print("\n".join(pass_listing(name, self.passes[name])))
         parser.exit()
 
 

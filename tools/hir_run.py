@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import re
 import signal
 import statistics
@@ -43,11 +42,12 @@ from xdsl.dialects import func
 
 from hostir_dialect.fusion import TensorType, element_type_name, shape_str
 from hostir_dialect.text import HostirError
+from hostir import config
+from hostir.config import DEFAULT_TIMEOUT_S, timeout_seconds
 from hostir.passes import DEFAULT_PIPELINE
-from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator, configured_timeout_s, timeout_seconds
-from hostir.runtime.distributed.streams import configured_num_streams
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback, release_captured_graphs
-from hostir.runtime.launch import RankFailed, plain_message, run_on_local_ranks
+from hostir.runtime.launch import RankFailed, RankOutput, plain_message, run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import (
     DEFAULT_EXTENT,
@@ -60,9 +60,11 @@ from hostir.runtime.reference import (
     unshard,
 )
 from hostir.runtime.trace import Interval, trace_run, write_chrome_trace, write_timeline_png
+from hostir.version import version_line
 
 QUIET_S = 2.0
-"""How long a run goes before --progress says what it is doing: a quick run stays quiet."""
+"""How long a run goes before the progress that a terminal gets by default says what it is
+doing: a quick run stays quiet. `--progress` says everything from the start."""
 NO_GRAPH = "--no-graph"
 """Why the runs were eager when the user asked for it."""
 
@@ -103,22 +105,31 @@ class RankResult:
 
 @dataclass
 class Progress:
-    """Says on stderr what the run is doing (compiling, warming up, run k of K), when enabled
-    (--progress, or stderr a terminal) and the run has gone on for QUIET_S; a message that
-    repeats (run k of K) at most once a second."""
+    """Says on stderr what the run is doing, one line per event: the launcher's steps, and
+    the ranks' (compiling, warming up, run k of K, tracing), which rank 0 says for all of
+    them, so that no two processes write at once. Enabled by --progress, or where stderr is
+    a terminal, and then only once the run has gone on for `quiet_s`; "run k of K" at most
+    once a second, but always its first and its last."""
 
     enabled: bool
     start: float
     """When hir-run started (time.time(), which the spawned ranks share)."""
+    quiet_s: float = 0.0
     said: float = 0.0
     """When this process last said something."""
 
-    def say(self, message: str, repeats: bool = False) -> None:
+    def say(self, message: str, rank: int | None = None) -> None:
+        """Says `message`: the launcher's (`rank` None), or rank `rank`'s, said by rank 0 for all."""
         now = time.time()
-        if not self.enabled or now - self.start < QUIET_S or (repeats and now - self.said < 1.0):
+        if not self.enabled or rank not in (None, 0) or now - self.start < self.quiet_s:
             return
         self.said = now
         print(f"hir-run: {message}", file=sys.stderr, flush=True)
+
+    def say_run(self, rank: int, index: int, count: int) -> None:
+        """Says that the ranks start run `index` (from 0) of `count`."""
+        if index in (0, count - 1) or time.time() - self.said >= 1.0:
+            self.say(f"run {index + 1} of {count}", rank)
 
 
 # --------------------------------------------------------------------------- #
@@ -127,12 +138,15 @@ class Progress:
 
 
 def _dim(text: str) -> tuple[tuple[int, int], int]:
-    match = re.fullmatch(r"(\d+):(\d+)=(\d+)", text)
+    match = re.fullmatch(r"(-?\d+):(-?\d+)=(-?\d+)", text)
     if not match:
         raise argparse.ArgumentTypeError(
             f"'{text}' is not ARG:AXIS=EXTENT (e.g. 0:2=64: argument 0, axis 2, extent 64)"
         )
     argument, axis, extent = map(int, match.groups())
+    for what, value in (("argument", argument), ("axis", axis), ("extent", extent)):
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"'{text}': the {what} is {value}; it cannot be negative")
     if extent > torch.iinfo(torch.int64).max:
         raise argparse.ArgumentTypeError(f"'{text}': an extent holds in 64 bits; {extent} does not")
     return (argument, axis), extent
@@ -158,6 +172,9 @@ def argument_parser() -> argparse.ArgumentParser:
         "optionally checks every output against plain torch on the unsharded tensors.",
     )
     parser.add_argument("file", nargs="?", default="-", help="a .mlir file; '-' or nothing: stdin")
+    parser.add_argument(
+        "-v", "--version", action="version", version=version_line("hir-run"), help="print hostir's version, and xDSL's and torch's, and exit"
+    )
     parser.add_argument(
         "-p",
         "--pipeline",
@@ -222,8 +239,21 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--progress",
         action="store_true",
-        help="say on stderr what a run longer than a couple of seconds is doing "
-        "(the default when stderr is a terminal)",
+        help="say on stderr what the run is doing, one line per event (rank 0 speaks for every rank); "
+        "the default when stderr is a terminal, for a run longer than a couple of seconds",
+    )
+    parser.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        type=Path,
+        help="as torchrun's: each local rank's stdout and stderr go to DIR/rank<k>/stdout.log and "
+        "stderr.log instead of the console",
+    )
+    parser.add_argument(
+        "--tee",
+        action="store_true",
+        help="as torchrun's: the local ranks' stdout and stderr go to the console (with --log-dir, "
+        "there too), each line prefixed [rank k]",
     )
     parser.add_argument(
         "--save-outputs",
@@ -262,39 +292,27 @@ def _trace_file(text: str) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     start = time.time()
     arguments = argument_parser().parse_args(argv)
-    progress = Progress(arguments.progress or sys.stderr.isatty(), start)
+    progress = Progress(arguments.progress or sys.stderr.isatty(), start, 0.0 if arguments.progress else QUIET_S)
+    # --timeout is the timeout of this process and of the ranks it starts (hostir.config).
+    timeout = {} if arguments.timeout is None else {"timeout_s": arguments.timeout}
     try:
-        if under_torchrun():
-            return run_under_torchrun(arguments, progress)
-        return run_locally(arguments, progress)
+        with config.patch(**timeout):
+            if config.under_torchrun():
+                return run_under_torchrun(arguments, progress)
+            return run_locally(arguments, progress)
     except HostirError as error:
         print(_prefixed(str(error)), file=sys.stderr)
     except RankFailed as failure:
-        print(_failure_report(failure), file=sys.stderr)
+        print(failure, file=sys.stderr)
     except KeyboardInterrupt:
         print(_prefixed("interrupted; every rank stopped"), file=sys.stderr)
         return 128 + signal.SIGINT
     return 1
 
 
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def _prefixed(message: str) -> str:
     """The message, with the rank in front under torchrun (where every rank prints its own)."""
-    return f"rank {os.environ['RANK']}: {message}" if under_torchrun() else message
-
-
-def _failure_report(failure: RankFailed) -> str:
-    """Each failing rank's message, ranks with the same message reported together."""
-    ranks_by_message: dict[str, list[int]] = {}
-    for rank, message in failure.failures.items():
-        ranks_by_message.setdefault(message, []).append(rank)
-    return "\n".join(
-        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
-        for message, ranks in ranks_by_message.items()
-    )
+    return f"rank {config.rank}: {message}" if config.under_torchrun() else message
 
 
 # --------------------------------------------------------------------------- #
@@ -344,6 +362,8 @@ def whole_inputs(program: Program, arguments: argparse.Namespace) -> list[torch.
                 f"cannot make random inputs of shapes {', '.join(shapes)}: {plain_message(error)}"
             ) from None
     else:
+        if arguments.dim:
+            raise HostirError("--dim gives the extents of random inputs; the tensors of --inputs have theirs")
         inputs = [_load(path, index) for index, path in enumerate(arguments.inputs)]
         check_full_inputs(program.input_types, inputs, arguments.inputs)
     program.check_extents([value.shape for value in inputs])
@@ -381,7 +401,7 @@ def run_rank(
         [shard(value, type, communicator.rank).to(device) for value, type in zip(inputs, program.input_types)],
         communicator,
     )
-    options.progress.say(f"rank {communicator.rank}: warming up")
+    options.progress.say("warming up", communicator.rank)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GraphReplayFallback)  # the report says why, once
         replayer = GraphReplayer(program, communicator, options.num_streams) if options.graph else None
@@ -392,7 +412,7 @@ def run_rank(
         )
         seconds = []
         for run_index in range(options.repeat):
-            options.progress.say(f"rank {communicator.rank}: run {run_index + 1} of {options.repeat}", repeats=True)
+            options.progress.say_run(communicator.rank, run_index, options.repeat)
             if dist.is_initialized():
                 dist.barrier()
             _synchronize(device)
@@ -401,7 +421,7 @@ def run_rank(
             _synchronize(device)
             seconds.append(time.perf_counter() - start)
     if options.trace:
-        options.progress.say(f"rank {communicator.rank}: tracing one more run")
+        options.progress.say("tracing one more run", communicator.rank)
     trace = trace_run(program, local, communicator, options.num_streams)[1] if options.trace else []
     return RankResult(
         communicator.rank,
@@ -421,7 +441,7 @@ def _synchronize(device: torch.device) -> None:
 def spawned_rank(options: RunOptions, inputs: list[torch.Tensor]) -> RankResult:
     """A local rank started by `run_on_local_ranks`: compiles the program and runs it."""
     with plain_errors():
-        options.progress.say(f"rank {os.environ['RANK']}: compiling")
+        options.progress.say("compiling on every rank", config.rank)
         return run_rank(compile_program(options), inputs, Communicator.from_env(), options)
 
 
@@ -437,10 +457,7 @@ def plain_errors() -> Iterator[None]:
 
 
 def run_locally(arguments: argparse.Namespace, progress: Progress) -> int:
-    if arguments.timeout is None:
-        configured_timeout_s()  # a bad HOSTIR_TIMEOUT_S fails here, once, not on every rank
-    else:
-        os.environ["HOSTIR_TIMEOUT_S"] = str(arguments.timeout)
+    config.check()  # a bad HOSTIR_TIMEOUT_S fails here, once, not on every rank
     options = run_options(arguments, progress)
     progress.say("compiling")
     program = compile_program(options)
@@ -461,35 +478,56 @@ def run_locally(arguments: argparse.Namespace, progress: Progress) -> int:
     with plain_errors():
         # Before any rank starts, so that inputs the fusion cannot take fail once, here.
         expected = reference_outputs(_fusion(program), inputs) if arguments.check else None
-    if nproc == 1:
+    output = RankOutput(arguments.log_dir, arguments.tee)
+    if nproc == 1 and output == RankOutput():
         with plain_errors():
             results = [run_rank(program, inputs, Communicator.single(), options)]
     else:
-        progress.say(f"starting {nproc} local ranks")
-        results = run_on_local_ranks(spawned_rank, nproc, options, inputs)
+        progress.say(f"starting {nproc} local rank{'s' if nproc > 1 else ''}")
+        results = run_on_local_ranks(spawned_rank, nproc, options, inputs, output=output)
     return report(program, results, expected, arguments)
 
 
 def run_under_torchrun(arguments: argparse.Namespace, progress: Progress) -> int:
-    """This process is one rank of torchrun's world; rank 0 reports."""
+    """This process is one rank of torchrun's world; rank 0 reports.
+
+    What the ranks do before the runs (reading the file, compiling, making the inputs) fails
+    alike on every rank, mostly: they agree on their failures first, and rank 0 says them
+    once for all, ranks that failed alike named together."""
     if arguments.nproc is not None:
         raise HostirError(
             "under torchrun --nproc could mean the world or one machine's ranks; torchrun's "
             "--nproc-per-node says how many ranks each machine runs"
         )
-    options = run_options(arguments, progress)
+    if arguments.log_dir is not None or arguments.tee:
+        raise HostirError("under torchrun, torchrun's own --log-dir and --tee say where each rank's output goes")
     with plain_errors():
         communicator = Communicator.from_env(arguments.timeout)
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", communicator.world_size))
-        if arguments.nproc_per_node not in (None, local_ranks):
-            raise HostirError(
-                f"--nproc-per-node {arguments.nproc_per_node} contradicts torchrun's "
-                f"{local_ranks} rank(s) on this machine"
-            )
-        progress.say(f"rank {communicator.rank}: compiling")
-        program = compile_program(options)
-        fusion = _fusion(program) if arguments.check else None
-        inputs = whole_inputs(program, arguments)
+    try:
+        with plain_errors():
+            local_ranks = config.local_world_size or communicator.world_size
+            if arguments.nproc_per_node not in (None, local_ranks):
+                raise HostirError(
+                    f"--nproc-per-node {arguments.nproc_per_node} contradicts torchrun's "
+                    f"{local_ranks} rank(s) on this machine"
+                )
+            options = run_options(arguments, progress)
+            progress.say("compiling on every rank", communicator.rank)
+            program = compile_program(options)
+            fusion = _fusion(program) if arguments.check else None
+            inputs = whole_inputs(program, arguments)
+        problem = None
+    except HostirError as error:
+        problem = str(error)
+    problems: list[str | None] = [None] * communicator.world_size
+    dist.all_gather_object(problems, problem)
+    failed = {rank: problem for rank, problem in enumerate(problems) if problem is not None}
+    if failed:
+        if communicator.rank == 0:
+            print(RankFailed(failed), file=sys.stderr)
+        dist.destroy_process_group()  # every rank is here: leave the group as the runs would
+        return 1
+    with plain_errors():
         result = run_rank(program, inputs, communicator, options)
         results = [None] * communicator.world_size if communicator.rank == 0 else None
         dist.gather_object(result, results, dst=0)
@@ -522,7 +560,7 @@ def report(
     arguments: argparse.Namespace,
 ) -> int:
     """Prints the timings and the check, saves the outputs; the exit status (1: a check failed)."""
-    streams = arguments.num_streams or configured_num_streams()
+    streams = arguments.num_streams or config.num_streams
     eager_reason = results[0].eager_reason
     print(
         f"@{program.host.sym_name.data}: {len(results)} rank(s), {results[0].where}, {streams} stream(s), "

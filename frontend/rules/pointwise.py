@@ -1,21 +1,20 @@
-"""The importer's rules for pointwise ATen ops, activations, casts and reductions: the fusion
-ops that compute them, with ATen's dtype rules made explicit by casts.
+"""The importer's rules for pointwise ATen ops, casts and reductions: the fusion ops that
+compute them, with ATen's dtype rules made explicit by casts.
 
-An activation (SiLU, GELU and their backward) is written as the fusion ops that ATen's
-kernel computes, so that it joins the pointwise run around it in one generated kernel,
-where a `fusion.aten` would cut the run.
+Activations (GELU, SiLU and their backward) reach the importer as the pointwise ops of
+torch's own decompositions (`ACTIVATION_DECOMPOSITIONS`), so that each joins the pointwise
+run around it in one generated kernel, where a `fusion.aten` would cut the run.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
-from torch._prims_common import get_computation_dtype
+from torch._decomp import get_decompositions
 
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import CARRIERS
@@ -86,19 +85,10 @@ def _true_division(node: torch.fx.Node) -> bool:
     return node.kwargs.get("rounding_mode") is None
 
 
-SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-
-
-GELU_TANH_KAPPA = 0.044715
-
-
 @dataclass
 class Pointwise:
     """Emits pointwise fusion ops whose results are FX tensors of `shape` and `dtype` held
-    in one piece layout (`local`, `order`, as a `Value`'s): an ATen pointwise op, or an
-    activation written as the fusion ops that ATen's kernel computes (so that it joins
-    the pointwise run around it in one generated kernel, where a `fusion.aten` would cut
-    the run)."""
+    in one piece layout (`local`, `order`, as a `Value`'s)."""
 
     importer: Importer
     shape: tuple[int, ...]
@@ -106,12 +96,7 @@ class Pointwise:
     local: tuple[int, ...] | None = None
     order: tuple[int, ...] | None = None
 
-    @classmethod
-    def like(cls, importer: Importer, value: Value) -> Pointwise:
-        return cls(importer, value.shape, value.dtype, value.local, value.order)
-
-    def __call__(self, op_class: type, *operands: Value | float) -> Value:
-        values = [o if isinstance(o, Value) else self.importer.scalar(o, self.dtype) for o in operands]
+    def __call__(self, op_class: type, *values: Value) -> Value:
         local = self.shape if self.local is None else self.local
         varying = self.importer.varies(*values)
         ssa = [self.importer.aligned(v, len(local)) for v in values]
@@ -119,74 +104,23 @@ class Pointwise:
         return Value(op.results[0], self.shape, self.dtype, varying, self.local, self.order)
 
 
-def _activation(compose: Callable[..., Value | None], tensors: int = 1) -> Rule:
-    """A rule for an ATen activation (or its backward) of `tensors` tensor operands of the
-    result's shape: they are cast to the opmath dtype, `compose(f, *values, *other args)`
-    builds the result with `f` (a `Pointwise`), and the result is cast back."""
-
-    def lower(importer: Importer, node: torch.fx.Node) -> Value | None:
-        result = result_of(node)
-        values = [importer.arg(a) for a in node.args[:tensors]]
-        if not result.dtype.is_floating_point or set(node.kwargs) - {"approximate"}:
-            return None
-        if not all(isinstance(v, Value) and v.shape == tuple(result.shape) for v in values):
-            return None
-        if _shared_piece(values, tuple(result.shape)) is None:
-            values = [importer.flat(v) for v in values]
-        wide = get_computation_dtype(result.dtype)  # ATen's opmath: f32 for bf16 and f16
-        values = [importer.cast(v, wide) for v in values]
-        composed = compose(Pointwise.like(importer, values[0]), *values, *node.args[tensors:], **node.kwargs)
-        if composed is None:
-            return None
-        out = importer.cast(composed, result.dtype)
-        out.ssa.name_hint = name_of(node)
-        return out
-
-    return lower
+ACTIVATION_DECOMPOSITIONS = get_decompositions([aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward])
+"""torch's own decompositions of GELU, SiLU and their backward ops (`torch._decomp`, which
+inductor uses too), which the backend hands aot_autograd: the importer then sees the
+pointwise ATen ops and opmath casts they are made of, in torch's order and with torch's
+constants, release after release, and each activation joins the pointwise run around it in
+one generated kernel. The table holds these four ops alone: a wider one (inductor's) would
+decompose what the importer calls as one ATen op (a norm, attention) into ops of other
+numerics, and change which ops reach the importer for every model."""
 
 
-def _silu(f: Pointwise, x: Value) -> Value:
-    return f(fusion.MulOp, x, f(fusion.SigmoidOp, x))
-
-
-def _silu_backward(f: Pointwise, grad: Value, x: Value) -> Value:
-    s = f(fusion.SigmoidOp, x)
-    slope = f(fusion.AddOp, f(fusion.MulOp, x, f(fusion.SubOp, 1.0, s)), 1.0)
-    return f(fusion.MulOp, grad, f(fusion.MulOp, s, slope))
-
-
-def _gelu_parts(f: Pointwise, x: Value, approximate: str, slope: bool) -> tuple[Value, Value | None] | None:
-    """GELU's Gaussian CDF at `x`, exact (`erf`) or tanh's approximation, and with `slope`
-    its derivative; None for another approximation."""
-    if approximate == "none":
-        cdf = f(fusion.MulOp, f(fusion.AddOp, f(fusion.ErfOp, f(fusion.MulOp, x, math.sqrt(0.5))), 1.0), 0.5)
-        if not slope:
-            return cdf, None
-        exponent = f(fusion.MulOp, f(fusion.MulOp, x, x), -0.5)
-        return cdf, f(fusion.MulOp, f(fusion.ExpOp, exponent), 1 / math.sqrt(2 * math.pi))
-    if approximate == "tanh":
-        x_squared = f(fusion.MulOp, x, x)
-        cubic = f(fusion.AddOp, f(fusion.MulOp, f(fusion.MulOp, x_squared, x), GELU_TANH_KAPPA), x)
-        t = f(fusion.TanhOp, f(fusion.MulOp, cubic, SQRT_2_OVER_PI))
-        cdf = f(fusion.MulOp, f(fusion.AddOp, t, 1.0), 0.5)
-        if not slope:
-            return cdf, None
-        cubic_slope = f(fusion.MulOp, f(fusion.AddOp, f(fusion.MulOp, x_squared, 3 * GELU_TANH_KAPPA), 1.0), SQRT_2_OVER_PI)
-        return cdf, f(fusion.MulOp, f(fusion.MulOp, f(fusion.SubOp, 1.0, f(fusion.MulOp, t, t)), cubic_slope), 0.5)
-    return None
-
-
-def _gelu(f: Pointwise, x: Value, approximate: str = "none") -> Value | None:
-    parts = _gelu_parts(f, x, approximate, slope=False)
-    return None if parts is None else f(fusion.MulOp, x, parts[0])
-
-
-def _gelu_backward(f: Pointwise, grad: Value, x: Value, approximate: str = "none") -> Value | None:
-    parts = _gelu_parts(f, x, approximate, slope=True)
-    if parts is None:
+@rule(aten.rsub.Scalar, aten.rsub.Tensor)
+def _reversed_sub(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """`rsub(x, y)`: `y - x` (GELU's and SiLU's backward write `1 - t` so)."""
+    if not no_alpha(node):
         return None
-    cdf, density = parts
-    return f(fusion.MulOp, grad, f(fusion.AddOp, cdf, f(fusion.MulOp, x, density)))
+    x, y = (importer.arg(a) for a in node.args)
+    return elementwise_result(importer, node, fusion.SubOp, [y, x])
 
 
 @rule(aten._to_copy.default, torch.ops.prims.convert_element_type.default)
@@ -240,11 +174,3 @@ for _targets, _op, _check in (
 ):
     rule(*_targets)(_elementwise_rule(_op, _check))
 
-
-for _target, _compose, _tensors in (
-    (aten.silu.default, _silu, 1),
-    (aten.silu_backward.default, _silu_backward, 2),
-    (aten.gelu.default, _gelu, 1),
-    (aten.gelu_backward.default, _gelu_backward, 2),
-):
-    rule(_target)(_activation(_compose, _tensors))

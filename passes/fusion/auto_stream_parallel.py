@@ -15,14 +15,14 @@ builder. This pass finds the two chains that hide communication behind GEMMs:
   of the pointwise ops between them and of the reduction, so that chunk `i`'s
   reduction runs while chunk `i + 1`'s GEMM does.
 
-A candidate the pass leaves alone is logged on the `hostir.pipelining` logger with the
-reason, at INFO level. `auto-stream-parallel{enabled=false}` turns the pass off; a
-fusion that already has a stream axis anywhere is left as written.
+Each chain it pipelines, and each candidate it leaves alone with the reason, it says on
+the `hostir.pipelining` logger, at INFO level (`HOSTIR_DUMP=pipelining`, `hostir.logs`).
+`auto-stream-parallel{enabled=false}` turns the pass off; a fusion that already has a
+stream axis anywhere is left as written.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -43,9 +43,8 @@ from xdsl.transforms.dead_code_elimination import dce
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import DYNAMIC, STREAM, TensorType, tensor_type
+from hostir import logs
 from hostir.passes.analysis.axis_mapping import has_axis_maps, operand_axis_maps
-
-LOGGER = logging.getLogger("hostir.pipelining")
 
 
 def _with_stream_axis(type: TensorType, axis: int) -> TensorType:
@@ -79,15 +78,29 @@ def _make_stream(
     value = rewriter.replace_value_with_new_type(value, _with_stream_axis(whole_type, axis))
     if copied:
         whole = fusion.SetOp(value, whole_type)
-        rewriter.insert_op(whole, InsertPoint.after(value.owner))
+        rewriter.insert(whole, InsertPoint.after(value.owner))
         for use in copied:
             use.operation.operands[use.index] = whole.result
         return whole
     return None
 
 
+def _named(op: Operation) -> str:
+    """`fusion.set %all_gather_into_tensor`: the op, and the name of its result where it has one."""
+    hint = op.results[0].name_hint if op.results else None
+    return f"{op.name} %{hint}" if hint else op.name
+
+
+def _candidate(op: fusion.SetOp | fusion.SumOp) -> str:
+    return f"{_named(op)} of {tensor_type(op.input).sharding_str()}"
+
+
 def _declined(op: fusion.SetOp | fusion.SumOp, reason: str) -> None:
-    LOGGER.info("%s of %s is not pipelined: %s", op.name, tensor_type(op.input).sharding_str(), reason)
+    logs.say("pipelining", f"{_candidate(op)} is not pipelined: {reason}")
+
+
+def _pipelined(op: fusion.SetOp | fusion.SumOp, how: str) -> None:
+    logs.say("pipelining", f"{_candidate(op)} is pipelined: {how}")
 
 
 @dataclass
@@ -130,6 +143,9 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
             if result.get_shape()[result_axis] != source.get_shape()[axis]:
                 return _declined(op, f"{user.name} broadcasts the gathered axis")
             targets.append((user, result_axis))
+        _pipelined(
+            op, f"a ring of {len(devices)} chunks, each read by {', '.join(_named(user) for user in users)} as it arrives"
+        )
         copies = [_make_stream(rewriter, op.result, axis, pipelined=users)]
         for user, result_axis in targets:
             copies.append(_make_stream(rewriter, user.result, result_axis))
@@ -256,6 +272,13 @@ class PipelineMatmulIntoReduction(RewritePattern):
             ]
         if not matmuls:
             return _declined(op, "no matmul computes the reduced tensor")
+        producers = [value.owner for value, _ in chain if isinstance(value.owner, Operation)]
+        _pipelined(
+            op,
+            f"{result.get_shape()[axis]} chunks: chunk i's reduction runs while chunk i + 1's "
+            + ", ".join(_named(producer) for producer in producers)
+            + " computes it",
+        )
         copies = [_make_stream(rewriter, value, value_axis) for value, value_axis in chain]
         # The reduction's readers read the whole, after the loop: one that keeps the axis
         # may share a fused kernel with one that reduces it, which stream-parallel refuses.

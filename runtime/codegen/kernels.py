@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from xdsl.dialects import func
 
 from hostir_dialect.text import HostirError
+from hostir import logs
 from hostir.runtime.codegen.body import SegmentBody
 from hostir.runtime.codegen.layout import LINEAR, Launch, LaunchLayout, contiguous_strides, merge_axes
 from hostir.runtime.codegen.source import KERNEL_NAME, kernel_source
@@ -41,11 +41,6 @@ VECTOR_BYTES = 16
 
 
 
-def _dumps(what: str) -> bool:
-    """Whether HOSTIR_DUMP (a comma-separated list, as NVFUSER_DUMP) asks for `what`."""
-    return what in os.environ.get("HOSTIR_DUMP", "").split(",")
-
-
 class KernelCache:
     """Compiled kernels by source, shared by every segment of the process."""
 
@@ -58,12 +53,9 @@ class KernelCache:
         """The `cupy.RawKernel` of `source`, compiled on first request."""
         kernel = self.kernels.get(source)
         if kernel is None:
-            if _dumps("cuda_kernel"):
-                print(
-                    f"======= CUDA kernel of segment @{segment} =======\n{source}",
-                    file=sys.stdout,
-                    flush=True,
-                )
+            # Every rank compiles the same kernels: the first says so.
+            if logs.wanted("cuda_kernel") and (not dist.is_initialized() or dist.get_rank() == 0):
+                logs.say("cuda_kernel", f"// hostir: the CUDA kernel of segment @{segment}\n{source}")
             kernel = cupy.RawKernel(source, KERNEL_NAME)
             kernel.compile()
             self.compilations += 1

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,43 +42,15 @@ from xdsl.dialects.shard import ReductionKind
 
 from hostir_dialect.hir import CommunicatorBackend
 from hostir_dialect.text import HostirError
+from hostir import config
+from hostir.config import DEFAULT_TIMEOUT_S
 from hostir.runtime.distributed.copy_engine import CopyEngine, copy_engine_for
 from hostir.runtime.distributed.work import DONE, Offer, Pull, Work, collective, writable
 
-DEFAULT_TIMEOUT_S = 120.0
-"""How long a communication may wait for its peers before it fails, unless HOSTIR_TIMEOUT_S says."""
-MIN_TIMEOUT_S = 1.0
-"""The shortest timeout taken: a communication among healthy peers on a busy machine takes
-longer than a millisecond."""
 JOIN_TIMEOUT_S = DEFAULT_TIMEOUT_S
 """How long joining the process group may wait for the other ranks, at least: every rank must
 have started, which on a loaded machine takes longer than a short communication timeout. A
 rank that never comes is the launcher's to report (hir-run's, or torchrun's agent)."""
-MAX_TIMEOUT_S = 1e9
-"""Longer timeouts are taken as this (about 31 years): datetime.timedelta ends near 8.6e13 s."""
-
-
-def timeout_seconds(text: str) -> float:
-    """`text` as a timeout in seconds: a finite number of at least MIN_TIMEOUT_S, or ValueError."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (MIN_TIMEOUT_S <= seconds < math.inf):
-        raise ValueError(f"expected a finite number of seconds, at least {MIN_TIMEOUT_S:g}, got '{text}'")
-    return min(seconds, MAX_TIMEOUT_S)
-
-
-def configured_timeout_s() -> float:
-    """HOSTIR_TIMEOUT_S, or DEFAULT_TIMEOUT_S where it is not set; HostirError if it is not a timeout."""
-    text = os.environ.get("HOSTIR_TIMEOUT_S")
-    if text is None:
-        return DEFAULT_TIMEOUT_S
-    try:
-        return timeout_seconds(text)
-    except ValueError as error:
-        raise HostirError(f"HOSTIR_TIMEOUT_S: {error}") from None
-
 
 REDUCE_OPS: dict[ReductionKind, dist.ReduceOp.RedOpType] = {
     ReductionKind.SUM: dist.ReduceOp.SUM,
@@ -88,9 +59,8 @@ REDUCE_OPS: dict[ReductionKind, dist.ReduceOp.RedOpType] = {
     ReductionKind.MIN: dist.ReduceOp.MIN,
 }
 
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-WHOLE_NUMBER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
-"""torchrun's variables that hold a whole number."""
+TORCHRUN_SETTINGS = ("rank", "world_size", "master_addr", "master_port")
+"""The settings of torchrun's variables that joining a process group needs."""
 
 # torch 2.13 renamed the tensor forms of allgather and reduce-scatter; older releases
 # (>= 2.5, which hostir supports) only have the old names.
@@ -162,29 +132,28 @@ class Communicator:
         """Joins (or reuses) the process group that torchrun's environment variables describe.
 
         The device is cuda:LOCAL_RANK when CUDA is available, else the CPU. `timeout_s`
-        bounds each communication, and defaults to HOSTIR_TIMEOUT_S, else DEFAULT_TIMEOUT_S;
-        joining waits for the other ranks for JOIN_TIMEOUT_S if that is longer.
+        bounds each communication, and defaults to `hostir.config.timeout_s` (HOSTIR_TIMEOUT_S,
+        else DEFAULT_TIMEOUT_S); joining waits for the other ranks for JOIN_TIMEOUT_S if that is
+        longer. torchrun's variables are read through `hostir.config`, which refuses one that
+        holds no whole number.
         """
         if cls._from_env is not None and dist.is_initialized():
             return cls._from_env
-        timeout_s = configured_timeout_s() if timeout_s is None else timeout_s
-        for name in WHOLE_NUMBER_VARIABLES:
-            if not os.environ.get(name, "0").isdigit():
-                raise HostirError(f"{name} must be a whole number, as torchrun sets it; got '{os.environ[name]}'")
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        timeout_s = config.timeout_s if timeout_s is None else timeout_s
+        local_rank, local_world_size = config.local_rank or 0, config.local_world_size
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         if not dist.is_initialized():
-            missing = [v for v in TORCHRUN_VARIABLES if v not in os.environ]
+            missing = [config.SETTINGS[name].variable for name in TORCHRUN_SETTINGS if getattr(config, name) is None]
             if missing:
                 raise HostirError(
                     "Communicator.from_env needs torchrun's environment variables "
-                    + ", ".join(TORCHRUN_VARIABLES)
+                    + ", ".join(config.SETTINGS[name].variable for name in TORCHRUN_SETTINGS)
                     + "; missing: "
                     + ", ".join(missing)
                 )
             if cuda:
-                _check_one_gpu_per_local_rank(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)))
+                _check_one_gpu_per_local_rank(local_world_size or local_rank + 1)
                 torch.cuda.set_device(device)
             join_timeout = timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S))
             dist.init_process_group("nccl" if cuda else "gloo", timeout=join_timeout)
@@ -219,7 +188,7 @@ class Communicator:
         if device is None:
             cuda = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        return cls(0, 1, device, "nccl" if device.type == "cuda" else "gloo", configured_timeout_s(), joined=False)
+        return cls(0, 1, device, "nccl" if device.type == "cuda" else "gloo", config.timeout_s, joined=False)
 
     # -- process groups --------------------------------------------------------- #
 

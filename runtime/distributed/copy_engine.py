@@ -67,7 +67,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -80,6 +79,7 @@ import torch.distributed as dist
 from xdsl.ir import Operation
 
 from hostir_dialect.text import HostirError, operation_location
+from hostir import config
 from hostir.runtime.distributed.signals import StreamSignals
 from hostir.runtime.distributed.symmetric_memory import (
     PAD_ALIGNMENT,
@@ -592,8 +592,8 @@ def why_not_copy_engines(communicator: Communicator) -> str | None:
         return "a world of one device moves no bytes between devices"
     if not communicator.spans_world:
         return f"the program's ranks {list(communicator.ranks)} are part of the world; the copy engines serve a whole world"
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local != str(world):
+    local = config.local_world_size
+    if local != world:
         return f"the {world} ranks are not all on this host (LOCAL_WORLD_SIZE is {local or 'not set'})"
     if torch.cuda.device_count() < world:
         return f"this host shows {torch.cuda.device_count()} GPU(s) to each of its {world} ranks"

@@ -14,7 +14,6 @@ the same streams.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,17 +21,6 @@ import torch
 import torch.distributed as dist
 
 from hostir_dialect.text import HostirError
-
-DEFAULT_NUM_STREAMS = 4
-
-
-def configured_num_streams() -> int:
-    """The pool size when `Program.run` is not given one: HOSTIR_NUM_STREAMS, else 4."""
-    text = os.environ.get("HOSTIR_NUM_STREAMS", str(DEFAULT_NUM_STREAMS))
-    try:
-        return int(text)
-    except ValueError:
-        raise HostirError(f"HOSTIR_NUM_STREAMS must be a whole number, got '{text}'") from None
 
 
 class StreamPool:

@@ -35,9 +35,10 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.builder import torch_dtype
 from hostir_dialect.fusion import DYNAMIC, ParallelType
 from hostir_dialect.text import HostirError
+from hostir import config
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation
-from hostir.runtime.distributed.streams import StreamPool, configured_num_streams, stream_pool
+from hostir.runtime.distributed.streams import StreamPool, stream_pool
 from hostir.runtime.distributed.work import Work
 
 Environment = list
@@ -66,8 +67,8 @@ class RunContext:
         input_extents: Mapping[tuple[int, int], int] | None = None,
     ) -> RunContext:
         """A run on `communicator`'s rank and device, with its pool of `num_streams` streams
-        (None: `configured_num_streams()`, HOSTIR_NUM_STREAMS or its default)."""
-        size = configured_num_streams() if num_streams is None else num_streams
+        (None: `hostir.config.num_streams`, HOSTIR_NUM_STREAMS or its default)."""
+        size = config.num_streams if num_streams is None else num_streams
         return cls(
             communicator.rank,
             communicator.device,

@@ -86,16 +86,14 @@ def test_a_world_smaller_than_the_program_needs():
         Program.compile(team_only, pipeline=None).run([torch.zeros(1, 3)], rank(0, 2))
 
 
-def test_bad_stream_counts():
+def test_bad_stream_counts(monkeypatch):
     program = Program.compile(COPY, pipeline=None)
     with pytest.raises(HostirError, match=r"the number of streams must be at least 1, got 0"):
         program.run([torch.zeros(4, 3, device=DEVICE)], num_streams=0)
-    os.environ["HOSTIR_NUM_STREAMS"] = "many"
-    try:
-        with pytest.raises(HostirError, match=r"HOSTIR_NUM_STREAMS must be a whole number, got 'many'"):
+    for text in ("many", "0", "-2"):
+        monkeypatch.setenv("HOSTIR_NUM_STREAMS", text)
+        with pytest.raises(HostirError, match=rf"HOSTIR_NUM_STREAMS: expected a whole number, at least 1, got '{text}'"):
             program.run([torch.zeros(4, 3, device=DEVICE)])
-    finally:
-        del os.environ["HOSTIR_NUM_STREAMS"]
 
 
 # --------------------------------------------------------------------------- #

@@ -141,12 +141,12 @@ def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path)
     assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", result.stdout, re.MULTILINE)
 
 
-def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
+def torchrun_pair(arguments_of_ranks: tuple[list[str], list[str]]) -> list[tuple[int, str, str]]:
+    """hir-run as torchrun's ranks 0 and 1 of a world of 2, each with its arguments: (status, stdout, stderr)."""
     port = str(_free_port())
-    trace = tmp_path / "matmul_ar.json"
     processes = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(files["matmul_ar"]), "--check", "--trace", str(trace)],
+            [sys.executable, str(SCRIPT), *arguments_of_ranks[rank]],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -157,8 +157,15 @@ def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
         )  # fmt: skip
         for rank in (0, 1)
     ]
-    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in processes)
-    assert [p.returncode for p in processes] == [0, 0], err0 + err1
+    outputs = [p.communicate(timeout=120) for p in processes]
+    return [(p.returncode, *output) for p, output in zip(processes, outputs)]
+
+
+def test_torchrun_environment_makes_each_process_one_rank(files, tmp_path):
+    trace = tmp_path / "matmul_ar.json"
+    arguments = [str(files["matmul_ar"]), "--check", "--trace", str(trace)]
+    (status0, out0, err0), (status1, out1, err1) = torchrun_pair((arguments, arguments))
+    assert [status0, status1] == [0, 0], err0 + err1
     assert out0.startswith("@matmul_ar: 2 rank(s), ")
     assert "output #0 f32 [8, 8, 8]: max relative error" in out0 and "ok" in out0
     assert "rank 1: " in out0
@@ -185,12 +192,15 @@ def test_options_that_contradict_torchrun_are_refused(files, capsys, monkeypatch
     monkeypatch.setenv("LOCAL_RANK", "abc")
     status, _, err = run_main(capsys, str(files["matmul"]), "--nproc-per-node", "2")
     assert status == 1
-    assert err.strip() == "rank 0: error: LOCAL_RANK must be a whole number, as torchrun sets it; got 'abc'"
+    assert err.strip() == "rank 0: error: LOCAL_RANK: expected a whole number, as torchrun sets it, got 'abc'"
+    status, _, err = run_main(capsys, str(files["matmul"]), "--tee")
+    assert status == 1
+    assert err.strip() == "rank 0: error: under torchrun, torchrun's own --log-dir and --tee say where each rank's output goes"
     torchrun_variables(monkeypatch)
     status, _, err = run_main(capsys, str(files["matmul"]), "--nproc_per_node", "3")
     assert status == 1
     assert err.strip() == "rank 0: error: --nproc-per-node 3 contradicts torchrun's 1 rank(s) on this machine"
-    torch.distributed.destroy_process_group()
+    assert not torch.distributed.is_initialized(), "the ranks leave the group they joined"
 
 
 def test_no_graph_runs_eagerly_without_a_reason(files, capsys):
@@ -342,6 +352,87 @@ def test_check_needs_the_fusion(files, tmp_path, capsys):
     assert status == 1 and "a module given with -p none has none" in err
 
 
+def test_dim_names_a_dynamic_axis(files, capsys, tmp_path):
+    """--dim on an axis whose extent the type gives, or on a didx axis (the mesh's size), is
+    refused with the axis named; and with --inputs, whose tensors have their extents."""
+    static = tmp_path / "static.mlir"
+    static.write_text(
+        "func.func @f(%x: !fusion.tensor<[?, 8], f32>) -> !fusion.tensor<[?, 8], f32> {\n"
+        "  %y = fusion.neg %x : !fusion.tensor<[?, 8], f32> -> !fusion.tensor<[?, 8], f32>\n"
+        "  func.return %y : !fusion.tensor<[?, 8], f32>\n}\n"
+    )
+    status, out, err = run_main(capsys, str(static), "--dim", "0:1=3")
+    assert (status, out) == (1, "")
+    assert err.strip() == "error: a size is given for axis 1 of argument 0 (!fusion.tensor<[?, 8], f32>), which is not dynamic: its extent is 8"
+    status, _, err = run_main(capsys, str(files["ag_linear"]), "--dim", "0:1=3")
+    assert status == 1 and "a size is given for axis 1 of argument 0 (" in err
+    assert "its didx axis, whose extent is the size of its mesh, 2" in err
+    weight = tmp_path / "w.pt"
+    torch.save(torch.zeros(8, 8), weight)
+    status, _, err = run_main(capsys, str(files["matmul"]), "--inputs", str(weight), str(weight), "--dim", "0:0=3")
+    assert status == 1 and err.strip() == "error: --dim gives the extents of random inputs; the tensors of --inputs have theirs"
+
+
+def test_progress_says_each_event_once_for_every_rank(files):
+    """--progress: one line per event from the start, rank 0 speaking for the ranks, and the
+    first and last of the runs always."""
+    result = run_script(str(files["ag_linear"]), "--nproc", "2", "--progress", "--repeat", "3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[:5] == [
+        "hir-run: compiling",
+        "hir-run: starting 2 local ranks",
+        "hir-run: compiling on every rank",
+        "hir-run: warming up",
+        "hir-run: run 1 of 3",
+    ], lines
+    assert lines[-1] == "hir-run: run 3 of 3" and set(lines[5:-1]) <= {"hir-run: run 2 of 3"}
+    assert run_script(str(files["ag_linear"]), "--nproc", "2").stderr == "", "a quick run stays quiet without --progress"
+
+
+def test_log_dir_and_tee_send_each_ranks_output_as_torchrun_does(files, tmp_path):
+    logs = tmp_path / "logs"
+    result = run_script(str(files["ag_linear"]), "--nproc", "2", "--progress", "--log-dir", str(logs))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["hir-run: compiling", "hir-run: starting 2 local ranks"]
+    assert (logs / "rank0" / "stderr.log").read_text().splitlines() == [
+        "hir-run: compiling on every rank", "hir-run: warming up", "hir-run: run 1 of 1"
+    ]  # fmt: skip
+    assert {path.name: path.stat().st_size for path in (logs / "rank1").iterdir()} == {"stdout.log": 0, "stderr.log": 0}
+    teed = run_script(str(files["ag_linear"]), "--nproc", "2", "--progress", "--tee", "--log-dir", str(logs))
+    assert teed.returncode == 0, teed.stderr
+    assert teed.stderr.splitlines()[2:] == [
+        "[rank 0]: hir-run: compiling on every rank", "[rank 0]: hir-run: warming up", "[rank 0]: hir-run: run 1 of 1"
+    ]  # fmt: skip
+    assert (logs / "rank0" / "stderr.log").read_text().count("hir-run: warming up") == 2, "appended, as torchrun's"
+    one = run_script(str(files["matmul"]), "--progress", "--tee")
+    assert one.returncode == 0 and "[rank 0]: hir-run: run 1 of 1" in one.stderr, "even one rank runs as a rank of its own"
+
+
+def test_under_torchrun_a_failure_before_the_runs_is_said_once(files, tmp_path):
+    """The ranks agree on what failed before the runs, and rank 0 says it for all of them:
+    ranks that failed alike together, a rank that failed alone by its rank."""
+    broken = tmp_path / "broken.mlir"
+    broken.write_text("func.func @f(%x: !fusion.tensor<[4], f32>) {\n  func.return\n")
+    (status0, out0, err0), (status1, out1, err1) = torchrun_pair(([str(broken)], [str(broken)]))
+    assert (status0, status1, out0, out1, err1) == (1, 1, "", "", "")
+    assert err0 == (
+        f"ranks 0, 1: {broken}:2:14: error: expected '}}' to close the region opened at line 1, before the end of the input\n"
+        "  func.return\n             ^\n"
+    )
+    (status0, out0, err0), (status1, out1, err1) = torchrun_pair(([str(files["ag_linear"])], [str(tmp_path / "absent.mlir")]))
+    assert (status0, status1, out0, out1, err1) == (1, 1, "", "", "")
+    assert err0 == f"rank 1: error: cannot read '{tmp_path / 'absent.mlir'}': No such file or directory\n"
+
+
+def test_version_names_hostir_xdsl_and_torch(capsys):
+    with pytest.raises(SystemExit) as exit:
+        hir_run.main(["--version"])
+    assert exit.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"hir-run \d+\.\d+\.\d+ \(xDSL 0\.\d+\.\d+, torch \d+\.\d+\.\d+\S*\)", line), line
+
+
 def test_bad_pipeline(files, capsys):
     status, _, err = run_main(capsys, str(files["matmul"]), "-p", "no-such-pass")
     assert status == 1 and err.startswith("pass-pipeline:1:1: error: unknown pass 'no-such-pass'")
@@ -351,6 +442,8 @@ def test_bad_pipeline(files, capsys):
     "arguments, message",
     [
         (["--dim", "0:1"], "'0:1' is not ARG:AXIS=EXTENT"),
+        (["--dim", "0:1=-3"], "'0:1=-3': the extent is -3; it cannot be negative"),
+        (["--dim=-1:1=3"], "'-1:1=3': the argument is -1; it cannot be negative"),
         (["--dim", f"0:1={2**64}"], f"an extent holds in 64 bits; {2**64} does not"),
         (["--nproc", "2", "--nproc-per-node", "2"], "argument --nproc-per-node/--nproc_per_node: not allowed with argument --nproc"),
         (

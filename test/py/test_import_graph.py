@@ -1,8 +1,12 @@
 """hostir's import graph points one way, room by room, and has no cycle.
 
-    hostir_dialect  <-  hostir.passes  <-  hostir.runtime  <-  hostir.frontend, hostir.tools
+    hostir_dialect  <-  hostir.config, hostir.logs  <-  hostir.passes  <-  hostir.runtime
+        <-  hostir.frontend, hostir.tools
 
-Every module of the five folders is read with `ast` (none is imported): each `import` and
+The package `hostir` itself (its `__init__`: the public API, each name imported when first
+used) stands above all of them, and the settings and logs below every room but the dialects.
+
+Every module of the six folders is read with `ast` (none is imported): each `import` and
 `from ... import` of a hostir module, at the top of the module or deferred inside a
 function, is an arrow from the module to the module it names (to `package.name` where
 that is a module). An import under `if TYPE_CHECKING:` is no arrow: it never runs.
@@ -27,6 +31,7 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 FOLDERS = {
+    "hostir": "hostir",
     "hostir_dialect": "hostir_dialect",
     "hostir.passes": "passes",
     "hostir.runtime": "runtime",
@@ -35,19 +40,26 @@ FOLDERS = {
 }
 """Each package and the folder of the checkout it installs from (pyproject.toml)."""
 
+LOW = ("hostir_dialect", "hostir.config", "hostir.logs", "hostir.version")
+"""The dialects, the settings, the logs and the version, which every room of hostir's own may read."""
+
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "hostir": ("hostir_dialect", "hostir.passes", "hostir.runtime", "hostir.frontend", "hostir.tools"),
+    "hostir.config": ("hostir_dialect",),
+    "hostir.logs": ("hostir_dialect", "hostir.config"),
+    "hostir.version": (),
     "hostir_dialect": (),
-    "hostir.passes": ("hostir_dialect",),
-    "hostir.passes.analysis": ("hostir_dialect",),
-    "hostir.passes.fusion": ("hostir_dialect", "hostir.passes.analysis", "hostir.passes.options"),
-    "hostir.passes.lowering": ("hostir_dialect", "hostir.passes.analysis", "hostir.passes.options"),
-    "hostir.passes.hir": ("hostir_dialect", "hostir.passes.analysis", "hostir.passes.options"),
-    "hostir.runtime": ("hostir_dialect", "hostir.passes"),
-    "hostir.runtime.distributed": ("hostir_dialect", "hostir.passes.analysis"),
-    "hostir.runtime.codegen": ("hostir_dialect",),
-    "hostir.runtime.interpreter": ("hostir_dialect", "hostir.runtime.distributed", "hostir.runtime.codegen"),
-    "hostir.frontend": ("hostir_dialect", "hostir.passes", "hostir.runtime"),
-    "hostir.tools": ("hostir_dialect", "hostir.passes", "hostir.runtime"),
+    "hostir.passes": LOW,
+    "hostir.passes.analysis": LOW,
+    "hostir.passes.fusion": (*LOW, "hostir.passes.analysis", "hostir.passes.options"),
+    "hostir.passes.lowering": (*LOW, "hostir.passes.analysis", "hostir.passes.options"),
+    "hostir.passes.hir": (*LOW, "hostir.passes.analysis", "hostir.passes.options"),
+    "hostir.runtime": (*LOW, "hostir.passes"),
+    "hostir.runtime.distributed": (*LOW, "hostir.passes.analysis"),
+    "hostir.runtime.codegen": LOW,
+    "hostir.runtime.interpreter": (*LOW, "hostir.runtime.distributed", "hostir.runtime.codegen"),
+    "hostir.frontend": (*LOW, "hostir.passes", "hostir.runtime"),
+    "hostir.tools": (*LOW, "hostir.passes", "hostir.runtime"),
 }
 """Room -> the rooms below it that its modules may import, besides the room itself (a room
 holds its sub-rooms: `hostir.runtime`'s own modules may import its interpreter). A module
@@ -239,7 +251,7 @@ def test_the_checks_name_what_they_find():
     assert wrong == [
         "hostir_dialect.hir (line 3) imports hostir.runtime.program: hostir_dialect may import only itself and nothing of hostir",
         "hostir.passes.hir.x (line 5) imports hostir.passes.lowering.y: hostir.passes.hir may import only itself and "
-        "hostir_dialect, hostir.passes.analysis, hostir.passes.options",
+        "hostir_dialect, hostir.config, hostir.logs, hostir.version, hostir.passes.analysis, hostir.passes.options",
     ]
     known = {name: Path() for name in ("hostir.runtime", "hostir.runtime.a", "hostir.runtime.b")}
     assert cycles(load_graph(made_up[2:], known)) == [["hostir.runtime.a", "hostir.runtime.b"]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 from hostir_dialect import fusion
 from hostir_dialect.text import HostirError
 from hostir.passes import HOSTIR_PASSES, available_passes
-from hostir.tools.hir_opt import XDSL_PASS_SUMMARIES, main
+from hostir.tools.hir_opt import HOSTIR_HEADING, XDSL_HEADING, XDSL_PASS_SUMMARIES, main
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -270,15 +271,29 @@ def test_pass_options_reach_the_pass(fusion_file: Path, extra_passes, capsys):
 
 
 def test_list_passes(extra_passes, capsys):
-    """Every pass of xDSL's universe and hostir's, sorted, each with its whole summary and
-    its options (default and choices); exit 0."""
+    """Every pass of xDSL's universe and hostir's, hostir's first, each part sorted, each pass
+    with its whole summary and its options (default and choices); exit 0.
+    `--list-passes=hostir` lists hostir's alone."""
     with pytest.raises(SystemExit) as exit:
         main(["--list-passes"])
     assert exit.value.code == 0
     lines = capsys.readouterr().out.splitlines()
-    passes = [line for line in lines if not line.startswith(" ")]
+    assert lines[0] == HOSTIR_HEADING
+    passes = [line for line in lines if not line.startswith(" ") and line not in (HOSTIR_HEADING, XDSL_HEADING)]
     names = [line.split()[0] for line in passes]
-    assert names == sorted(available_passes())
+    hostir = sorted(HOSTIR_PASSES)
+    assert names == hostir + sorted(set(available_passes()) - set(hostir))
+    assert lines.index(XDSL_HEADING) == lines.index(next(p for p in passes if p.split()[0] == names[len(hostir)])) - 1
+    with pytest.raises(SystemExit) as exit:
+        main(["--list-passes=hostir"])
+    assert exit.value.code == 0
+    only = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in only if not line.startswith(" ")] == hostir
+    assert only == lines[1 : lines.index(XDSL_HEADING)]
+    with pytest.raises(SystemExit) as exit:
+        main(["--list-passes=xdsl"])
+    assert exit.value.code == 2
+    assert "invalid choice: 'xdsl' (choose from 'all', 'hostir')" in capsys.readouterr().err
     assert {"licm", "convert-scf-to-cf", "cse", *HOSTIR_PASSES} <= set(names)
     summaries = dict(line.split(maxsplit=1) for line in passes)
     assert summaries["record-options"] == RecordOptions.__doc__
@@ -295,6 +310,68 @@ def test_list_passes(extra_passes, capsys):
     hir_lowering = lines.index(next(p for p in passes if p.startswith("hir-lowering ")))
     assert "    backend=nccl  (one of nccl, cuda)" in lines[hir_lowering + 1 : hir_lowering + 12]
     assert "    p2p-order=ring  (one of ring, device)" in lines[hir_lowering + 1 : hir_lowering + 12]
+
+
+def test_version_names_hostir_xdsl_and_torch(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert re.fullmatch(r"hir-opt \d+\.\d+\.\d+ \(xDSL 0\.74\.0, torch \d+\.\d+\.\d+\S*\)\n", capsys.readouterr().out)
+
+
+def test_print_ir_before_and_after_named_passes(capsys):
+    """`--print-ir-before` and `--print-ir-after` print the IR around the passes they name,
+    also passes of a pipeline such as hir-lowering (a comma list, or the option repeated); a
+    name that is no pass, or that the pipeline does not run, is an error before any input."""
+    example = str(REPOSITORY / "examples" / "ag_linear.mlir")
+    status, out, err = _run(
+        [example, "-p", "hir-lowering", "--print-ir-before=stream-parallel", "--print-ir-after", "fusion-to-hir,per-stream-buffers"],
+        capsys,
+    )
+    assert status == 0
+    headers = [line for line in err.splitlines() if line.startswith("// -----// IR Dump")]
+    assert headers == [
+        "// -----// IR Dump After fusion-to-hir //----- //",
+        "// -----// IR Dump Before stream-parallel //----- //",
+        "// -----// IR Dump After per-stream-buffers //----- //",
+    ]
+    after_fusion_to_hir, before_stream_parallel = err.split("// -----// IR Dump")[1:3]
+    assert after_fusion_to_hir.split("\n", 1)[1] == before_stream_parallel.split("\n", 1)[1]  # nothing ran between
+    assert "fusion.linear" not in after_fusion_to_hir and "scf.for" not in after_fusion_to_hir
+    assert "scf.for" in err.split("// -----// IR Dump After per-stream-buffers //----- //")[1]
+    status, out, err = _run([example, "-p", "hir-lowering", "--print-ir-after=cse2"], capsys)
+    assert (status, out) == (1, "")
+    assert err.startswith("error: --print-ir-after: unknown pass 'cse2' (did you mean 'cse'?); hostir's passes are ")
+    status, out, err = _run([example, "-p", "fusion-to-hir", "--print-ir-before=cse"], capsys)
+    assert (status, out, err) == (1, "", "error: --print-ir-before names 'cse', which the pipeline does not run; it runs fusion-to-hir\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "caret", "message"),
+    [
+        # The module's region, left open at the end of the file: the place is after its last character.
+        (FUSION.rstrip().removesuffix("}") + "\n\n", 3, "  func.return %y : !fusion.tensor<[4], f32>", "line 1"),
+        ("// a module whose brace is missing\nbuiltin.module {\n" + FUSION, 6, "}", "line 2"),
+    ],
+)
+def test_a_brace_missing_at_the_end_of_the_input_is_expected_there(tmp_path, capsys, text, line, caret, message):
+    path = tmp_path / "open.mlir"
+    path.write_text(text)
+    status, out, err = _run([path], capsys)
+    source = caret
+    assert (status, out) == (1, "")
+    assert err == (
+        f"{path}:{line}:{len(source) + 1}: error: expected '}}' to close the region opened at {message}, before the end of the input\n"
+        f"{source}\n{' ' * len(source)}^\n"
+    )
+
+
+def test_a_region_that_goes_on_with_something_else_says_what_was_expected(tmp_path, capsys):
+    path = tmp_path / "stray.mlir"
+    path.write_text("func.func @f() {\n  func.return\n  ]\n}\n")
+    status, _, err = _run([path], capsys)
+    assert status == 1
+    assert err == f"{path}:3:3: error: expected an operation, a block label or '}}', got ']'\n  ]\n  ^\n"
 
 
 def test_a_missing_pass_module_breaks_only_its_pass(fusion_file: Path, extra_passes, capsys):

@@ -5,12 +5,15 @@ attribute goes, so that each snippet is checked with and without one. The test
 enumerates the dialects' ops, so an op added without a snippet fails.
 """
 
+import re
+from pathlib import Path
+
 import pytest
 from xdsl.dialects.builtin import StringAttr
 
 from hostir_dialect.fusion import BINARY_OPS, REDUCTION_OPS, UNARY_OPS, Fusion
 from hostir_dialect.hir import COLLECTIVE_OPS, Hir
-from hostir_dialect.text import parse_module, print_module
+from hostir_dialect.text import READABLE_WIDTH, HostirError, parse_module, print_module
 
 A = "!fusion.tensor<[?, 4], f32>"
 V = "!fusion.tensor<[4], f32>"
@@ -83,12 +86,12 @@ SNIPPETS: dict[str, list[str]] = {
         f"%p = fusion.linear %a, %m, %v : ({A}, {M}, {V}) -> {A}",
     ],
     "fusion.aten": [
-        f"%o = fusion.aten \"aten.gelu.default\"(%a) call \"[[{{'operand': 0}}], {{'approximate': 'tanh'}}]\" ATTRS"
-        f" : ({A}) -> {A}",
-        f"%p:2 = fusion.aten \"aten.var_mean.correction\"(%m) call \"[[{{'operand': 0}}, [1]], {{}}]\""
-        f" : ({M}) -> ({V}, {V})",
-        f"%q = fusion.aten \"aten.max.dim\"(%m) call \"[[{{'operand': 0}}, 1], {{}}]\" returns [0]"
-        f" : ({M}) -> {V}",
+        f'%o = fusion.aten "aten.gelu.default"(%a, approximate = "tanh") ATTRS : ({A}) -> {A}',
+        f'%p:2 = fusion.aten "aten.var_mean.correction"(%m, [1], keepdim = False) : ({M}) -> ({V}, {V})',
+        f'%q = fusion.aten "aten.max.dim"(%m, -1) returns [0] : ({M}) -> {V}',
+        # The call as its Python literal, as hostir wrote it before the call syntax.
+        f"%l = fusion.aten \"aten.where.self\"(%m, %a) call \"[[{{'operand': 0}}, {{'operand': 1}}, 0.5], {{}}]\""
+        f" : ({M}, {A}) -> {A}",
     ],
     "hir.allocate": [
         f"%n = hir.dim %a, 0 : {A}",
@@ -117,11 +120,11 @@ SNIPPETS: dict[str, list[str]] = {
     ],
     "hir.copy": [f"hir.copy ins(%s : {S}) outs(%s : {S}) ATTRS"],
     "hir.aten": [
-        f"hir.aten \"aten.t.default\" call \"[[{{'operand': 0}}], {{}}]\" ins(%m : {M}) outs(%m : {M}) ATTRS",
-        f"hir.aten \"aten.var_mean.correction\" call \"[[{{'operand': 0}}, [1]], {{}}]\" ins(%m : {M})"
-        f" outs(%v, %v : {V}, {V})",
-        f"hir.aten \"aten.max.dim\" call \"[[{{'operand': 0}}, 1], {{}}]\" returns [0] ins(%m : {M})"
-        f" outs(%v : {V})",
+        f'hir.aten "aten.t.default"(%m) ins(%m : {M}) outs(%m : {M}) ATTRS',
+        f'hir.aten "aten.var_mean.correction"(%m, [1]) ins(%m : {M}) outs(%v, %v : {V}, {V})',
+        f'hir.aten "aten.max.dim"(%m, 1) returns [0] ins(%m : {M}) outs(%v : {V})',
+        f'hir.aten "aten.randn.default"([4], dtype = torch.float32, device = device) ins() outs(%v : {V})',
+        f"hir.aten \"aten.clone.default\" call \"[[{{'operand': 0}}], {{}}]\" ins(%m : {M}) outs(%m : {M})",
     ],
     "hir.pointwise": [
         f'hir.pointwise "add" ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS',
@@ -154,3 +157,103 @@ def test_custom_and_generic_text_are_fixed_points(op, with_attribute, assert_rou
     assert (ATTRIBUTE[1:-1] in custom) == with_attribute
     assert f'"{op.name}"' not in custom, "the custom form printed the op generically"
     assert f'"{op.name}"' in print_module(module, generic=True)
+
+
+# --------------------------------------------------------------------------- #
+# The call of an ATen op                                                       #
+# --------------------------------------------------------------------------- #
+
+EVERY_KIND = (
+    "[[{'operand': 0}, {'operand': 1, 'view': 'uint64'}, {'operand': 0}, -3, 2.5, 1e-05, -0.25, True, None, 'two words', "
+    "[1, [2, {'operand': 1, 'view': 'uint64'}]], {'float': '-inf'}], {'dtype': {'dtype': 'bfloat16'}, "
+    "'layout': {'layout': 'strided'}, 'memory_format': {'memory_format': 'contiguous_format'}, 'device': {'device': None}, "
+    "'fill': {'float': 'nan'}, 'flag': False}]"
+)
+READABLY = (
+    '"aten.anything.default"(%m, %a as torch.uint64, %m, -3, 2.5, 1.0e-05, -0.25, True, None, "two words", '
+    "[1, [2, %a as torch.uint64]], -inf, dtype = torch.bfloat16, layout = torch.strided, "
+    "memory_format = torch.contiguous_format, device = device, fill = nan, flag = False)"
+)
+
+
+def test_an_aten_call_prints_as_it_reads_and_reads_back_to_its_literal():
+    """Every encoding of a call's literal (hostir_dialect.aten_call) prints as the call reads,
+    the operands by name, and reads back to the same literal, in both ops."""
+    body = (
+        f"%o = fusion.aten \"aten.anything.default\"(%m, %a) call \"{EVERY_KIND}\" : ({M}, {A}) -> {M}\n"
+        f"hir.aten \"aten.anything.default\" call \"{EVERY_KIND}\" ins(%m, %a : {M}, {A}) outs(%m : {M})"
+    )
+    module = parse_module(MODULE.replace("BODY", body))
+    text = print_module(module)
+    assert f"%o = fusion.aten {READABLY} : (" in text
+    assert f"hir.aten {READABLY} ins(%m, %a : {M}, {A}) outs(%m : {M})" in text
+    again = parse_module(text)
+    assert [op.call.data for op in again.walk() if op.name.endswith(".aten")] == [EVERY_KIND, EVERY_KIND]
+    assert print_module(again) == text
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ('"aten.t.default"(%m, dtype = torch.float32, 2)', "a positional argument after a keyword argument"),
+        ('"aten.t.default"(%m, x = 1, x = 2)', "the keyword argument 'x' is given twice"),
+        ('"aten.t.default"(%m, float32)', "'float32' is no value of an ATen call"),
+        ('"aten.t.default"(%m, - None)', "expected a number or inf after '-', got 'None'"),
+        ('"aten.t.default"(%m as uint64)', "expected a dtype such as torch.uint64, got 'uint64'"),
+        ('"aten.t.default"', "expected the call of aten.t.default, as in"),
+        ("\"aten.t.default\"(%m, 2) call \"[[{'operand': 0}], {}]\"", 'before `call "..."`, the list holds the operands alone'),
+    ],
+)
+def test_a_call_that_cannot_be_read_is_an_error_at_its_place(call, message):
+    text = MODULE.replace("BODY", f"%o = fusion.aten {call} : ({M}) -> {M}")
+    with pytest.raises(HostirError, match=re.escape(message)) as error:
+        parse_module(text)
+    assert error.value.location is not None and error.value.location.line == 7  # BODY's
+
+
+def test_the_ins_of_hir_aten_are_what_its_call_names():
+    body = f'hir.aten "aten.add.Tensor"(%a, %m) ins(%m, %a : {M}, {A}) outs(%a : {A})'
+    with pytest.raises(HostirError, match=r"ins are the buffers the call names, in the order it names them: %a, %m"):
+        parse_module(MODULE.replace("BODY", body))
+    literal = f"hir.aten \"aten.add.Tensor\" call \"[[{{'operand': 1}}, {{'operand': 0}}], {{}}]\" ins(%m, %a : {M}, {A}) outs(%a : {A})"
+    with pytest.raises(HostirError, match=r"the call names operands \[1, 0\] in that order; it must name each of its 2"):
+        parse_module(MODULE.replace("BODY", literal))
+
+
+# --------------------------------------------------------------------------- #
+# Type aliases and readable lines (the dumps' printing)                        #
+# --------------------------------------------------------------------------- #
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.mlir"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.stem)
+def test_printed_with_aliases_a_module_reads_back_the_same(path):
+    """Each example, and its lowered host program: every tensor type by an alias defined
+    above, lines cut after their commas, and the same module read back."""
+    from hostir.runtime.program import Program
+
+    fusion = parse_module(path.read_text())
+    for module in (fusion, Program.compile(fusion).module):
+        text = print_module(module, aliases=True)
+        assert "!fusion.tensor" not in text.split("\n\n", 1)[1], "every type by its alias"
+        again = parse_module(text)
+        assert again.is_structurally_equivalent(module)
+        assert print_module(again, aliases=True) == text
+        assert all(len(line) <= READABLE_WIDTH for line in text.splitlines() if ", " in line.strip()[60:])
+
+
+def test_aliases_name_what_a_type_is_and_tell_meshes_apart():
+    two_meshes = """\
+func.func @f(%x: !fusion.tensor<[?, 2], f32, mesh = [0, 1], axes = [_, didx]>,
+             %y: !fusion.tensor<[?, 2], f32, mesh = [2, 3], axes = [_, didx]>, %z: !fusion.tensor<[], bf16>) -> !fusion.tensor<[], bf16> {
+  func.return %z : !fusion.tensor<[], bf16>
+}
+"""
+    text = print_module(parse_module(two_meshes), aliases=True)
+    assert text.startswith(
+        "!f32_Nx2_didx = !fusion.tensor<[?, 2], f32, mesh = [0, 1], axes = [_, didx]>\n"
+        "!f32_Nx2_didx_1 = !fusion.tensor<[?, 2], f32, mesh = [2, 3], axes = [_, didx]>\n"
+        "!bf16_scalar = !fusion.tensor<[], bf16>\n\n"
+    ), text
+    assert "func.func @f(%x: !f32_Nx2_didx, %y: !f32_Nx2_didx_1, %z: !bf16_scalar) -> !bf16_scalar {" in text

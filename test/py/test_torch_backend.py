@@ -230,7 +230,9 @@ def test_a_backward_run_eagerly_reads_the_saved_activations_in_the_fx_layout():
     and its gradients are eager's."""
     for rank, result in enumerate(run_on_local_ranks(_layer_with_an_eager_backward, 2, timeout_s=300)):
         assert result["layouts"], "the forward handed over nothing in a layout of its own"
-        assert len(result["warnings"]) == 1 and "the test refuses backward graphs" in result["warnings"][0]
+        # The first rank of the mesh speaks for all.
+        assert len(result["warnings"]) == (rank == 0)
+        assert all("the test refuses backward graphs" in warning for warning in result["warnings"])
         bad = {what: error for what, error in result["errors"].items() if error > F32_TOLERANCE}
         assert not bad, f"rank {rank}: {bad}"
 
@@ -277,13 +279,10 @@ def test_saved_layouts_are_kept_from_the_first_compilation_and_checked_by_the_ba
 def _copies_out_of_a_layout(program: str) -> list[tuple[int, ...]]:
     """The shapes into which `program` reshapes a permuted piece (a copy, where its FX tensor
     is not a view of the piece), without the device axis."""
-    permuted = set(re.findall(r'hir\.aten "aten\.permute\.default".*?outs\((%\w+)', program))
-    shapes = []
-    for line in program.splitlines():
-        found = re.search(r'hir\.aten "aten\.reshape\.default" call "\[\[\{\'operand\': 0\}, \[([\d, ]*)\]\].*ins\((%\w+)', line)
-        if found and found[2] in permuted:
-            shapes.append(tuple(int(extent) for extent in found[1].split(", ")))
-    return shapes
+    permuted = set(re.findall(r'hir\.aten "aten\.permute\.default"\((%\w+)[^)]*\).*?outs\((%\w+)', program, re.S))
+    outs = {out for _, out in permuted}
+    reshapes = re.findall(r'hir\.aten "aten\.reshape\.default"\((%\w+), \[([\d, ]*)\]\)', program)
+    return [tuple(int(extent) for extent in shape.split(", ")) for source, shape in reshapes if source in outs]
 
 
 def test_adamw_steps_track_eager():
@@ -641,7 +640,7 @@ def test_an_aten_op_whose_tuple_holds_more_than_its_results_names_them():
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(compiled_x.grad, eager_x.grad)
     assert '"aten.native_layer_norm_backward.default"' in dump.getvalue()
-    assert "returns [0] :" in dump.getvalue()
+    assert re.search(r"returns \[0\]\s+:", dump.getvalue()), "item 0 of the tuple is the result"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -923,10 +922,13 @@ def test_auto_lowers_for_nccl_what_the_copy_engines_cannot_move(monkeypatch, tex
     """An allgather goes to the copy engines; a scatter, which has no copy-engine form, to NCCL."""
     monkeypatch.setattr("hostir.frontend.backend.why_not_copy_engines", lambda communicator: None)
     communicator = Communicator(0, 2, torch.device("cpu"), "gloo", 60.0)
-    program, chosen = BackendOptions.of({}).compile(parse_module(text), communicator)
-    assert chosen == backend
-    backends = {op.properties["backend"].data for op in program.host.walk() if "backend" in op.properties}
+    lowered = BackendOptions.of({}).compile(parse_module(text), communicator)
+    assert lowered.backend == backend
+    backends = {op.properties["backend"].data for op in lowered.program.host.walk() if "backend" in op.properties}
     assert backends == {hir.CommunicatorBackend(backend)}
+    assert lowered.pipeline == f"auto-stream-parallel{{enabled=true}},hir-lowering{{backend={backend}}}"
+    why = "every rank on this host, with peer access" if backend == "cuda" else "the copy engines cannot move this graph's collectives: "
+    assert lowered.why.startswith(f"backend='auto': {why}"), lowered.why
 
 
 def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():

@@ -296,8 +296,8 @@ func.func @eager(%x: !fusion.tensor<[?, 8], bf16>, %w: !fusion.tensor<[8, 16], b
 // CHECK-LABEL: func.func @forwarded(
 // CHECK:      hir.copy ins(%s : !fusion.tensor<[?, 4], f32, axes = [stream, _]>) outs(%w : !fusion.tensor<[?, 4], f32>) forwards_source
 // CHECK:      hir.copy ins(%w : !fusion.tensor<[?, 4], f32>) outs(%c : !fusion.tensor<[?, 4], f32>) forwards_source {tag}
-// CHECK:      hir.aten "aten.var_mean.correction" call "[[{'operand': 0}, [1]], {}]" ins(%a : !fusion.tensor<[?, 4], f32>) outs(%var, %mean : !fusion.tensor<[?], f32>, !fusion.tensor<[?], f32>) adopted [0, 1]
-// CHECK:      hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%a : !fusion.tensor<[?, 4], f32>) outs(%t : !fusion.tensor<[4, ?], f32>) adopted [0] {tag}
+// CHECK:      hir.aten "aten.var_mean.correction"(%a, [1]) ins(%a : !fusion.tensor<[?, 4], f32>) outs(%var, %mean : !fusion.tensor<[?], f32>, !fusion.tensor<[?], f32>) adopted [0, 1]
+// CHECK:      hir.aten "aten.t.default"(%a) ins(%a : !fusion.tensor<[?, 4], f32>) outs(%t : !fusion.tensor<[4, ?], f32>) adopted [0] {tag}
 // CHECK:      hir.post_on_stream @segment ins(%a, %v : !fusion.tensor<[?, 4], f32>, !fusion.tensor<[4], f32>) outs(%p, %q : !fusion.tensor<[?, 4], f32>, !fusion.tensor<[?, 4], f32>) adopted [1]
 // GENERIC-LABEL: sym_name = "forwarded"
 // GENERIC: "hir.copy"(%s, %w) <{forwards_source, operandSegmentSizes = array<i32: 1, 1>}>

@@ -118,9 +118,9 @@ func.func @out_or_source_unfit(%x: !t, %y: !t) -> (!t, !v, !t, !t) {
 // larger buffer, and a buffer viewed before the op (a stale mark is removed), get it
 // copied in.
 // CHECK-LABEL: func.func @aten_results(
-// CHECK:         hir.aten "aten.t.default" {{.*}} outs(%t : {{[^)]*}}) adopted [0]{{$}}
-// CHECK:         hir.aten "aten.var_mean.correction" {{.*}} outs(%var_slot, %mean : {{[^)]*}}) adopted [1]{{$}}
-// CHECK:         hir.aten "aten.t.default" {{.*}} outs(%viewed : {{[^)]*}}){{$}}
+// CHECK:         hir.aten "aten.t.default"{{.*}} outs(%t : {{[^)]*}}) adopted [0]{{$}}
+// CHECK:         hir.aten "aten.var_mean.correction"{{.*}} outs(%var_slot, %mean : {{[^)]*}}) adopted [1]{{$}}
+// CHECK:         hir.aten "aten.t.default"{{.*}} outs(%viewed : {{[^)]*}}){{$}}
 func.func @aten_results(%x: !t) -> (!w, !fusion.tensor<[2, ?], f32>, !fusion.tensor<[?], f32>, !w, !fusion.tensor<[4], f32>) {
   %n = hir.dim %x, 0 : !t
   %c0 = arith.constant 0 : index
