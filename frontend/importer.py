@@ -158,23 +158,17 @@ class Importer:
                 groups.setdefault(name, node)
         if not groups:
             return None, (0,)
+        resolved = {name: _resolve_group(name, node) for name, node in groups.items()}
         if len(groups) > 1:
             raise UnsupportedGraph(
                 "the graph communicates over several process groups ("
-                + ", ".join(repr(g) for g in groups)
-                + "); hostir maps one group, the mesh of the graph, so a 2-D device mesh "
-                "(tensor and data parallel in one graph) is not supported"
+                + ", ".join(f"group {name!r} of ranks {list(ranks)}" for name, (_, ranks) in resolved.items())
+                + "); hostir maps one group, the mesh of the graph, so a graph whose collectives "
+                "run over two axes of a device mesh (tensor parallel with data or context parallel "
+                "in one graph) is not supported"
             )
-        (name,) = groups
-        try:
-            group = torch.distributed.distributed_c10d._resolve_process_group(name)
-            ranks = tuple(dist.get_process_group_ranks(group))
-        except Exception as error:  # noqa: BLE001 - torch raises several kinds here
-            raise UnsupportedGraph(
-                f"{groups[name].format_node()}: the process group {name!r} is not one this "
-                f"process belongs to ({error})"
-            ) from None
-        return group, ranks
+        (group_and_ranks,) = resolved.values()
+        return group_and_ranks
 
     # -- types ------------------------------------------------------------------ #
 
@@ -395,6 +389,17 @@ class Importer:
             if isinstance(value, Value):
                 value.ssa.name_hint = name_of(node)
         return values if many else values[0]
+
+
+def _resolve_group(name: str, node: torch.fx.Node) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
+    """The process group that a collective of the graph names, and its ranks."""
+    try:
+        group = torch.distributed.distributed_c10d._resolve_process_group(name)
+        return group, tuple(dist.get_process_group_ranks(group))
+    except Exception as error:  # noqa: BLE001 - torch raises several kinds here
+        raise UnsupportedGraph(
+            f"{node.format_node()}: the process group {name!r} is not one this process belongs to ({error})"
+        ) from None
 
 
 STORAGE_LAYOUT_OPS = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}

@@ -1,0 +1,186 @@
+"""Context parallelism through `torch.compile(backend="hostir")`: the plain DTensor plan of
+examples/cp_decoder_layer.py on CPU ranks against the same layer run eagerly on the whole
+sequence, and what hostir refuses (torch's own CP, TP x CP) with the reason.
+
+Each world runs in one launch of its ranks, which checks every case there: the output, the
+input's gradient and every parameter's gradient (the ranks' shares summed) against the
+unsharded layer in f32, and three AdamW steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+
+from examples.cp_decoder_layer import DecoderLayer, context_parallel, layer_inputs, rank_inputs, shard_sequence, train
+from examples.tp_decoder_layer import rank_device
+from test_communicator import needs_ranks
+from test_torch_backend import F32_TOLERANCE, _dumped, _max_error, run_on_hostir
+
+BATCH, SEQUENCE = 2, 32
+
+
+def _layer_case(options: dict) -> dict:
+    """On this rank: the CP layer compiled with `options` against the whole layer, eager; the
+    relative errors of the output, the input gradient and each parameter's gradient, and the
+    programs the backend dumped."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = rank_device()
+    torch.manual_seed(0)
+    whole_layer = DecoderLayer().to(device)
+    layer = context_parallel(DecoderLayer().to(device), init_device_mesh(device.type, (world,)))
+    layer.load_state_dict(whole_layer.state_dict())
+    torch._dynamo.reset()
+    head_dim = layer.attention.head_dim
+    x = torch.randn(BATCH, SEQUENCE, 64, device=device)
+    whole = [t.clone() for t in layer_inputs(x, head_dim)]
+    whole[0].requires_grad_()
+    local = list(rank_inputs(x, head_dim, rank, world))
+    local[0].requires_grad_()
+    with _dumped("fusion,host_ir") as dump:
+        out = torch.compile(layer, backend="hostir", options=options)(*local)
+    expected = whole_layer(*whole)
+    # The same loss on both sides: the squares' sum over the whole sequence.
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    errors = {
+        "output": _max_error(out.detach(), shard_sequence(expected.detach(), 1, rank, world)),
+        "input gradient": _max_error(local[0].grad, shard_sequence(whole[0].grad, 1, rank, world)),
+    }
+    for (name, parameter), whole_parameter in zip(layer.named_parameters(), whole_layer.parameters()):
+        grad = parameter.grad.clone()
+        dist.all_reduce(grad)  # each rank's tokens' share
+        errors[f"{name} gradient"] = _max_error(grad, whole_parameter.grad)
+    return {"errors": errors, "dump": dump.getvalue()}
+
+
+def _on_rank(cases: list[tuple[str, dict]]) -> dict:
+    """Every case of a world, in one launch: each layer case, three AdamW steps, and at 4
+    ranks TP x CP."""
+    import torch.distributed as dist
+
+    results = {name: _layer_case(options) for name, options in cases}
+    torch._dynamo.reset()
+    results["adamw"] = train(steps=3, batch=BATCH, sequence=SEQUENCE)
+    if dist.get_world_size() == 4:
+        results["tp x cp"] = _tensor_and_context_parallel()
+    return results
+
+
+CASES = [("plain plan", {})]
+
+
+@functools.cache
+def results_of_world(world: int) -> list[dict]:
+    return run_on_hostir(_on_rank, world, CASES, timeout_s=600)
+
+
+@pytest.mark.parametrize("world", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
+@pytest.mark.parametrize("case", [name for name, _ in CASES])
+def test_the_layer_matches_the_unsharded_layer(world, case):
+    """Output, input gradient and every parameter's gradient against the layer on the whole
+    sequence, f32, on every rank."""
+    for rank, result in enumerate(results_of_world(world)):
+        errors = result[case]["errors"]
+        assert len(errors) == 2 + len(list(DecoderLayer().parameters()))
+        bad = {what: error for what, error in errors.items() if error > F32_TOLERANCE}
+        assert not bad, f"rank {rank}: {bad}"
+
+
+@pytest.mark.parametrize("world", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
+def test_adamw_steps_track_the_unsharded_layer(world):
+    """Three AdamW steps: the losses with hostir on the CP ranks track the whole layer's, eager."""
+    losses = results_of_world(world)[0]["adamw"]
+    for step, (hostir_loss, eager_loss) in enumerate(losses):
+        assert hostir_loss == pytest.approx(eager_loss, rel=F32_TOLERANCE), f"step {step}"
+    assert losses[-1][0] != losses[0][0], "the weights changed"
+
+
+def _tensor_and_context_parallel() -> str:
+    """The layer tensor parallel (torchtitan's plan, sequence parallel on the norms) on the inner
+    axis of a 2 x 2 mesh and context parallel on the outer one, compiled without the fallback:
+    what the backend says of its forward graph."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("cp", "tp"))
+    layer = context_parallel(DecoderLayer().to(device), mesh["cp"])
+    attention_inputs = PrepareModuleInput(
+        input_layouts=(Shard(1), None, None, None), desired_input_layouts=(Replicate(), None, None, None)
+    )
+    mlp_input = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": attention_inputs,
+        **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")},
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": mlp_input,
+        **{f"feed_forward.{w}": ColwiseParallel() for w in ("w1", "w3")},
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    parallelize_module(layer, mesh["tp"], plan)
+    torch._dynamo.reset()
+    cp_rank, tp_rank = mesh.get_coordinate()
+    x, cos, sin, positions = rank_inputs(torch.randn(BATCH, SEQUENCE, 64, device=device), layer.attention.head_dim, cp_rank, 2)
+    x = x.chunk(2, dim=1)[tp_rank]  # sequence parallel over the TP axis too
+    try:
+        torch.compile(layer, backend="hostir", options={"fallback": False})(x, cos, sin, positions)
+    except Exception as error:  # noqa: BLE001 - the message is what is tested
+        return str(error)
+    return "compiled"
+
+
+@needs_ranks(4)
+def test_tensor_and_context_parallel_in_one_graph_is_refused_naming_both_groups():
+    """TP x CP needs a fusion type sharded over two mesh axes, which hostir has not: the
+    backend names the two process groups of the forward graph, TP's and CP's."""
+    for rank, result in enumerate(results_of_world(4)):
+        message = result["tp x cp"]
+        assert "several process groups" in message, f"rank {rank}: {message}"
+        groups = re.findall(r"group '\w+' of ranks (\[[\d, ]+\])", message)
+        cp_ranks, tp_ranks = ([r for r in range(4) if r % 2 == rank % 2], [r for r in range(4) if r // 2 == rank // 2])
+        assert sorted(groups) == sorted([str(cp_ranks), str(tp_ranks)]), f"rank {rank}: {message}"
+
+
+def _torch_context_parallel_step(q, k, v):
+    """Two steps of torch's context-parallel ring as its graph holds them on rank 0 of 2 (cuDNN
+    attention, head-tail): the local causal attention, then the second half of the queries
+    against the block that arrived (here k and v scaled, for the block of another rank)."""
+    aten = torch.ops.aten
+    local = aten._scaled_dot_product_cudnn_attention.default(q, k, v, None, True, 0.0, True)
+    second_half = aten.split.Tensor(q, q.shape[2] // 2, 2)[1]
+    arrived = aten._scaled_dot_product_cudnn_attention.default(second_half, k * 2, v * 2, None, True, 0.0, False)
+    return local[0], local[1], arrived[0], arrived[1]
+
+
+def test_torch_context_parallel_is_refused_pointing_to_the_plain_plan():
+    """A graph of torch's own CP (on GPUs; on CPU ranks it fails in torch itself, eagerly
+    and compiled) holds its ring unrolled for this rank: hostir refuses it and names the plain plan."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from hostir.frontend.importer import UnsupportedGraph, import_graph
+
+    graph = torch.fx.symbolic_trace(_torch_context_parallel_step)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        inputs = [torch.empty(2, 4, 16, 16, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        FakeTensorProp(graph, mode).propagate_dont_convert_inputs(*inputs)
+    with pytest.raises(UnsupportedGraph, match="torch's own context parallel") as refusal:
+        import_graph(graph)
+    assert "2 attention calls read pieces of the same queries (q)" in str(refusal.value)
+    assert "plain DTensor plan" in str(refusal.value)
