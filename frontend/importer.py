@@ -298,8 +298,22 @@ class Importer:
         return Value(piece, value.shape, value.dtype, value.varying, local, order)
 
     def _aten_view(self, target: str, piece: SSAValue, argument: list[int], local: tuple[int, ...], like: Value) -> SSAValue:
-        call = encode_call([piece, argument], {}, lambda v: 0 if v is piece else None)
-        op = self.emit(fusion.AtenOp(target, call, [piece], [self.tensor_type(local, like.dtype, like.varying)]))
+        return self.call_aten(target, [piece, argument], {}, [piece], local, like.dtype, like.varying)
+
+    def call_aten(
+        self,
+        target: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        operands: list[SSAValue],
+        local: tuple[int, ...],
+        dtype: torch.dtype,
+        varying: bool,
+    ) -> SSAValue:
+        """A `fusion.aten` of `target` whose one result is a piece of shape `local`; `operands`
+        are the values among `args` and `kwargs` that stand for tensors."""
+        call = encode_call(args, kwargs, lambda v: operands.index(v) if any(v is o for o in operands) else None)
+        op = self.emit(fusion.AtenOp(target, call, operands, [self.tensor_type(local, dtype, varying)]))
         return op.results[0]
 
     def aligned(self, value: Value, rank: int) -> SSAValue:

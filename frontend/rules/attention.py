@@ -1,6 +1,19 @@
 """The importer's rules for attention: ATen's scaled-dot-product kernels, and the graphs of
 torch's own context parallelism, which hostir refuses.
 
+Every kernel of SDPA's family is one `fusion.attention` (its backward one
+`fusion.attention_backward`), whichever of them the graph calls: the CPU's flash kernel,
+flash, memory-efficient and cuDNN attention on GPUs, and the math fallback where its
+attention weights go unused. The runtime calls the kernel SDPA would pick for the
+tensors of the run (runtime/interpreter/attention.py), so a graph traced on one machine
+runs on another. The kernels' log-sum-exps differ in layout (efficient attention pads
+its rows to a multiple of 32, cuDNN's has a trailing axis of 1): the fusion's is
+`[*batch, rows]` in f32, and a graph's tensor of another layout is a view or a padding
+of it. The random state a kernel returns for dropout, which these graphs do not use (a
+call with dropout stays ATen's), is zeros. Keys and values all-gathered along the
+sequence keep the gathered pieces as their blocks (`blocks`), where the ring of
+`auto-stream-parallel` finds them.
+
 torch's context parallel (`context_parallel`, or the `_ContextParallel` style) unrolls its
 ring in the graph: one attention call per step, on the halves of this rank's queries and
 on the blocks that this rank receives, chosen by the rank, which is a constant of the
@@ -13,10 +26,15 @@ parallelism").
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from typing import Any
 
+import torch
 import torch.fx
 
-from hostir.frontend.importer import Importer, UnsupportedGraph, aten, c10d, rule
+from hostir_dialect import fusion
+from hostir_dialect.fusion import Causal
+from hostir.frontend.importer import Importer, UnsupportedGraph, Value, aten, c10d, concrete, name_of, result_of, rule
 
 FORWARD_KERNELS = (
     aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -43,11 +61,14 @@ PLAIN_PLAN = (
 )
 
 _PIECES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.slice.Tensor,
-           aten.split.Tensor, aten.transpose.int, aten.clone.default, operator.getitem)
-"""Ops through which a tensor is still (a piece of) the same queries."""
+           aten.split.Tensor, aten.transpose.int, aten.clone.default, operator.getitem, c10d.wait_tensor.default)
+"""Ops through which a tensor is still (a piece of) the same data."""
+
+_ROTATIONS = (c10d.all_gather_into_tensor.default, c10d.all_to_all_single.default)
+"""The collectives whose results torch's context parallel slices its keys and values out of."""
 
 
-def _query_source(node: torch.fx.Node) -> torch.fx.Node:
+def _source(node: torch.fx.Node) -> torch.fx.Node:
     """The tensor that `node` is a piece or a view of."""
     while node.op == "call_function" and node.target in _PIECES:
         node = node.args[0]
@@ -55,30 +76,252 @@ def _query_source(node: torch.fx.Node) -> torch.fx.Node:
 
 
 def refuse_unrolled_ring(node: torch.fx.Node) -> None:
-    """Raises where `node`, an attention kernel or its backward, reads a piece of queries that
-    another attention call of its graph reads too: torch's context parallel, its ring unrolled."""
-    query_index = 0 if node.target in FORWARD_KERNELS else 1
-    source = _query_source(node.args[query_index])
+    """Raises where `node`, an attention kernel or its backward, is one of several attention
+    calls on the same queries whose keys come out of an all-gather or an all-to-all: torch's
+    context parallel, its ring unrolled (the plain plan calls attention once per queries)."""
+    forward = node.target in FORWARD_KERNELS
+    query, key = (0, 1) if forward else (1, 2)
     kernels = [
         other
         for other in node.graph.nodes
         if other.op == "call_function"
-        and other.target in (*FORWARD_KERNELS, *BACKWARD_KERNELS)
-        and (other.target in FORWARD_KERNELS) == (query_index == 0)
-        and _query_source(other.args[query_index]) is source
+        and other.target in (FORWARD_KERNELS if forward else BACKWARD_KERNELS)
+        and _source(other.args[query]) is _source(node.args[query])
     ]
-    if len(kernels) > 1:
+    if len(kernels) > 1 and any(_source(other.args[key]).target in _ROTATIONS for other in kernels):
         raise UnsupportedGraph(
-            f"{node.format_node()}: {len(kernels)} attention calls read pieces of the same queries "
-            f"({source.name}): torch's own context parallel, whose ring is unrolled in the graph with "
-            "this rank's blocks as constants, so that every rank is handed another graph, where hostir "
-            f"runs one program on every rank; {PLAIN_PLAN}"
+            f"{node.format_node()}: {len(kernels)} attention calls read the same queries "
+            f"({_source(node.args[query]).name}), against keys cut out of a collective's result: "
+            "torch's own context parallel, whose ring is unrolled in the graph with this rank's "
+            "blocks as constants, so that every rank is handed another graph, where hostir runs "
+            f"one program on every rank; {PLAIN_PLAN}"
         )
 
 
-@rule(*FORWARD_KERNELS, *BACKWARD_KERNELS)
-def _attention(importer: Importer, node: torch.fx.Node) -> None:
+@dataclass(frozen=True)
+class Kernel:
+    """Where an ATen attention kernel keeps what the fusion op needs: the name of its mask
+    argument (None: it takes none), of the output's gradient (a backward's), and the layout of
+    its log-sum-exp: "plain" `[B, H, L]`, "padded" `[B, H, L rounded up to 32]`, "trailing"
+    `[B, H, L, 1]`, or None for the math kernel's attention weights."""
+
+    mask: str | None
+    lse: str | None
+    grad: str | None = None
+
+
+KERNELS = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: Kernel("attn_mask", "plain"),
+    aten._scaled_dot_product_flash_attention.default: Kernel(None, "plain"),
+    aten._scaled_dot_product_efficient_attention.default: Kernel("attn_bias", "padded"),
+    aten._scaled_dot_product_cudnn_attention.default: Kernel("attn_bias", "trailing"),
+    aten._scaled_dot_product_attention_math.default: Kernel("attn_mask", None),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: Kernel("attn_mask", "plain", "grad_out"),
+    aten._scaled_dot_product_flash_attention_backward.default: Kernel(None, "plain", "grad_out"),
+    aten._scaled_dot_product_efficient_attention_backward.default: Kernel("attn_bias", "padded", "grad_out_"),
+    aten._scaled_dot_product_cudnn_attention_backward.default: Kernel("attn_bias", "trailing", "grad_out"),
+}
+
+
+def bound_arguments(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by the names of its overload's schema, defaults filled in."""
+    schema = node.target._schema
+    arguments = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    arguments.update({a.name: value for a, value in zip(schema.arguments, node.args)})
+    arguments.update(node.kwargs)
+    return arguments
+
+
+def _unused(node: torch.fx.Node, index: int) -> bool:
+    """Whether item `index` of the node's tuple goes unread."""
+    return not any(
+        user.target is operator.getitem and user.args[1] == index and user.users for user in node.users
+    )
+
+
+def _supported(node: torch.fx.Node, arguments: dict[str, Any]) -> bool:
+    """Attention the fusion op computes: no dropout (the random state is never read), no debug
+    mask; the math kernel's weights and the efficient backward's bias gradient unread."""
+    if arguments.get("dropout_p", 0.0) != 0.0 or arguments.get("return_debug_mask", False):
+        return False
+    if arguments.get("dropout_mask") is not None or arguments.get("enable_gqa", False):
+        return False
+    if node.target is aten._scaled_dot_product_attention_math.default:
+        return _unused(node, 1)
+    if node.target is aten._scaled_dot_product_efficient_attention_backward.default:
+        return _unused(node, 3)
+    return True
+
+
+def _blocked(value: Value) -> bool:
+    """Whether the FX tensor of `value` `[*batch, C rows, width]` is its piece `[C, *batch, rows,
+    width]` read as blocks of keys: the pieces of an all-gather, the chunk axis moved before the
+    rows (its `order`, or no move where the batch axes have extent 1)."""
+    local, shape = value.local_shape, value.shape
+    batch = len(shape) - 2
+    if len(local) != len(shape) + 1 or local[1:-2] != shape[:-2] or local[-1] != shape[-1]:
+        return False
+    if local[0] * local[-2] != shape[-2]:
+        return False
+    moved = (*range(1, batch + 1), 0, batch + 1, batch + 2)
+    order = value.order or tuple(range(len(local)))
+    return [a for a in order if local[a] != 1] == [a for a in moved if local[a] != 1]
+
+
+def _keys(importer: Importer, key: Value, value: Value) -> tuple[Value, Value, bool]:
+    """The keys and values as the fusion op reads them: the gathered pieces as blocks where
+    both are, else in the FX layout."""
+    if _blocked(key) and _blocked(value) and key.local_shape[0] == value.local_shape[0]:
+        return key, value, True
+    return importer.flat(key), importer.flat(value), False
+
+
+@dataclass(frozen=True)
+class Operands:
+    """An attention's operands as the fusion op takes them, and its properties."""
+
+    values: list[Value]
+    mask: Value | None
+    causal: Causal | None
+    blocks: bool
+    scale: float | None
+
+    def aligned(self, importer: Importer) -> tuple[list[fusion.SSAValue], fusion.SSAValue | None]:
+        """The operands' SSA values, and the mask's with extent-1 axes after a varying one's
+        device axis, so that it meets the queries' batch of two axes (batch, heads)."""
+        return [v.ssa for v in self.values], None if self.mask is None else importer.aligned(self.mask, 4)
+
+    def varying(self, importer: Importer) -> bool:
+        return importer.varies(*self.values, *([] if self.mask is None else [self.mask]))
+
+
+def _operands(importer: Importer, arguments: dict[str, Any], kernel: Kernel, names: list[str]) -> Operands | None:
+    """The operands named `names` in the FX layout (the keys and values in blocks where they are
+    gathered pieces, a backward's log-sum-exp as the fusion's), the mask and the properties; None
+    where the fusion op does not compute the call (a dtype it does not take)."""
+    values = [importer.arg(arguments[name]) for name in names]
+    if not all(isinstance(v, Value) for v in values):
+        return None
+    if any(len(v.shape) != 4 for v, name in zip(values, names) if name != "logsumexp"):
+        return None
+    query, key_index = names.index("query"), names.index("key")
+    key, value, blocks = _keys(importer, values[key_index], values[key_index + 1])
+    operands = [importer.flat(v) if name not in ("key", "value", "logsumexp") else v for v, name in zip(values, names)]
+    operands[key_index : key_index + 2] = [key, value]
+    if "logsumexp" in names:
+        operands[-1] = _lse_operand(importer, values[-1], kernel, values[query].shape[-2])
+    mask = importer.arg(arguments[kernel.mask]) if kernel.mask is not None else None
+    is_causal = bool(arguments.get("is_causal", False))
+    dtype = operands[query].dtype
+    if mask is not None:
+        if is_causal or blocks or not isinstance(mask, Value) or mask.dtype not in (torch.bool, dtype):
+            return None
+        mask = importer.flat(mask)
+    if not dtype.is_floating_point or any(v.dtype != dtype for v in (key, value)):
+        return None
+    return Operands(operands, mask, Causal.TOP_LEFT if is_causal else None, blocks, arguments.get("scale"))
+
+
+def _lse_value(
+    importer: Importer, lse: fusion.SSAValue, local: tuple[int, ...], kernel: Kernel, fake: torch.Tensor, varying: bool
+) -> Value:
+    """The fusion's log-sum-exp `[*batch, rows]` as the FX tensor of the kernel's layout."""
+    if kernel.lse == "padded":
+        padding = [lse, [0, fake.shape[-1] - local[-1]], 0.0]
+        padded = importer.call_aten(
+            "aten.constant_pad_nd.default", padding, {}, [lse], tuple(fake.shape), torch.float32, varying
+        )
+        return Value(padded, tuple(fake.shape), torch.float32, varying)
+    return Value(lse, tuple(fake.shape), torch.float32, varying, local)
+
+
+def _lse_operand(importer: Importer, value: Value, kernel: Kernel, rows: int) -> Value:
+    """A kernel's log-sum-exp read as the fusion's `[*batch, rows]`."""
+    local = (*value.shape[:2], rows)
+    if kernel.lse == "padded":
+        flat = importer.flat(value)
+        narrowed = importer.call_aten(
+            "aten.slice.Tensor", [flat.ssa, -1, 0, rows], {}, [flat.ssa], local, torch.float32, value.varying
+        )
+        return Value(narrowed, local, torch.float32, value.varying)
+    return importer.flat(value.reshaped(local)) if kernel.lse == "trailing" else importer.flat(value)
+
+
+def _zeros(importer: Importer, fake: torch.Tensor) -> Value:
+    """A kernel's random state, which nothing reads without dropout: zeros of its shape and dtype."""
+    kwargs = {"dtype": fake.dtype, "device": fake.device}
+    ssa = importer.call_aten("aten.zeros.default", [list(fake.shape)], kwargs, [], tuple(fake.shape), fake.dtype, False)
+    return Value(ssa, tuple(fake.shape), fake.dtype, False)
+
+
+def _results(importer: Importer, node: torch.fx.Node, modelled: list[Value | None]) -> list[Any]:
+    """The node's tuple: the modelled results, then zeros for the random state and the ints
+    (sequence lengths) as their values in this graph."""
+    fakes = result_of(node)
+    results: list[Any] = list(modelled)
+    for fake in list(fakes)[len(modelled):]:
+        results.append(_zeros(importer, fake) if isinstance(fake, torch.Tensor) else concrete(fake))
+    return results
+
+
+def _piece(type: fusion.TensorType) -> tuple[int, ...]:
+    """A device's piece of a value of `type`: its shape without a leading device axis."""
+    shape = type.get_shape()
+    return shape[1:] if type.didx_axis == 0 else shape
+
+
+@rule(*(target for target, kernel in KERNELS.items() if kernel.grad is None))
+def _attention(importer: Importer, node: torch.fx.Node) -> list[Any] | None:
     refuse_unrolled_ring(node)
+    kernel, arguments = KERNELS[node.target], bound_arguments(node)
+    if not _supported(node, arguments):
+        return None
+    operands = _operands(importer, arguments, kernel, ["query", "key", "value"])
+    if operands is None:
+        return None
+    out_fake = result_of(node)[0]
+    varying = operands.varying(importer)
+    lse_local = tuple(out_fake.shape[:-1])
+    result_types = [
+        importer.tensor_type(tuple(out_fake.shape), out_fake.dtype, varying),
+        importer.tensor_type(lse_local, torch.float32, varying),
+    ]
+    (q, k, v), mask = operands.aligned(importer)
+    op = importer.emit(
+        fusion.AttentionOp(q, k, v, result_types, mask, operands.causal, operands.blocks, operands.scale)
+    )
+    op.out.name_hint, op.lse.name_hint = name_of(node), f"{name_of(node)}_lse"
+    out = Value(op.out, tuple(out_fake.shape), out_fake.dtype, varying)
+    if kernel.lse is None:  # the math kernel's attention weights, which nothing reads
+        return [out, None]
+    return _results(importer, node, [out, _lse_value(importer, op.lse, lse_local, kernel, result_of(node)[1], varying)])
+
+
+@rule(*(target for target, kernel in KERNELS.items() if kernel.grad is not None))
+def _attention_backward(importer: Importer, node: torch.fx.Node) -> list[Any] | None:
+    refuse_unrolled_ring(node)
+    kernel, arguments = KERNELS[node.target], bound_arguments(node)
+    if not _supported(node, arguments):
+        return None
+    operands = _operands(importer, arguments, kernel, [kernel.grad, "query", "key", "value", "out", "logsumexp"])
+    if operands is None:
+        return None
+    ssa, mask = operands.aligned(importer)
+    varying = operands.varying(importer)
+    dtype = operands.values[1].dtype
+    # Each gradient is its operand's piece, varying where the output's gradient is.
+    grad_types = [importer.tensor_type(_piece(fusion.tensor_type(x)), dtype, varying) for x in ssa[1:4]]
+    op = importer.emit(
+        fusion.AttentionBackwardOp(ssa, grad_types, mask, operands.causal, operands.blocks, operands.scale)
+    )
+    grads = []
+    for result, fake, type, operand in zip(op.results, result_of(node)[:3], grad_types, operands.values[1:4]):
+        result.name_hint = name_of(node)
+        # A gradient in blocks is read as its keys are.
+        grads.append(Value(result, tuple(fake.shape), fake.dtype, varying, _piece(type), operand.order))
+    if node.target is aten._scaled_dot_product_efficient_attention_backward.default:
+        return [*grads, None]  # the bias's gradient, which nothing reads
+    return _results(importer, node, grads)
 
 
 @rule(c10d.all_to_all_single.default)

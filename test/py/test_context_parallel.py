@@ -61,8 +61,8 @@ def _layer_case(options: dict) -> dict:
 
 
 def _on_rank(cases: list[tuple[str, dict]]) -> dict:
-    """Every case of a world, in one launch: each layer case, three AdamW steps, and at 4
-    ranks TP x CP."""
+    """Every case of a world, in one launch: each layer case, three AdamW steps, and what the
+    backend says of TP x CP (at 4 ranks) and of torch's own CP (at 2)."""
     import torch.distributed as dist
 
     results = {name: _layer_case(options) for name, options in cases}
@@ -70,6 +70,8 @@ def _on_rank(cases: list[tuple[str, dict]]) -> dict:
     results["adamw"] = train(steps=3, batch=BATCH, sequence=SEQUENCE)
     if dist.get_world_size() == 4:
         results["tp x cp"] = _tensor_and_context_parallel()
+    else:
+        results["torch cp"] = _torch_context_parallel_refusal()
     return results
 
 
@@ -157,30 +159,52 @@ def test_tensor_and_context_parallel_in_one_graph_is_refused_naming_both_groups(
         assert sorted(groups) == sorted([str(cp_ranks), str(tp_ranks)]), f"rank {rank}: {message}"
 
 
-def _torch_context_parallel_step(q, k, v):
+def _torch_context_parallel_graph(group: str) -> torch.fx.GraphModule:
     """Two steps of torch's context-parallel ring as its graph holds them on rank 0 of 2 (cuDNN
-    attention, head-tail): the local causal attention, then the second half of the queries
-    against the block that arrived (here k and v scaled, for the block of another rank)."""
-    aten = torch.ops.aten
-    local = aten._scaled_dot_product_cudnn_attention.default(q, k, v, None, True, 0.0, True)
-    second_half = aten.split.Tensor(q, q.shape[2] // 2, 2)[1]
-    arrived = aten._scaled_dot_product_cudnn_attention.default(second_half, k * 2, v * 2, None, True, 0.0, False)
-    return local[0], local[1], arrived[0], arrived[1]
-
-
-def test_torch_context_parallel_is_refused_pointing_to_the_plain_plan():
-    """A graph of torch's own CP (on GPUs; on CPU ranks it fails in torch itself, eagerly
-    and compiled) holds its ring unrolled for this rank: hostir refuses it and names the plain plan."""
+    attention, head-tail, all-gather rotation), traced on fake GPU tensors: the local causal
+    attention, then the second half of the queries against the block of rank 1, cut out of
+    the all-gathered keys and values."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    shape, size = [2, 4, 16, 16], 2 * 4 * 16 * 16
+
+    def step(q, k, v):
+        local = aten._scaled_dot_product_cudnn_attention.default(q, k, v, None, True, 0.0, True)
+        flat = aten.cat.default([aten.view.default(k, [-1]), aten.view.default(v, [-1])])
+        gathered = c10d.wait_tensor.default(c10d.all_gather_into_tensor.default(flat, 2, group))
+        block = aten.split.Tensor(gathered, 2 * size)[1]
+        block_k = aten.view.default(aten.slice.Tensor(block, 0, 0, size), shape)
+        block_v = aten.view.default(aten.slice.Tensor(block, 0, size, 2 * size), shape)
+        second_half = aten.split.Tensor(q, 8, 2)[1]
+        arrived = aten._scaled_dot_product_cudnn_attention.default(second_half, block_k, block_v, None, True, 0.0, False)
+        return local[0], arrived[0]
+
+    graph = torch.fx.symbolic_trace(step)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        inputs = [torch.empty(shape, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        FakeTensorProp(graph, mode).propagate_dont_convert_inputs(*inputs)
+    return graph
+
+
+def _torch_context_parallel_refusal() -> str:
+    """What the importer says of torch's CP graph, on a rank of a world of 2."""
+    import torch.distributed as dist
+
     from hostir.frontend.importer import UnsupportedGraph, import_graph
 
-    graph = torch.fx.symbolic_trace(_torch_context_parallel_step)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        inputs = [torch.empty(2, 4, 16, 16, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
-        FakeTensorProp(graph, mode).propagate_dont_convert_inputs(*inputs)
-    with pytest.raises(UnsupportedGraph, match="torch's own context parallel") as refusal:
-        import_graph(graph)
-    assert "2 attention calls read pieces of the same queries (q)" in str(refusal.value)
-    assert "plain DTensor plan" in str(refusal.value)
+    try:
+        import_graph(_torch_context_parallel_graph(dist.group.WORLD.group_name))
+    except UnsupportedGraph as refusal:
+        return str(refusal)
+    return "imported"
+
+
+@needs_ranks(2)
+def test_torch_context_parallel_is_refused_pointing_to_the_plain_plan():
+    """A graph of torch's own CP (on GPUs; on CPU ranks it fails in torch itself, eagerly and
+    compiled) holds its ring unrolled for this rank: hostir refuses it and names the plain plan."""
+    for rank, message in enumerate(result["torch cp"] for result in results_of_world(2)):
+        assert "2 attention calls read the same queries (q), against keys cut out of a collective" in message, rank
+        assert "torch's own context parallel" in message and "plain DTensor plan" in message, rank
