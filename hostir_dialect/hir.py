@@ -1410,6 +1410,15 @@ class SegmentCallOp(ComputeOp, ABC):
         return callee
 
 
+def segment_name(host: func.FuncOp, stem: str = "segment") -> str:
+    """The symbol of a new segment of `host`: `<host>_<stem>_<k>` with the first `k` that names
+    no symbol of its module yet."""
+    k = 0
+    while SymbolTable.lookup_symbol(host, f"{host.sym_name.data}_{stem}_{k}"):
+        k += 1
+    return f"{host.sym_name.data}_{stem}_{k}"
+
+
 @irdl_op_definition
 class LaunchKernelOp(SegmentCallOp):
     """Launches the segment compiled into one kernel (nvFuser's LaunchKernel)."""

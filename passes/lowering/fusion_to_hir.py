@@ -248,7 +248,7 @@ class OutlinePointwiseRun(RewritePattern):
         from_run = [o for o in run if o in in_segment or o in constants]
         body.add_ops([o.clone(values) for o in (*from_before, *from_run)])
         body.add_op(func.ReturnOp(*(values[value] for value in outputs)))
-        name = segment_name(function)
+        name = hir.segment_name(function)
         segment = func.FuncOp(
             name,
             ([value.type for value in inputs], [value.type for value in outputs]),
@@ -309,14 +309,6 @@ def _first_partial_output(run: list[Operation]) -> int | None:
 def is_recomputed(op: Operation | Block) -> bool:
     """A constant that only pointwise ops use: every segment that reads it computes it again."""
     return isinstance(op, fusion.ConstantOp) and all(is_pointwise(use.operation) for use in op.result.uses)
-
-
-def segment_name(function: func.FuncOp) -> str:
-    """`<host>_segment_<k>` with the first `k` that names no symbol yet."""
-    k = 0
-    while SymbolTable.lookup_symbol(function, f"{function.sym_name.data}_segment_{k}"):
-        k += 1
-    return f"{function.sym_name.data}_segment_{k}"
 
 
 # --------------------------------------------------------------------------- #
