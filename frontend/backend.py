@@ -20,6 +20,7 @@ Options (`torch.compile(..., options={...})`):
 | `backend` | `"auto"` | how the collectives move bytes: `nccl`, `cuda` for the copy engines, or `auto`: the copy engines where they can (`why_not_copy_engines`), else NCCL (gloo on the CPU) |
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
+| `sequence_layout` | `None` | how a context-parallel sequence is laid out over the ranks, `"head_tail"` or `"contiguous"`: an attention masked causally by its tokens' positions then runs as a ring that skips the blocks the mask empties, and every run checks the positions |
 
 `HOSTIR_DUMP=fusion,host_ir` prints the imported fusion and the lowered host program of
 every graph to standard error, on the first rank of the graph's mesh.
@@ -27,6 +28,7 @@ every graph to standard error, on the first rank of the graph's mesh.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -45,6 +47,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
 
 from hostir_dialect.aten_call import CARRIERS
+from hostir_dialect.fusion import Causal
 from hostir_dialect.text import HostirError, print_module
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import ImportedGraph, UnsupportedGraph, import_graph
@@ -52,9 +55,14 @@ from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chu
 from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
+from hostir.runtime.interpreter.attention import layout_mask, positions, whole_sequence
 from hostir.runtime.program import Program
 
 DUMP_KINDS = ("fusion", "host_ir")
+
+
+LAYOUTS = tuple(layout.value for layout in Causal if layout.is_layout)
+"""The values of the `sequence_layout` option."""
 
 
 class HostirFallbackWarning(UserWarning):
@@ -68,6 +76,7 @@ class BackendOptions:
     backend: str = "auto"
     cuda_graphs: bool = True
     fallback: bool = True
+    sequence_layout: str | None = None
 
     @classmethod
     def of(cls, options: dict[str, Any] | None) -> BackendOptions:
@@ -83,7 +92,16 @@ class BackendOptions:
         chunks = options.get("chunks")
         if chunks is not None and (not isinstance(chunks, int) or chunks < 1):
             raise ValueError(f"hostir backend option chunks={chunks!r}: a positive number of chunks, or None")
+        layout = options.get("sequence_layout")
+        if layout is not None and layout not in LAYOUTS:
+            raise ValueError(
+                f"hostir backend option sequence_layout={layout!r}: choose {' or '.join(map(repr, LAYOUTS))}, or None"
+            )
         return cls(**options)
+
+    @property
+    def layout(self) -> Causal | None:
+        return None if self.sequence_layout is None else Causal(self.sequence_layout)
 
     def chunks_of(self, device: torch.device) -> ChunksOf:
         """How the importer cuts a GEMM+RS or GEMM+AR: `chunks` if set; else by the cost
@@ -145,6 +163,11 @@ class CompiledShapes:
             for i, varying in zip(imported.inputs, imported.input_varying)
         ]
         if self.replayer is not None:
+            # A replay checks no input across ranks (Program.run does): this rank's promised values here.
+            for index, value in enumerate(inputs):
+                problem = self.program.value_problem(index, value)
+                if problem is not None:
+                    raise HostirError(f"input #{index} of @{self.program.host.sym_name.data}: {problem}")
             results = self.replayer.run(inputs)
         else:
             results = self.program.run(inputs, self.communicator, views_of=range(len(inputs)))
@@ -158,6 +181,34 @@ class CompiledShapes:
             else:
                 outputs.append(what)
         return outputs
+
+
+def layout_values(
+    imported: ImportedGraph, args: Sequence[Any], communicator: Communicator
+) -> list[tuple[int, torch.Tensor, str]]:
+    """For each program input that holds what a sequence laid out as the `sequence_layout` option
+    says gives (`LayoutInput`): its index, its value on this rank (as the program takes it), and
+    what it is, to be checked at every run."""
+    expected = []
+    devices, position = len(imported.mesh), imported.mesh.index(communicator.rank)
+    for layout_input in imported.layout_inputs:
+        index = imported.inputs.index(layout_input.input)
+        given = args[layout_input.input]
+        rows, layout = layout_input.rows, layout_input.layout
+        queries = positions(position, devices, rows, layout, given.device)
+        keys = whole_sequence(devices, rows, layout, given.device)
+        if layout_input.kind == "queries":
+            value, what = queries, f"this rank's positions in a sequence laid out {layout.value}"
+        elif layout_input.kind == "keys":
+            value, what = keys, f"the positions of a sequence laid out {layout.value}"
+        else:
+            seen = layout_mask(queries, keys)
+            if given.dtype != torch.bool:
+                seen = torch.zeros(seen.shape, dtype=given.dtype, device=given.device).masked_fill(~seen, -math.inf)
+            value, what = seen, f"the causal mask of this rank's rows in a sequence laid out {layout.value}"
+        value = value.to(given.dtype)
+        expected.append((index, value.unsqueeze(0) if imported.input_varying[index] else value, what))
+    return expected
 
 
 def _carried(tensor: torch.Tensor) -> torch.Tensor:
@@ -213,7 +264,7 @@ class HostirGraph:
             if masked_writes_as_where(self.gm):
                 FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
         try:
-            imported = import_graph(self.gm, self.name, self.options.chunks_of(device))
+            imported = import_graph(self.gm, self.name, self.options.chunks_of(device), self.options.layout)
         except UnsupportedGraph as error:
             if not self.options.fallback:
                 raise
@@ -234,6 +285,8 @@ class HostirGraph:
         if dumps and "fusion" in kinds:
             print(f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}", file=sys.stderr)
         program, backend = self.options.compile(imported.module, communicator)
+        for index, value, what in layout_values(imported, args, communicator):
+            program.expect(index, value, what)
         if dumps and "host_ir" in kinds:
             print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
         replayer = None

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,7 +48,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
-from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
+from hostir_dialect.fusion import DIDX, SERIAL, Causal, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
 from hostir.passes.analysis.cost_model import ChunksOf, OverlapProblem, one_chunk
 
@@ -104,6 +104,20 @@ class Value:
         return Value(self.ssa, shape, self.dtype, self.varying, self.local_shape, self.order)
 
 
+@dataclass(frozen=True)
+class LayoutInput:
+    """A graph input that holds what a sequence laid out over the mesh in `layout` gives: "queries",
+    the positions of this device's `rows` rows; "keys", those of every device's rows in mesh
+    order; "mask", the causal mask of the first against the second (`dtype`'s: boolean, or 0
+    and -inf)."""
+
+    input: int
+    """The graph input's index."""
+    kind: str
+    rows: int
+    layout: Causal
+
+
 @dataclass
 class ImportedGraph:
     """A graph's fusion, and how the graph's inputs and outputs map to the fusion's."""
@@ -117,6 +131,9 @@ class ImportedGraph:
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
+    layout_inputs: list[LayoutInput] = field(default_factory=list)
+    """The graph inputs that an attention's mask was read from as the causal mask of the
+    sequence's layout (`sequence_layout`): their values must be that layout's, at every run."""
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -131,10 +148,17 @@ def dtype_supported(dtype: torch.dtype) -> bool:
 class Importer:
     """Imports one graph; see the module docstring."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf):
+    def __init__(
+        self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf, sequence_layout: Causal | None = None
+    ):
         self.gm = gm
         self.name = name
         self.chunks_of = chunks_of
+        self.sequence_layout = sequence_layout
+        """How a sequence is laid out over the mesh, by the backend's option: an attention whose
+        mask is the causal mask of its tokens' positions then has that layout's causal mask."""
+        self.layout_inputs: list[LayoutInput] = []
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.collective_chunks: dict[torch.fx.Node, tuple[OverlapProblem, int]] = {}
         """The problem and the chunk count of each reduce-scatter or all-reduce that reads
         chunked GEMMs."""
@@ -192,7 +216,7 @@ class Importer:
     def run(self) -> ImportedGraph:
         inputs: list[int] = []
         input_varying: list[bool] = []
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        placeholders = self.placeholders
         for index, node in enumerate(placeholders):
             value = node.meta.get("val")
             if isinstance(value, torch.Tensor):
@@ -221,7 +245,9 @@ class Importer:
             ([a.type for a in self.block.args], [v.type for v in self.values_returned]),
             Region(self.block),
         )
-        return ImportedGraph(ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group)
+        return ImportedGraph(
+            ModuleOp([function]), inputs, input_varying, outputs, self.mesh, self.group, self.layout_inputs
+        )
 
     def output(self, node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> list[tuple[str, Any]]:
         plan: list[tuple[str, Any]] = []
@@ -467,6 +493,8 @@ def cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
     return (*shape[:dim], shape[dim] // size, size, *shape[dim + 1 :])
 
 
-def import_graph(gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk) -> ImportedGraph:
+def import_graph(
+    gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk, sequence_layout: Causal | None = None
+) -> ImportedGraph:
     """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp)."""
-    return Importer(gm, name, chunks_of).run()
+    return Importer(gm, name, chunks_of, sequence_layout).run()

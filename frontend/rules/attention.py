@@ -25,6 +25,7 @@ parallelism").
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,19 @@ import torch.fx
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import Causal
-from hostir.frontend.importer import Importer, UnsupportedGraph, Value, aten, c10d, concrete, name_of, result_of, rule
+from hostir.frontend.importer import (
+    Importer,
+    LayoutInput,
+    UnsupportedGraph,
+    Value,
+    aten,
+    c10d,
+    concrete,
+    name_of,
+    result_of,
+    rule,
+)
+from hostir.frontend.rules.reshapes import RESHAPES, split_pieces
 
 FORWARD_KERNELS = (
     aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -139,6 +152,67 @@ def _unused(node: torch.fx.Node, index: int) -> bool:
     )
 
 
+_ROWS_AND_COLUMNS = (aten.unsqueeze.default, *RESHAPES)
+"""What makes a vector of positions a column (`positions[:, None]`) or a row of a mask."""
+
+
+def _positions(node: Any) -> torch.fx.Node | None:
+    """The graph input that `node` reads as a vector of positions, a column or a row of it."""
+    while isinstance(node, torch.fx.Node) and node.target in _ROWS_AND_COLUMNS:
+        node = node.args[0]
+    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+        return None
+    value = node.meta.get("val")
+    return node if isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_floating_point() else None
+
+
+def _gathered(node: Any) -> Any:
+    """What `node` all-gathers, through views and the wait (None where it is no all-gather)."""
+    while isinstance(node, torch.fx.Node) and node.target in (*_ROWS_AND_COLUMNS, c10d.wait_tensor.default):
+        node = node.args[0]
+    if isinstance(node, torch.fx.Node) and node.target is c10d.all_gather_into_tensor.default:
+        return node.args[0]
+    return None
+
+
+def _scalar(node: Any, value: float) -> bool:
+    """Whether `node` is the number `value`, or a tensor of it (`aten.scalar_tensor`)."""
+    if isinstance(node, torch.fx.Node) and node.target is aten.scalar_tensor.default:
+        node = node.args[0]
+    return isinstance(node, (int, float)) and node == value
+
+
+def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
+    """Whether the attention mask `node`, read under the backend's `sequence_layout`, is the
+    causal mask of the layout's positions (`positions[:, None] >= key_positions[None, :]`,
+    boolean or as 0 and -inf, the keys' positions all-gathered from the queries' or a graph
+    input; or a graph input itself, a mask the forward saved for the backward). Records the
+    graph inputs it is made of (`LayoutInput`), whose values every run checks."""
+    query_rows = None
+    if node.op == "placeholder":
+        query_rows = node.meta["val"].shape[-2]
+        found = [(node, "mask")]
+    else:
+        if node.target is aten.where.self:
+            condition, seen, hidden = node.args
+            if not (_scalar(seen, 0.0) and _scalar(hidden, -math.inf)):
+                return False
+            node = condition
+        if node.target is not aten.ge.Tensor:
+            return False
+        queries, keys = _positions(node.args[0]), _positions(node.args[1])
+        gathered = _positions(_gathered(node.args[1]))
+        if queries is None or (keys is None and gathered is not queries):
+            return False
+        query_rows = queries.meta["val"].shape[0]
+        found = [(queries, "queries")] + ([(keys, "keys")] if keys is not None else [])
+    layout = importer.sequence_layout
+    importer.layout_inputs += [
+        LayoutInput(importer.placeholders.index(placeholder), kind, query_rows, layout) for placeholder, kind in found
+    ]
+    return True
+
+
 def _supported(node: torch.fx.Node, arguments: dict[str, Any]) -> bool:
     """Attention the fusion op computes: no dropout (the random state is never read), no debug
     mask; the math kernel's weights and the efficient backward's bias gradient unread."""
@@ -168,12 +242,45 @@ def _blocked(value: Value) -> bool:
     return [a for a in order if local[a] != 1] == [a for a in moved if local[a] != 1]
 
 
-def _keys(importer: Importer, key: Value, value: Value) -> tuple[Value, Value, bool]:
-    """The keys and values as the fusion op reads them: the gathered pieces as blocks where
-    both are, else in the FX layout."""
+def _keys(importer: Importer, key: Value, value: Value, scattered: bool, may_block: bool) -> tuple[Value, Value, bool]:
+    """The keys and values as the fusion op reads them: where it `may_block` (no mask tensor
+    covers them as one sequence), in blocks where both are the gathered pieces of an all-gather,
+    or where their gradients go to the blocks' owners (`scattered`: a backward's, whose keys are
+    then read as blocks, a view); else in the FX layout."""
+    if not may_block:
+        return importer.flat(key), importer.flat(value), False
     if _blocked(key) and _blocked(value) and key.local_shape[0] == value.local_shape[0]:
         return key, value, True
+    if scattered:
+        rows = key.shape[-2] // importer.devices
+        return (*(importer.regrouped(importer.flat(x), x.shape, rows, len(x.shape) - 2) for x in (key, value)), True)
     return importer.flat(key), importer.flat(value), False
+
+
+def scattered_in_blocks(node: torch.fx.Node, index: int, devices: int) -> bool:
+    """Whether gradient `index` of a backward kernel `node` (`[batch, heads, rows, width]`) goes,
+    through views and clones, into `cat(split(., rows / devices, 2), 0)` that a reduce-scatter
+    reads: each device's block of keys to that device, as a plain plan's backward sends them."""
+    readers = [user for user in node.users if user.target is operator.getitem and user.args[1] == index]
+    if len(readers) != 1 or devices < 2:
+        return False
+    current = readers[0]
+    while len(current.users) == 1 and next(iter(current.users)).target in (*RESHAPES, aten.clone.default):
+        current = next(iter(current.users))
+    splits = list(current.users)
+    if len(splits) != 1 or splits[0].target is not aten.split.Tensor:
+        return False
+    cats = {user for piece in splits[0].users for user in piece.users}
+    if len(cats) != 1:
+        return False
+    (cat,) = cats
+    pieces = split_pieces(cat)
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if pieces is None or pieces[0] is not current or pieces[2] != 2 or dim != 0:
+        return False
+    if pieces[1] * devices != current.meta["val"].shape[2]:
+        return False
+    return [user.target for user in cat.users] == [c10d.reduce_scatter_tensor.default]
 
 
 @dataclass(frozen=True)
@@ -195,31 +302,38 @@ class Operands:
         return importer.varies(*self.values, *([] if self.mask is None else [self.mask]))
 
 
-def _operands(importer: Importer, arguments: dict[str, Any], kernel: Kernel, names: list[str]) -> Operands | None:
+def _operands(
+    importer: Importer, arguments: dict[str, Any], kernel: Kernel, names: list[str], scattered: bool = False
+) -> Operands | None:
     """The operands named `names` in the FX layout (the keys and values in blocks where they are
-    gathered pieces, a backward's log-sum-exp as the fusion's), the mask and the properties; None
-    where the fusion op does not compute the call (a dtype it does not take)."""
+    gathered pieces or, `scattered`, where a backward's gradients go to the blocks' owners; a
+    backward's log-sum-exp as the fusion's), the mask and the properties; None where the fusion
+    op does not compute the call (a dtype it does not take)."""
     values = [importer.arg(arguments[name]) for name in names]
     if not all(isinstance(v, Value) for v in values):
         return None
     if any(len(v.shape) != 4 for v, name in zip(values, names) if name != "logsumexp"):
         return None
     query, key_index = names.index("query"), names.index("key")
-    key, value, blocks = _keys(importer, values[key_index], values[key_index + 1])
+    dtype = values[query].dtype
+    node = arguments[kernel.mask] if kernel.mask is not None else None
+    is_causal = bool(arguments.get("is_causal", False))
+    causal, mask = (Causal.TOP_LEFT if is_causal else None), None
+    if node is not None and importer.sequence_layout is not None and layout_mask_inputs(importer, node):
+        causal = importer.sequence_layout  # the inputs that make it so are checked at every run
+    elif node is not None:
+        mask = importer.arg(node)
+        if is_causal or not isinstance(mask, Value) or mask.dtype not in (torch.bool, dtype):
+            return None
+        mask = importer.flat(mask)
+    key, value, blocks = _keys(importer, values[key_index], values[key_index + 1], scattered, mask is None)
     operands = [importer.flat(v) if name not in ("key", "value", "logsumexp") else v for v, name in zip(values, names)]
     operands[key_index : key_index + 2] = [key, value]
     if "logsumexp" in names:
         operands[-1] = _lse_operand(importer, values[-1], kernel, values[query].shape[-2])
-    mask = importer.arg(arguments[kernel.mask]) if kernel.mask is not None else None
-    is_causal = bool(arguments.get("is_causal", False))
-    dtype = operands[query].dtype
-    if mask is not None:
-        if is_causal or blocks or not isinstance(mask, Value) or mask.dtype not in (torch.bool, dtype):
-            return None
-        mask = importer.flat(mask)
     if not dtype.is_floating_point or any(v.dtype != dtype for v in (key, value)):
         return None
-    return Operands(operands, mask, Causal.TOP_LEFT if is_causal else None, blocks, arguments.get("scale"))
+    return Operands(operands, mask, causal, blocks, arguments.get("scale"))
 
 
 def _lse_value(
@@ -303,7 +417,9 @@ def _attention_backward(importer: Importer, node: torch.fx.Node) -> list[Any] | 
     kernel, arguments = KERNELS[node.target], bound_arguments(node)
     if not _supported(node, arguments):
         return None
-    operands = _operands(importer, arguments, kernel, [kernel.grad, "query", "key", "value", "out", "logsumexp"])
+    scattered = all(scattered_in_blocks(node, index, importer.devices) for index in (1, 2))
+    names = [kernel.grad, "query", "key", "value", "out", "logsumexp"]
+    operands = _operands(importer, arguments, kernel, names, scattered)
     if operands is None:
         return None
     ssa, mask = operands.aligned(importer)

@@ -302,6 +302,8 @@ def _declined(op: Operation, reason: str) -> None:
     LOGGER.info("%s is not a ring: %s", op.name, reason)
 
 
+KINDS = ("keys", "values")
+
 TOP_LEFT = "SDPA's top-left causal mask is not a mask of positions: no block of a ring is known empty"
 
 
@@ -389,8 +391,8 @@ class _RingBackward:
         sums = [self._sum(grad_query, "dq_sum"), *(self._sum(o, f"{o.name_hint or 'grad'}_sum") for o in owners)]
         copy_engines = self.backend == hir.CommunicatorBackend.CUDA
         query_share = self._buffer(grad_query, "dq_share")
-        shares = [self._buffer(o, "share", symmetric=copy_engines) for o in owners]
-        arrived = [self._buffer(o, "arrived") for o in owners]
+        shares = [self._buffer(o, f"{what}_share", symmetric=copy_engines) for o, what in zip(owners, KINDS)]
+        arrived = [self._buffer(o, f"{what}_arrived") for o, what in zip(owners, KINDS)]
         rewriter.insert(self.before, InsertPoint.before(op))
 
         position, size, first_device = self._positions()
@@ -404,8 +406,8 @@ class _RingBackward:
         ahead = _named(arith.AddiOp(position, iteration), "ahead")
         slot = _named(arith.RemUIOp(ahead.results[0], size), "slot")
         keys = [
-            _named(hir.AliasSelectOp(x, key_block_axis(tensor_type(x)), slot.results[0]), "keys_block")
-            for x in op.ins[2:4]
+            _named(hir.AliasSelectOp(x, key_block_axis(tensor_type(x)), slot.results[0]), f"{what}_block")
+            for x, what in zip(op.ins[2:4], KINDS)
         ]
         ins = [*op.ins[:2], *(view.result for view in keys), *op.ins[4:]]
         properties = _block_properties(op)

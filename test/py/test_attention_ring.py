@@ -167,6 +167,7 @@ def test_each_ring_is_a_loop_of_blocks(devices):
             assert ring[0].count("hir.launch_kernel") == 2 and "merge_output" in program and "merge_lse" in program, name
             assert "hir.allgather" not in program, name
         else:
-            assert "hir.send %share" in ring[0] and "hir.reduce_scatter" not in program, name
+            assert "hir.send %keys_share" in ring[0] and "hir.send %values_share" in ring[0], name
+            assert "hir.reduce_scatter" not in program, name
         symmetric_shares = "hir.allocate() symmetric" in program.split("scf.for")[0]
         assert symmetric_shares == ("copy engines" in name), name

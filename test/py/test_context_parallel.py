@@ -45,9 +45,9 @@ def _layer_case(options: dict) -> dict:
     local[0].requires_grad_()
     with _dumped("fusion,host_ir") as dump:
         out = torch.compile(layer, backend="hostir", options=options)(*local)
+        # The same loss on both sides: the squares' sum over the whole sequence.
+        out.square().sum().backward()
     expected = whole_layer(*whole)
-    # The same loss on both sides: the squares' sum over the whole sequence.
-    out.square().sum().backward()
     expected.square().sum().backward()
     errors = {
         "output": _max_error(out.detach(), shard_sequence(expected.detach(), 1, rank, world)),
@@ -61,13 +61,16 @@ def _layer_case(options: dict) -> dict:
 
 
 def _on_rank(cases: list[tuple[str, dict]]) -> dict:
-    """Every case of a world, in one launch: each layer case, three AdamW steps, and what the
-    backend says of TP x CP (at 4 ranks) and of torch's own CP (at 2)."""
+    """Every case of a world, in one launch: each layer case and its three AdamW steps, the
+    positions of another layout than the option's, and what the backend says of TP x CP (at 4
+    ranks) and of torch's own CP (at 2)."""
     import torch.distributed as dist
 
     results = {name: _layer_case(options) for name, options in cases}
-    torch._dynamo.reset()
-    results["adamw"] = train(steps=3, batch=BATCH, sequence=SEQUENCE)
+    for name, options in cases:
+        torch._dynamo.reset()
+        results[f"adamw, {name}"] = train(steps=3, batch=BATCH, sequence=SEQUENCE, options=options)
+    results["wrong positions"] = _positions_of_another_layout()
     if dist.get_world_size() == 4:
         results["tp x cp"] = _tensor_and_context_parallel()
     else:
@@ -75,7 +78,7 @@ def _on_rank(cases: list[tuple[str, dict]]) -> dict:
     return results
 
 
-CASES = [("plain plan", {})]
+CASES = [("plain plan", {}), ("head-tail ring", {"sequence_layout": "head_tail"})]
 
 
 @functools.cache
@@ -83,7 +86,10 @@ def results_of_world(world: int) -> list[dict]:
     return run_on_hostir(_on_rank, world, CASES, timeout_s=600)
 
 
-@pytest.mark.parametrize("world", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
+WORLDS = [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))]
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("case", [name for name, _ in CASES])
 def test_the_layer_matches_the_unsharded_layer(world, case):
     """Output, input gradient and every parameter's gradient against the layer on the whole
@@ -95,13 +101,33 @@ def test_the_layer_matches_the_unsharded_layer(world, case):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("world", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
-def test_adamw_steps_track_the_unsharded_layer(world):
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", [name for name, _ in CASES])
+def test_adamw_steps_track_the_unsharded_layer(world, case):
     """Three AdamW steps: the losses with hostir on the CP ranks track the whole layer's, eager."""
-    losses = results_of_world(world)[0]["adamw"]
+    losses = results_of_world(world)[0][f"adamw, {case}"]
     for step, (hostir_loss, eager_loss) in enumerate(losses):
         assert hostir_loss == pytest.approx(eager_loss, rel=F32_TOLERANCE), f"step {step}"
     assert losses[-1][0] != losses[0][0], "the weights changed"
+
+
+def _positions_of_another_layout() -> str:
+    """The layer compiled for a head-tail sequence, run where the last rank's positions are its
+    rows of a contiguous sequence: what each rank's call raises."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    layer = context_parallel(DecoderLayer().to(rank_device()), init_device_mesh(rank_device().type, (world,)))
+    torch._dynamo.reset()
+    x, cos, sin, positions = rank_inputs(torch.randn(BATCH, SEQUENCE, 64), layer.attention.head_dim, rank, world)
+    if rank == world - 1:
+        positions = torch.arange(SEQUENCE).chunk(world)[rank]
+    try:
+        torch.compile(layer, backend="hostir", options={"sequence_layout": "head_tail"})(x, cos, sin, positions)
+    except Exception as error:  # noqa: BLE001 - the message is what is tested
+        return str(error)
+    return "ran"
 
 
 def _tensor_and_context_parallel() -> str:
@@ -208,3 +234,37 @@ def test_torch_context_parallel_is_refused_pointing_to_the_plain_plan():
     for rank, message in enumerate(result["torch cp"] for result in results_of_world(2)):
         assert "2 attention calls read the same queries (q), against keys cut out of a collective" in message, rank
         assert "torch's own context parallel" in message and "plain DTensor plan" in message, rank
+
+
+def _host_programs(dump: str) -> dict[str, str]:
+    """The dumped host programs by the kind of their graph (forward, backward)."""
+    programs = dump.split("// hostir: the host program of graph ")[1:]
+    return {program.split("_")[0]: program.split("// hostir:")[0] for program in programs}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
+    """With `sequence_layout`, the forward computes the attention of each block of keys and
+    values in the ring that brings them, and the backward sends each block's gradients to its
+    owner in a ring of its own (HOSTIR_DUMP shows them); without, the mask is a tensor of the
+    program and the keys travel whole, before one attention."""
+    programs = _host_programs(results_of_world(world)[0]["head-tail ring"]["dump"])
+    assert set(programs) == {"forward", "backward"}
+    forward_rings = [body for body in programs["forward"].split("scf.for ")[1:] if "hir.recv" in body]
+    assert any("hir.attention causal head_tail block %" in body for body in forward_rings), programs["forward"]
+    backward_rings = [body for body in programs["backward"].split("scf.for ")[1:] if "hir.send %keys_share" in body]
+    assert any("hir.attention_backward causal head_tail block %" in body for body in backward_rings), programs["backward"]
+    assert "hir.reduce_scatter" not in programs["backward"]
+    plain = results_of_world(world)[0]["plain plan"]["dump"]
+    assert "= fusion.attention " in plain and " mask %" in plain and "block %" not in plain
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_positions_of_another_layout_fail_on_every_rank_before_any_communication(world):
+    """The last rank's positions are not those of the option's layout: it says which input and
+    why, every other rank that the inputs are wrong on another rank, and no rank hangs."""
+    messages = [result["wrong positions"] for result in results_of_world(world)]
+    assert "its values are not this rank's positions in a sequence laid out head_tail" in messages[-1], messages[-1]
+    assert f"on rank {world - 1}" in messages[-1]
+    for rank, message in enumerate(messages[:-1]):
+        assert f"wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
