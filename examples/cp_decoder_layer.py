@@ -13,12 +13,14 @@ The weights are whole on every rank: each rank's gradient is its tokens' share, 
 over the CP axis before the optimizer steps, as data parallelism sums them.
 
 Run as a script, it trains the layer for a few steps on 2 local CPU ranks (or on
-torchrun's ranks) with AdamW, compiled with hostir, and prints each loss next to that of
-the same layer run eagerly on the whole sequence; on GPUs, with NCCL.
+torchrun's ranks) with AdamW, compiled with hostir with the sequence's layout given
+(`RING`: each rank's attention is a ring), and prints each loss next to that of the same
+layer run eagerly on the whole sequence; on GPUs, with NCCL.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -176,5 +178,9 @@ def train(steps: int = 5, batch: int = 2, sequence: int = 32, options: dict | No
     return losses
 
 
+RING = {"sequence_layout": "head_tail"}
+"""The backend's option that makes each rank's attention a ring (docs/frontend.md)."""
+
+
 if __name__ == "__main__":
-    run_training(train, eager="eagerly on the whole sequence")
+    run_training(functools.partial(train, options=RING), eager="eagerly on the whole sequence")

@@ -51,21 +51,28 @@ func.func @ring(%q: {varying}, %k: {varying}, %v: {varying}) -> ({varying}, {lse
 """
 
 
-def backward_fusion(devices: int, causal: str) -> str:
+def backward_fusion(devices: int, causal: str, scattered: bool = True) -> str:
     """The gradients from the whole keys and values (every device's copy, in blocks), those of the
-    keys and values reduce-scattered to the blocks' owners, their blocks streamed."""
+    keys and values reduce-scattered to the blocks' owners, their blocks streamed (or, not
+    `scattered`, returned as each device's shares)."""
     axes = ["didx", "_", "_", "_", "_"]
     varying = tensor((devices, B, H, L, E), devices, axes)
     blocks = tensor((devices, devices, B, H, L, E), devices, [*axes, "_"])
     shares = tensor((devices, devices, B, H, L, E), devices, ["didx", "stream", "_", "_", "_", "_"])
     lse = tensor((devices, B, H, L), devices, ["didx", "_", "_", "_"])
     operands = f"({varying}, {varying}, {blocks}, {blocks}, {varying}, {lse})"
-    return f"""
-func.func @ring_backward(%dout: {varying}, %q: {varying}, %k: {blocks}, %v: {blocks}, %out: {varying}, %lse: {lse}) -> ({varying}, {varying}, {varying}) {{
-  %dq, %dk, %dv = fusion.attention_backward %dout, %q, %k, %v, %out, %lse {causal} blocks : {operands} -> ({varying}, {shares}, {shares})
-  %dk_owned = fusion.sum %dk [0] : {shares} -> {varying}
+    if scattered:
+        owned = f"""  %dk_owned = fusion.sum %dk [0] : {shares} -> {varying}
   %dv_owned = fusion.sum %dv [0] : {shares} -> {varying}
-  func.return %dq, %dk_owned, %dv_owned : {varying}, {varying}, {varying}
+  func.return %dq, %dk_owned, %dv_owned : {varying}, {varying}, {varying}"""
+        results = f"{varying}, {varying}, {varying}"
+    else:
+        owned = f"  func.return %dq, %dk, %dv : {varying}, {shares}, {shares}"
+        results = f"{varying}, {shares}, {shares}"
+    return f"""
+func.func @ring_backward(%dout: {varying}, %q: {varying}, %k: {blocks}, %v: {blocks}, %out: {varying}, %lse: {lse}) -> ({results}) {{
+  %dq, %dk, %dv = fusion.attention_backward %dout, %q, %k, %v, %out, %lse {causal} blocks : {operands} -> ({varying}, {shares}, {shares})
+{owned}
 }}
 """
 
@@ -171,3 +178,67 @@ def test_each_ring_is_a_loop_of_blocks(devices):
             assert "hir.reduce_scatter" not in program, name
         symmetric_shares = "hir.allocate() symmetric" in program.split("scf.for")[0]
         assert symmetric_shares == ("copy engines" in name), name
+
+
+def _blocks_fusion(devices: int, mesh: str, causal: str, gathered: bool) -> str:
+    varying = f"!fusion.tensor<[{devices}, {B}, {H}, {L}, {E}], f32, mesh = {mesh}, axes = [didx, _, _, _, _]>"
+    blocks = f"!fusion.tensor<[{devices}, {B}, {H}, {L}, {E}], f32, mesh = {mesh}>"
+    lse = f"!fusion.tensor<[{devices}, {B}, {H}, {L}], f32, mesh = {mesh}, axes = [didx, _, _, _]>"
+    keys = (
+        f"%kb = fusion.set %k : {varying} -> {blocks}\n  %vb = fusion.set %v : {varying} -> {blocks}"
+        if gathered
+        else f"%kb = fusion.exp %kk : {blocks} -> {blocks}\n  %vb = fusion.exp %kk : {blocks} -> {blocks}"
+    )
+    return f"""
+func.func @f(%q: {varying}, %k: {varying}, %v: {varying}, %kk: {blocks}) -> ({varying}, {lse}) {{
+  {keys}
+  %out, %lse = fusion.attention %q, %kb, %vb {causal} blocks : ({varying}, {blocks}, {blocks}) -> ({varying}, {lse})
+  func.return %out, %lse : {varying}, {lse}
+}}
+"""
+
+
+def _whole_keys_fusion() -> str:
+    """Each device's queries against keys and values given as one sequence (no blocks)."""
+    varying = f"!fusion.tensor<[2, {B}, {H}, {L}, {E}], f32, mesh = [0, 1], axes = [didx, _, _, _, _]>"
+    keys = f"!fusion.tensor<[{B}, {H}, {2 * L}, {E}], f32, mesh = [0, 1]>"
+    lse = f"!fusion.tensor<[2, {B}, {H}, {L}], f32, mesh = [0, 1], axes = [didx, _, _, _]>"
+    return f"""
+func.func @f(%q: {varying}, %k: {keys}) -> ({varying}, {lse}) {{
+  %out, %lse = fusion.attention %q, %k, %k causal head_tail : ({varying}, {keys}, {keys}) -> ({varying}, {lse})
+  func.return %out, %lse : {varying}, {lse}
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        (_blocks_fusion(2, "[0, 1]", "causal top_left", True), "SDPA's top-left causal mask over gathered keys is no mask of positions"),
+        (_blocks_fusion(2, "[0, 1]", "causal head_tail", False), "its keys and values are not all-gathered"),
+        (_blocks_fusion(2, "[0, 2]", "causal head_tail", True), "the ring visits the devices of one mesh of consecutive ids only"),
+        (_whole_keys_fusion(), "its keys and values are not in blocks"),
+        (backward_fusion(2, "causal head_tail", scattered=False), "its keys' and values' gradients are not reduce-scattered by blocks alone"),
+    ],
+    ids=["top-left mask", "keys not gathered", "sparse mesh", "keys as one sequence", "gradients not scattered"],
+)
+def test_auto_stream_parallel_says_why_an_attention_is_no_ring(text, reason, caplog):
+    """An attention that no ring can compute keeps its fusion without a stream axis, and the pass
+    says why on the `hostir.pipelining` logger."""
+    from hostir.passes.fusion.auto_stream_parallel import AutoStreamParallel
+    from hostir_dialect import hostir_context
+    from hostir_dialect.text import parse_module, print_module
+
+    text = text.replace("stream", "_")
+    try:
+        module = parse_module(text)
+    except Exception:  # a case written with what the verifier refuses is no case
+        pytest.fail(f"the case does not parse:\n{text}")
+    with caplog.at_level("INFO", logger="hostir.pipelining"):
+        AutoStreamParallel().apply(hostir_context(), module)
+    assert "stream" not in print_module(module)
+    messages = [record.getMessage() for record in caplog.records if "is not a ring" in record.getMessage()]
+    if reason is not None:
+        assert any(reason in message for message in messages), messages
+    else:
+        assert messages, caplog.text
