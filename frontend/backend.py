@@ -28,6 +28,7 @@ every graph to standard error, on the first rank of the graph's mesh.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -50,7 +51,7 @@ from hostir_dialect.aten_call import CARRIERS
 from hostir_dialect.fusion import Causal
 from hostir_dialect.text import HostirError, print_module
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
-from hostir.frontend.importer import ImportedGraph, UnsupportedGraph, import_graph
+from hostir.frontend.importer import ImportedGraph, LayoutValue, UnsupportedGraph, import_graph
 from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
 from hostir.runtime.distributed.communicator import DEFAULT_TIMEOUT_S, Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -183,32 +184,49 @@ class CompiledShapes:
         return outputs
 
 
-def layout_values(
-    imported: ImportedGraph, args: Sequence[Any], communicator: Communicator
-) -> list[tuple[int, torch.Tensor, str]]:
-    """For each program input that holds what a sequence laid out as the `sequence_layout` option
-    says gives (`LayoutInput`): its index, its value on this rank (as the program takes it), and
-    what it is, to be checked at every run."""
-    expected = []
+@functools.cache
+def layout_tensor(
+    value: LayoutValue, dtype: torch.dtype, position: int, devices: int, device: torch.device
+) -> torch.Tensor:
+    """What a sequence laid out as `value.layout` over `devices` ranks gives the rank at `position`
+    (`LayoutValue`), in `dtype` (a float mask holds 0 and -inf); made once, and shared by every
+    graph that asks for it: a mask of `rows x sequence` elements."""
+    queries = positions(position, devices, value.rows, value.layout, device)
+    if value.kind == "queries":
+        return queries.to(dtype)
+    keys = whole_sequence(devices, value.rows, value.layout, device)
+    if value.kind == "keys":
+        return keys.to(dtype)
+    seen = layout_mask(queries, keys)
+    if dtype == torch.bool:
+        return seen
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, -math.inf)
+
+
+LAYOUT_MEANINGS = {
+    "queries": "this rank's positions in a sequence laid out {}",
+    "keys": "the positions of a sequence laid out {}",
+    "mask": "the causal mask of this rank's rows in a sequence laid out {}",
+}
+
+
+def with_layout_values(
+    imported: ImportedGraph, args: Sequence[Any], program: Program, communicator: Communicator
+) -> None:
+    """Promises the values of the program's inputs that hold what the `sequence_layout` option
+    says (`Program.expect`), and makes the masks the layout fixes that the graph returns."""
     devices, position = len(imported.mesh), imported.mesh.index(communicator.rank)
-    for layout_input in imported.layout_inputs:
-        index = imported.inputs.index(layout_input.input)
-        given = args[layout_input.input]
-        rows, layout = layout_input.rows, layout_input.layout
-        queries = positions(position, devices, rows, layout, given.device)
-        keys = whole_sequence(devices, rows, layout, given.device)
-        if layout_input.kind == "queries":
-            value, what = queries, f"this rank's positions in a sequence laid out {layout.value}"
-        elif layout_input.kind == "keys":
-            value, what = keys, f"the positions of a sequence laid out {layout.value}"
-        else:
-            seen = layout_mask(queries, keys)
-            if given.dtype != torch.bool:
-                seen = torch.zeros(seen.shape, dtype=given.dtype, device=given.device).masked_fill(~seen, -math.inf)
-            value, what = seen, f"the causal mask of this rank's rows in a sequence laid out {layout.value}"
-        value = value.to(given.dtype)
-        expected.append((index, value.unsqueeze(0) if imported.input_varying[index] else value, what))
-    return expected
+    for graph_index, value in imported.layout_inputs:
+        index = imported.inputs.index(graph_index)
+        given = args[graph_index]
+        expected = layout_tensor(value, given.dtype, position, devices, given.device)
+        what = LAYOUT_MEANINGS[value.kind].format(value.layout.value)
+        program.expect(index, expected.unsqueeze(0) if imported.input_varying[index] else expected, what)
+    device = communicator.device
+    imported.outputs = [
+        ("constant", layout_tensor(what[0], what[1], position, devices, device)) if kind == "layout" else (kind, what)
+        for kind, what in imported.outputs
+    ]
 
 
 def _carried(tensor: torch.Tensor) -> torch.Tensor:
@@ -285,8 +303,7 @@ class HostirGraph:
         if dumps and "fusion" in kinds:
             print(f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module)}", file=sys.stderr)
         program, backend = self.options.compile(imported.module, communicator)
-        for index, value, what in layout_values(imported, args, communicator):
-            program.expect(index, value, what)
+        with_layout_values(imported, args, program, communicator)
         if dumps and "host_ir" in kinds:
             print(f"// hostir: the host program of graph {self.name}\n{print_module(program.module)}", file=sys.stderr)
         replayer = None

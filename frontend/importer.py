@@ -105,14 +105,11 @@ class Value:
 
 
 @dataclass(frozen=True)
-class LayoutInput:
-    """A graph input that holds what a sequence laid out over the mesh in `layout` gives: "queries",
-    the positions of this device's `rows` rows; "keys", those of every device's rows in mesh
-    order; "mask", the causal mask of the first against the second (`dtype`'s: boolean, or 0
-    and -inf)."""
+class LayoutValue:
+    """What a sequence laid out over the mesh in `layout` gives a rank with `rows` rows of it:
+    "queries", the positions of its rows; "keys", those of every rank's rows in mesh order;
+    "mask", the causal mask of the first against the second."""
 
-    input: int
-    """The graph input's index."""
     kind: str
     rows: int
     layout: Causal
@@ -127,13 +124,16 @@ class ImportedGraph:
     """For each fusion input, the index of the graph input it is."""
     input_varying: list[bool]
     outputs: list[tuple[str, Any]]
-    """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index) or ("constant", value)."""
+    """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index), ("constant",
+    value), or ("layout", (LayoutValue, dtype)): a mask that the layout fixes, which the program
+    does not compute (the backend makes it once)."""
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
-    layout_inputs: list[LayoutInput] = field(default_factory=list)
-    """The graph inputs that an attention's mask was read from as the causal mask of the
-    sequence's layout (`sequence_layout`): their values must be that layout's, at every run."""
+    layout_inputs: list[tuple[int, LayoutValue]] = field(default_factory=list)
+    """The graph inputs (by index) that an attention's mask was read from as the causal mask of
+    the sequence's layout (`sequence_layout`), and what each holds: their values must be that
+    layout's, at every run."""
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -157,7 +157,9 @@ class Importer:
         self.sequence_layout = sequence_layout
         """How a sequence is laid out over the mesh, by the backend's option: an attention whose
         mask is the causal mask of its tokens' positions then has that layout's causal mask."""
-        self.layout_inputs: list[LayoutInput] = []
+        self.layout_inputs: list[tuple[int, LayoutValue]] = []
+        self.layout_masks: dict[torch.fx.Node, LayoutValue] = {}
+        """The masks computed in the graph that are the layout's causal mask (`sequence_layout`)."""
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.collective_chunks: dict[torch.fx.Node, tuple[OverlapProblem, int]] = {}
         """The problem and the chunk count of each reduce-scatter or all-reduce that reads
@@ -254,6 +256,9 @@ class Importer:
         for item in node.args[0]:
             if isinstance(item, torch.fx.Node) and item.op == "placeholder":
                 plan.append(("input", placeholders.index(item)))
+                continue
+            if item in self.layout_masks:  # a mask the forward saves for the backward
+                plan.append(("layout", (self.layout_masks[item], item.meta["val"].dtype)))
                 continue
             value = self.values[item] if isinstance(item, torch.fx.Node) else item
             if isinstance(value, Value):

@@ -257,8 +257,12 @@ class Program:
         if index not in self.expected_values:
             return None
         expected, what = self.expected_values[index]
-        if value.shape == expected.shape and torch.equal(value, expected.to(value.device, value.dtype)):
-            return None
+        if value.shape == expected.shape and value.dtype == expected.dtype and value.device == expected.device:
+            # The very tensor (a mask the caller made once and hands back) needs no comparison.
+            if value.data_ptr() == expected.data_ptr() and value.stride() == expected.stride():
+                return None
+            if torch.equal(value, expected):
+                return None
         return f"its values are not {what}, which the program was compiled for"
 
     def symmetric_empty(

@@ -37,7 +37,7 @@ from hostir_dialect import fusion
 from hostir_dialect.fusion import Causal
 from hostir.frontend.importer import (
     Importer,
-    LayoutInput,
+    LayoutValue,
     UnsupportedGraph,
     Value,
     aten,
@@ -187,29 +187,31 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
     causal mask of the layout's positions (`positions[:, None] >= key_positions[None, :]`,
     boolean or as 0 and -inf, the keys' positions all-gathered from the queries' or a graph
     input; or a graph input itself, a mask the forward saved for the backward). Records the
-    graph inputs it is made of (`LayoutInput`), whose values every run checks."""
-    query_rows = None
+    graph inputs it is made of, whose values every run checks, and, computed in the graph,
+    the mask (a graph output that the program then does not compute: the layout fixes it)."""
+    layout, mask = importer.sequence_layout, node
     if node.op == "placeholder":
-        query_rows = node.meta["val"].shape[-2]
-        found = [(node, "mask")]
-    else:
-        if node.target is aten.where.self:
-            condition, seen, hidden = node.args
-            if not (_scalar(seen, 0.0) and _scalar(hidden, -math.inf)):
-                return False
-            node = condition
-        if node.target is not aten.ge.Tensor:
+        shape = node.meta["val"].shape
+        if len(shape) != 2 or shape[1] != importer.devices * shape[0]:
             return False
-        queries, keys = _positions(node.args[0]), _positions(node.args[1])
-        gathered = _positions(_gathered(node.args[1]))
-        if queries is None or (keys is None and gathered is not queries):
+        importer.layout_inputs.append((importer.placeholders.index(node), LayoutValue("mask", shape[0], layout)))
+        return True
+    if node.target is aten.where.self:
+        condition, seen, hidden = node.args
+        if not (_scalar(seen, 0.0) and _scalar(hidden, -math.inf)):
             return False
-        query_rows = queries.meta["val"].shape[0]
-        found = [(queries, "queries")] + ([(keys, "keys")] if keys is not None else [])
-    layout = importer.sequence_layout
+        node = condition
+    if node.target is not aten.ge.Tensor:
+        return False
+    queries, keys = _positions(node.args[0]), _positions(node.args[1])
+    if queries is None or (keys is None and _positions(_gathered(node.args[1])) is not queries):
+        return False
+    rows = queries.meta["val"].shape[0]
+    found = [(queries, "queries")] + ([(keys, "keys")] if keys is not None else [])
     importer.layout_inputs += [
-        LayoutInput(importer.placeholders.index(placeholder), kind, query_rows, layout) for placeholder, kind in found
+        (importer.placeholders.index(placeholder), LayoutValue(kind, rows, layout)) for placeholder, kind in found
     ]
+    importer.layout_masks[mask] = LayoutValue("mask", rows, layout)
     return True
 
 

@@ -257,6 +257,10 @@ def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
     assert "hir.reduce_scatter" not in programs["backward"]
     plain = results_of_world(world)[0]["plain plan"]["dump"]
     assert "= fusion.attention " in plain and " mask %" in plain and "block %" not in plain
+    # The layout fixes the mask that the forward saves for the backward: the ring's forward
+    # does not compute it (the backend hands the backward a tensor it made once).
+    mask = f"[{world}, {SEQUENCE // world}, {SEQUENCE}]"
+    assert mask in _host_programs(plain)["forward"] and mask not in programs["forward"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
