@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import json
 import os
@@ -69,8 +70,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -270,31 +272,43 @@ class Limit:
     @classmethod
     def of(cls, size: LayerSize, world: int, dtype: torch.dtype, device: torch.device) -> Limit:
         tokens = size.batch * size.sequence
-        dim, hidden = size.dim, size.hidden
+        return cls(**cls.operands(size, tokens, size.dim // world, size.hidden // world, dtype, device))
+
+    @staticmethod
+    def operands(
+        size: LayerSize, tokens: int, width: int, hidden: int, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, Any]:
+        """Random operands for `tokens` rows: of the q, k and v projections to `width` columns
+        (the rank's heads), of the output projection from them, and of the MLP's to `hidden`."""
+        dim = size.dim
 
         def random(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, dtype=dtype, device=device) * shape[-1] ** -0.5
 
-        return cls(
+        return dict(
             x=random(tokens, dim),
-            attention_weights=[random(dim // world, dim) for _ in range(3)],
-            wo=random(dim, dim // world),
-            up_weights=[random(hidden // world, dim) for _ in range(2)],
-            w2=random(dim, hidden // world),
-            o=random(tokens, dim // world),
-            h=random(tokens, hidden // world),
+            attention_weights=[random(width, dim) for _ in range(3)],
+            wo=random(dim, width),
+            up_weights=[random(hidden, dim) for _ in range(2)],
+            w2=random(dim, hidden),
+            o=random(tokens, width),
+            h=random(tokens, hidden),
             grad_y=random(tokens, dim),
             size=size,
         )
 
     def heads(self, t: torch.Tensor) -> torch.Tensor:
-        """[T, heads/D x head_dim] as SDPA's [batch, heads/D, sequence, head_dim]."""
+        """[T, heads x head_dim] as SDPA's [batch, heads, rows, head_dim]."""
         size = self.size
-        return t.view(size.batch, size.sequence, -1, size.head_dim).transpose(1, 2)
+        return t.view(size.batch, -1, t.shape[-1] // size.head_dim, size.head_dim).transpose(1, 2)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        """The rank's attention calls: causal SDPA over its heads of the whole sequence."""
+        return [F.scaled_dot_product_attention(q, k, v, is_causal=True)]
 
     def forward(self, grad: bool = False):
         q, k, v = (self.heads(F.linear(self.x, w)).requires_grad_(grad) for w in self.attention_weights)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        attention = self.attend(q, k, v)
         F.linear(self.o, self.wo)
         for w in self.up_weights:
             F.linear(self.x, w)
@@ -308,7 +322,7 @@ class Limit:
     def train_step(self) -> None:
         qkv, attention = self.forward(grad=True)
         grad_attention = self.heads(self.o)
-        torch.autograd.grad(attention, qkv, grad_attention)
+        torch.autograd.grad(attention, qkv, [grad_attention[..., : a.shape[-2], :] for a in attention])
         with torch.no_grad():
             for x, w, grad_y in [
                 *((self.x, w, self.o) for w in self.attention_weights),
@@ -400,44 +414,77 @@ def measure_size(
     del x, grad_output
     expected: dict[str, dict[str, torch.Tensor]] = {}
     for contender in contenders:
-        outcome = {step: Result(size, step, contender, tolerance=tolerance) for step in STEPS}
         status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
-        if status == "ok":
-            try:
-                breakdowns: dict[str, tuple[list[dict], list[float]]] = {}
-                if contender == LIMIT:
-                    times, errors, first_s = measure_limit(size, world, dtype, device, warmup, reps), {}, None
-                else:
-                    traces = Path(config["output"]) if config["breakdown"] else None
-                    times, errors, first_s, breakdowns = measure_layer(
-                        contender, base, mesh, inputs, expected, warmup, reps, traces
-                    )
-            except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
-                status = f"failed: {plain_message(error)}"
-            finally:
-                # What the contender compiled and allocated goes before the next one runs.
-                torch._dynamo.reset()
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            status = agreed_status(status)
-        for step, result in outcome.items():
-            result.status = status
-            if status == "ok":
-                result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
-                result.ms = max(result.rank_ms)
-                result.breakdown, result.host_ahead_ms = breakdowns.get(step, ([], []))
-            results.append(result)
+        if contender == LIMIT:
+            limit = functools.partial(Limit.of, size, world, dtype, device)
+            measure = functools.partial(measure_limit, limit, device, warmup, reps)
+        else:
+            traces = Path(config["output"]) if config["breakdown"] else None
+            measure = functools.partial(measure_layer, contender, base, mesh, inputs, expected, warmup, reps, traces)
+        results += contender_results(size, contender, status, measure, tolerance, device)
         measured()
 
 
-def measure_limit(
-    size: LayerSize, world: int, dtype: torch.dtype, device: torch.device, warmup: int, reps: int
+Measured = tuple[
+    dict[str, list[float]], dict[str, dict[str, float]], "float | None", dict[str, tuple[list[dict], list[float]]]
+]
+"""A contender's every rank's median of each step, the slowest rank's error of each checked
+tensor, the slowest rank's time of the first (checked) steps, and each step's breakdowns
+(`measure_layer`)."""
+
+
+def measure_limit(limit: Callable[[], Any], device: torch.device, warmup: int, reps: int) -> Measured:
+    """Every rank's median of the steps of the `limit()` made (its `forward_step` and `train_step`)."""
+    made = limit()
+    return step_times({"forward": made.forward_step, "train": made.train_step}, device, warmup, reps), {}, None, {}
+
+
+def contender_results(
+    size: LayerSize,
+    contender: str,
+    status: str,
+    measure: Callable[[], Measured],
+    tolerance: float,
+    device: torch.device,
+) -> list[Result]:
+    """Each step's result of `contender` at `size`, as the ranks agreed on it: where `status` is
+    "ok", what `measure()` measured or how it failed; what it compiled and allocated goes before
+    the next contender runs."""
+    if status == "ok":
+        try:
+            times, errors, first_s, breakdowns = measure()
+        except Exception as error:  # noqa: BLE001  (reported, and the run goes on)
+            status = f"failed: {plain_message(error)}"
+        finally:
+            torch._dynamo.reset()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        status = agreed_status(status)
+    results = []
+    for step in STEPS:
+        result = Result(size, step, contender, tolerance=tolerance, status=status)
+        if status == "ok":
+            result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
+            result.ms = max(result.rank_ms)
+            result.breakdown, result.host_ahead_ms = breakdowns.get(step, ([], []))
+        results.append(result)
+    return results
+
+
+def step_times(
+    steps: dict[str, Callable[[], object]], device: torch.device, warmup: int, reps: int
 ) -> dict[str, list[float]]:
-    """Every rank's median of the limit's steps."""
-    limit = Limit.of(size, world, dtype, device)
-    steps = {"forward": limit.forward_step, "train": limit.train_step}
+    """Every rank's median of each step."""
     return {step: gathered(median_ms(run, device, warmup, reps)) for step, run in steps.items()}
+
+
+def slowest_errors(errors: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """For each step, the largest of the ranks' errors of each checked tensor."""
+    return {
+        step: {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
+        for step, what in errors.items()
+    }
 
 
 def measure_layer(
@@ -449,7 +496,7 @@ def measure_layer(
     warmup: int,
     reps: int,
     traces: Path | None = None,
-) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], float, dict[str, tuple[list[dict], list[float]]]]:
+) -> Measured:
     """A copy of `base` parallelized and run by `contender`: every rank's median of each step, the
     slowest rank's error of each checked tensor, the slowest rank's time of the first (checked)
     steps, and with `traces` (a folder for the trace files) every rank's breakdown of each step
@@ -462,13 +509,10 @@ def measure_layer(
     first_s = max(gathered(time.perf_counter() - began))
     if contender in (HOSTIR, HOSTIR_CUDA):
         check_ran_on_hostir([graph for graph in compiled_graphs() if graph not in earlier_graphs])
-    errors = {
-        step: {name: max(values) for name, values in zip(what, zip(*gathered(list(what.values()))))}
-        for step, what in errors.items()
-    }
+    errors = slowest_errors(errors)
     steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}
     device = inputs.x.device
-    times = {step: gathered(median_ms(run, device, warmup, reps)) for step, run in steps.items()}
+    times = step_times(steps, device, warmup, reps)
     breakdowns = {}
     if traces is not None:
         size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}"
@@ -555,6 +599,21 @@ def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output
     """Every size on this rank. Rank 0 prints a line per contender and rewrites the report after
     each, so that a run cut short leaves what it measured; at the end it prints the tables and
     returns the exit status."""
+    return run_sizes(measure_size, "tp_layer", sizes, contenders, config, output, command)
+
+
+def run_sizes(
+    measure_size: Callable[..., None],
+    name: str,
+    sizes: list[LayerSize],
+    contenders: list[str],
+    config: dict,
+    output: Path,
+    command: str,
+) -> int:
+    """`measure_size(size, contenders, config, device, mesh, results, measured)` for every size on
+    this rank, on a mesh of every rank; rank 0 prints a line per contender and rewrites the
+    report (`name`.md, ...) after each; at the end it prints the tables and returns the exit status."""
     from torch.distributed.device_mesh import init_device_mesh
 
     communicator = Communicator.from_env()
@@ -566,14 +625,14 @@ def run_rank(sizes: list[LayerSize], contenders: list[str], config: dict, output
     def measured() -> None:
         if dist.get_rank() == 0:
             print(progress(results[-len(STEPS) :]), flush=True)
-            report(results, info, config, output, command)
+            report(results, info, config, output, command, name)
 
     for size in sizes:
         measure_size(size, contenders, config, device, mesh, results, measured)
     if dist.get_rank() != 0:
         return 0
     print(tables(results, info, config, command), flush=True)
-    print(f"# wrote {output / 'tp_layer.md'}, tp_layer.json and tp_layer.png", flush=True)
+    print(f"# wrote {output / f'{name}.md'}, {name}.json and {name}.png", flush=True)
     return exit_status(results)
 
 
@@ -594,7 +653,8 @@ def describe_machine(info: dict) -> str:
 
 
 def tables(results: list[Result], info: dict, config: dict, command: str) -> str:
-    """Per step, sizes by contenders: `median ms (ratio to the limit)`; then the checks; then the notes."""
+    """Per step, sizes by contenders: `median ms (ratio to the limit)`; then the checks against
+    `config["reference"]` (default eager DTensor); then the notes."""
     contenders = list(dict.fromkeys(r.contender for r in results))
     sizes = list(dict.fromkeys(r.size for r in results))
     notes: dict[str, str] = {}
@@ -632,7 +692,7 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
         sections.append("\n".join(rows))
     checked = [c for c in contenders if c != LIMIT]
     rows = [
-        "### Checks against eager DTensor (largest error relative to the largest |eager value|)",
+        f"### Checks against {config.get('reference', EAGER)} (largest error relative to its largest |value|)",
         "",
         "| size | step | " + " | ".join(checked) + " |",
         "|---" * (len(checked) + 2) + "|",
@@ -649,9 +709,10 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
             rows.append(f"| {size.label} | {step} | " + " | ".join(cells) + " |")
     sections.append("\n".join(rows))
     tolerance = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items())
+    gradients = config.get("parameter_gradients", "each rank's shard")
     sections.append(
-        "Training step: the output, the input's gradient and every parameter's gradient (each rank's shard); "
-        f"forward: the output. Tolerance: {tolerance}."
+        "Training step: the output, the input's gradient and every parameter's gradient "
+        f"({gradients}); forward: the output. Tolerance: {tolerance}."
     )
     sections += breakdown_sections(results, sizes)
     if notes:
@@ -731,18 +792,25 @@ def plot(results: list[Result], info: dict, path: Path) -> None:
     pyplot.close(figure)
 
 
-def report(results: list[Result], info: dict, config: dict, output: Path, command: str) -> None:
-    """Writes tp_layer.md, tp_layer.json and tp_layer.png into `output`."""
+def report(
+    results: list[Result],
+    info: dict,
+    config: dict,
+    output: Path,
+    command: str,
+    name: str = "tp_layer",
+) -> None:
+    """Writes `name`.md, .json and .png into `output` (tp_layer.md, ...)."""
     output.mkdir(parents=True, exist_ok=True)
-    (output / "tp_layer.md").write_text(tables(results, info, config, command))
+    (output / f"{name}.md").write_text(tables(results, info, config, command))
     document = {
         "machine": info,
         "command": command,
         "config": config,
         "results": [{**asdict(r), "ratio_to_limit": ratio(r, results), "check_ok": r.check_ok} for r in results],
     }
-    (output / "tp_layer.json").write_text(json.dumps(document, indent=1) + "\n")
-    plot(results, info, output / "tp_layer.png")
+    (output / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    plot(results, info, output / f"{name}.png")
 
 
 # --------------------------------------------------------------------------- #
@@ -750,50 +818,73 @@ def report(results: list[Result], info: dict, config: dict, output: Path, comman
 # --------------------------------------------------------------------------- #
 
 
-def parse_sizes(text: str, head_dim: int) -> list[LayerSize]:
+def parse_sizes(text: str, head_dim: int, kind: type[LayerSize] = LayerSize) -> list[LayerSize]:
+    """The sizes of `--sizes`, as `kind`s."""
     sizes = []
     for spec in filter(None, (s.strip() for s in text.split(";"))):
         try:
             dim, batch, sequence = (int(v) for v in spec.split(","))
         except ValueError:
             raise ValueError(f"size {spec!r}: write DIM,BATCH,SEQUENCE") from None
-        sizes.append(LayerSize(dim, batch, sequence, head_dim))
+        sizes.append(kind(dim, batch, sequence, head_dim))
     return sizes
 
 
-def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def layer_parser(
+    doc: str, name: str, keys: dict[str, str], reps: int, sizes: str, contenders: str
+) -> argparse.ArgumentParser:
+    """The options a layer benchmark shares (`doc`: its module's): its report in build/`name`,
+    its contenders' `keys`, `reps` timed steps, the default `sizes`, a word on `contenders`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
     parser.add_argument("--smoke", action="store_true", help="CPU ranks, gloo, f32, tiny sizes: CI's smoke test")
-    parser.add_argument("--sizes", help="'DIM,BATCH,SEQUENCE;...' (default: the four of DEFAULT_SIZES; --smoke: 64,2,16)")
+    parser.add_argument("--sizes", help=f"'DIM,BATCH,SEQUENCE;...' (default: {sizes})")
     parser.add_argument("--head-dim", type=int, help="default 128; --smoke: 16")
-    parser.add_argument("--contenders", help=f"comma list among {','.join(KEYS)} (default: all; eager always runs)")
+    parser.add_argument("--contenders", help=f"comma list among {','.join(keys)} (default: all{contenders})")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default bfloat16 on GPUs, float32 on CPU")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=20, help="timed steps (the median is reported)")
+    parser.add_argument("--reps", type=int, default=reps, help="timed steps (the median is reported)")
     parser.add_argument("--nproc", type=int, help="local ranks to start without torchrun (default: GPUs, or 2 on CPU)")
-    parser.add_argument("--output", type=Path, default=REPOSITORY / "build" / "tp_layer")
+    parser.add_argument("--output", type=Path, default=REPOSITORY / "build" / name)
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def parsed(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    sizes: list[LayerSize],
+    smoke_sizes: list[LayerSize],
+    keys: dict[str, str],
+) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments, their sizes made (`sizes`' kind, the head dim given), and the contenders
+    chosen by `--contenders` (all by default); a bad one is the parser's error."""
+    args = parser.parse_args(argv)
+    head_dim = args.head_dim or (16 if args.smoke else 128)
+    if args.sizes:
+        try:
+            args.sizes = parse_sizes(args.sizes, head_dim, type(sizes[0]))
+        except ValueError as error:
+            parser.error(str(error))
+    else:
+        args.sizes = smoke_sizes if args.smoke else [replace(s, head_dim=head_dim) for s in sizes]
+    chosen = [c.strip() for c in args.contenders.split(",")] if args.contenders else list(keys)
+    unknown = [c for c in chosen if c not in keys]
+    if unknown:
+        parser.error(f"unknown contender(s) {unknown}; choose among {','.join(keys)}")
+    return args, [keys[c] for c in chosen]
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    sizes = "the four of DEFAULT_SIZES; --smoke: 64,2,16"
+    parser = layer_parser(__doc__, "tp_layer", KEYS, 20, sizes, "; eager always runs")
     parser.add_argument(
         "--breakdown",
         action="store_true",
         help="profile one step of each kind per contender and split its time (GEMM, attention, "
         "communication not hidden, other kernels, host); the traces go to --output for Perfetto",
     )
-    args = parser.parse_args(argv)
-    head_dim = args.head_dim or (16 if args.smoke else 128)
-    if args.sizes:
-        try:
-            args.sizes = parse_sizes(args.sizes, head_dim)
-        except ValueError as error:
-            parser.error(str(error))
-    else:
-        args.sizes = SMOKE_SIZES if args.smoke else [LayerSize(s.dim, s.batch, s.sequence, head_dim) for s in DEFAULT_SIZES]
+    args, chosen = parsed(parser, argv, DEFAULT_SIZES, SMOKE_SIZES, KEYS)
     args.contenders_given = bool(args.contenders)
-    keys = [c.strip() for c in args.contenders.split(",")] if args.contenders else list(KEYS)
-    unknown = [c for c in keys if c not in KEYS]
-    if unknown:
-        parser.error(f"unknown contender(s) {unknown}; choose among {','.join(KEYS)}")
-    chosen = [KEYS[c] for c in keys]
     # Eager DTensor runs first whatever is chosen: every check compares with it.
     args.contenders = [c for c in CONTENDERS if c in chosen or c == EAGER]
     args.inductor_chosen = INDUCTOR in chosen and args.contenders_given
@@ -806,23 +897,30 @@ CPU_INDUCTOR_SKIP = (
 )
 
 
+def run_config(args: argparse.Namespace, **more: Any) -> dict:
+    """What every rank runs with (and the report says), by the arguments, and `more`; `--smoke`
+    hides the GPUs, before torch looks for them."""
+    if args.smoke:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    return {"dtype": dtype, "warmup": args.warmup, "reps": args.reps, "seed": args.seed, **more, "output": str(args.output)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
-    if args.smoke:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks for GPUs
+    config = run_config(args, skip={}, breakdown=args.breakdown)
     cuda = torch.cuda.is_available()
-    config = {
-        "dtype": args.dtype or ("bfloat16" if cuda else "float32"),
-        "warmup": args.warmup,
-        "reps": args.reps,
-        "seed": args.seed,
-        "skip": {},
-        "breakdown": args.breakdown,
-        "output": str(args.output),
-    }
     if not cuda and INDUCTOR in args.contenders and not args.inductor_chosen:
         config["skip"][INDUCTOR] = CPU_INDUCTOR_SKIP
+    return launch(run_rank, args, config)
+
+
+def launch(run_rank: Callable[..., int], args: argparse.Namespace, config: dict) -> int:
+    """`run_rank(sizes, contenders, config, output, command)` on every rank, once each size is
+    known to fit them: on this one under torchrun, else on `--nproc` local ranks (default: one
+    per GPU, or 2 on the CPU); the first rank's exit status."""
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    cuda = torch.cuda.is_available()
     nproc = int(os.environ["WORLD_SIZE"]) if torchrun else args.nproc or (torch.cuda.device_count() if cuda else 2)
     for size in args.sizes:
         size.check(nproc)

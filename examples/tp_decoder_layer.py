@@ -13,6 +13,8 @@ eagerly with DTensor; on GPUs, with NCCL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -135,7 +137,10 @@ def train(steps: int = 5, batch: int = 2, sequence: int = 16) -> list[tuple[floa
     return losses
 
 
-def _main() -> None:
+def run_training(train: Callable[[], list[tuple[float, float]]], eager: str = "eagerly") -> None:
+    """Runs `train` on torchrun's ranks (NCCL on GPUs, else gloo), or without torchrun on 2
+    local CPU ranks, and prints its losses per step: hostir's, then those of the layer run
+    `eager`."""
     import os
 
     import torch.distributed as dist
@@ -153,11 +158,11 @@ def _main() -> None:
         results = run_on_local_ranks(train, 2)[0]
     if not torchrun or dist.get_rank() == 0:
         for step, (hostir_loss, eager_loss) in enumerate(results):
-            print(f"step {step}: loss {hostir_loss:.6f} with hostir, {eager_loss:.6f} eagerly")
+            print(f"step {step}: loss {hostir_loss:.6f} with hostir, {eager_loss:.6f} {eager}")
     if torchrun:
         release_captured_graphs()  # NCCL cannot destroy a communicator that a live graph uses
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    _main()
+    run_training(train)

@@ -22,6 +22,7 @@ options only when it first compiles):
 | `backend` | `"auto"` | how the collectives move bytes: `nccl`, `cuda` for the copy engines, or `auto`: the copy engines where they can (`why_not_copy_engines`), else NCCL (gloo on the CPU) |
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
+| `sequence_layout` | `None` | how a context-parallel sequence is laid out over the ranks, `"head_tail"` or `"contiguous"`: an attention masked causally by its tokens' positions then runs as a ring that skips the blocks the mask empties, and every run checks the positions |
 
 `mode` (torch.compile's) is one of `MODES`, a preset of these options.
 
@@ -32,6 +33,8 @@ keeps in `HostirGraph.explanations` (`hostir.explain`).
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -48,17 +51,23 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
 
 from hostir_dialect.aten_call import CARRIERS
+from hostir_dialect.fusion import Causal
 from hostir_dialect.text import HostirError, print_module
 from hostir import config, logs
 from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
-from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, UnsupportedGraph, import_graph
+from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, LayoutValue, UnsupportedGraph, import_graph
 from hostir.frontend.rules.pointwise import ACTIVATION_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
+from hostir.runtime.interpreter.attention import layout_mask, positions, whole_sequence
 from hostir.runtime.program import Program
+
+
+LAYOUTS = tuple(layout.value for layout in Causal if layout.is_layout)
+"""The values of the `sequence_layout` option."""
 
 
 class HostirFallbackWarning(UserWarning):
@@ -97,6 +106,7 @@ class BackendOptions:
     backend: str = "auto"
     cuda_graphs: bool = True
     fallback: bool = True
+    sequence_layout: str | None = None
 
     @classmethod
     def of(cls, options: dict[str, Any] | None, mode: str | None = None) -> BackendOptions:
@@ -114,7 +124,16 @@ class BackendOptions:
         chunks = options.get("chunks")
         if chunks is not None and (not isinstance(chunks, int) or chunks < 1):
             raise ValueError(f"hostir backend option chunks={chunks!r}: a positive number of chunks, or None")
+        layout = options.get("sequence_layout")
+        if layout is not None and layout not in LAYOUTS:
+            raise ValueError(
+                f"hostir backend option sequence_layout={layout!r}: choose {' or '.join(map(repr, LAYOUTS))}, or None"
+            )
         return cls(**options)
+
+    @property
+    def layout(self) -> Causal | None:
+        return None if self.sequence_layout is None else Causal(self.sequence_layout)
 
     def chunks_of(self, device: torch.device) -> ChunksOf:
         """How the importer cuts a GEMM+RS or GEMM+AR: `chunks` if set; else by the cost
@@ -186,6 +205,11 @@ class CompiledShapes:
             value = _carried(args[i]) if piece is None else _carried(args[i]).reshape(piece)
             inputs.append(value.unsqueeze(0) if varying else value)
         if self.replayer is not None:
+            # A replay checks no input across ranks (Program.run does): this rank's promised values here.
+            for index, value in enumerate(inputs):
+                problem = self.program.value_problem(index, value)
+                if problem is not None:
+                    raise HostirError(f"input #{index} of @{self.program.host.sym_name.data}: {problem}")
             results = self.replayer.run(inputs)
         else:
             results = self.program.run(inputs, self.communicator, views_of=range(len(inputs)))
@@ -201,6 +225,51 @@ class CompiledShapes:
             else:
                 outputs.append(what)
         return outputs
+
+
+@functools.cache
+def layout_tensor(
+    value: LayoutValue, dtype: torch.dtype, position: int, devices: int, device: torch.device
+) -> torch.Tensor:
+    """What a sequence laid out as `value.layout` over `devices` ranks gives the rank at `position`
+    (`LayoutValue`), in `dtype` (a float mask holds 0 and -inf); made once, and shared by every
+    graph that asks for it: a mask of `rows x sequence` elements."""
+    queries = positions(position, devices, value.rows, value.layout, device)
+    if value.kind == "queries":
+        return queries.to(dtype)
+    keys = whole_sequence(devices, value.rows, value.layout, device)
+    if value.kind == "keys":
+        return keys.to(dtype)
+    seen = layout_mask(queries, keys)
+    if dtype == torch.bool:
+        return seen
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, -math.inf)
+
+
+LAYOUT_MEANINGS = {
+    "queries": "this rank's positions in a sequence laid out {}",
+    "keys": "the positions of a sequence laid out {}",
+    "mask": "the causal mask of this rank's rows in a sequence laid out {}",
+}
+
+
+def with_layout_values(
+    imported: ImportedGraph, args: Sequence[Any], program: Program, communicator: Communicator
+) -> None:
+    """Promises the values of the program's inputs that hold what the `sequence_layout` option
+    says (`Program.expect`), and makes the masks the layout fixes that the graph returns."""
+    devices, position = len(imported.mesh), imported.mesh.index(communicator.rank)
+    for graph_index, value in imported.layout_inputs:
+        index = imported.inputs.index(graph_index)
+        given = args[graph_index]
+        expected = layout_tensor(value, given.dtype, position, devices, given.device)
+        what = LAYOUT_MEANINGS[value.kind].format(value.layout.value)
+        program.expect(index, expected.unsqueeze(0) if imported.input_varying[index] else expected, what)
+    device = communicator.device
+    imported.outputs = [
+        ("constant", layout_tensor(what[0], what[1], position, devices, device)) if kind == "layout" else (kind, what)
+        for kind, what in imported.outputs
+    ]
 
 
 def _carried(tensor: torch.Tensor) -> torch.Tensor:
@@ -303,7 +372,7 @@ class HostirGraph:
         explanation = GraphExplanation(self.name, [s for s in map(tensor_summary, args) if s is not None])
         self.explanations.append(explanation)
         try:
-            imported = import_graph(self.gm, self.name, self.options.chunks_of(device), layouts)
+            imported = import_graph(self.gm, self.name, self.options.chunks_of(device), layouts, self.options.layout)
         except UnsupportedGraph as error:
             explanation.fell_back(error.message, error.node)
             if not self.options.fallback:
@@ -331,6 +400,7 @@ class HostirGraph:
             logs.say("fusion", f"// hostir: the fusion of graph {self.name}\n{print_module(imported.module, aliases=True)}")
         lowered = self.options.compile(imported.module, communicator)
         program, backend = lowered.program, lowered.backend
+        with_layout_values(imported, args, program, communicator)
         explanation.ranks = communicator.ranks if communicator.joined else (communicator.rank,)
         explanation.pipelining, explanation.backend, explanation.backend_why = lowered.pipelining, backend, lowered.why
         chosen_by = self.options.chunks_chosen_by(device)

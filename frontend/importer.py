@@ -49,7 +49,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
-from hostir_dialect.fusion import DIDX, SERIAL, DeviceMeshAttr, TensorType
+from hostir_dialect.fusion import DIDX, SERIAL, Causal, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
 from hostir.passes.analysis.cost_model import ChunksOf, OverlapProblem, one_chunk
 
@@ -158,6 +158,17 @@ class GraphLayouts:
     free_outputs: frozenset[int] = frozenset()
 
 
+@dataclass(frozen=True)
+class LayoutValue:
+    """What a sequence laid out over the mesh in `layout` gives a rank with `rows` rows of it:
+    "queries", the positions of its rows; "keys", those of every rank's rows in mesh order;
+    "mask", the causal mask of the first against the second."""
+
+    kind: str
+    rows: int
+    layout: Causal
+
+
 @dataclass
 class ImportedGraph:
     """A graph's fusion, and how the graph's inputs and outputs map to the fusion's."""
@@ -167,7 +178,9 @@ class ImportedGraph:
     """For each fusion input, the index of the graph input it is."""
     input_varying: list[bool]
     outputs: list[tuple[str, Any]]
-    """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index) or ("constant", value)."""
+    """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index), ("constant",
+    value), or ("layout", (LayoutValue, dtype)): a mask that the layout fixes, which the program
+    does not compute (the backend makes it once)."""
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
@@ -178,6 +191,10 @@ class ImportedGraph:
     """For each fusion input, the shape to read the graph input as (a piece of a `Layout`), or None."""
     output_layouts: dict[int, Layout] = field(default_factory=dict)
     """The graph outputs (by position) that the fusion returns as pieces of a layout of their own."""
+    layout_inputs: list[tuple[int, LayoutValue]] = field(default_factory=list)
+    """The graph inputs (by index) that an attention's mask was read from as the causal mask of
+    the sequence's layout (`sequence_layout`), and what each holds: their values must be that
+    layout's, at every run."""
 
 
 def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -192,11 +209,25 @@ def dtype_supported(dtype: torch.dtype) -> bool:
 class Importer:
     """Imports one graph; see the module docstring."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, chunks_of: ChunksOf, layouts: GraphLayouts = GraphLayouts()):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        chunks_of: ChunksOf,
+        layouts: GraphLayouts = GraphLayouts(),
+        sequence_layout: Causal | None = None,
+    ):
         self.gm = gm
         self.name = name
         self.chunks_of = chunks_of
         self.layouts = layouts
+        self.sequence_layout = sequence_layout
+        """How a sequence is laid out over the mesh, by the backend's option: an attention whose
+        mask is the causal mask of its tokens' positions then has that layout's causal mask."""
+        self.layout_inputs: list[tuple[int, LayoutValue]] = []
+        self.layout_masks: dict[torch.fx.Node, LayoutValue] = {}
+        """The masks computed in the graph that are the layout's causal mask (`sequence_layout`)."""
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.collective_chunks: dict[torch.fx.Node, tuple[OverlapProblem, int]] = {}
         """The problem and the chunk count of each reduce-scatter or all-reduce that reads
         chunked GEMMs."""
@@ -220,26 +251,19 @@ class Importer:
                 groups.setdefault(name, node)
         if not groups:
             return None, (0,)
+        resolved = {name: _resolve_group(name, node) for name, node in groups.items()}
         if len(groups) > 1:
             second = list(groups.values())[1]
             raise UnsupportedGraph(
                 f"{second.format_node()}: the graph communicates over several process groups ("
-                + ", ".join(repr(g) for g in groups)
-                + "); hostir maps one group, the mesh of the graph, so a 2-D device mesh "
-                "(tensor and data parallel in one graph) is not supported",
+                + ", ".join(f"group {name!r} of ranks {list(ranks)}" for name, (_, ranks) in resolved.items())
+                + "); hostir maps one group, the mesh of the graph, so a graph whose collectives "
+                "run over two axes of a device mesh (tensor parallel with data or context parallel "
+                "in one graph) is not supported",
                 second,
             )
-        (name,) = groups
-        try:
-            group = torch.distributed.distributed_c10d._resolve_process_group(name)
-            ranks = tuple(dist.get_process_group_ranks(group))
-        except Exception as error:  # noqa: BLE001 - torch raises several kinds here
-            raise UnsupportedGraph(
-                f"{groups[name].format_node()}: the process group {name!r} is not one this "
-                f"process belongs to ({error})",
-                groups[name],
-            ) from None
-        return group, ranks
+        (group_and_ranks,) = resolved.values()
+        return group_and_ranks
 
     # -- types ------------------------------------------------------------------ #
 
@@ -264,7 +288,7 @@ class Importer:
         inputs: list[int] = []
         input_varying: list[bool] = []
         input_pieces: list[tuple[int, ...] | None] = []
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        placeholders = self.placeholders
         for index, node in enumerate(placeholders):
             value = node.meta.get("val")
             if isinstance(value, torch.Tensor):
@@ -312,6 +336,7 @@ class Importer:
             chunked,
             input_pieces,
             self.output_layouts,
+            self.layout_inputs,
         )
 
     @contextmanager
@@ -333,6 +358,9 @@ class Importer:
         for position, item in enumerate(node.args[0]):
             if isinstance(item, torch.fx.Node) and item.op == "placeholder":
                 plan.append(("input", placeholders.index(item)))
+                continue
+            if item in self.layout_masks:  # a mask the forward saves for the backward
+                plan.append(("layout", (self.layout_masks[item], item.meta["val"].dtype)))
                 continue
             value = self.values[item] if isinstance(item, torch.fx.Node) else item
             if isinstance(value, Value):
@@ -427,8 +455,22 @@ class Importer:
         """The ATen view `target` of each device's `piece` (with `argument`, if any): a piece of
         shape `local` of `like`'s dtype and variance."""
         arguments = [piece] if argument is None else [piece, argument]
-        call = encode_call(arguments, {}, lambda v: 0 if v is piece else None)
-        op = self.emit(fusion.AtenOp(target, call, [piece], [self.tensor_type(local, like.dtype, like.varying)]))
+        return self.call_aten(target, arguments, {}, [piece], local, like.dtype, like.varying)
+
+    def call_aten(
+        self,
+        target: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        operands: list[SSAValue],
+        local: tuple[int, ...],
+        dtype: torch.dtype,
+        varying: bool,
+    ) -> SSAValue:
+        """A `fusion.aten` of `target` whose one result is a piece of shape `local`; `operands`
+        are the values among `args` and `kwargs` that stand for tensors."""
+        call = encode_call(args, kwargs, lambda v: operands.index(v) if any(v is o for o in operands) else None)
+        op = self.emit(fusion.AtenOp(target, call, operands, [self.tensor_type(local, dtype, varying)]))
         return op.results[0]
 
     def aligned(self, value: Value, rank: int) -> SSAValue:
@@ -520,6 +562,17 @@ class Importer:
         return values if many else values[0]
 
 
+def _resolve_group(name: str, node: torch.fx.Node) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
+    """The process group that a collective of the graph names, and its ranks."""
+    try:
+        group = torch.distributed.distributed_c10d._resolve_process_group(name)
+        return group, tuple(dist.get_process_group_ranks(group))
+    except Exception as error:  # noqa: BLE001 - torch raises several kinds here
+        raise UnsupportedGraph(
+            f"{node.format_node()}: the process group {name!r} is not one this process belongs to ({error})", node
+        ) from None
+
+
 STORAGE_LAYOUT_OPS = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}
 """Ops whose values depend on the strides and offset of their operand's storage."""
 
@@ -572,8 +625,12 @@ def cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
 
 
 def import_graph(
-    gm: torch.fx.GraphModule, name: str = "graph", chunks_of: ChunksOf = one_chunk, layouts: GraphLayouts = GraphLayouts()
+    gm: torch.fx.GraphModule,
+    name: str = "graph",
+    chunks_of: ChunksOf = one_chunk,
+    layouts: GraphLayouts = GraphLayouts(),
+    sequence_layout: Causal | None = None,
 ) -> ImportedGraph:
     """The fusion of `gm`, whose nodes carry concrete `meta['val']`s (FakeTensorProp), its
     inputs and outputs in the layouts `layouts` gives (the FX layout elsewhere)."""
-    return Importer(gm, name, chunks_of, layouts).run()
+    return Importer(gm, name, chunks_of, layouts, sequence_layout).run()

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
@@ -37,6 +39,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     StringAttr,
     UnitAttr,
+    f64,
     i64,
 )
 from xdsl.dialects.utils import EnumAttribute
@@ -1212,6 +1215,426 @@ def _check_same_element_types(op: IRDLOperation) -> None:
         )
 
 
+
+# --------------------------------------------------------------------------- #
+# Attention                                                                    #
+# --------------------------------------------------------------------------- #
+
+
+class Causal(StrEnum):
+    """Which keys a query of an attention sees, by the positions of both in the sequence."""
+
+    TOP_LEFT = "top_left"
+    """SDPA's `is_causal`: query row `i` sees key rows `0 .. i` of the keys given."""
+    CONTIGUOUS = "contiguous"
+    """The sequence is laid out over the mesh of the queries in order: the device at position
+    `p` of a mesh of `D` holds rows `p L .. (p + 1) L - 1` of `D L`. A query sees the keys at
+    positions up to its own; the keys are the rows of every device, in mesh order."""
+    HEAD_TAIL = "head_tail"
+    """torch's load-balanced layout (`_HeadTailLoadBalancer`): the sequence is cut into `2 D`
+    chunks and the device at position `p` holds chunks `p` and `2 D - 1 - p`, in that order,
+    so that every device has the same share of a causal attention's work. Otherwise as
+    `contiguous`."""
+
+    @property
+    def is_layout(self) -> bool:
+        """Whether the mask depends on where the queries and keys lie in a sharded sequence."""
+        return self != Causal.TOP_LEFT
+
+
+@irdl_attr_definition
+class CausalAttr(EnumAttribute[Causal], SpacedOpaqueSyntaxAttribute):
+    """`#fusion<causal head_tail>`; in an attention op's text just `causal head_tail`."""
+
+    name = "fusion.causal"
+
+
+def sequence_rows(position: int, devices: int, rows: int, layout: Causal) -> tuple[range, ...]:
+    """The positions in the whole sequence of the `rows` rows that the device at `position` of a
+    mesh of `devices` holds in `layout`, as runs of consecutive positions, in its local order."""
+    if layout == Causal.CONTIGUOUS:
+        return (range(position * rows, (position + 1) * rows),)
+    if layout == Causal.HEAD_TAIL:
+        chunk = rows // 2
+        return tuple(range(c * chunk, (c + 1) * chunk) for c in (position, 2 * devices - 1 - position))
+    raise ValueError(f"{layout.value} is not a layout of a sharded sequence")
+
+
+def key_block_axis(type: TensorType) -> int:
+    """The axis that counts the blocks of blocked keys: the first, or the second after a
+    leading didx axis (a varying tensor's device axis)."""
+    return 1 if type.didx_axis == 0 else 0
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys (or values) of an attention as rows: their batch axes, how many rows, and the
+    extent of each row; blocked keys count the rows of every block."""
+
+    batch: Shape
+    rows: int
+    width: int
+
+
+def attention_keys(type: TensorType, blocks: bool) -> Keys:
+    """The keys of `type`: `[*batch, rows, width]`, or with `blocks`, `[C, *batch, rows of a
+    block, width]` (the block axis after a leading didx axis), whose rows are the blocks'."""
+    shape = list(type.get_shape())
+    minimum = 3 if blocks else 2
+    if len(shape) < minimum:
+        raise VerifyException(
+            f"attention keys and values of shape {shape_str(tuple(shape))} need at least {minimum} axes "
+            + ("(blocks, rows and their width)" if blocks else "(rows and their width)")
+        )
+    if not blocks:
+        return Keys(tuple(shape[:-2]), shape[-2], shape[-1])
+    count = shape.pop(key_block_axis(type))
+    rows = DYNAMIC if DYNAMIC in (count, shape[-2]) else count * shape[-2]
+    return Keys(tuple(shape[:-2]), rows, shape[-1])
+
+
+def attention_properties(causal: Causal | None, blocks: bool, scale: float | None) -> dict[str, Attribute]:
+    """The properties of an attention op (of either dialect): its causal mask, whether its keys
+    come in blocks, and its scale."""
+    properties: dict[str, Attribute] = {}
+    if causal is not None:
+        properties["causal"] = CausalAttr(causal)
+    if blocks:
+        properties["blocks"] = UnitAttr()
+    if scale is not None:
+        properties["scale"] = FloatAttr(scale, f64)
+    return properties
+
+
+def print_attention_properties(printer: Printer, op: IRDLOperation) -> None:
+    """` causal <kind> blocks scale <float>`, each where the op has it."""
+    if op.causal is not None:
+        printer.print_string(f" causal {op.causal.data.value}")
+    if op.blocks is not None:
+        printer.print_string(" blocks")
+    if op.scale is not None:
+        printer.print_string(" scale ")
+        printer.print_float(op.scale.value.data, f64)
+
+
+def parse_attention_properties(parser: Parser) -> dict[str, Attribute]:
+    """`causal <kind>`, `blocks`, `scale <float>`, each optional, in that order."""
+    causal = parser.parse_str_enum(Causal) if parser.parse_optional_keyword("causal") else None
+    blocks = parser.parse_optional_keyword("blocks") is not None
+    scale = parser.parse_float() if parser.parse_optional_keyword("scale") else None
+    return attention_properties(causal, blocks, scale)
+
+
+def check_attention_mask(
+    q: TensorType, keys: Keys, batch: Shape, mask: TensorType | None, causal: Causal | None, blocks: bool
+) -> None:
+    """The mask operand against the queries and keys, and a causal layout against the queries' mesh."""
+    rows = q.get_shape()[-2]
+    if mask is not None:
+        if causal is not None:
+            raise VerifyException("an attention takes a mask operand or a causal mask, not both")
+        if blocks:
+            raise VerifyException("a mask operand covers the keys as one sequence, so the keys cannot be in blocks")
+        if mask.element_type not in (IntegerType(1), q.element_type):
+            raise VerifyException(
+                f"the mask is {mask.element_type}; it must be i1 (true: the key is seen) or "
+                f"{q.element_type}, the queries' type (added to the scores)"
+            )
+        shape = mask.get_shape()
+        if len(shape) < 2 or not shapes_compatible(shape[-2:], (rows, keys.rows)):
+            raise VerifyException(
+                f"the mask {shape_str(shape)} must end in the queries' and the keys' rows "
+                f"{shape_str((rows, keys.rows))}"
+            )
+        broadcast_shapes(batch, shape[:-2])
+    if causal is None or not causal.is_layout:
+        return
+    devices = q.mesh.size
+    if q.didx_axis != 0:
+        raise VerifyException(
+            f"causal {causal.value} masks by the positions of the queries' rows in a sequence "
+            "sharded over their mesh, so the queries must vary over it (didx axis 0)"
+        )
+    if causal == Causal.HEAD_TAIL and rows != DYNAMIC and rows % 2:
+        raise VerifyException(f"causal head_tail: each device's {rows} rows must be two chunks of one length")
+
+
+def check_whole_keys(q: TensorType, keys: Keys, causal: Causal | None) -> None:
+    """With a causal layout, keys that are the whole sequence: every device's rows."""
+    rows, devices = q.get_shape()[-2], q.mesh.size
+    if causal is not None and causal.is_layout and DYNAMIC not in (rows, keys.rows) and keys.rows != devices * rows:
+        raise VerifyException(
+            f"causal {causal.value}: the keys must be the rows of every device of the queries' "
+            f"mesh, {devices} x {rows}, but there are {keys.rows}"
+        )
+
+
+FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type, Float64Type)
+
+
+def check_attention_operands(q: TensorType, k: TensorType, v: TensorType, blocks: bool) -> tuple[Keys, Keys, Shape]:
+    """Queries, keys and values of one floating element type, their rows and widths agreeing;
+    the keys, the values, and the broadcast batch axes."""
+    types = [q, k, v]
+    element_type = types[0].element_type
+    if not isinstance(element_type, FLOAT_TYPES) or any(t.element_type != element_type for t in types):
+        raise VerifyException(
+            "queries, keys and values must have one floating element type; they are "
+            + ", ".join(str(t.element_type) for t in types)
+        )
+    q_shape = types[0].get_shape()
+    if len(q_shape) < 2:
+        raise VerifyException(f"the queries {shape_str(q_shape)} need at least 2 axes (rows and their width)")
+    keys, values = attention_keys(types[1], blocks), attention_keys(types[2], blocks)
+    if not _same_extent(q_shape[-1], keys.width):
+        raise VerifyException(f"queries of width {q_shape[-1]} against keys of width {keys.width}; they must be equal")
+    if not _same_extent(keys.rows, values.rows):
+        raise VerifyException(f"{keys.rows} keys against {values.rows} values; they must be as many")
+    if blocks and not shapes_compatible(types[1].get_shape()[:-1], types[2].get_shape()[:-1]):
+        raise VerifyException("blocked keys and values must be cut into the same blocks")
+    return keys, values, broadcast_shapes(q_shape[:-2], keys.batch, values.batch)
+
+
+class ScaledDotProductOp(FusionOp, ABC):
+    """What `fusion.attention` and its backward share: the keys' layout, the mask and the scale,
+    their text, and their checks.
+
+    `mask %m` is a boolean (true: the query sees the key) or additive mask of the queries' dtype,
+    broadcast to `[*batch, queries, keys]`; `causal top_left | contiguous | head_tail` masks by
+    position (`Causal`); neither: every query sees every key. `blocks`: the keys and values
+    are cut into blocks along their first axis (after a leading didx axis): the keys are the
+    blocks' rows, in order. `scale` multiplies the scores (default `1 / sqrt(head_dim)`)."""
+
+    OPERANDS: ClassVar[int]
+    """The operands before the mask."""
+
+    mask = opt_operand_def(TensorType)
+    causal = opt_prop_def(CausalAttr)
+    blocks = opt_prop_def(UnitAttr)
+    scale = opt_prop_def(FloatAttr)
+
+    @property
+    def causal_mask(self) -> Causal | None:
+        return None if self.causal is None else self.causal.data
+
+    def attention_batch(self, query: SSAValue, key: SSAValue, value: SSAValue) -> tuple[Keys, Keys, Shape]:
+        """The keys, the values and the batch axes of the attention, its mask checked."""
+        q = tensor_type(query)
+        keys, values, batch = check_attention_operands(q, tensor_type(key), tensor_type(value), self.blocks is not None)
+        mask = None if self.mask is None else tensor_type(self.mask)
+        check_attention_mask(q, keys, batch, mask, self.causal_mask, self.blocks is not None)
+        check_whole_keys(q, keys, self.causal_mask)
+        if mask is not None:
+            batch = broadcast_shapes(batch, mask.get_shape()[:-2])
+        return keys, values, batch
+
+    def expected_element_type(self) -> Attribute:
+        return tensor_type(self.operands[0]).element_type
+
+    @staticmethod
+    def verify_results(expected: Sequence[tuple[SSAValue, Shape, Attribute, str]]) -> None:
+        for result, shape, element_type, what in expected:
+            declared = tensor_type(result)
+            if declared.element_type != element_type:
+                raise VerifyException(f"the {what} is {declared.element_type}, expected {element_type}")
+            if not shapes_compatible(declared.get_shape(), shape):
+                raise VerifyException(
+                    f"the {what} has shape {shape_str(declared.get_shape())}, but the operands give {shape_str(shape)}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        """`%a, %b, ... [mask %m] causal ... : (types) -> (types)`."""
+        printer.print_string(" ")
+        printer.print_list(self.operands[: self.OPERANDS], printer.print_operand)
+        if self.mask is not None:
+            printer.print_string(" mask ")
+            printer.print_operand(self.mask)
+        print_attention_properties(printer, self)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_function_type(self.operand_types, self.result_types)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ScaledDotProductOp:
+        operands = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_unresolved_operand)
+        if len(operands) != cls.OPERANDS:
+            parser.raise_error(f"{cls.name} takes {cls.OPERANDS} operands before its mask, got {len(operands)}")
+        if parser.parse_optional_keyword("mask"):
+            operands.append(parser.parse_unresolved_operand())
+        properties = parse_attention_properties(parser)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        function_type = parser.parse_function_type()
+        if len(function_type.inputs.data) != len(operands):
+            parser.raise_error(
+                f"{cls.name} has {len(operands)} operands but {len(function_type.inputs.data)} operand types"
+            )
+        return cls.create(
+            operands=[parser.resolve_operand(o, t) for o, t in zip(operands, function_type.inputs.data)],
+            properties=properties,
+            attributes=attributes,
+            result_types=list(function_type.outputs.data),
+        )
+
+
+@irdl_op_definition
+class AttentionOp(ScaledDotProductOp):
+    """Scaled-dot-product attention and its log-sum-exp (SDPA, what a flash kernel returns):
+    `softmax(q k^T * scale + mask) v`, and per query row the natural log of the sum of the
+    exponentials of its scores, in f32, which merges attentions over disjoint keys (the
+    ring of context parallelism). A row that sees no key has output 0 and log-sum-exp -inf.
+
+    `%out, %lse = fusion.attention %q, %k, %v causal head_tail blocks : (Tq, Tk, Tv) -> (To, Tl)`
+
+    q `[*batch, Lq, E]`, k `[*batch, Lk, E]`, v `[*batch, Lk, Ev]` (batch axes broadcast as
+    torch's); out `[*batch, Lq, Ev]` of the queries' type, lse `[*batch, Lq]` f32.
+    """
+
+    name = "fusion.attention"
+    OPERANDS: ClassVar[int] = 3
+
+    query = operand_def(TensorType)
+    key = operand_def(TensorType)
+    value = operand_def(TensorType)
+    out = result_def(TensorType)
+    lse = result_def(TensorType)
+
+    def __init__(
+        self,
+        query: SSAValue,
+        key: SSAValue,
+        value: SSAValue,
+        result_types: Sequence[TensorType],
+        mask: SSAValue | None = None,
+        causal: Causal | None = None,
+        blocks: bool = False,
+        scale: float | None = None,
+    ):
+        super().__init__(
+            operands=[query, key, value, [] if mask is None else [mask]],
+            properties=attention_properties(causal, blocks, scale),
+            result_types=list(result_types),
+        )
+
+    def shapes(self) -> tuple[Shape, Shape]:
+        """The output's and the log-sum-exp's shapes that the operands give."""
+        _, values, batch = self.attention_batch(self.query, self.key, self.value)
+        rows = tensor_type(self.query).get_shape()[-2]
+        return (*batch, rows, values.width), (*batch, rows)
+
+    def infer_shape(self) -> Shape:
+        return self.shapes()[0]
+
+    def extent_source(self, result: int, axis: int) -> tuple[SSAValue, int]:
+        """An axis of the output with the extent of `axis` of result `result` (the
+        log-sum-exp's axes are the output's first ones)."""
+        return self.out, axis
+
+    def verify_(self) -> None:
+        out, lse = self.shapes()
+        element_type = self.expected_element_type()
+        self.verify_results(
+            [(self.out, out, element_type, "output"), (self.lse, lse, Float32Type(), "log-sum-exp")]
+        )
+
+
+def gradient_shape(operand: TensorType, grad_output: TensorType) -> Shape:
+    """The shape of the gradient of an attention's `operand`: its own, with the device axis of
+    the output's gradient first where it has none (each device's queries give it a share)."""
+    if grad_output.didx_axis == 0 and operand.didx_axis is None:
+        return (grad_output.get_shape()[0], *operand.get_shape())
+    return operand.get_shape()
+
+
+@irdl_op_definition
+class AttentionBackwardOp(ScaledDotProductOp):
+    """The gradients of `fusion.attention`'s output with respect to the queries, keys and
+    values, given the output and its log-sum-exp (what a flash kernel's backward computes:
+    the probabilities are recomputed from them, so the gradients of any subset of the keys
+    come from the output and log-sum-exp over all of them).
+
+    `%dq, %dk, %dv = fusion.attention_backward %dout, %q, %k, %v, %out, %lse causal head_tail : (...) -> (...)`
+
+    Each gradient has its operand's shape, with the device axis of the output's gradient
+    first where the operand has none: each device's queries give it a share.
+    """
+
+    name = "fusion.attention_backward"
+    OPERANDS: ClassVar[int] = 6
+
+    grad_output = operand_def(TensorType)
+    query = operand_def(TensorType)
+    key = operand_def(TensorType)
+    value = operand_def(TensorType)
+    output = operand_def(TensorType)
+    lse = operand_def(TensorType)
+    grad_query = result_def(TensorType)
+    grad_key = result_def(TensorType)
+    grad_value = result_def(TensorType)
+
+    def __init__(
+        self,
+        operands: Sequence[SSAValue],
+        result_types: Sequence[TensorType],
+        mask: SSAValue | None = None,
+        causal: Causal | None = None,
+        blocks: bool = False,
+        scale: float | None = None,
+    ):
+        super().__init__(
+            operands=[*operands, [] if mask is None else [mask]],
+            properties=attention_properties(causal, blocks, scale),
+            result_types=list(result_types),
+        )
+
+    def infer_shape(self) -> Shape:
+        return gradient_shape(tensor_type(self.query), tensor_type(self.grad_output))
+
+    def extent_source(self, result: int, axis: int) -> tuple[SSAValue, int]:
+        """The operand axis with the extent of `axis` of gradient `result` (1: the keys', 2: the
+        values'); the device axis the operand lacks is the output gradient's."""
+        operand = (self.query, self.key, self.value)[result]
+        if len(gradient_shape(tensor_type(operand), tensor_type(self.grad_output))) > tensor_type(operand).rank:
+            return (self.grad_output, 0) if axis == 0 else (operand, axis - 1)
+        return operand, axis
+
+    def verify_(self) -> None:
+        _, values, batch = self.attention_batch(self.query, self.key, self.value)
+        q = tensor_type(self.query).get_shape()
+        if not shapes_compatible(batch, q[:-2]):
+            raise VerifyException(
+                f"the queries' batch axes {shape_str(q[:-2])} must be the batch {shape_str(batch)} of the "
+                "attention, which their gradient has"
+            )
+        out = (*batch, q[-2], values.width)
+        element_type = self.expected_element_type()
+        for value, shape, type_, what in (
+            (self.grad_output, out, element_type, "output's gradient"),
+            (self.output, out, element_type, "output"),
+            (self.lse, out[:-1], Float32Type(), "log-sum-exp"),
+        ):
+            declared = tensor_type(value)
+            if declared.element_type != type_ or not shapes_compatible(declared.get_shape(), shape):
+                raise VerifyException(
+                    f"the {what} is {shape_str(declared.get_shape())} {declared.element_type}; expected "
+                    f"{shape_str(shape)} {type_}"
+                )
+        grad = tensor_type(self.grad_output)
+        self.verify_results(
+            [
+                (result, gradient_shape(tensor_type(operand), grad), element_type, f"{what}' gradient")
+                for result, operand, what in (
+                    (self.grad_query, self.query, "queries"),
+                    (self.grad_key, self.key, "keys"),
+                    (self.grad_value, self.value, "values"),
+                )
+            ]
+        )
+
+
+ATTENTION_OPS = (AttentionOp, AttentionBackwardOp)
+
+
 UNARY_OPS: tuple[type[UnaryOp], ...] = (
     NegOp,
     AbsOp,
@@ -1249,7 +1672,9 @@ Fusion = Dialect(
         MatmulOp,
         LinearOp,
         AtenOp,
+        AttentionOp,
+        AttentionBackwardOp,
     ],
-    [ParallelTypeAttr, DeviceMeshAttr, TensorType],
+    [ParallelTypeAttr, DeviceMeshAttr, TensorType, CausalAttr],
 )
 

@@ -21,6 +21,8 @@ from typing import ClassVar, NamedTuple
 from xdsl.dialects.builtin import (
     I64,
     DenseArrayBase,
+    FloatAttr,
+    Float32Type,
     IndexType,
     IntAttr,
     StringAttr,
@@ -47,6 +49,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     result_def,
@@ -60,6 +63,7 @@ from xdsl.traits import Pure, SymbolTable, SymbolUserOpInterface
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
+from hostir_dialect import fusion
 from hostir_dialect.fusion import (
     DYNAMIC,
     BinaryOp,
@@ -1126,6 +1130,166 @@ class ReductionOp(ComputeOp):
             )
 
 
+class AttentionComputeOp(ComputeOp, ABC):
+    """`fusion.attention` or its backward on buffers, with the same properties (the causal
+    mask, blocked keys, the scale; a mask operand is the last of `ins`), and an optional
+    `block` index: the keys and values are then the rows of one device, the one at position
+    `block` of the queries' mesh, which a causal layout places in the sequence (the ring of
+    context parallelism computes one such block per step). The outs are written in their own
+    element type: the queries', or f32 where a ring keeps its running sums.
+
+    `hir.attention causal head_tail block %s ins(%q, %k, %v : Tq, Tk, Tv) outs(%out, %lse : To, Tl)`
+    """
+
+    OPERANDS: ClassVar[int]
+    """The ins before an optional mask."""
+
+    assembly_format = None  # printed and parsed below: the properties take keywords
+
+    causal = opt_prop_def(fusion.CausalAttr)
+    blocks = opt_prop_def(UnitAttr)
+    scale = opt_prop_def(FloatAttr)
+    block = opt_operand_def(IndexType)
+
+    def __init__(
+        self,
+        ins: Sequence[SSAValue],
+        outs: Sequence[SSAValue],
+        properties: dict[str, Attribute],
+        block: SSAValue | None = None,
+    ):
+        IRDLOperation.__init__(self, operands=[[] if block is None else [block], ins, outs], properties=properties)
+
+    @property
+    def causal_mask(self) -> fusion.Causal | None:
+        return None if self.causal is None else self.causal.data
+
+    @property
+    def mask(self) -> SSAValue | None:
+        return self.ins[self.OPERANDS] if len(self.ins) > self.OPERANDS else None
+
+    def attention_batch(
+        self, query: SSAValue, key: SSAValue, value: SSAValue
+    ) -> tuple[fusion.Keys, fusion.Keys, tuple[int, ...]]:
+        """The keys, the values and the batch axes, the mask and the block checked."""
+        q = tensor_type(query)
+        blocks = self.blocks is not None
+        keys, values, batch = fusion.check_attention_operands(q, tensor_type(key), tensor_type(value), blocks)
+        mask = None if self.mask is None else tensor_type(self.mask)
+        fusion.check_attention_mask(q, keys, batch, mask, self.causal_mask, blocks)
+        if mask is not None:
+            batch = fusion.broadcast_shapes(batch, mask.get_shape()[:-2])
+        if self.block is None:
+            fusion.check_whole_keys(q, keys, self.causal_mask)
+            return keys, values, batch
+        if self.causal_mask is None or not self.causal_mask.is_layout or blocks:
+            raise VerifyException(
+                "block names the device whose rows the keys are, which places them in a sequence "
+                "sharded over the queries' mesh: it needs causal contiguous or head_tail, and keys not in blocks"
+            )
+        rows = q.get_shape()[-2]
+        if DYNAMIC not in (rows, keys.rows) and keys.rows != rows:
+            raise VerifyException(f"the keys of a block are the {rows} rows of one device, but there are {keys.rows}")
+        return keys, values, batch
+
+    def verify_outs(self, expected: Sequence[tuple[int, tuple[int, ...], tuple[Attribute, ...], str]]) -> None:
+        for index, shape, element_types, what in expected:
+            declared = tensor_type(self.outs[index])
+            if declared.element_type not in element_types:
+                raise VerifyException(
+                    f"the {what} is {declared.element_type}; expected "
+                    + " or ".join(str(t) for t in dict.fromkeys(element_types))
+                )
+            if not shapes_compatible(declared.get_shape(), shape):
+                raise VerifyException(
+                    f"the {what} has shape {shape_str(declared.get_shape())}, but the ins give {shape_str(shape)}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        fusion.print_attention_properties(printer, self)
+        if self.block is not None:
+            printer.print_string(" block ")
+            printer.print_operand(self.block)
+        for keyword, values in (("ins", self.ins), ("outs", self.outs)):
+            printer.print_string(f" {keyword}(")
+            printer.print_list(values, printer.print_operand)
+            printer.print_string(" : ")
+            printer.print_list([v.type for v in values], printer.print_attribute)
+            printer.print_string(")")
+        printer.print_op_attributes(self.attributes)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> AttentionComputeOp:
+        properties = fusion.parse_attention_properties(parser)
+        block = parser.parse_operand(IndexType()) if parser.parse_optional_keyword("block") else None
+        groups = []
+        for keyword in ("ins", "outs"):
+            parser.parse_keyword(keyword)
+            parser.parse_punctuation("(")
+            names = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_unresolved_operand)
+            parser.parse_punctuation(":")
+            types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type)
+            parser.parse_punctuation(")")
+            if len(names) != len(types):
+                parser.raise_error(f"{len(names)} {keyword} but {len(types)} types")
+            groups.append([parser.resolve_operand(n, t) for n, t in zip(names, types)])
+        op = cls(*groups, properties, block)
+        op.attributes |= parser.parse_optional_attr_dict()
+        return op
+
+
+@irdl_op_definition
+class AttentionOp(AttentionComputeOp):
+    """`fusion.attention` on buffers: `ins(%q, %k, %v[, %mask]) outs(%out, %lse)`."""
+
+    name = "hir.attention"
+    NUM_INS: ClassVar[tuple[int, ...]] = (3, 4)
+    NUM_OUTS: ClassVar[tuple[int, ...]] = (2,)
+    OPERANDS: ClassVar[int] = 3
+
+    def verify_(self) -> None:
+        super().verify_()
+        q, k, v = self.ins[:3]
+        _, values, batch = self.attention_batch(q, k, v)
+        rows, element_type = tensor_type(q).get_shape()[-2], tensor_type(q).element_type
+        self.verify_outs(
+            [
+                (0, (*batch, rows, values.width), (element_type, Float32Type()), "output"),
+                (1, (*batch, rows), (Float32Type(),), "log-sum-exp"),
+            ]
+        )
+
+
+@irdl_op_definition
+class AttentionBackwardOp(AttentionComputeOp):
+    """`fusion.attention_backward` on buffers: `ins(%dout, %q, %k, %v, %out, %lse[, %mask])
+    outs(%dq, %dk, %dv)`; with `block`, the gradients of the keys and values are those of
+    that block's rows, the queries' gradient their share of it."""
+
+    name = "hir.attention_backward"
+    NUM_INS: ClassVar[tuple[int, ...]] = (6, 7)
+    NUM_OUTS: ClassVar[tuple[int, ...]] = (3,)
+    OPERANDS: ClassVar[int] = 6
+
+    def verify_(self) -> None:
+        super().verify_()
+        grad_output, q, k, v = self.ins[:4]
+        self.attention_batch(q, k, v)
+        element_type = tensor_type(q).element_type
+        grad = tensor_type(grad_output)
+        self.verify_outs(
+            [
+                (
+                    index,
+                    fusion.gradient_shape(tensor_type(operand), grad),
+                    (element_type, Float32Type()),
+                    f"{what}' gradient",
+                )
+                for index, operand, what in ((0, q, "queries"), (1, k, "keys"), (2, v, "values"))
+            ]
+        )
+
+
 @irdl_op_definition
 class AtenOp(ComputeOp):
     """`fusion.aten` on buffers: the ATen op `target` on the local pieces of `ins`, its
@@ -1310,6 +1474,15 @@ class SegmentCallOp(ComputeOp, ABC):
         return callee
 
 
+def segment_name(host: func.FuncOp, stem: str = "segment") -> str:
+    """The symbol of a new segment of `host`: `<host>_<stem>_<k>` with the first `k` that names
+    no symbol of its module yet."""
+    k = 0
+    while SymbolTable.lookup_symbol(host, f"{host.sym_name.data}_{stem}_{k}"):
+        k += 1
+    return f"{host.sym_name.data}_{stem}_{k}"
+
+
 @irdl_op_definition
 class LaunchKernelOp(SegmentCallOp):
     """Launches the segment compiled into one kernel (nvFuser's LaunchKernel)."""
@@ -1364,6 +1537,8 @@ Hir = Dialect(
         AtenOp,
         PointwiseOp,
         ReductionOp,
+        AttentionOp,
+        AttentionBackwardOp,
         LaunchKernelOp,
         PostOnStreamOp,
     ],

@@ -33,6 +33,12 @@ def _stream_parallel() -> type[ModulePass]:
     return StreamParallelLowering
 
 
+def _attention_ring() -> type[ModulePass]:
+    from hostir.passes.lowering.attention_ring import AttentionRing
+
+    return AttentionRing
+
+
 def _reduce_scatter_in_matmul() -> type[ModulePass]:
     from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
 
@@ -86,6 +92,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "insert-reshardings": _insert_reshardings,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
+    "attention-ring": _attention_ring,
     "reduce-scatter-in-matmul": _reduce_scatter_in_matmul,
     "allreduce-in-matmul": _allreduce_in_matmul,
     "copy-engine-pipelining": _copy_engine_pipelining,

@@ -1,6 +1,6 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
-insert-reshardings, fusion-to-hir, stream-parallel, reduce-scatter-in-matmul,
+insert-reshardings, fusion-to-hir, stream-parallel, attention-ring, reduce-scatter-in-matmul,
 allreduce-in-matmul, copy-engine-pipelining, per-stream-buffers, insert-deallocations,
 forward-buffers, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
 loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
@@ -29,6 +29,7 @@ from hostir.passes.hir.forward_buffers import ForwardBuffers
 from hostir.passes.hir.insert_deallocations import InsertDeallocations
 from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
 from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
+from hostir.passes.lowering.attention_ring import AttentionRing
 from hostir.passes.lowering.fusion_to_hir import FusionToHir
 from hostir.passes.lowering.stream_parallel import StreamParallelLowering
 
@@ -74,6 +75,7 @@ class HirLowering(Pipeline):
             InsertReshardings(),
             FusionToHir(self.backend),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
+            AttentionRing(),
             *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),
             *([AllreduceInMatmul()] if self.allreduce_in_matmul else []),
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),

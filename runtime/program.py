@@ -156,6 +156,8 @@ class Program:
         self.teams = process_group_teams(host)
         """The teams that need a process group, each once, in program order."""
         self.largest_device = largest_device(host)
+        self.expected_values: dict[int, tuple[torch.Tensor, str]] = {}
+        """Inputs whose values are promised (`expect`): each one's value on this rank, and what it is."""
 
     def __repr__(self) -> str:
         """The entry's signature in IR types, the world it needs, its process-group teams, and
@@ -241,6 +243,27 @@ class Program:
                 outputs[i] = outputs[i].clone()
         kept = set(views_of)
         return _apart_from([x for i, x in enumerate(inputs) if i not in kept], outputs)
+
+    def expect(self, index: int, value: torch.Tensor, what: str) -> None:
+        """Promises that input `index` holds `value` on this rank (`what` says what it is): every
+        run checks it with the inputs' types, before the program communicates, and fails on every
+        rank where one rank's input breaks it. For a caller that compiled the program on the
+        strength of input values (the torch.compile backend, on the positions of a sequence laid
+        out as its `sequence_layout` option says), so that no run computes something else in silence."""
+        self.expected_values[index] = (value, what)
+
+    def value_problem(self, index: int, value: torch.Tensor) -> str | None:
+        """How `value`, as input `index` on this rank, breaks the promise of `expect`, if it does."""
+        if index not in self.expected_values:
+            return None
+        expected, what = self.expected_values[index]
+        if value.shape == expected.shape and value.dtype == expected.dtype and value.device == expected.device:
+            # The very tensor (a mask the caller made once and hands back) needs no comparison.
+            if value.data_ptr() == expected.data_ptr() and value.stride() == expected.stride():
+                return None
+            if torch.equal(value, expected):
+                return None
+        return f"its values are not {what}, which the program was compiled for"
 
     def symmetric_empty(
         self, index: int, shape: Sequence[int], communicator: Communicator | None = None
@@ -397,6 +420,8 @@ class Program:
             problem = _input_problem(value, declared, communicator, i in self.aten_inputs)
             if not problem and i in self.symmetric_inputs:
                 problem = _symmetric_input_problem(value, declared, communicator)
+            if not problem:
+                problem = self.value_problem(i, value)
             if problem:
                 return i, f"input #{i} of @{name} on rank {communicator.rank}: {problem}"
         return None
@@ -420,7 +445,7 @@ class Program:
         if verdict == WRONG_INPUT_COUNT:
             name, takes = self.host.sym_name.data, len(self.input_types)
             return f"rank {rank} gave {count} input(s), @{name} takes {takes}"
-        return f"input #{verdict} on rank {rank} does not fit its type (rank {rank} says how)"
+        return f"input #{verdict} on rank {rank} is not what the program takes (rank {rank} says how)"
 
     def _agreed_extents(self, rows: dict[int, Sequence[int]]) -> dict[tuple[int, int], int]:
         """The extent of each dynamic input axis, which every rank holding the input must agree on."""

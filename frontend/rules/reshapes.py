@@ -1,5 +1,5 @@
-"""The importer's rules for reshapes, whole slices and the concatenation of a split: FX views of
-the same piece, which write no op.
+"""The importer's rules for reshapes, whole slices, clones and the concatenation of a split: FX
+views of the same piece, which write no op.
 """
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ def _whole_slice(importer: Importer, node: torch.fx.Node) -> Value | None:
     if not isinstance(source, Value) or tuple(result_of(node).shape) != source.shape:
         return None
     return source
+
+
+@rule(aten.clone.default)
+def _clone(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """A clone, which eager makes to lay a tensor out anew (contiguous before a view): the same
+    piece, since hostir lays its buffers out anew anyway, so that the pieces of a gathered or
+    regrouped tensor keep their axes through it. A clone the graph returns is ATen's: an output
+    must not share its memory with what it cloned."""
+    if set(node.kwargs) - {"memory_format"} or any(user.op == "output" for user in node.users):
+        return None
+    source = importer.arg(node.args[0])
+    return source if isinstance(source, Value) else None
 
 
 def split_pieces(node: torch.fx.Node) -> tuple[torch.fx.Node, int, int] | None:

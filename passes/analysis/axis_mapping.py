@@ -217,6 +217,95 @@ def _aten(op: fusion.AtenOp | hir.AtenOp) -> list[AxisMap]:
     ]
 
 
+def _keys_map(keys: SSAValue, blocks: bool, batch_rank: int) -> list[int | None]:
+    """The keys' (or values') batch axes onto the output's batch, right-aligned; the block
+    axis, the rows and the row's extent onto none."""
+    type = tensor_type(keys)
+    block_axis = fusion.key_block_axis(type) if blocks else None
+    batch_axes = [axis for axis in range(type.rank - 2) if axis != block_axis]
+    aligned = dict(zip(batch_axes, right_aligned(len(batch_axes), batch_rank)))
+    return [aligned.get(axis) for axis in range(type.rank)]
+
+
+def _attention_maps(
+    query: SSAValue, key: SSAValue, value: SSAValue, mask: SSAValue | None, output: SSAValue, blocks: bool
+) -> list[AxisMap]:
+    """An attention's operands onto an output `[*batch, Lq, Ev]`: the queries' batch and rows
+    through, their width contracted; the keys' batch through (the block axis, the rows and
+    their width reduced); the values' too, their width the output's last axis; a mask's batch
+    and query rows through, its key rows reduced."""
+    rank = _rank(output)
+    batch = rank - 2
+    q = (*right_aligned(_rank(query) - 2, batch), batch, None)
+    v = _keys_map(value, blocks, batch)
+    v[-1] = rank - 1
+    maps = [q, tuple(_keys_map(key, blocks, batch)), tuple(v)]
+    if mask is not None:
+        maps.append((*right_aligned(_rank(mask) - 2, batch), batch, None))
+    return maps
+
+
+def _fusion_attention(op: fusion.AttentionOp) -> list[AxisMap]:
+    return _attention_maps(op.query, op.key, op.value, op.mask, op.out, op.blocks is not None)
+
+
+def _fusion_attention_backward(op: fusion.AttentionBackwardOp) -> list[AxisMap]:
+    """Onto the queries' gradient: the output, its gradient and the log-sum-exp relate through
+    the queries' batch and rows; the queries are it."""
+    operands = (op.grad_output, op.query, op.key, op.value, op.output, op.lse)
+    return _attention_backward_maps(*operands, op.mask, op.grad_query, op.blocks is not None)
+
+
+def _attention_backward_maps(
+    grad_output: SSAValue,
+    query: SSAValue,
+    key: SSAValue,
+    value: SSAValue,
+    output: SSAValue,
+    lse: SSAValue,
+    mask: SSAValue | None,
+    grad_query: SSAValue,
+    blocks: bool,
+) -> list[AxisMap]:
+    rank = _rank(grad_query)
+    batch = rank - 2
+    rows = (*right_aligned(_rank(grad_output) - 2, batch), batch, None)
+    maps: list[AxisMap] = [
+        rows,
+        right_aligned(_rank(query), rank),
+        tuple(_keys_map(key, blocks, batch)),
+        tuple(_keys_map(value, blocks, batch)),
+        rows,
+        right_aligned(_rank(lse), rank - 1),
+    ]
+    if mask is not None:
+        maps.append((*right_aligned(_rank(mask) - 2, batch), batch, None))
+    return maps
+
+
+def _hir_attention(op: hir.AttentionOp) -> list[AxisMap]:
+    """`fusion.attention`'s maps, then the outs: the output itself, the log-sum-exp its batch
+    and rows."""
+    q, k, v = op.ins[:3]
+    maps = _attention_maps(q, k, v, op.mask, op.outs[0], op.blocks is not None)
+    return [*maps, right_aligned(_rank(op.outs[0]), _rank(op.outs[0])), tuple(range(_rank(op.outs[1])))]
+
+
+def _hir_attention_backward(op: hir.AttentionBackwardOp) -> list[AxisMap]:
+    """`fusion.attention_backward`'s maps, then the outs: the queries' gradient itself, the
+    keys' and values' gradients their batch axes."""
+    blocks = op.blocks is not None
+    grad_query, grad_key, grad_value = op.outs
+    maps = _attention_backward_maps(*op.ins[:6], op.mask, grad_query, blocks)
+    batch = _rank(grad_query) - 2
+    return [
+        *maps,
+        right_aligned(_rank(grad_query), _rank(grad_query)),
+        tuple(_keys_map(grad_key, blocks, batch)),
+        tuple(_keys_map(grad_value, blocks, batch)),
+    ]
+
+
 _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     fusion.SetOp: _elementwise,
     fusion.CastOp: _elementwise,
@@ -227,7 +316,11 @@ _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     fusion.MatmulOp: _fusion_matmul,
     fusion.LinearOp: _fusion_linear,
     fusion.AtenOp: _aten,
+    fusion.AttentionOp: _fusion_attention,
+    fusion.AttentionBackwardOp: _fusion_attention_backward,
     hir.AtenOp: _aten,
+    hir.AttentionOp: _hir_attention,
+    hir.AttentionBackwardOp: _hir_attention_backward,
     hir.CopyOp: _elementwise,
     hir.PointwiseOp: _elementwise,
     hir.ReductionOp: _hir_reduction,

@@ -1,7 +1,7 @@
 """auto-stream-parallel: choose the stream axes of a fusion written without any.
 
 A user of torch.compile writes no `stream` axis, and neither need a user of the
-builder. This pass finds the two chains that hide communication behind GEMMs:
+builder. This pass finds the chains that hide communication behind GEMMs and attention:
 
 * an all-gather whose pieces feed matmuls: the gathered axis becomes the stream axis of
   the gather and of the matmuls' results, which stream-parallel lowers to the
@@ -13,7 +13,13 @@ builder. This pass finds the two chains that hide communication behind GEMMs:
   chunks, or an allreduce of one whose rows are (the torch importer cuts them into the
   chunks the cost model chooses): the chunk axis becomes the stream axis of the matmul,
   of the pointwise ops between them and of the reduction, so that chunk `i`'s
-  reduction runs while chunk `i + 1`'s GEMM does.
+  reduction runs while chunk `i + 1`'s GEMM does;
+* keys and values all-gathered along the sequence for an attention (context
+  parallelism): the gathered pieces, the blocks of the keys, become the stream axis of
+  both gathers, which `attention-ring` turns into a ring that computes the attention of
+  each block as it arrives; and in the backward, the blocks of the keys' and values'
+  gradients that reduce-scatters send to their owners, which it turns into a ring that
+  sends each block's shares as they are computed.
 
 Each chain it pipelines, and each candidate it leaves alone with the reason, it says on
 the `hostir.pipelining` logger, at INFO level (`HOSTIR_DUMP=pipelining`, `hostir.logs`).
@@ -126,6 +132,8 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
         devices = source.mesh.ids
         if devices != tuple(range(devices[0], devices[0] + len(devices))):
             return _declined(op, "the ring visits the devices of a mesh of consecutive ids only")
+        if any(isinstance(use.operation, fusion.AttentionOp) for use in op.result.uses):
+            return  # keys or values: PipelineAllgatherIntoAttention's
         users = [
             use.operation
             for use in op.result.uses
@@ -150,6 +158,83 @@ class PipelineAllgatherIntoMatmuls(RewritePattern):
         for user, result_axis in targets:
             copies.append(_make_stream(rewriter, user.result, result_axis))
         self.pipelines.add([op, *users], copies)
+
+
+def _consecutive(mesh: fusion.DeviceMeshAttr) -> bool:
+    return mesh.ids == tuple(range(mesh.ids[0], mesh.ids[0] + mesh.size))
+
+
+def _declined_attention(op: fusion.ScaledDotProductOp, reason: str) -> None:
+    logs.say("pipelining", f"{_named(op)} of {tensor_type(op.operands[0]).sharding_str()} is not a ring: {reason}")
+
+
+@dataclass
+class PipelineAllgatherIntoAttention(RewritePattern):
+    """An attention whose keys and values in blocks are each a `fusion.set` gathering the `didx`
+    axis of the same mesh into the blocks -> the blocks are `stream` in both sets' results.
+
+    Other readers of the gathered keys (the forward's output that aot_autograd saves for the
+    backward) read a copy of them made after the ring."""
+
+    pipelines: Pipelines
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: fusion.AttentionOp, rewriter: PatternRewriter, /) -> None:
+        if op.blocks is None:
+            return _declined_attention(op, "its keys and values are not in blocks (gathered pieces)")
+        if op.causal_mask == fusion.Causal.TOP_LEFT:
+            return _declined_attention(op, "SDPA's top-left causal mask over gathered keys is no mask of positions")
+        sets = [x.owner for x in (op.key, op.value)]
+        if not all(isinstance(gather, fusion.SetOp) for gather in sets):
+            return _declined_attention(op, "its keys and values are not all-gathered")
+        for gather in sets:
+            source, gathered = tensor_type(gather.input), tensor_type(gather.result)
+            if gathered.stream_axis is not None:
+                return
+            if source.didx_axis != 0 or gathered.didx_axis is not None or source.mesh != gathered.mesh:
+                return _declined_attention(op, "its keys or values are not gathered from the devices into their blocks")
+        if not _consecutive(tensor_type(sets[0].input).mesh) or tensor_type(sets[1].input).mesh != tensor_type(sets[0].input).mesh:
+            return _declined_attention(op, "the ring visits the devices of one mesh of consecutive ids only")
+        copies = [_make_stream(rewriter, gather.result, 0, pipelined=[op]) for gather in sets]
+        self.pipelines.add([*sets, op], copies)
+
+
+@dataclass
+class PipelineAttentionGradientsIntoReduceScatter(RewritePattern):
+    """An attention backward whose keys' and values' gradients in blocks are each read by one
+    reduce-scatter alone, which sends block `s` to device `s` -> the blocks are `stream` in both
+    gradients."""
+
+    pipelines: Pipelines
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: fusion.AttentionBackwardOp, rewriter: PatternRewriter, /) -> None:
+        gradients = (op.grad_key, op.grad_value)
+        if op.blocks is None:
+            return _declined_attention(op, "its keys and values are not in blocks")
+        if op.causal_mask == fusion.Causal.TOP_LEFT:
+            return _declined_attention(op, "SDPA's top-left causal mask over gathered keys is no mask of positions")
+        scatters = [_blocks_scattered(gradient) for gradient in gradients]
+        if None in scatters:
+            return _declined_attention(op, "its keys' and values' gradients are not reduce-scattered by blocks alone")
+        if not _consecutive(tensor_type(op.grad_key).mesh):
+            return _declined_attention(op, "the ring visits the devices of a mesh of consecutive ids only")
+        for gradient in gradients:
+            rewriter.replace_value_with_new_type(gradient, _with_stream_axis(tensor_type(gradient), 1))
+        self.pipelines.add([op, *scatters], [])
+
+
+def _blocks_scattered(gradient: SSAValue) -> fusion.SumOp | None:
+    """The reduce-scatter that is the one reader of a keys' gradient `[D(didx), C, ...]` and
+    gives device `s` the sum of block `s` (its result's didx axis is the blocks'), if any."""
+    type = tensor_type(gradient)
+    if not gradient.has_one_use() or type.didx_axis != 0 or type.stream_axis is not None:
+        return None
+    reader = gradient.get_user_of_unique_use()
+    if not isinstance(reader, fusion.SumOp) or reader.reduced_axes != (0,) or reader.keeps_dims:
+        return None
+    result = tensor_type(reader.result)
+    return reader if result.didx_axis == 0 and result.mesh == type.mesh else None
 
 
 @dataclass
@@ -237,6 +322,8 @@ class PipelineMatmulIntoReduction(RewritePattern):
         source, result = tensor_type(op.input), tensor_type(op.result)
         if source.didx_axis is None or op.reduced_axes != (source.didx_axis,):
             return
+        if isinstance(op.input.owner, fusion.AttentionBackwardOp):
+            return  # the gradients of keys and values: PipelineAttentionGradientsIntoReduceScatter's
         axis = 0 if result.didx_axis is None else result.didx_axis + 1
         if result.stream_axis is not None or axis >= result.rank or result.get_shape()[axis] in (1, DYNAMIC):
             return
@@ -303,8 +390,9 @@ def _has_stream_axis(module: ModuleOp) -> bool:
 
 @dataclass(frozen=True)
 class AutoStreamParallel(ModulePass):
-    """Chooses stream axes for the all-gathers that feed matmuls and the reduce-scatters
-    and allreduces of matmuls' chunks, in a fusion that has none.
+    """Chooses stream axes for the all-gathers that feed matmuls, the reduce-scatters and
+    allreduces of matmuls' chunks, and the keys and values of attention all-gathered along
+    the sequence (and their gradients reduce-scattered back), in a fusion that has none.
 
     `enabled=false` leaves every fusion as it is.
     """
@@ -322,7 +410,12 @@ class AutoStreamParallel(ModulePass):
         pipelines = Pipelines()
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
-                [PipelineAllgatherIntoMatmuls(pipelines), PipelineMatmulIntoReduction(pipelines)]
+                [
+                    PipelineAllgatherIntoMatmuls(pipelines),
+                    PipelineMatmulIntoReduction(pipelines),
+                    PipelineAllgatherIntoAttention(pipelines),
+                    PipelineAttentionGradientsIntoReduceScatter(pipelines),
+                ]
             ),
             apply_recursively=False,
         ).rewrite_module(op)

@@ -9,8 +9,9 @@ with the same name and signature, as `docs/design.md` ("Host programs") describe
   broadcasts, which only moves data: nvFuser's HostUnit);
 * a set or a reduction that reshards becomes the communication that
   `sharding.plan_resharding` names, each followed by `hir.wait`;
-* matmul, linear, ATen calls, local reductions and local sets become `hir.matmul`,
-  `hir.linear`, `hir.aten`, `hir.reduction` and `hir.copy`;
+* matmul, linear, attention (and its backward), ATen calls, local reductions and local
+  sets become `hir.matmul`, `hir.linear`, `hir.attention` (`hir.attention_backward`),
+  `hir.aten`, `hir.reduction` and `hir.copy`;
 * each result is a buffer allocated right before the op that fills it, sized from
   `hir.dim`s of the arguments (at the top of the program) through the ops' shape rules.
 
@@ -145,6 +146,9 @@ class Extents:
                 return allocation.size_of(axis)
             case OpResult(op=func.CallOp() as call):
                 return self._through_call(call, value.index, axis)
+            case OpResult(op=fusion.ScaledDotProductOp() as op) if value.index:
+                # The maps relate the operands to the first result; the others say whose axis theirs are.
+                return self.of(*op.extent_source(value.index, axis))
             case OpResult(op=FusionOp() as op):
                 return self._broadcast(
                     [
@@ -244,7 +248,7 @@ class OutlinePointwiseRun(RewritePattern):
         from_run = [o for o in run if o in in_segment or o in constants]
         body.add_ops([o.clone(values) for o in (*from_before, *from_run)])
         body.add_op(func.ReturnOp(*(values[value] for value in outputs)))
-        name = segment_name(function)
+        name = hir.segment_name(function)
         segment = func.FuncOp(
             name,
             ([value.type for value in inputs], [value.type for value in outputs]),
@@ -307,14 +311,6 @@ def is_recomputed(op: Operation | Block) -> bool:
     return isinstance(op, fusion.ConstantOp) and all(is_pointwise(use.operation) for use in op.result.uses)
 
 
-def segment_name(function: func.FuncOp) -> str:
-    """`<host>_segment_<k>` with the first `k` that names no symbol yet."""
-    k = 0
-    while SymbolTable.lookup_symbol(function, f"{function.sym_name.data}_segment_{k}"):
-        k += 1
-    return f"{function.sym_name.data}_segment_{k}"
-
-
 # --------------------------------------------------------------------------- #
 # Lowering to buffers                                                          #
 # --------------------------------------------------------------------------- #
@@ -358,6 +354,18 @@ class LowerCompute(BufferLowering):
     def fill(self, op: Operation, outs: Sequence[SSAValue]) -> list[Operation]:
         require_local(op)
         return [self.hir_op(op.operands, outs)]
+
+
+class LowerAttention(BufferLowering):
+    """`fusion.attention` or its backward -> the hir op of the same name, with its properties."""
+
+    def lowers(self, op: Operation) -> bool:
+        return isinstance(op, fusion.ATTENTION_OPS)
+
+    def fill(self, op: fusion.ScaledDotProductOp, outs: Sequence[SSAValue]) -> list[Operation]:
+        require_local(op)
+        hir_op = hir.AttentionOp if isinstance(op, fusion.AttentionOp) else hir.AttentionBackwardOp
+        return [hir_op(op.operands, outs, dict(op.properties))]
 
 
 class LowerAten(BufferLowering):
@@ -507,6 +515,7 @@ class FusionToHir(ModulePass):
                 [
                     LowerCompute(fusion.MatmulOp, hir.MatmulOp),
                     LowerCompute(fusion.LinearOp, hir.LinearOp),
+                    LowerAttention(),
                     LowerAten(),
                     LowerLocalReduction(),
                     LowerLocalCopy(),

@@ -4,8 +4,11 @@ A table of small checks (`STREAM_AXIS_CHECKS`), each of which names the op and t
 where an op's stream axes cannot be pipelined: two operands with different stream axes,
 a stream axis that the op reduces, a reduced axis kept with extent 1 as the stream axis,
 a matmul whose M or N is the stream axis of a batched product, a point-to-point
-allgather over a mesh of non-consecutive devices, and a `didx` axis that becomes a stream
-axis through anything but an allgather or a copy (docs/design.md says why each).
+allgather over a mesh of non-consecutive devices, a `didx` axis that becomes a stream
+axis through anything but an allgather or a copy, and a stream axis of an attention
+other than the blocks of its keys (docs/design.md says why each). The blocks of an
+attention's keys, which it reduces, may be stream: `attention-ring` lowers them to a
+ring that merges what each block gives.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import ParallelType, tensor_type
+from hostir_dialect.fusion import ParallelType, key_block_axis, tensor_type
 from hostir_dialect.text import HostirError
 from hostir.passes.analysis.axis_mapping import (
     AxisMap,
@@ -47,11 +50,25 @@ def p2p_gathered_axis(op: Operation) -> int | None:
 
 AxisMaps = list[tuple[SSAValue, AxisMap]]
 
+ATTENTION_OPS = (hir.AttentionOp, hir.AttentionBackwardOp)
+
+
+def streamed_key_blocks(op: Operation, buffer: SSAValue) -> bool:
+    """Whether `buffer` is keys or values in blocks of an attention op (or their gradients, the
+    outs of a backward), with its stream axis on the blocks: the ring of `attention-ring`."""
+    if not isinstance(op, ATTENTION_OPS) or op.blocks is None:
+        return False
+    keys = [*op.ins[op.OPERANDS - 4 : op.OPERANDS - 2]] if isinstance(op, hir.AttentionBackwardOp) else [*op.ins[1:3]]
+    if isinstance(op, hir.AttentionBackwardOp):
+        keys += op.outs[1:]
+    type = tensor_type(buffer)
+    return buffer in keys and type.stream_axis == key_block_axis(type)
+
 
 def _reduced_stream_axis(op: Operation, maps: AxisMaps) -> str | None:
     for index, (operand, axis_map) in enumerate(maps):
         stream = tensor_type(operand).stream_axis
-        if stream is not None and axis_map[stream] is None:
+        if stream is not None and axis_map[stream] is None and not streamed_key_blocks(op, operand):
             verb = "contracts" if isinstance(op, hir.MatmulOp | hir.LinearOp) else "reduces"
             return (
                 f"{op.name} {verb} axis {stream} of {describe_typed_operand(op, index)}, "
@@ -130,7 +147,20 @@ def _didx_to_stream(op: Operation, maps: AxisMaps) -> str | None:
     return None
 
 
+def _attention_stream_axis(op: Operation, maps: AxisMaps) -> str | None:
+    if not isinstance(op, ATTENTION_OPS):
+        return None
+    for index, (operand, _) in enumerate(maps):
+        if tensor_type(operand).stream_axis is not None and not streamed_key_blocks(op, operand):
+            return (
+                f"{op.name}: {describe_typed_operand(op, index)} has a stream axis; an attention "
+                "streams only the blocks of its keys and values (attention-ring makes a ring of them)"
+            )
+    return None
+
+
 STREAM_AXIS_CHECKS: tuple[Callable[[Operation, AxisMaps], str | None], ...] = (
+    _attention_stream_axis,
     _reduced_stream_axis,
     _disagreeing_stream_axes,
     _reduced_output_axis,

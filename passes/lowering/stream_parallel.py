@@ -390,15 +390,21 @@ def _expression(value: SSAValue, induction: SSAValue) -> object:
     )
 
 
+DATA_MOVEMENT = (hir.PostOnStreamOp, hir.CopyOp)
+"""Ops between two stream loops that only move data, which move before the first if it does not
+touch their buffers."""
+
+
 class MergeStreamLoops(RewritePattern):
     """Moves the work of a stream loop into the previous work loop over the same extent.
 
-    Ops in between that only define values move before the first loop, and so does a
-    data-movement segment (`hir.post_on_stream`: a weight read through a broadcast)
-    whose buffers the first loop does not use: it cannot depend on the loop, nor the
-    loop on it, so it is loop-invariant, and left between the loops it would split the
-    pipeline (the intermediate between them would then be allocated whole, not one slice
-    per stream). The second loop's synchronisation loop goes, and its slices that the
+    Ops in between that only define values move before the first loop, and so does an op
+    that only moves data (a `hir.post_on_stream` segment: a weight read through a
+    broadcast; a `hir.copy`: the copy into symmetric memory of the shard that a
+    copy-engine ring sends) whose buffers the first loop does not use: it cannot depend
+    on the loop, nor the loop on it, so it is loop-invariant, and left between the loops
+    it would split the pipeline (the intermediate between them would then be allocated
+    whole, not one slice per stream; two rings would run one after the other). The second loop's synchronisation loop goes, and its slices that the
     first loop already made are reused.
 
     An iteration of a ring point-to-point allgather works on its slot, not on slot `i`:
@@ -415,14 +421,14 @@ class MergeStreamLoops(RewritePattern):
             return
         between: list[Operation] = []
         previous = second.start.prev_op
-        while previous is not None and (_only_defines_values(previous) or isinstance(previous, hir.PostOnStreamOp)):
+        while previous is not None and (_only_defines_values(previous) or isinstance(previous, DATA_MOVEMENT)):
             between.append(previous)
             previous = previous.prev_op
         first = StreamLoop.match(previous)
         if first is None or first.is_sync_loop or known_extent(first.loop.ub) != known_extent(op.ub):
             return
-        segments = [between_op for between_op in between if isinstance(between_op, hir.PostOnStreamOp)]
-        if segments and _buffers(segments) & _buffers([first.start, first.loop]):
+        movements = [between_op for between_op in between if isinstance(between_op, DATA_MOVEMENT)]
+        if movements and _buffers(movements) & _buffers([first.start, first.loop]):
             return
         first_index, second_index = first.loop.body.block.args[0], op.body.block.args[0]
         first_slot = _p2p_slot(first)

@@ -28,6 +28,7 @@ from hostir_dialect import fusion
 from hostir_dialect.builder import constant_value, torch_dtype
 from hostir_dialect.text import HostirError
 from hostir.runtime.interpreter import aten_calls
+from hostir.runtime.interpreter.attention import evaluate_attention, evaluate_attention_backward
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 """Element types that pointwise math computes in f32."""
@@ -149,6 +150,8 @@ TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.MatmulOp: _ignoring_op(matmul),
     fusion.LinearOp: _ignoring_op(torch.nn.functional.linear),
     fusion.AtenOp: _aten,
+    fusion.AttentionOp: evaluate_attention,
+    fusion.AttentionBackwardOp: evaluate_attention_backward,
 }
 """Fusion op class -> `function(op, *input tensors)` giving the op's result.
 

@@ -168,12 +168,12 @@ def test_inputs_wrong_on_one_rank_make_every_rank_raise_at_once(world, monkeypat
             rf"input #0 of @allreduce on rank {last}: expected local shape \[\?, 1, \?\] \(mesh = \[{', '.join(map(str, range(world)))}\], axes = \[_, didx, _\]\), got \[4, 2, 5\]",
             others.format(
                 name="allreduce",
-                fault=rf"input #0 on rank {last} does not fit its type \(rank {last} says how\)",
+                fault=rf"input #0 on rank {last} is not what the program takes \(rank {last} says how\)",
             ),
         ),
         "dtype": (
             rf"input #0 of @allreduce on rank {last}: expected dtype torch.float32, got torch.float64",
-            others.format(name="allreduce", fault=rf"input #0 on rank {last} does not fit its type"),
+            others.format(name="allreduce", fault=rf"input #0 on rank {last} is not what the program takes"),
         ),
         "count": (
             r"@allreduce takes 1 input\(s\), got 2",
@@ -181,7 +181,7 @@ def test_inputs_wrong_on_one_rank_make_every_rank_raise_at_once(world, monkeypat
         ),
         "placeholder": (
             rf"input #0 of @mesh_change on rank {last}: rank {last} is outside the mesh \[0\], so it takes an empty placeholder",
-            others.format(name="mesh_change", fault=rf"input #0 on rank {last} does not fit its type"),
+            others.format(name="mesh_change", fault=rf"input #0 on rank {last} is not what the program takes"),
         ),
     }
     disagreement = (

@@ -93,6 +93,14 @@ SNIPPETS: dict[str, list[str]] = {
         f"%l = fusion.aten \"aten.where.self\"(%m, %a) call \"[[{{'operand': 0}}, {{'operand': 1}}, 0.5], {{}}]\""
         f" : ({M}, {A}) -> {A}",
     ],
+    "fusion.attention": [
+        f"%o, %l = fusion.attention %m, %m, %m causal top_left scale 0.5 ATTRS : ({M}, {M}, {M}) -> ({M}, {V})",
+        f"%p, %q = fusion.attention %m, %m, %m mask %m : ({M}, {M}, {M}, {M}) -> ({M}, {V})",
+    ],
+    "fusion.attention_backward": [
+        f"%o, %p, %q = fusion.attention_backward %m, %m, %m, %m, %m, %v causal top_left ATTRS"
+        f" : ({M}, {M}, {M}, {M}, {M}, {V}) -> ({M}, {M}, {M})",
+    ],
     "hir.allocate": [
         f"%n = hir.dim %a, 0 : {A}",
         f"%o = hir.allocate(%n) ATTRS : {A}",
@@ -133,6 +141,14 @@ SNIPPETS: dict[str, list[str]] = {
     "hir.reduction": [
         f'hir.reduction "sum" [1] ins(%a : {A}) outs(%r : {R}) ATTRS',
         f'hir.reduction "max" [1] keepdim ins(%a : {A}) outs(%k : {K})',
+    ],
+    "hir.attention": [
+        f"hir.attention causal top_left ins(%m, %m, %m : {M}, {M}, {M}) outs(%m, %v : {M}, {V}) ATTRS",
+        f"hir.attention ins(%m, %m, %m, %m : {M}, {M}, {M}, {M}) outs(%m, %v : {M}, {V})",
+    ],
+    "hir.attention_backward": [
+        f"hir.attention_backward scale 0.5 ins(%m, %m, %m, %m, %m, %v : {M}, {M}, {M}, {M}, {M}, {V})"
+        f" outs(%m, %m, %m : {M}, {M}, {M}) ATTRS",
     ],
     "hir.launch_kernel": [f"hir.launch_kernel @seg ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS"],
     "hir.post_on_stream": [f"hir.post_on_stream @seg ins(%a, %v : {A}, {V}) outs(%a : {A}) ATTRS"],

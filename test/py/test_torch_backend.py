@@ -146,7 +146,7 @@ def test_decoder_layer_forward_and_gradients_match_eager_dtensor(world, dtype, b
     assert not _unplannable_kernels(dump)
     # What hostir understood, and what it calls ATen for.
     assert "fusion.set" in dump and "fusion.sum" in dump and "fusion.matmul" in dump
-    assert 'fusion.aten "aten._scaled_dot_product' in dump
+    assert "= fusion.attention " in dump and "= fusion.attention_backward " in dump
     # The collectives are communication ops (an all-gather that is a ring: sends and receives).
     assert "hir.reduce_scatter" in dump and ("hir.allgather" in dump or "hir.recv" in dump)
     assert results[1]["dump"] == "", "only the first rank of the mesh dumps"

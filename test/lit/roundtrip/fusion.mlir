@@ -230,3 +230,39 @@ func.func @linear(%x: !fusion.tensor<[?, 8, 4], f32>, %w: !fusion.tensor<[16, 4]
   %dot = fusion.linear %x, %v : (!fusion.tensor<[?, 8, 4], f32>, !fusion.tensor<[4], f32>) -> !fusion.tensor<[?, 8], f32>
   func.return
 }
+
+// ====================================================================================
+// fusion.attention and fusion.attention_backward
+// ====================================================================================
+
+// Attention and its log-sum-exp (f32): keys in blocks with a causal layout of the sequence
+// over the queries' mesh, a boolean or additive mask operand (broadcast), SDPA's top-left
+// causal mask, a scale; the backward's gradients, each device's share of replicated keys
+// with the device axis first.
+// CHECK-LABEL: func.func @attention(
+// CHECK-NEXT: %out, %lse = fusion.attention %q, %k, %k causal head_tail blocks : (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>) -> (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>)
+// CHECK-NEXT: %masked, %masked_lse = fusion.attention %qf, %kf, %kf mask %m scale 2.500000e-01 : (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[8, 16], i1>) -> (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8], f32>)
+// CHECK-NEXT: %added, %added_lse = fusion.attention %qf, %kf, %kf mask %a {tag} : (
+// CHECK-NEXT: %causal, %causal_lse = fusion.attention %qf, %qf, %qf causal top_left : (
+// CHECK-NEXT: %dq, %dk, %dv = fusion.attention_backward %out, %q, %k, %k, %out, %lse causal head_tail blocks : (
+// CHECK-SAME: -> (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _, _]>, !fusion.tensor<[2, 2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _, _]>)
+// CHECK-NEXT: %mdq, %mdk, %mdv = fusion.attention_backward %masked, %qf, %kf, %kf, %masked, %masked_lse mask %m scale 2.500000e-01 : (
+// GENERIC-LABEL: sym_name = "attention"
+// GENERIC: %out, %lse = "fusion.attention"(%q, %k, %k) <{causal = #fusion<causal head_tail>, blocks}> : (
+// GENERIC-NEXT: %masked, %masked_lse = "fusion.attention"(%qf, %kf, %kf, %m) <{scale = 2.500000e-01 : f64}> : (
+// GENERIC-NEXT: %added, %added_lse = "fusion.attention"(%qf, %kf, %kf, %a) {tag} : (
+// GENERIC-NEXT: %causal, %causal_lse = "fusion.attention"(%qf, %qf, %qf) <{causal = #fusion<causal top_left>}> : (
+// GENERIC-NEXT: %dq, %dk, %dv = "fusion.attention_backward"(%out, %q, %k, %k, %out, %lse) <{causal = #fusion<causal head_tail>, blocks}> : (
+// GENERIC-NEXT: %mdq, %mdk, %mdv = "fusion.attention_backward"(%masked, %qf, %kf, %kf, %masked, %masked_lse, %m) <{scale = 2.500000e-01 : f64}> : (
+func.func @attention(%q: !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>,
+                     %k: !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>,
+                     %kf: !fusion.tensor<[2, 4, 16, 16], bf16>, %qf: !fusion.tensor<[2, 4, 8, 16], bf16>,
+                     %m: !fusion.tensor<[8, 16], i1>, %a: !fusion.tensor<[1, 8, 16], bf16>) {
+  %out, %lse = fusion.attention %q, %k, %k causal head_tail blocks : (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>) -> (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>)
+  %masked, %masked_lse = fusion.attention %qf, %kf, %kf mask %m scale 0.25 : (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[8, 16], i1>) -> (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8], f32>)
+  %added, %added_lse = fusion.attention %qf, %kf, %kf mask %a {tag} : (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[1, 8, 16], bf16>) -> (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8], f32>)
+  %causal, %causal_lse = fusion.attention %qf, %qf, %qf causal top_left : (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8, 16], bf16>) -> (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8], f32>)
+  %dq, %dk, %dv = fusion.attention_backward %out, %q, %k, %k, %out, %lse causal head_tail blocks : (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>) -> (!fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _, _]>, !fusion.tensor<[2, 2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _, _]>)
+  %mdq, %mdk, %mdv = fusion.attention_backward %masked, %qf, %kf, %kf, %masked, %masked_lse mask %m scale 0.25 : (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 8], f32>, !fusion.tensor<[8, 16], i1>) -> (!fusion.tensor<[2, 4, 8, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>, !fusion.tensor<[2, 4, 16, 16], bf16>)
+  func.return
+}

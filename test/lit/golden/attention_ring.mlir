@@ -1,0 +1,161 @@
+// RUN: hir-opt %s -p auto-stream-parallel,hir-lowering | filecheck %s
+// RUN: hir-opt %s -p 'auto-stream-parallel,hir-lowering{backend=cuda p2p_backend=cuda}' | filecheck %s --check-prefix=CUDA
+// RUN: hir-opt %s -p auto-stream-parallel,hir-lowering > %t && hir-opt %t -p hir-lowering | diff %t -
+
+// The ring of context parallelism on a mesh of 2, as torch.compile's graphs of the plain
+// plan are imported (no stream axis written), in bf16.
+//
+// The forward: this device's queries against the keys and values all-gathered into blocks,
+// the causal mask of a head-tail layout. auto-stream-parallel streams the blocks;
+// stream-parallel's point-to-point ring brings them (one loop for both, slot
+// s = (p + i) mod 2); attention-ring computes each block's attention on the caller's stream
+// once the iteration's transfers are waited for: the first writes the running result (f32),
+// each later one is merged into it by two fused segments, and the result is cast to bf16
+// after the loop.
+//
+// The backward: the gradients of the keys and values (whole on every device, saved) go to
+// their blocks' owners. attention-ring replaces the attention backward and the two
+// reduce-scatters by one loop that computes the shares of block s, sends them to device s
+// and adds what device (p - i) mod 2 sends of its own block; sums in f32. With the copy
+// engines the shares are symmetric buffers, which the peers read.
+
+!q = !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
+!blocks = !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1]>
+!lse = !fusion.tensor<[2, 1, 2, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!saved = !fusion.tensor<[2, 2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _, _]>
+
+func.func @attention_ring(%q: !q, %k: !q, %v: !q) -> (!q, !lse) {
+  %keys = fusion.set %k : !q -> !blocks
+  %values = fusion.set %v : !q -> !blocks
+  %out, %lse = fusion.attention %q, %keys, %values causal head_tail blocks : (!q, !blocks, !blocks) -> (!q, !lse)
+  func.return %out, %lse : !q, !lse
+}
+
+func.func @attention_ring_backward(%dout: !q, %q: !q, %k: !saved, %v: !saved, %out: !q, %lse: !lse) -> (!q, !q, !q) {
+  %dq, %dk, %dv = fusion.attention_backward %dout, %q, %k, %v, %out, %lse causal head_tail blocks : (!q, !q, !saved, !saved, !q, !lse) -> (!q, !saved, !saved)
+  %dk_owned = fusion.sum %dk [0] : !saved -> !q
+  %dv_owned = fusion.sum %dv [0] : !saved -> !q
+  func.return %dq, %dk_owned, %dv_owned : !q, !q, !q
+}
+
+// The merge, one kernel each on GPUs: the output's, from both log-sum-exps, then theirs.
+// CHECK-LABEL: func.func private @attention_ring_merge_output_0(
+// CHECK-SAME:      %[[OUT:[^:]+]]: !fusion.tensor<[2, 1, 2, 8, 16], f32, {{.*}}, %[[LSE:[^:]+]]: !fusion.tensor<[2, 1, 2, 8], f32, {{.*}}, %[[BOUT:[^:]+]]: !fusion.tensor<[2, 1, 2, 8, 16], bf16, {{.*}}, %[[BLSE:[^:]+]]: !fusion.tensor<[2, 1, 2, 8], f32,
+// CHECK:         %[[A:[^ ]+]] = fusion.broadcast %[[LSE]] [4]
+// CHECK-NEXT:    %[[B:[^ ]+]] = fusion.broadcast %[[BLSE]] [4]
+// CHECK-NEXT:    %[[LOWEST:[^ ]+]] = fusion.constant -3.40282347e+38 : f32
+// CHECK-NEXT:    %[[M0:[^ ]+]] = fusion.maximum %[[A]], %[[B]]
+// CHECK-NEXT:    %[[M:[^ ]+]] = fusion.maximum %[[M0]], %[[LOWEST]]
+// CHECK-NEXT:    %[[D1:[^ ]+]] = fusion.sub %[[A]], %[[M]]
+// CHECK-NEXT:    %[[W1:[^ ]+]] = fusion.exp %[[D1]]
+// CHECK-NEXT:    %[[D2:[^ ]+]] = fusion.sub %[[B]], %[[M]]
+// CHECK-NEXT:    %[[W2:[^ ]+]] = fusion.exp %[[D2]]
+// CHECK-NEXT:    %[[SUM:[^ ]+]] = fusion.add %[[W1]], %[[W2]]
+// CHECK-NEXT:    %[[WIDE:[^ ]+]] = fusion.cast %[[BOUT]]
+// CHECK-NEXT:    %[[TINY:[^ ]+]] = fusion.constant 1.17549435e-38 : f32
+// CHECK-NEXT:    %[[DIV:[^ ]+]] = fusion.maximum %[[SUM]], %[[TINY]]
+// CHECK-NEXT:    %[[X1:[^ ]+]] = fusion.mul %[[W1]], %[[OUT]]
+// CHECK-NEXT:    %[[X2:[^ ]+]] = fusion.mul %[[W2]], %[[WIDE]]
+// CHECK-NEXT:    %[[X:[^ ]+]] = fusion.add %[[X1]], %[[X2]]
+// CHECK-NEXT:    %[[MERGED:[^ ]+]] = fusion.div %[[X]], %[[DIV]]
+// CHECK-NEXT:    func.return %[[MERGED]]
+// CHECK-LABEL: func.func private @attention_ring_merge_lse_0(
+// CHECK:         fusion.log
+// CHECK-NEXT:    %[[NEW:[^ ]+]] = fusion.add
+// CHECK-NEXT:    func.return %[[NEW]]
+
+// CHECK-LABEL: func.func @attention_ring(
+// CHECK-SAME:      %[[Q:[^:]+]]: !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, %[[K:[^:]+]]: {{.*}}, %[[V:[^:]+]]: !fusion.tensor<[2, 1, 2, 8, 16], bf16,
+// CHECK-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
+// CHECK-DAG:     %[[MAIN:[^ ]+]] = hir.get_current_stream
+// CHECK-DAG:     %[[RANK:[^ ]+]] = hir.device_index
+// CHECK-DAG:     %[[C2:[^ ]+]] = arith.constant 2 : index
+// CHECK:         %[[KEYS:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [stream, _, _, _, _]>
+// CHECK:         %[[VALUES:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [stream, _, _, _, _]>
+// CHECK-NEXT:    %[[RESULT:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
+// CHECK-NEXT:    %[[RESULT_LSE:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+// CHECK-NEXT:    %[[RUNNING:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32, mesh = [0, 1], axes = [didx, _, _, _, _]>
+// CHECK-NEXT:    %[[BLOCK_OUT:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
+// CHECK-NEXT:    %[[BLOCK_LSE:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+// CHECK-NEXT:    scf.for
+// CHECK:         scf.for %[[I:[^ ]+]] =
+// CHECK-NEXT:      arith.remui %[[I]]
+// CHECK-NEXT:      %[[STREAM:[^ ]+]] = hir.stream
+// CHECK-NEXT:      hir.set_current_stream %[[STREAM]]
+// CHECK-NEXT:      %[[AHEAD:[^ ]+]] = arith.addi %[[RANK]], %[[I]] : index
+// CHECK-NEXT:      %[[SLOT:[^ ]+]] = arith.remui %[[AHEAD]], %[[C2]] : index
+// CHECK-NEXT:      %[[K_S:[^ ]+]] = hir.alias_select %[[KEYS]][0 = %[[SLOT]]]
+// CHECK-NEXT:      %[[FIRST:[^ ]+]] = arith.cmpi eq, %[[I]], %[[C0]] : index
+// CHECK-NEXT:      scf.if %[[FIRST]] {
+// CHECK:             hir.copy ins({{.*}}) outs(%[[K_S]] :
+// CHECK-NEXT:      } else {
+// CHECK:             hir.recv %[[K_S]] from %[[SLOT]] backend nccl
+// CHECK-NEXT:        hir.send %[[K]] to {{.*}} backend nccl
+// CHECK:           }
+// CHECK-NEXT:      %[[V_S:[^ ]+]] = hir.alias_select %[[VALUES]][0 = %[[SLOT]]]
+// CHECK-NEXT:      scf.if %[[FIRST]] {
+// CHECK:             hir.recv %[[V_S]] from %[[SLOT]] backend nccl
+// CHECK-NEXT:        hir.send %[[V]] to {{.*}} backend nccl
+// CHECK:           }
+// CHECK-NEXT:      hir.set_current_stream %[[MAIN]]
+// CHECK-NEXT:      hir.synchronize_stream %[[STREAM]]
+// CHECK-NEXT:      scf.if %[[FIRST]] {
+// CHECK-NEXT:        hir.attention causal head_tail block %[[SLOT]] ins(%[[Q]], %[[K_S]], %[[V_S]] : {{.*}}) outs(%[[RUNNING]], %[[RESULT_LSE]] :
+// CHECK-NEXT:      } else {
+// CHECK-NEXT:        hir.attention causal head_tail block %[[SLOT]] ins(%[[Q]], %[[K_S]], %[[V_S]] : {{.*}}) outs(%[[BLOCK_OUT]], %[[BLOCK_LSE]] :
+// CHECK-NEXT:        hir.launch_kernel @attention_ring_merge_output_0 ins(%[[RUNNING]], %[[RESULT_LSE]], %[[BLOCK_OUT]], %[[BLOCK_LSE]] : {{.*}}) outs(%[[RUNNING]] :
+// CHECK-NEXT:        hir.launch_kernel @attention_ring_merge_lse_0 ins(%[[RESULT_LSE]], %[[BLOCK_LSE]] : {{.*}}) outs(%[[RESULT_LSE]] :
+// CHECK-NEXT:      }
+// CHECK-NEXT:    }
+// CHECK:         hir.pointwise "cast" ins(%[[RUNNING]] : {{.*}}) outs(%[[RESULT]] :
+// CHECK:         func.return %[[RESULT]], %[[RESULT_LSE]]
+
+// CUDA-LABEL: func.func @attention_ring_backward(
+// CUDA-SAME:      %[[DOUT:[^:]+]]: {{.*}}, %[[Q:[^:]+]]: {{.*}}, %[[K:[^:]+]]: {{.*}}, %[[V:[^:]+]]: {{.*}}, %[[OUT:[^:]+]]: {{.*}}, %[[LSE:[^:]+]]: !fusion.tensor<[2, 1, 2, 8], f32,
+// CUDA-DAG:      %[[RANK:[^ ]+]] = hir.device_index
+// CUDA-DAG:      %[[C2:[^ ]+]] = arith.constant 2 : index
+// CUDA-DAG:      %[[C0:[^ ]+]] = arith.constant 0 : index
+// CUDA:          %[[DQ:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     %[[DK:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     %[[DV:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     %[[DQ_SUM:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[DK_SUM:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[DV_SUM:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[DQ_SHARE:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[K_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[V_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[K_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[V_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
+// CUDA-NEXT:     %[[WRAPPED:[^ ]+]] = arith.addi %[[RANK]], %[[C2]] : index
+// CUDA-NEXT:     scf.for %[[I:[^ ]+]] = %[[C0]] to %[[C2]]
+// CUDA-NEXT:       %[[AHEAD:[^ ]+]] = arith.addi %[[RANK]], %[[I]] : index
+// CUDA-NEXT:       %[[SLOT:[^ ]+]] = arith.remui %[[AHEAD]], %[[C2]] : index
+// CUDA-NEXT:       %[[K_S:[^ ]+]] = hir.alias_select %[[K]][1 = %[[SLOT]]]
+// CUDA-NEXT:       %[[V_S:[^ ]+]] = hir.alias_select %[[V]][1 = %[[SLOT]]]
+// CUDA-NEXT:       %[[OWN:[^ ]+]] = arith.cmpi eq, %[[I]], %[[C0]] : index
+// CUDA-NEXT:       scf.if %[[OWN]] {
+// CUDA-NEXT:         hir.attention_backward causal head_tail block %[[SLOT]] ins(%[[DOUT]], %[[Q]], %[[K_S]], %[[V_S]], %[[OUT]], %[[LSE]] : {{.*}}) outs(%[[DQ_SUM]], %[[DK_SUM]], %[[DV_SUM]] :
+// CUDA-NEXT:       } else {
+// CUDA-NEXT:         hir.attention_backward causal head_tail block %[[SLOT]] ins(%[[DOUT]], %[[Q]], %[[K_S]], %[[V_S]], %[[OUT]], %[[LSE]] : {{.*}}) outs(%[[DQ_SHARE]], %[[K_SHARE]], %[[V_SHARE]] :
+// CUDA-NEXT:         %[[BEHIND:[^ ]+]] = arith.subi %[[WRAPPED]], %[[I]] : index
+// CUDA-NEXT:         %[[FROM:[^ ]+]] = arith.remui %[[BEHIND]], %[[C2]] : index
+// CUDA-NEXT:         hir.pointwise "add" ins(%[[DQ_SUM]], %[[DQ_SHARE]] : {{.*}}) outs(%[[DQ_SUM]] :
+// CUDA-NEXT:         hir.start_coalescing
+// CUDA-NEXT:         hir.recv %[[K_ARRIVED]] from %[[FROM]] backend cuda
+// CUDA-NEXT:         hir.send %[[K_SHARE]] to %[[SLOT]] backend cuda
+// CUDA-NEXT:         %[[KB:[^ ]+]] = hir.end_coalescing
+// CUDA-NEXT:         hir.wait %[[KB]]
+// CUDA-NEXT:         hir.pointwise "add" ins(%[[DK_SUM]], %[[K_ARRIVED]] : {{.*}}) outs(%[[DK_SUM]] :
+// CUDA-NEXT:         hir.start_coalescing
+// CUDA-NEXT:         hir.recv %[[V_ARRIVED]] from %[[FROM]] backend cuda
+// CUDA-NEXT:         hir.send %[[V_SHARE]] to %[[SLOT]] backend cuda
+// CUDA-NEXT:         %[[VB:[^ ]+]] = hir.end_coalescing
+// CUDA-NEXT:         hir.wait %[[VB]]
+// CUDA-NEXT:         hir.pointwise "add" ins(%[[DV_SUM]], %[[V_ARRIVED]] : {{.*}}) outs(%[[DV_SUM]] :
+// CUDA-NEXT:       }
+// CUDA-NEXT:     }
+// CUDA:          hir.pointwise "cast" ins(%[[DQ_SUM]] : {{.*}}) outs(%[[DQ]] :
+// CUDA:          hir.pointwise "cast" ins(%[[DK_SUM]] : {{.*}}) outs(%[[DK]] :
+// CUDA:          hir.pointwise "cast" ins(%[[DV_SUM]] : {{.*}}) outs(%[[DV]] :
+// CUDA-NOT:      hir.reduce_scatter
+// CUDA:          func.return %[[DQ]], %[[DK]], %[[DV]]
