@@ -16,10 +16,13 @@ written by hand, torch's symmetric-memory fused op (where torch has one) and hos
 the fusion built with the Python builder, lowered by `Program.compile` (the default
 pipeline; the point-to-point allgather and the copy-engine backend where asked), run
 with `Program.run`. The chunk count (the stream axis extent) and the streams come from
-the cost model (passes/analysis/cost_model.py) fed with the GEMM-alone and collective-alone
-times just measured, for each program in the form its lowering gave it (a GEMM+RS or a
-GEMM+AR with its reduction in the GEMM has a timeline of its own), or from `--chunks` (a sweep) and
-`--streams`.
+the cost model (passes/analysis/cost_model.py), for each program in the form its lowering
+gave it (a GEMM+RS or a GEMM+AR with its reduction in the GEMM has a timeline of its own),
+fed with the stages measured here as the backend measures them (`--model measured`,
+`measure_stages`: a chunk's GEMM, its NCCL collective, and both at once, for every chunk
+count the model weighs) or with the GEMM-alone and collective-alone times just measured
+(`--model rates`); or from `--chunks` (a sweep) and `--streams`. The tables end with the
+model's prediction against the measured time of every pipeline.
 
 Every hostir program's output is checked once against plain torch (X @ W on the
 unsharded tensors, this rank's piece taken with runtime.reference.shard), with every
@@ -69,12 +72,16 @@ from hostir.passes.analysis.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
     OverlapProblem,
+    MeasuredStages,
     PipelineShape,
     Rates,
+    StageTimes,
+    candidate_chunks,
     choose_pipeline,
     pipeline_streams,
     pipeline_time,
 )
+from hostir.runtime.distributed.calibration import measure_stages
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.streams import start_together
 from hostir.runtime.launch import RankFailed, run_on_local_ranks
@@ -491,22 +498,48 @@ def hostir_build(
 
 
 def pipeline_shapes(
-    arguments: argparse.Namespace, problem: OverlapProblem, rates: Rates | None
+    arguments: argparse.Namespace, problem: OverlapProblem, costs: StageTimes | None
 ) -> list[PipelineShape]:
     """The cost model's choice, or one shape per `--chunks` (streams from `--streams` or the model's rule)."""
     if not arguments.chunks:
-        if rates is None:
+        if costs is None:
             return [PipelineShape(1, 1, float("nan"))]
-        return [choose_pipeline(problem, rates, arguments.min_chunk_rows)]
-    return [shape_of(problem, rates, chunks, arguments.streams) for chunks in arguments.chunks]
+        return [choose_pipeline(problem, costs, arguments.min_chunk_rows)]
+    return [shape_of(problem, costs, chunks, arguments.streams) for chunks in arguments.chunks]
 
 
 def shape_of(
-    problem: OverlapProblem, rates: Rates | None, chunks: int, streams: int | None = None
+    problem: OverlapProblem, costs: StageTimes | None, chunks: int, streams: int | None = None
 ) -> PipelineShape:
-    """`chunks` chunks on `streams` streams (default: the model's rule), with the model's time if it has rates."""
-    predicted = pipeline_time(problem, rates, chunks) if rates else float("nan")
+    """`chunks` chunks on `streams` streams (default: the model's rule), with the model's time if it has costs."""
+    predicted = pipeline_time(problem, costs, chunks) if costs and problem.cuts_into(chunks) else float("nan")
     return PipelineShape(chunks, streams or pipeline_streams(chunks), predicted)
+
+
+def model_costs(
+    bench: Bench, problem: OverlapProblem, gemm_ms: float, comm_ms: float
+) -> Callable[[OverlapProblem], StageTimes]:
+    """The costs the model is fed for each form of `problem` (`--model`): the stages measured
+    here for the chunk counts it may weigh (reported once per form), or the rates of the
+    whole problem's GEMM and collective alone."""
+    arguments = bench.arguments
+    if arguments.model == "rates":
+        latency = arguments.transfer_latency_us * 1e-6
+        return lambda form: Rates.from_times(form, comm_ms * 1e-3, gemm_ms * 1e-3, transfer_latency_s=latency)
+
+    @functools.cache
+    def measured(form: OverlapProblem) -> MeasuredStages:
+        counts = {*candidate_chunks(form, arguments.min_chunk_rows), *(arguments.chunks or ())}
+        if form.kind == OverlapKind.ALLGATHER_MATMUL:
+            counts.add(bench.world)  # the point-to-point ring's
+        scattered = form.kind != OverlapKind.MATMUL_ALLREDUCE  # a chunk's rows split over the ranks
+        counts = sorted(c for c in counts if form.cuts_into(c) and not (scattered and form.m // c % bench.world))
+        stages = measure_stages(form, bench.communicator, counts, repeats=arguments.reps)
+        if bench.report is not None:
+            bench.report.add_stages(form, stages)
+        return stages
+
+    return measured
 
 
 def bench_problem(bench: Bench, kind: OverlapKind, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
@@ -528,11 +561,10 @@ def bench_problem(bench: Bench, kind: OverlapKind, x: torch.Tensor, w: torch.Ten
     check_peers = bench.arguments.check_peers
     gemm = bench.measure(entry("GEMM alone"), peers.alone("gemm"), y, check=False)
     comm = bench.measure(entry(f"{COLLECTIVES[kind]} alone"), peers.alone("communicate"), y, check=False)
-    rates = None
+    costs_of = None
     if gemm.ms and comm.ms:
         bench.record(entry(LIMIT, ms=max(gemm.ms, comm.ms)))
-        latency = bench.arguments.transfer_latency_us * 1e-6
-        rates = Rates.from_times(problem, comm.ms * 1e-3, gemm.ms * 1e-3, transfer_latency_s=latency)
+        costs_of = model_costs(bench, problem, gemm.ms, comm.ms)
     sequence = "AG then GEMM" if kind == OverlapKind.ALLGATHER_MATMUL else f"GEMM then {COLLECTIVES[kind]}"
     bench.measure(entry(sequence), peers.in_sequence(), y, check_peers)
     bench.measure(entry("symm_mem fused"), peers.symmetric_memory_fused(), y, check_peers)
@@ -549,15 +581,16 @@ def bench_problem(bench: Bench, kind: OverlapKind, x: torch.Tensor, w: torch.Ten
         if variant.kind == kind and not variant.point_to_point
     ]
     for name, contender_problem, build_of, check in contenders:
-        for shape in pipeline_shapes(bench.arguments, contender_problem, rates):
+        costs = costs_of(contender_problem) if costs_of else None
+        for shape in pipeline_shapes(bench.arguments, contender_problem, costs):
             if problem.chunked_rows % shape.chunks:
                 reason = f"skipped: {shape.chunks} chunks do not divide the {problem.chunked_rows} rows of a rank"
                 bench.record(entry(name, shape, status=reason))
             else:
                 bench.measure(entry(name, shape), build_of(shape), y, check)
-    point_to_point = shape_of(problem, rates, bench.world)
     for variant in HOSTIR_VARIANTS:
         if variant.kind == kind and variant.point_to_point:
+            point_to_point = shape_of(problem, costs_of(problem) if costs_of else None, bench.world)
             build = hostir_build(bench, variant, x, w, point_to_point)
             bench.measure(entry(variant.name, point_to_point), build, y, check=True)
 
@@ -664,10 +697,17 @@ def parser() -> argparse.ArgumentParser:
         "--min-chunk-rows", type=int, default=DEFAULT_MIN_CHUNK_ROWS, help="the cost model's"
     )
     options.add_argument(
+        "--model",
+        choices=("measured", "rates"),
+        default="measured",
+        help="what the cost model is fed: the stages measured here (as the backend does) or the "
+        "whole GEMM's and collective's rates",
+    )
+    options.add_argument(
         "--transfer-latency-us",
         type=float,
         default=20.0,
-        help="the cost model's fixed cost per chunk transfer",
+        help="the cost model's fixed cost per chunk transfer, with --model rates",
     )
     options.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default 5)")
     options.add_argument(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from hostir.passes.analysis.cost_model import MeasuredStages, OverlapProblem
 from hostir.runtime.distributed.communicator import Communicator
 
 LIMIT = "limit"
@@ -144,6 +145,8 @@ class Report:
         self.machine = machine
         self.config = config
         self.results: list[Result] = []
+        self.stages: list[dict[str, object]] = []
+        """The stages measured for the cost model, per problem form and chunk count."""
         out.mkdir(parents=True, exist_ok=True)
         print(f"# {self.describe_machine()}", flush=True)
 
@@ -157,6 +160,21 @@ class Report:
     def add(self, result: Result) -> None:
         self.results.append(result)
         print(self.line(result), flush=True)
+        self.write_json()
+
+    def add_stages(self, problem: OverlapProblem, measured: MeasuredStages) -> None:
+        """The stages `measure_stages` measured for `problem`'s form, printed and kept in the JSON."""
+        form = " (reduction in the GEMM)" if problem.reduction_in_matmul else ""
+        size = "x".join(map(str, (problem.m, problem.k, problem.n)))
+        for chunks, stages in sorted(measured.by_chunks.items()):
+            self.stages.append(
+                {**asdict(problem), "chunks": chunks, **{f"{name.removesuffix('_s')}_ms": t * 1e3 for name, t in asdict(stages).items()}}
+            )
+            print(
+                f"{problem.kind.value:22} {size:18} {'stages' + form + f' S={chunks}':28} "
+                + "  ".join(f"{name.removesuffix('_s')} {t * 1e3:.3f} ms" for name, t in asdict(stages).items()),
+                flush=True,
+            )
         self.write_json()
 
     def limit_ms(self, problem: str, size: tuple[int, int, int]) -> float | None:
@@ -195,6 +213,7 @@ class Report:
                 {**asdict(r), "label": r.label, "ratio_to_limit": self.ratio(r), "check_ok": r.check_ok}
                 for r in self.results
             ],
+            "stages": self.stages,
         }
         (self.out / "overlap.json").write_text(json.dumps(document, indent=1) + "\n")
 
@@ -221,6 +240,20 @@ class Report:
             sections.append("\n".join(rows))
         if notes:
             sections.append("\n".join(f"[{mark}] {status}" for status, mark in notes.items()))
+        modelled = [r for r in self.results if r.ms is not None and r.predicted_ms]
+        if modelled:
+            rows = [
+                "### The cost model: predicted against measured (ms)",
+                "",
+                "| problem | M, K, N | pipeline | predicted | measured | measured / predicted |",
+                "|---|---|---|---|---|---|",
+            ]
+            rows += [
+                f"| {r.problem} | {', '.join(map(str, r.size))} | {r.label} | {r.predicted_ms:.3f} | {r.ms:.3f} "
+                f"| {r.ms / r.predicted_ms:.2f} |"
+                for r in modelled
+            ]
+            sections.append("\n".join(rows))
         return "\n\n".join(sections) + "\n"
 
     def _cell(self, result: Result | None, notes: dict[str, str]) -> str:

@@ -58,7 +58,8 @@ from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, ten
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, LayoutValue, UnsupportedGraph, import_graph
 from hostir.frontend.rules.pointwise import ACTIVATION_DECOMPOSITIONS
-from hostir.passes.analysis.cost_model import ChunksOf, modelled_chunks, one_chunk
+from hostir.passes.analysis.cost_model import ChunksOf, one_chunk
+from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
@@ -141,8 +142,8 @@ class BackendOptions:
         if not self.pipeline:
             return one_chunk
         if self.chunks is not None:
-            return lambda problem: self.chunks
-        return modelled_chunks if device.type == "cuda" else one_chunk
+            return lambda problem, group: self.chunks
+        return MeasuredChunks(device) if device.type == "cuda" else one_chunk
 
     def chunks_chosen_by(self, device: torch.device) -> str:
         """Who `chunks_of(device)` is, in words (`hostir.explain`)."""
@@ -151,7 +152,7 @@ class BackendOptions:
         if self.chunks is not None:
             return "the chunks option"
         if device.type == "cuda":
-            return "the cost model's choice"
+            return "the cost model's choice on stages measured here"
         return "one chunk on the CPU, where gloo's transfers block"
 
     def backends(self, communicator: Communicator) -> list[str]:
@@ -404,11 +405,13 @@ class HostirGraph:
         explanation.ranks = communicator.ranks if communicator.joined else (communicator.rank,)
         explanation.pipelining, explanation.backend, explanation.backend_why = lowered.pipelining, backend, lowered.why
         chosen_by = self.options.chunks_chosen_by(device)
+        choices = {problem: shape for (problem, _), shape in MeasuredChunks.choices.items()}
         explanation.chunked = [
-            ChunkedCollective(name, problem, chunks, chosen_by) for name, (problem, chunks) in imported.chunked.items()
+            ChunkedCollective(name, problem, chunks, chosen_by, choices.get(problem) if device.type == "cuda" else None)
+            for name, (problem, chunks) in imported.chunked.items()
         ]
         if says:
-            for decision in lowered.pipelining:
+            for decision in [*map(str, explanation.chunked), *lowered.pipelining]:
                 logs.say("pipelining", decision)
             if logs.wanted("host_ir"):
                 logs.say(

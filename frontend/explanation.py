@@ -20,7 +20,14 @@ import torch
 import torch.fx
 
 from hostir_dialect.builder import TORCH_DTYPES
-from hostir.passes.analysis.cost_model import NOMINAL_GPU_RATES, OverlapKind, OverlapProblem, choose_pipeline, pipeline_time
+from hostir.passes.analysis.cost_model import (
+    NOMINAL_GPU_RATES,
+    OverlapKind,
+    OverlapProblem,
+    PipelineShape,
+    choose_pipeline,
+    pipeline_time,
+)
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 """Where torch's own code is."""
@@ -88,17 +95,21 @@ class ChunkedCollective:
     chunks: int
     chosen_by: str
     """Who chose the count: the `chunks` option, the cost model, one chunk on the CPU."""
+    measured: PipelineShape | None = None
+    """The cost model's choice on the stages measured on this machine, where it measured them."""
 
     def __str__(self) -> str:
         p = self.problem
-        model = choose_pipeline(p, NOMINAL_GPU_RATES)
+        described = f"%{self.collective}, a {KIND_NAMES[p.kind]} of M={p.m} K={p.k} N={p.n} over {p.world} ranks"
         chunks = f"{self.chunks} chunk{'s' if self.chunks > 1 else ''}"
+        if self.measured is not None:
+            return f"{described}: {chunks} ({self.chosen_by}): {self.measured.why}"
+        model = choose_pipeline(p, NOMINAL_GPU_RATES)
         predicted = f"{pipeline_time(p, NOMINAL_GPU_RATES, self.chunks) * 1e3:.3g} ms in {chunks}"
         if model.chunks != self.chunks:
             predicted += f", {model.predicted_s * 1e3:.3g} ms in its choice of {model.chunks}"
         return (
-            f"%{self.collective}, a {KIND_NAMES[p.kind]} of M={p.m} K={p.k} N={p.n} over {p.world} ranks: "
-            f"{chunks} ({self.chosen_by}); on an H100's nominal "
+            f"{described}: {chunks} ({self.chosen_by}); on an H100's nominal "
             f"rates the cost model predicts {predicted}"
         )
 

@@ -41,7 +41,7 @@ def pipeline_chunks(importer: Importer, node: torch.fx.Node, lhs: Value, rhs: Va
         # The GEMMs whose sum a collective reads are cut alike; the first one met
         # stands for them in the cost model.
         problem = OverlapProblem(kind, rows, lhs.shape[-1] * devices, rhs.shape[-1], devices, lhs.dtype.itemsize)
-        importer.collective_chunks[collective] = (problem, importer.chunks_of(problem))
+        importer.collective_chunks[collective] = (problem, importer.chunks_of(problem, importer.group))
     problem, chunks = importer.collective_chunks[collective]
     if kind is OverlapKind.MATMUL_ALLREDUCE:
         return (chunks,) if chunks > 1 and problem.cuts_into(chunks) else ()

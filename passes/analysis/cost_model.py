@@ -50,16 +50,31 @@ ended, and the run ends with the last Y. An odd last chunk then runs as in T(S),
 every pair: its GEMM, its transfer. The sum's copy into the output of the device that
 made it (a memory-bound pass over a chunk per pair) is not modelled, as no reduction is.
 
+The model takes each chunk's stages from `StageTimes`: `Rates` scales the whole GEMM and
+the whole transfer linearly and assumes a GEMM and a transfer at once slow neither down,
+which is what a model can say before anything runs. `MeasuredStages` are the stages
+timed on the machine (`measure_stages`, `hostir.runtime.distributed.calibration`): for
+each chunk count a chunk's GEMM alone, its collective alone, and a GEMM of one chunk
+while the collective of another runs, which is the steady state of the pipeline:
+
+    T(S) = c(S) + g(S) + (S - 1) * both(S)
+
+NCCL's kernels take SMs from the GEMM and the GEMM takes memory bandwidth from the
+transfer, so `both(S)` may come close to `c(S) + g(S)`, and then T(S) is more than
+T(1), the GEMM then the collective: the model then chooses one chunk, which is no
+pipeline, and `PipelineShape.why` says so with both times.
+
 Every rank must lower the same program, so the inputs of `choose_pipeline` must be
-equal on every rank: `measure_rates` (`hostir.runtime.distributed.calibration`), which
-measures the rates of a machine, takes the slowest rank's times.
+equal on every rank: `measure_rates` and `measure_stages`, which measure a machine, take
+the slowest rank's times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, Protocol
 
 from hostir_dialect.text import HostirError
 
@@ -132,9 +147,13 @@ class OverlapProblem:
     def chunk_gemm_rows(self, chunks: int) -> int:
         """The rows of each GEMM when the rows a rank holds are cut into `chunks` chunks: a
         chunk of the product, or, with GEMM+RS's reduction in the GEMM, one device's rows of it."""
-        rows = self.m // chunks
+        return int(self.m * self.chunk_gemm_share(chunks))
+
+    def chunk_gemm_share(self, chunks: int) -> float:
+        """The share of the whole GEMM that each chunk GEMM is: 1 / `chunks`, or with GEMM+RS's
+        reduction in the GEMM, one device's rows of a chunk."""
         halves = self.reduction_in_matmul and self.kind == OverlapKind.MATMUL_REDUCE_SCATTER
-        return rows // self.world if halves else rows
+        return 1 / (chunks * self.world) if halves else 1 / chunks
 
     @property
     def gemm_flops(self) -> float:
@@ -180,6 +199,50 @@ class Rates:
     def gemm_s(self, problem: OverlapProblem) -> float:
         return problem.gemm_flops / self.gemm_flops_per_s
 
+    def stages(self, problem: OverlapProblem, chunks: int) -> Stages:
+        """A chunk's stages scaled from the whole problem's, the GEMM of `chunk_gemm_rows`
+        rows (half a chunk for GEMM+RS with its reduction in the GEMM); at once, neither slows."""
+        gemm = self.gemm_s(problem) * problem.chunk_gemm_share(chunks) + self.launch_overhead_s
+        transfer = self.comm_s(problem) / chunks + self.transfer_latency_s
+        return Stages(gemm, transfer, max(gemm, transfer))
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What one chunk of a pipeline costs: its GEMM alone (of `chunk_gemm_rows` rows), its
+    transfer alone, and the GEMM of one chunk with the transfer of another at once."""
+
+    gemm_s: float
+    transfer_s: float
+    together_s: float
+
+    def __post_init__(self):
+        if min(self.gemm_s, self.transfer_s, self.together_s) < 0:
+            raise HostirError(f"a stage cannot take negative time, got {self}")
+
+
+class StageTimes(Protocol):
+    """Where the model takes a chunk's stages from: `Rates` or `MeasuredStages`."""
+
+    def stages(self, problem: OverlapProblem, chunks: int) -> Stages: ...
+
+
+@dataclass(frozen=True)
+class MeasuredStages:
+    """The stages of `problem` timed on the machine, for each chunk count measured
+    (`measure_stages`, `hostir.runtime.distributed.calibration`)."""
+
+    problem: OverlapProblem
+    by_chunks: Mapping[int, Stages]
+
+    def stages(self, problem: OverlapProblem, chunks: int) -> Stages:
+        if problem != self.problem or chunks not in self.by_chunks:
+            raise HostirError(
+                f"no stages were measured for {problem} in {chunks} chunks; measured: {self.problem} "
+                f"in {sorted(self.by_chunks)}"
+            )
+        return self.by_chunks[chunks]
+
 
 @dataclass(frozen=True)
 class PipelineShape:
@@ -188,20 +251,20 @@ class PipelineShape:
     chunks: int
     streams: int
     predicted_s: float
+    why: str = field(default="", compare=False)
+    """The model's reason, in words (`choose_pipeline`): its choice's time against one chunk's."""
 
 
-def pipeline_time(problem: OverlapProblem, rates: Rates, chunks: int) -> float:
+def pipeline_time(problem: OverlapProblem, costs: StageTimes, chunks: int) -> float:
     """T(S) of the module docstring: the modelled time of `problem` cut into `chunks` chunks."""
     if chunks < 1:
         raise HostirError(f"a pipeline needs at least one chunk, got {chunks}")
-    transfer = rates.comm_s(problem) / chunks + rates.transfer_latency_s
+    stages = costs.stages(problem, chunks)
     if problem.reduction_in_matmul and problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER:
-        half_gemm = rates.gemm_s(problem) / (2 * chunks) + rates.launch_overhead_s
-        return _reduction_in_matmul_time(chunks, transfer, half_gemm)
-    gemm = rates.gemm_s(problem) / chunks + rates.launch_overhead_s
+        return _reduction_in_matmul_time(chunks, stages.transfer_s, stages.gemm_s)
     if problem.reduction_in_matmul:
-        return _allreduce_in_matmul_time(chunks, transfer, gemm)
-    return transfer + gemm + (chunks - 1) * max(transfer, gemm)
+        return _allreduce_in_matmul_time(chunks, stages.transfer_s, stages.gemm_s)
+    return stages.transfer_s + stages.gemm_s + (chunks - 1) * stages.together_s
 
 
 def _reduction_in_matmul_time(chunks: int, transfer: float, half_gemm: float) -> float:
@@ -250,40 +313,54 @@ def pipeline_streams(chunks: int) -> int:
     return min(chunks, PIPELINE_STREAMS)
 
 
+def candidate_chunks(
+    problem: OverlapProblem, min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS, max_chunks: int = DEFAULT_MAX_CHUNKS
+) -> list[int]:
+    """The chunk counts the model weighs: one (no pipeline), and those that divide the rows a
+    rank holds and leave each chunk GEMM at least `min_chunk_rows` rows."""
+    return [
+        chunks
+        for chunks in range(1, min(max_chunks, problem.chunked_rows) + 1)
+        if chunks == 1 or (problem.cuts_into(chunks) and problem.chunk_gemm_rows(chunks) >= min_chunk_rows)
+    ]
+
+
 def choose_pipeline(
     problem: OverlapProblem,
-    rates: Rates,
+    costs: StageTimes,
     min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS,
     max_chunks: int = DEFAULT_MAX_CHUNKS,
 ) -> PipelineShape:
-    """The chunk count with the least modelled time among those that divide the rows a rank
-    holds and leave each chunk GEMM at least `min_chunk_rows` rows (one chunk if none does);
-    the fewest chunks among equals."""
-    candidates = [
-        chunks
-        for chunks in range(1, min(max_chunks, problem.chunked_rows) + 1)
-        if problem.cuts_into(chunks) and problem.chunk_gemm_rows(chunks) >= min_chunk_rows
-    ] or [1]
-    best = min(candidates, key=lambda chunks: (pipeline_time(problem, rates, chunks), chunks))
-    return PipelineShape(best, pipeline_streams(best), pipeline_time(problem, rates, best))
+    """The chunk count of `candidate_chunks` with the least modelled time, the fewest chunks
+    among equals: one chunk, no pipeline, where the model predicts the pipelines slower."""
+    candidates = candidate_chunks(problem, min_chunk_rows, max_chunks)
+    if isinstance(costs, MeasuredStages):
+        candidates = [chunks for chunks in candidates if chunks in costs.by_chunks] or [1]
+    times = {chunks: pipeline_time(problem, costs, chunks) for chunks in candidates}
+    best = min(candidates, key=lambda chunks: (times[chunks], chunks))
+    pipelined = min((c for c in candidates if c > 1), key=lambda chunks: (times[chunks], chunks), default=None)
+    if pipelined is None:
+        why = f"no chunk count of at least {min_chunk_rows} rows divides the {problem.chunked_rows} rows a rank holds"
+    else:
+        in_chunks = f"{times[pipelined] * 1e3:.3g} ms in {pipelined} chunks"
+        in_one = f"{times[1] * 1e3:.3g} ms for the GEMM then the collective"
+        why = f"the model predicts {in_chunks} against {in_one}"
+    return PipelineShape(best, pipeline_streams(best), times[best], why)
 
 
-ChunksOf = Callable[[OverlapProblem], int]
-"""`chunks_of(problem)`: how many chunks to cut a GEMM+reduce-scatter or GEMM+allreduce
-into, the problem in the cost model's terms (global extents): `one_chunk`, the model's
-choice (`modelled_chunks`) or the user's number."""
+ChunksOf = Callable[[OverlapProblem, Any], int]
+"""`chunks_of(problem, group)`: how many chunks to cut a GEMM+reduce-scatter or
+GEMM+allreduce into, the problem in the cost model's terms (global extents) and `group`
+the process group its collective runs over (None for none), where a chooser that
+measures the machine measures it: `one_chunk`, the model's choice on stages measured on
+the machine (`MeasuredChunks`, `hostir.runtime.distributed.calibration`) or the user's
+number."""
 
 
-def one_chunk(problem: OverlapProblem) -> int:
+def one_chunk(problem: OverlapProblem, group: Any = None) -> int:
     return 1
 
 
 NOMINAL_GPU_RATES = Rates(link_bytes_per_s=300e9, gemm_flops_per_s=600e12)
-"""What the cost model assumes of a GPU when it chooses a GEMM+RS or GEMM+AR pipeline's chunks
-before anything runs: an H100's NVLink as NCCL uses it, and its bf16 GEMMs at large sizes."""
-
-
-def modelled_chunks(problem: OverlapProblem) -> int:
-    """The chunk count the cost model chooses for a GEMM+reduce-scatter or GEMM+allreduce
-    on a GPU of `NOMINAL_GPU_RATES`."""
-    return choose_pipeline(problem, NOMINAL_GPU_RATES).chunks
+"""What the cost model can say of a GPU it has not measured: an H100's NVLink as NCCL uses
+it, and its bf16 GEMMs at large sizes (`hostir.explain` quotes it for a graph run on the CPU)."""

@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostir.passes.analysis.cost_model import OverlapKind, OverlapProblem, Rates, choose_pipeline
+from hostir.passes.analysis.cost_model import (
+    MeasuredStages,
+    OverlapKind,
+    OverlapProblem,
+    Rates,
+    Stages,
+    StageTimes,
+    choose_pipeline,
+)
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
@@ -226,7 +234,8 @@ def test_on_two_gpus_every_contender_runs_and_every_check_passes(tmp_path):
         assert len(pipelined) == 6 and all(r["check_ok"] for r in pipelined), contender
 
 
-def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_path):
+@pytest.mark.parametrize("model", ["rates", "measured"])
+def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(model, tmp_path):
     command = [
         sys.executable,
         str(BENCHMARKS / "overlap.py"),
@@ -237,14 +246,24 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
         "--min-chunk-rows=4",
         "--warmup=0",
         "--reps=2",
+        f"--model={model}",
         f"--out={tmp_path}",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     assert completed.returncode == 0, completed.stderr
     by_label = {(r["problem"], r["contender"]): r for r in results_of(tmp_path)}
+    stages = json.loads((tmp_path / "overlap.json").read_text())["stages"]
 
-    def model_for(kind: OverlapKind, alone: str, **form) -> tuple[OverlapProblem, Rates]:
+    def model_for(kind: OverlapKind, alone: str, **form) -> tuple[OverlapProblem, StageTimes]:
         problem = OverlapProblem(kind, 64, 32, 16, 2, **form)
+        if model == "measured":  # the stages the run measured for this form, as it printed them
+            measured = {
+                s["chunks"]: Stages(s["gemm_ms"] / 1e3, s["transfer_ms"] / 1e3, s["together_ms"] / 1e3)
+                for s in stages
+                if (s["kind"], s["reduction_in_matmul"]) == (kind, problem.reduction_in_matmul)
+            }
+            assert 1 in measured and len(measured) > 1, stages
+            return problem, MeasuredStages(problem, measured)
         rates = Rates.from_times(
             problem,
             by_label[kind, f"{alone} alone"]["ms"] / 1e3,
@@ -270,7 +289,8 @@ def test_without_chunks_the_cost_model_chooses_from_the_times_just_measured(tmp_
         result = by_label[contender]
         assert result["status"] == "ok", contender
         assert (result["chunks"], result["streams"]) == (chosen.chunks, chosen.streams), contender
-        assert result["predicted_ms"] == pytest.approx(chosen.predicted_s * 1e3), contender
+        assert result["predicted_ms"] == pytest.approx(chosen.predicted_s * 1e3, rel=1e-6), contender
+    assert "The cost model: predicted against measured" in (tmp_path / "overlap.md").read_text()
     assert by_label[ar, "hostir (nccl)"]["check_ok"] and by_label[ar, "NCCL per chunk"]["check_ok"] is None
     assert by_label[rs, "hostir (cuda)"]["check_ok"] and by_label[ar, "hostir (cuda)"]["check_ok"]
 

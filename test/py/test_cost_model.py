@@ -13,13 +13,16 @@ from hostir.passes.analysis.cost_model import (
     DEFAULT_MIN_CHUNK_ROWS,
     OverlapKind,
     OverlapProblem,
+    MeasuredStages,
     PipelineShape,
     Rates,
+    Stages,
+    candidate_chunks,
     choose_pipeline,
     pipeline_streams,
     pipeline_time,
 )
-from hostir.runtime.distributed.calibration import measure_rates
+from hostir.runtime.distributed.calibration import MeasuredChunks, measure_rates, measure_stages
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from test_communicator import needs_ranks
@@ -105,8 +108,8 @@ def brute_force_best(p: OverlapProblem, rates: Rates, min_rows: int, max_chunks:
     valid = [
         s
         for s in range(1, max_chunks + 1)
-        if p.chunked_rows % s == 0 and p.m // (s * gemms_per_chunk) >= min_rows
-    ] or [1]
+        if s == 1 or (p.chunked_rows % s == 0 and p.m // (s * gemms_per_chunk) >= min_rows)
+    ]
     return min(valid, key=lambda s: (pipeline_time(p, rates, s), s))
 
 
@@ -257,3 +260,87 @@ def test_a_world_of_one_has_free_transfers():
     rates = measure_rates(Communicator.single(torch.device("cpu")), torch.float32, extent=32, repeats=1)
     assert rates.link_bytes_per_s == math.inf and rates.transfer_latency_s == 0.0
     assert rates.comm_s(problem(world=1)) == 0.0
+
+
+def test_rates_give_stages_that_slow_neither_down():
+    p = problem(RS, world=2)
+    rates = Rates.from_times(p, comm_s=4e-3, gemm_s=2e-3, transfer_latency_s=1e-4, launch_overhead_s=5e-5)
+    assert rates.stages(p, 4) == Stages(0.55e-3, 1.1e-3, 1.1e-3)
+    # With the reduction in the GEMM, a chunk's GEMM is one device's half of its rows.
+    halves = OverlapProblem(RS, 8192, 8192, 3584, 2, reduction_in_matmul=True)
+    assert rates.stages(halves, 4).gemm_s == pytest.approx(2e-3 / 8 + 5e-5)
+
+
+def measured(p: OverlapProblem, together: float) -> MeasuredStages:
+    """Stages of 1 ms of GEMM and 1 ms of transfer in all, split evenly, each chunk 10 us
+    more, with a GEMM and a transfer at once taking `together` of their sum."""
+    return MeasuredStages(
+        p,
+        {s: Stages(1e-3 / s + 1e-5, 1e-3 / s + 1e-5, together * 2 * (1e-3 / s + 1e-5)) for s in (1, 2, 4, 8)},
+    )
+
+
+def test_measured_stages_pipeline_where_the_stages_overlap_and_decline_where_they_do_not():
+    p = problem(RS, m=65536, world=2)
+    # At once as fast as the slower alone: the pipeline of 8 chunks hides most of the transfer.
+    hidden = choose_pipeline(p, measured(p, 0.5), min_chunk_rows=1)
+    assert hidden.chunks == 8
+    assert hidden.predicted_s == pytest.approx(2 * (1e-3 / 8 + 1e-5) + 7 * (1e-3 / 8 + 1e-5))
+    assert "in 8 chunks against 2.02 ms for the GEMM then the collective" in hidden.why
+    # At once as slow as one after the other: every pipeline pays the chunks' costs for
+    # nothing, and the model keeps the GEMM then the collective.
+    serial = choose_pipeline(p, measured(p, 1.0), min_chunk_rows=1)
+    assert serial.chunks == 1 and serial.predicted_s == pytest.approx(2.02e-3)
+    assert "2.02 ms for the GEMM then the collective" in serial.why
+    assert pipeline_time(p, measured(p, 1.0), 2) > serial.predicted_s
+
+
+def test_measured_stages_are_the_problem_s_and_chosen_among_the_counts_measured():
+    p = problem(RS, m=65536, world=2)
+    stages = measured(p, 0.5)
+    assert choose_pipeline(p, stages, min_chunk_rows=1, max_chunks=64).chunks == 8  # 16 was not measured
+    with pytest.raises(HostirError, match="no stages were measured .* in 16 chunks"):
+        pipeline_time(p, stages, 16)
+    with pytest.raises(HostirError, match="no stages were measured"):
+        pipeline_time(problem(AR, m=65536, world=2), stages, 2)
+
+
+def test_one_chunk_is_always_weighed():
+    assert candidate_chunks(problem(RS, m=1024, world=8), min_chunk_rows=1024) == [1]
+    assert candidate_chunks(problem(RS, m=8192, world=2), min_chunk_rows=1024) == [1, 2, 4, 8]
+    reason = choose_pipeline(problem(RS, m=1024, world=8), Rates(1e9, 1e12)).why
+    assert reason == "no chunk count of at least 1024 rows divides the 128 rows a rank holds"
+
+
+def stages_on_a_rank(kind: OverlapKind) -> MeasuredStages:
+    p = OverlapProblem(kind, 64, 32, 16, 2, element_size=4)
+    return measure_stages(p, Communicator.from_env(), [1, 2, 4], repeats=2)
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize("kind", list(OverlapKind))
+def test_measured_stages_are_the_same_on_every_rank(kind):
+    stages = run_on_local_ranks(stages_on_a_rank, 2, kind, timeout_s=60)
+    assert stages[0] == stages[1]
+    assert sorted(stages[0].by_chunks) == [1, 2, 4]
+    for measured_stages in stages[0].by_chunks.values():
+        assert min(measured_stages.gemm_s, measured_stages.transfer_s, measured_stages.together_s) > 0
+
+
+def chunks_measured_on_a_rank() -> tuple[int, PipelineShape, int]:
+    import torch.distributed as dist
+
+    p = OverlapProblem(RS, 4096, 64, 64, 2, element_size=4)
+    chooser = MeasuredChunks(torch.device("cpu"))
+    chunks = chooser(p, dist.group.WORLD)
+    again = chooser(p, dist.group.WORLD)  # measured once per problem and group in a process
+    return chunks, chooser.choice(p, dist.group.WORLD), again
+
+
+@needs_ranks(2)
+def test_the_backend_s_chooser_measures_once_and_every_rank_chooses_alike():
+    results = run_on_local_ranks(chunks_measured_on_a_rank, 2, timeout_s=120)
+    (chunks, shape, again), other = results[0], results[1]
+    assert other == results[0] and again == chunks == shape.chunks
+    assert shape.chunks in candidate_chunks(OverlapProblem(RS, 4096, 64, 64, 2, element_size=4))
+    assert "ms for the GEMM then the collective" in shape.why
