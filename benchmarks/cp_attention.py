@@ -56,7 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
+sys.path.append(str(REPOSITORY))  # examples/ is no installed package; hostir as installed comes first
 
 from examples.cp_decoder_layer import (  # noqa: E402
     DecoderLayer,

@@ -80,7 +80,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
+sys.path.append(str(REPOSITORY))  # examples/ is no installed package; hostir as installed comes first
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from overlap_report import machine  # noqa: E402

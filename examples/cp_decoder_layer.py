@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ is no installed package
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # examples/ is no installed package; hostir as installed comes first
 from examples import tp_decoder_layer  # noqa: E402
 from examples.tp_decoder_layer import rank_device, run_training  # noqa: E402
 

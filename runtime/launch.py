@@ -209,6 +209,23 @@ class _Redirected:
             self.log.close()
 
 
+def _start_forkserver() -> None:
+    """Starts the forkserver, once, with no working directory first on its path. It runs as
+    `python -c`, which puts the working directory first, and from a checkout's root the
+    checkout's hostir/ folder, which holds none of the rooms, would then be imported for
+    its preload instead of hostir as installed (`pip install --target`), and the ranks
+    forked from it would find no `hostir.runtime`."""
+    saved = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = saved
+
+
 def _die_with_launcher() -> None:
     """Arms the parent-death signal: SIGKILL when the forkserver dies, which it does once the
     launcher has died and every rank has closed the server's "alive" pipe, which each rank
@@ -322,6 +339,7 @@ def run_on_local_ranks(
             # The forkserver, started here at the first launch, and so the ranks, inherit it.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
+                _start_forkserver()
                 processes = mp.start_processes(
                     _rank_main,
                     args=(_LauncherEnvironment(), nproc, store.port, results, fn, args, join_group, output),

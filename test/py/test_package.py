@@ -110,6 +110,21 @@ def test_a_non_editable_install_is_one_package(tmp_path):
         [sys.executable, "-P", str(target / "bin" / "hir-opt"), "--version"], capture_output=True, text=True, env=environment
     )
     assert printed.stdout.startswith(f"hir-opt {hostir.__version__}"), printed.stderr
+    # The checkout's scripts beside that install, run from the checkout's root (as on a
+    # machine with hostir installed by `pip install --target`): the installed package, not
+    # the checkout's hostir/ folder, which holds none of the rooms, in the scripts and in
+    # the local ranks they start. -S: no editable install's finder.
+    beside = {"PYTHONPATH": f"{target}:{site.getsitepackages()[0]}", "PATH": "/usr/bin:/bin"}
+    for script, arguments, printed in (
+        ("tools/hir-opt.py", ["--help"], "usage"),
+        ("tools/hir-run.py", ["--help"], "usage"),
+        ("benchmarks/tp_layer.py", ["--help"], "usage"),
+        ("examples/cp_decoder_layer.py", [], "step 4: loss"),
+    ):
+        ran = subprocess.run(
+            [sys.executable, "-S", str(source / script), *arguments], capture_output=True, text=True, cwd=source, env=beside
+        )
+        assert ran.returncode == 0 and printed in ran.stdout, (script, ran.stderr[-2000:])
 
 
 def test_the_checkout_scripts_run_where_hostir_is_not_installed(tmp_path):
