@@ -23,10 +23,10 @@ PYTHON="${PYTHON:-python3}"
 SITE="${HOSTIR_SITE:-/tmp/site}"
 # hostir installed in $SITE comes before the checkout: its package `hostir` holds the
 # checkout's rooms (pyproject.toml's package-dir), where the checkout's own hostir/ folder,
-# found first from the checkout's root, holds none. So no Python here puts the working
-# directory first (PYTHONSAFEPATH), and pytest does not put the root first either
-# (`-o pythonpath=`, below); the checkout still comes after $SITE for what is not installed.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1
+# found first from the checkout's root, holds none. So pytest runs with the working
+# directory off its path (`-P`, inherited by its workers) and without the root first
+# (`-o pythonpath=`); the checkout still comes after $SITE for what is not installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d "$SITE" ]; then
     export PYTHONPATH="$SITE:$PYTHONPATH"
     export PATH="$SITE/bin:$PATH"
@@ -83,7 +83,7 @@ began=$SECONDS
 step "hir-run --check on every example" "$logs/examples" "$PYTHON" test/gpu/hir_run_all.py &
 examples=$!
 step "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest" \
-    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -m pytest -o pythonpath= -q -rfEs -m "not gpu_timing" test/py \
+    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -m "not gpu_timing" test/py \
     --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py
 wait "$examples"
 report "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest"
@@ -91,7 +91,7 @@ report "hir-run --check on every example" "$logs/examples"
 # Tests that assert GPU work overlaps in time, alone: beside other tests' processes on the
 # same GPUs, their kernels interleave with others' and the overlap may not show.
 step "GPU timing tests, alone" "$logs/timing" \
-    "$PYTHON" -m pytest -o pythonpath= -q -rs -n 0 -m gpu_timing test/py/test_copy_engine.py test/py/test_trace.py
+    "$PYTHON" -P -m pytest -o pythonpath= -q -rs -n 0 -m gpu_timing test/py/test_copy_engine.py test/py/test_trace.py
 report "GPU timing tests, alone" "$logs/timing"
 
 echo
