@@ -220,11 +220,18 @@ class Program:
         itself) or that reads them in place (a CUDA graph's parameters).
         """
         communicator = communicator or Communicator.default()
-        input_extents = self.check(inputs, communicator)
-        context = RunContext.of(communicator, num_streams, input_extents)
-        communicator.create_groups(self.teams)
+        context = self.checked_context(inputs, communicator, num_streams)
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
         return self.run_checked(inputs, context, views_of, interpreter)
+
+    def checked_context(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator, num_streams: int | None = None
+    ) -> RunContext:
+        """`run`'s preamble: `check` on every rank, and the process groups of the program's
+        teams; the context of a run on `inputs`, for `run_checked`."""
+        input_extents = self.check(inputs, communicator)
+        communicator.create_groups(self.teams)
+        return RunContext.of(communicator, num_streams, input_extents)
 
     def run_checked(
         self,
@@ -251,6 +258,15 @@ class Program:
         strength of input values (the torch.compile backend, on the positions of a sequence laid
         out as its `sequence_layout` option says), so that no run computes something else in silence."""
         self.expected_values[index] = (value, what)
+
+    @property
+    def value_checked_inputs(self) -> frozenset[int]:
+        """The inputs whose check looks at more than their type: at their values (`expect`) or
+        at their memory (`symmetric_inputs`). The check of the others depends on their shapes,
+        dtypes and devices alone: a caller that runs the program many times on inputs it knows
+        to have the shapes, dtypes and devices of one that `check` accepted on every rank, a
+        compiled signature, need not check them again (`run_checked`)."""
+        return frozenset(self.symmetric_inputs) | self.expected_values.keys()
 
     def value_problem(self, index: int, value: torch.Tensor) -> str | None:
         """How `value`, as input `index` on this rank, breaks the promise of `expect`, if it does."""
