@@ -22,6 +22,9 @@ views, their checks, `Program.run`'s preamble or `GraphReplayer.run`'s input cop
 The stamps are made by this script around hostir's objects (a subclass of `HostirGraph`
 set on each graph, a wrapper of the first step); torch is not patched. Each figure is a
 rank's median over `--reps` steps, in microseconds; the slowest rank's is reported.
+`torch alone` is torch's share again, over as many steps in which hostir's graphs run
+nothing and return at once what they returned before: torch's wrappers with warm caches
+and no program's work before or after them, a floor of torch's share.
 
 Steps: `forward` (under `torch.no_grad()`: the inference graph), `train forward` and
 `train backward` (forward then backward of the output with a fixed gradient: the
@@ -58,6 +61,11 @@ from hostir.runtime.launch import run_on_local_ranks  # noqa: E402
 
 TORCHRUN = "RANK" in os.environ and "WORLD_SIZE" in os.environ
 """Started by torchrun: this process is one rank of its world."""
+PROFILED = {
+    "torch's wrappers": r"torch/(_dynamo|_functorch|autograd|distributed/tensor|nn/modules)/",
+    "hostir's calls": r"(frontend/backend|runtime/program|runtime/graphs|runtime/interpreter/core)\.py",
+}
+"""What `--profile` lists: the functions of each side whose file matches the pattern."""
 STEPS = ("forward", "train forward", "train backward")
 SMOKE_SIZE = (64, 2, 16, 16)
 """dim, batch, sequence, head dim: benchmarks/tp_layer.py's `--smoke` layer."""
@@ -82,11 +90,21 @@ STAMPS = Stamps()
 
 
 class StampedGraph(HostirGraph):
-    """A `HostirGraph` that stamps the time it is called."""
+    """A `HostirGraph` that stamps the time it is called. While `hollow`, it runs nothing and
+    returns what its last call while `keeping` returned: what is left of a step is torch's."""
+
+    keeping = False
+    hollow = False
 
     def __call__(self, *args):
         STAMPS.hostir.append(time.perf_counter_ns())
-        return super().__call__(*args)
+        if StampedGraph.hollow:
+            STAMPS.first.append(STAMPS.hostir[-1])
+            return self.kept
+        outputs = super().__call__(*args)
+        if StampedGraph.keeping:
+            self.kept = outputs
+        return outputs
 
 
 class StampedReplay:
@@ -169,23 +187,36 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
         train_backward(train_forward())
     synchronize(device)
     stamp_graphs()
-    shares: dict[str, list[tuple[float, float]]] = {step: [] for step in STEPS}
 
-    def timed(step: str, run: Callable[[], object]) -> object:
-        STAMPS.hostir.clear()
-        STAMPS.first.clear()
-        result = run()
-        shares[step].append(STAMPS.shares())
-        return result
+    def medians() -> dict[str, tuple[float, float]]:
+        """Each step's median shares over `reps` steps."""
+        shares: dict[str, list[tuple[float, float]]] = {step: [] for step in STEPS}
 
-    for _ in range(reps):
-        timed("forward", forward)
-        out = timed("train forward", train_forward)
-        timed("train backward", lambda: train_backward(out))
-        synchronize(device)
-    medians = {
-        step: tuple(statistics.median(column) for column in zip(*values)) for step, values in shares.items()
-    }
+        def timed(step: str, run: Callable[[], object]) -> object:
+            STAMPS.hostir.clear()
+            STAMPS.first.clear()
+            result = run()
+            shares[step].append(STAMPS.shares())
+            return result
+
+        for _ in range(reps):
+            timed("forward", forward)
+            out = timed("train forward", train_forward)
+            timed("train backward", lambda: train_backward(out))
+            synchronize(device)
+        return {step: tuple(statistics.median(column) for column in zip(*values)) for step, values in shares.items()}
+
+    measured = medians()
+    # Torch alone: hostir's graphs return at once what they returned in the step before.
+    StampedGraph.keeping = True
+    forward()
+    train_backward(train_forward())
+    synchronize(device)
+    StampedGraph.keeping, StampedGraph.hollow = False, True
+    alone = medians()
+    StampedGraph.hollow = False
+    for graph in compiled_graphs():
+        graph.__dict__.pop("kept", None)
     profiled = ""
     if profile:
         profiler = cProfile.Profile()
@@ -197,9 +228,18 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
             profiler.disable()
             synchronize(device)
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(profiler, stream=text).sort_stats("cumulative")
+        for what, files in PROFILED.items():
+            text.write(f"{what}, {profile} steps of each kind (cumulative):\n")
+            stats.print_stats(files, 15)
         profiled = text.getvalue() if rank == 0 else ""
-    return {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "medians": medians, "profile": profiled}
+    return {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "medians": measured,
+        "torch_alone": {step: shares[0] for step, shares in alone.items()},
+        "profile": profiled,
+    }
 
 
 def measure(
@@ -224,13 +264,14 @@ def report(nproc: int, size: tuple[int, int, int, int], per_rank: list[dict]) ->
     lines = [
         f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens "
         "(us, median per step, slowest rank)",
-        f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}",
+        f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}",
     ]
     for step in STEPS:
         torch_us = max(rank["medians"][step][0] for rank in per_rank)
         hostir_us = max(rank["medians"][step][1] for rank in per_rank)
         total = max(sum(rank["medians"][step]) for rank in per_rank)
-        lines.append(f"{step:<16}{torch_us:>10.1f}{hostir_us:>10.1f}{total:>10.1f}")
+        alone = max(rank["torch_alone"][step] for rank in per_rank)
+        lines.append(f"{step:<16}{torch_us:>10.1f}{hostir_us:>10.1f}{total:>10.1f}{alone:>13.1f}")
     return "\n".join(lines)
 
 
@@ -243,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--dtype", default=None, help="default bfloat16 on GPUs, float32 on CPU ranks")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                        help="also profile STEPS steps of rank 0 with cProfile and print its 25 costliest functions")
+                        help="also profile STEPS steps of each kind with cProfile, and list rank 0's costliest "
+                        "functions of torch's wrappers and of hostir's calls")
     args = parser.parse_args(argv)
     if args.size is None:
         size = SMOKE_SIZE
