@@ -77,9 +77,9 @@ def signature(inputs: Sequence[torch.Tensor]) -> Signature:
     return tuple((tuple(x.shape), x.stride(), x.dtype, x.device) for x in inputs)
 
 
-def _use_count(tensor: torch.Tensor) -> int:
-    """How many tensors hold `tensor`'s memory (views and aliases each count once)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+def _use_count(storage: torch.UntypedStorage) -> int:
+    """How many tensors and storage objects hold `storage`'s memory (views and aliases each count once)."""
+    return torch._C._storage_Use_Count(storage._cdata)
 
 
 @dataclass
@@ -110,11 +110,13 @@ class CapturedRun:
     lent: frozenset[int] = frozenset()
     """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over`);
     it returns copies of the others."""
-    unused: dict[int, int] = field(init=False)
-    """Per storage of the lent outputs, its use count while no caller holds it (`_use_count`)."""
+    unused: dict[int, tuple[torch.UntypedStorage, int]] = field(init=False)
+    """Per memory of the lent outputs, its storage and the storage's use count while no caller
+    holds it (`_use_count`, this storage object included)."""
 
     def __post_init__(self) -> None:
-        self.unused = {self.outputs[i].untyped_storage().data_ptr(): _use_count(self.outputs[i]) for i in self.lent}
+        storages = {(storage := self.outputs[i].untyped_storage()).data_ptr(): storage for i in self.lent}
+        self.unused = {memory: (storage, _use_count(storage)) for memory, storage in storages.items()}
         self.copied: tuple[tuple[int, torch.Tensor], ...] = tuple(
             (i, static) for i, static in enumerate(self.inputs) if static is not None
         )
@@ -132,8 +134,8 @@ class CapturedRun:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
         replay that a caller still holds (a replay would overwrite it), or an input
         handed over by another replay that is not where the graph reads it."""
-        for out in (self.outputs[i] for i in self.lent):
-            if _use_count(out) > self.unused[out.untyped_storage().data_ptr()]:
+        for storage, unused in self.unused.values():
+            if _use_count(storage) > unused:
                 return "an output of its previous replay is still in use, and a replay would overwrite it"
         for i in self.handed_over:
             if inputs[i].data_ptr() != self.addresses[i]:
