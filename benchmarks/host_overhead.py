@@ -24,7 +24,8 @@ set on each graph, a wrapper of the first step); torch is not patched. Each figu
 rank's median over `--reps` steps, in microseconds; the slowest rank's is reported.
 `torch alone` is torch's share again, over as many steps in which hostir's graphs run
 nothing and return at once what they returned before: torch's wrappers with warm caches
-and no program's work before or after them, a floor of torch's share.
+and no program's work before or after them, a floor of torch's share; `step alone` is the
+whole of such a step, from the call to its return: all that torch's wrappers cost it.
 
 Steps: `forward` (under `torch.no_grad()`: the inference graph), `train forward` and
 `train backward` (forward then backward of the output with a fixed gradient: the
@@ -188,15 +189,16 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
     synchronize(device)
     stamp_graphs()
 
-    def medians() -> dict[str, tuple[float, float]]:
-        """Each step's median shares over `reps` steps."""
-        shares: dict[str, list[tuple[float, float]]] = {step: [] for step in STEPS}
+    def medians() -> dict[str, tuple[float, float, float]]:
+        """Each step's median shares over `reps` steps, and its median time from the call to its return."""
+        shares: dict[str, list[tuple[float, float, float]]] = {step: [] for step in STEPS}
 
         def timed(step: str, run: Callable[[], object]) -> object:
             STAMPS.hostir.clear()
             STAMPS.first.clear()
             result = run()
-            shares[step].append(STAMPS.shares())
+            returned = time.perf_counter_ns()
+            shares[step].append((*STAMPS.shares(), (returned - STAMPS.call) / 1e3))
             return result
 
         for _ in range(reps):
@@ -237,7 +239,7 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "medians": measured,
-        "torch_alone": {step: shares[0] for step, shares in alone.items()},
+        "torch_alone": {step: (shares[0], shares[2]) for step, shares in alone.items()},
         "profile": profiled,
     }
 
@@ -264,14 +266,14 @@ def report(nproc: int, size: tuple[int, int, int, int], per_rank: list[dict]) ->
     lines = [
         f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens "
         "(us, median per step, slowest rank)",
-        f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}",
+        f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}{'step alone':>12}",
     ]
     for step in STEPS:
         torch_us = max(rank["medians"][step][0] for rank in per_rank)
         hostir_us = max(rank["medians"][step][1] for rank in per_rank)
-        total = max(sum(rank["medians"][step]) for rank in per_rank)
-        alone = max(rank["torch_alone"][step] for rank in per_rank)
-        lines.append(f"{step:<16}{torch_us:>10.1f}{hostir_us:>10.1f}{total:>10.1f}{alone:>13.1f}")
+        total = max(sum(rank["medians"][step][:2]) for rank in per_rank)
+        alone, step_alone = (max(rank["torch_alone"][step][k] for rank in per_rank) for k in (0, 1))
+        lines.append(f"{step:<16}{torch_us:>10.1f}{hostir_us:>10.1f}{total:>10.1f}{alone:>13.1f}{step_alone:>12.1f}")
     return "\n".join(lines)
 
 

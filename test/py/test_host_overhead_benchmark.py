@@ -32,14 +32,15 @@ def test_smoke_run_splits_every_step_on_1_and_2_ranks():
         rows = {
             match[1]: tuple(map(float, match.groups()[1:]))
             for match in re.finditer(
-                r"^(forward|train forward|train backward) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", table, re.M
+                r"^(forward|train forward|train backward)" + r" +([\d.]+)" * 5 + "$", table, re.M
             )
         }
         assert set(rows) == set(host_overhead.STEPS), table
-        for step, (torch_us, hostir_us, total_us, torch_alone_us) in rows.items():
+        for step, (torch_us, hostir_us, total_us, torch_alone_us, step_alone_us) in rows.items():
             # Each share is a span between two stamps that the step passed, in order.
             assert torch_us > 0 and hostir_us > 0 and torch_alone_us > 0, f"{step}: {table}"
             assert total_us >= max(torch_us, hostir_us), f"{step}: {table}"
+            assert step_alone_us >= torch_alone_us, f"{step}: {table}"
 
 
 def test_a_step_that_runs_no_hostir_program_is_an_error():
