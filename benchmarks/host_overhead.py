@@ -120,6 +120,8 @@ class StampedReplay:
 
 
 def stamped_step(step: Callable) -> Callable:
+    """`step`, stamping its start."""
+
     def first_step(env, context):
         STAMPS.first.append(time.perf_counter_ns())
         step(env, context)
@@ -128,23 +130,18 @@ def stamped_step(step: Callable) -> Callable:
     return first_step
 
 
-def stamp_graphs() -> int:
-    """Stamps every compiled graph of this process; how many programs it stamps."""
-    programs = 0
+def stamp_graphs() -> None:
+    """Stamps every compiled graph of this process, once."""
     for graph in compiled_graphs():
         graph.__class__ = StampedGraph
         for compiled in graph.compiled.values():
             if compiled is None:
                 raise RuntimeError(f"graph {graph.name} runs as torch eager ops: nothing of hostir to time")
-            interpreter = compiled.program.interpreter
-            if interpreter.steps[0].__name__ != "first_step":
-                interpreter.steps[0] = stamped_step(interpreter.steps[0])
+            steps = compiled.program.interpreter.steps
+            steps[0] = stamped_step(steps[0])
             if compiled.replayer is not None:
                 for run in compiled.replayer.captured.values():
-                    if not isinstance(run.graph, StampedReplay):
-                        run.graph = StampedReplay(run.graph)
-            programs += 1
-    return programs
+                    run.graph = StampedReplay(run.graph)
 
 
 def synchronize(device: torch.device) -> None:
