@@ -38,7 +38,7 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import torch
@@ -51,7 +51,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
 
 from hostir_dialect.aten_call import CARRIERS
-from hostir_dialect.fusion import Causal
+from hostir_dialect.builder import torch_dtype
+from hostir_dialect.fusion import DYNAMIC, Causal
 from hostir_dialect.text import HostirError, print_module
 from hostir import config, logs
 from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
@@ -63,6 +64,7 @@ from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
 from hostir.runtime.graphs import GraphReplayer
+from hostir.runtime.interpreter import RunContext
 from hostir.runtime.interpreter.attention import layout_mask, positions, whole_sequence
 from hostir.runtime.program import Program
 
@@ -190,7 +192,18 @@ class BackendOptions:
 
 @dataclass
 class CompiledShapes:
-    """A graph compiled for one set of input shapes."""
+    """A graph compiled for one set of input shapes, and run on arguments of those shapes.
+
+    A call does only what its arguments can change. How each argument becomes a program input,
+    and each result a graph output, depends on the shapes and dtypes alone and is decided once,
+    from the first call's arguments (`input_views`, `output_views`); the constants' inputs are
+    made once. The program's check of its inputs across ranks (`Program.check`, which exchanges
+    a row with every peer) runs at the first call; later calls, whose arguments have the shapes,
+    dtypes and devices of the first (the graph's key, or dynamo's guards for a graph of static
+    shapes), run the checked program directly (`Program.run_checked`), unless the program
+    checks the values of an input (`Program.value_checked_inputs`), which any call may break
+    on one rank alone.
+    """
 
     imported: ImportedGraph
     program: Program
@@ -198,34 +211,106 @@ class CompiledShapes:
     replayer: GraphReplayer | None
     backend: str
     """Who moves the collectives' bytes: `nccl` or `cuda` (the copy engines)."""
+    args: InitVar[Sequence[Any]]
+    """The first call's arguments, the graph's constants after them, which the views are decided on."""
+    arity: InitVar[int]
+    """How many arguments a call passes (the constants are the graph's own)."""
+    extents: dict[tuple[int, int], int] | None = field(default=None, init=False)
+    """The inputs' dynamic extents that the first call's check agreed on; None before it."""
 
-    def run(self, args: Sequence[Any]) -> list[Any]:
+    def __post_init__(self, args: Sequence[Any], arity: int) -> None:
         imported = self.imported
-        inputs = []
-        for i, varying, piece in zip(imported.inputs, imported.input_varying, imported.input_pieces, strict=True):
-            value = _carried(args[i]) if piece is None else _carried(args[i]).reshape(piece)
-            inputs.append(value.unsqueeze(0) if varying else value)
-        if self.replayer is not None:
-            # A replay checks no input across ranks (Program.run does): this rank's promised values here.
-            for index, value in enumerate(inputs):
-                problem = self.program.value_problem(index, value)
-                if problem is not None:
-                    raise HostirError(f"input #{index} of @{self.program.host.sym_name.data}: {problem}")
-            results = self.replayer.run(inputs)
-        else:
-            results = self.program.run(inputs, self.communicator, views_of=range(len(inputs)))
-        outputs: list[Any] = []
-        for kind, what in imported.outputs:
-            if kind == "fusion":
+        self.input_template: list[Any] = [None] * len(imported.inputs)
+        """The program's inputs, those of the constants in place: each call fills in a copy."""
+        views = []
+        for position, (i, varying, piece) in enumerate(
+            zip(imported.inputs, imported.input_varying, imported.input_pieces, strict=True)
+        ):
+            carrier, shape = _input_view(args[i], piece, varying)
+            if i < arity:
+                views.append((position, i, carrier, shape))
+            else:
+                self.input_template[position] = _viewed(args[i], carrier, shape)
+        self.input_views: tuple[tuple[int, int, torch.dtype | None, tuple[int, ...] | None], ...] = tuple(views)
+        """(program input, argument, the dtype that carries its bits or None, the shape to read it as or None)."""
+        self.output_views: tuple[tuple[str, Any], ...] = tuple(
+            _output_view(self.program, kind, what, args, arity) for kind, what in imported.outputs
+        )
+        """The graph's outputs: ("result", (index, shape or None, dtype or None)): a program result,
+        read as that shape and dtype where it has another; ("argument", i); ("constant", value)."""
+
+    def inputs_of(self, args: Sequence[Any]) -> list[Any]:
+        """The program's inputs on the graph's arguments `args`."""
+        inputs = self.input_template.copy()
+        for position, i, carrier, shape in self.input_views:
+            inputs[position] = _viewed(args[i], carrier, shape)
+        return inputs
+
+    def outputs_of(self, args: Sequence[Any], results: Sequence[Any]) -> list[Any]:
+        """The graph's outputs, from the program's `results` on `args`."""
+        outputs = []
+        for kind, what in self.output_views:
+            if kind == "result":
                 index, shape, dtype = what
-                result = results[index].reshape(shape)
-                # Only a dtype the IR carries in another (`CARRIERS`) needs a view: each step's host time counts.
-                outputs.append(result if result.dtype == dtype else result.view(dtype))
-            elif kind == "input":
+                result = results[index] if shape is None else results[index].reshape(shape)
+                outputs.append(result if dtype is None else result.view(dtype))
+            elif kind == "argument":
                 outputs.append(args[what])
             else:
                 outputs.append(what)
         return outputs
+
+    def run(self, args: Sequence[Any]) -> list[Any]:
+        inputs = self.inputs_of(args)
+        program = self.program
+        if self.replayer is not None:
+            # A replay checks no input across ranks (Program.run does): this rank's promised values here.
+            for index in program.expected_values:
+                problem = program.value_problem(index, inputs[index])
+                if problem is not None:
+                    raise HostirError(f"input #{index} of @{program.host.sym_name.data}: {problem}")
+            results = self.replayer.run(inputs)
+        elif self.extents is None or program.value_checked_inputs:
+            context = program.checked_context(inputs, self.communicator)
+            self.extents = context.input_extents
+            results = program.run_checked(inputs, context, views_of=range(len(inputs)))
+        else:
+            context = RunContext.of(self.communicator, None, self.extents)
+            results = program.run_checked(inputs, context, views_of=range(len(inputs)))
+        return self.outputs_of(args, results)
+
+
+def _input_view(
+    value: torch.Tensor, piece: tuple[int, ...] | None, varying: bool
+) -> tuple[torch.dtype | None, tuple[int, ...] | None]:
+    """How a graph argument like `value` is read as a program input: the dtype that carries its
+    bits in the IR (`CARRIERS`) or None, and the shape to read it as, None where it is read as
+    it is: the `piece` of a layout, and a device axis of extent 1 in front where it `varying`."""
+    shape = tuple(value.shape) if piece is None else tuple(piece)
+    if varying:
+        shape = (1, *shape)
+    return CARRIERS.get(value.dtype), None if shape == tuple(value.shape) else shape
+
+
+def _viewed(value: torch.Tensor, carrier: torch.dtype | None, shape: tuple[int, ...] | None) -> torch.Tensor:
+    if carrier is not None:
+        value = value.view(carrier)
+    return value if shape is None else value.reshape(shape)
+
+
+def _output_view(program: Program, kind: str, what: Any, args: Sequence[Any], arity: int) -> tuple[str, Any]:
+    """An output of the imported graph (`ImportedGraph.outputs`) as `CompiledShapes.output_views` reads it."""
+    if kind == "fusion":
+        index, shape, dtype = what
+        declared = program.output_types[index]
+        local = declared.local_shape()
+        same_shape = DYNAMIC not in local and tuple(local) == tuple(shape)
+        # Only a dtype the IR carries in another (`CARRIERS`) needs a view.
+        same_dtype = torch_dtype(declared.element_type) == dtype
+        return "result", (index, None if same_shape else tuple(shape), None if same_dtype else dtype)
+    if kind == "input":
+        return ("argument", what) if what < arity else ("constant", args[what])
+    return kind, what
 
 
 @functools.cache
@@ -273,9 +358,17 @@ def with_layout_values(
     ]
 
 
-def _carried(tensor: torch.Tensor) -> torch.Tensor:
-    """A graph input as the program takes it: its bits in the IR's dtype (`CARRIERS`)."""
-    return tensor.view(CARRIERS[tensor.dtype]) if tensor.dtype in CARRIERS else tensor
+def _keyed_alike(value: object) -> bool:
+    """Whether every argument of a placeholder whose traced value is `value` has the same `_key`:
+    a tensor of static shape, or an object whose key is its type alone (a DTensor's mesh, which
+    aot_autograd passes as an opaque script object); not an int, whose key is its value."""
+    if isinstance(value, torch.Tensor):
+        return all(isinstance(extent, int) for extent in value.shape)
+    return value is not None and not isinstance(value, (int, torch.SymInt))
+
+
+_NOT_YET = object()
+"""`HostirGraph.compiled`'s answer for a key not compiled yet (None is a graph run eagerly)."""
 
 
 class HostirGraph:
@@ -291,11 +384,7 @@ class HostirGraph:
         saved: slice | None = None,
         saved_layouts: SavedLayouts | None = None,
     ):
-        self.static = all(
-            isinstance(value := node.meta.get("val"), torch.Tensor) and all(isinstance(extent, int) for extent in value.shape)
-            for node in gm.graph.nodes
-            if node.op == "placeholder"
-        )
+        self.static = all(_keyed_alike(node.meta.get("val")) for node in gm.graph.nodes if node.op == "placeholder")
         """Whether the graph was traced with static shapes: dynamo's guards then let it be called
         with those alone, and a call needs no look at its arguments' shapes (`_key`)."""
         self.gm, self.constants = constants_as_arguments(gm)
@@ -339,12 +428,12 @@ class HostirGraph:
 
     def __call__(self, *args: Any) -> list[Any]:
         key = self._key(args)
-        if key not in self.compiled:
-            self.compiled[key] = self._compile(args)
-        compiled = self.compiled[key]
+        compiled = self.compiled.get(key, _NOT_YET)
+        if compiled is _NOT_YET:
+            compiled = self.compiled[key] = self._compile(args)
         if compiled is None:
             return self._eagerly(args, self.eager_layouts[key])
-        return compiled.run((*args, *self.constants))
+        return compiled.run(args)
 
     def _eagerly(self, args: Sequence[Any], layouts: GraphLayouts) -> list[Any]:
         """The graph run as torch eager ops, its saved activations in the layouts in which
@@ -362,6 +451,7 @@ class HostirGraph:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         # The program's tensors are on its device, a constant too (the trace makes scalars on the CPU).
         self.constants = [constant.to(device) for constant in self.constants]
+        arity = len(args)
         args = (*args, *self.constants)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
@@ -426,7 +516,7 @@ class HostirGraph:
             constants = range(len(args) - len(self.constants), len(args))
             static = [j for j, i in enumerate(imported.inputs) if i in parameters or i in constants]
             replayer = GraphReplayer(program, communicator, static_inputs=static, hand_over=self._saved_only(imported))
-        return CompiledShapes(imported, program, communicator, replayer, backend)
+        return CompiledShapes(imported, program, communicator, replayer, backend, args, arity)
 
     def _saved_only(self, imported: ImportedGraph) -> set[int]:
         """The program's outputs that the graph returns only as activations saved for the

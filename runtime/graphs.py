@@ -18,9 +18,10 @@ input *signature* (the shape, strides, dtype and device of every input) the repl
 4. agrees with every rank on whether every capture succeeded (NCCL requires that a
    captured communication be captured on all its ranks).
 
-A run whose signature was captured copies the inputs into the static inputs, replays
-the graph and returns clones of the static outputs: the caller owns what it gets (a
-next replay does not overwrite it) and the caller's inputs are only read.
+A run whose signature was captured copies the inputs into the static inputs (with one
+batched copy, `torch._foreach_copy_`, and none for an input that is its static input
+already), replays the graph and returns clones of the static outputs: the caller owns
+what it gets (a next replay does not overwrite it) and the caller's inputs are only read.
 
 Outputs that the caller names *handed over* (`hand_over`: the activations that a
 forward graph saves for its backward graph, which let go of them once it has run) are
@@ -76,9 +77,9 @@ def signature(inputs: Sequence[torch.Tensor]) -> Signature:
     return tuple((tuple(x.shape), x.stride(), x.dtype, x.device) for x in inputs)
 
 
-def _use_count(tensor: torch.Tensor) -> int:
-    """How many tensors hold `tensor`'s memory (views and aliases each count once)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+def _use_count(storage: torch.UntypedStorage) -> int:
+    """How many tensors and storage objects hold `storage`'s memory (views and aliases each count once)."""
+    return torch._C._storage_Use_Count(storage._cdata)
 
 
 @dataclass
@@ -109,11 +110,21 @@ class CapturedRun:
     lent: frozenset[int] = frozenset()
     """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over`);
     it returns copies of the others."""
-    unused: dict[int, int] = field(init=False)
-    """Per storage of the lent outputs, its use count while no caller holds it (`_use_count`)."""
+    unused: dict[int, tuple[torch.UntypedStorage, int]] = field(init=False)
+    """Per memory of the lent outputs, its storage and the storage's use count while no caller
+    holds it (`_use_count`, this storage object included)."""
 
     def __post_init__(self) -> None:
-        self.unused = {self.outputs[i].untyped_storage().data_ptr(): _use_count(self.outputs[i]) for i in self.lent}
+        storages = {(storage := self.outputs[i].untyped_storage()).data_ptr(): storage for i in self.lent}
+        self.unused = {memory: (storage, _use_count(storage)) for memory, storage in storages.items()}
+        self.copied: tuple[tuple[int, torch.Tensor], ...] = tuple(
+            (i, static) for i, static in enumerate(self.inputs) if static is not None
+        )
+        """(input, its static buffer) of each input that a replay copies."""
+        self.parameter_addresses: tuple[tuple[int, int], ...] = tuple(
+            (i, self.addresses[i]) for i in sorted(self.parameters) if self.inputs[i] is None
+        )
+        """(input, where the graph reads it) of each parameter, which a replay reads in place."""
 
     def storages(self) -> set[int]:
         """The memory of the outputs that a replay hands over."""
@@ -123,8 +134,8 @@ class CapturedRun:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
         replay that a caller still holds (a replay would overwrite it), or an input
         handed over by another replay that is not where the graph reads it."""
-        for out in (self.outputs[i] for i in self.lent):
-            if _use_count(out) > self.unused[out.untyped_storage().data_ptr()]:
+        for storage, unused in self.unused.values():
+            if _use_count(storage) > unused:
                 return "an output of its previous replay is still in use, and a replay would overwrite it"
         for i in self.handed_over:
             if inputs[i].data_ptr() != self.addresses[i]:
@@ -132,15 +143,23 @@ class CapturedRun:
         return None
 
     def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        for i, (static, value) in enumerate(zip(self.inputs, inputs)):
-            if static is not None:
-                static.copy_(value)
-            elif i in self.parameters and value.data_ptr() != self.addresses[i]:
+        for i, address in self.parameter_addresses:
+            if inputs[i].data_ptr() != address:
                 raise HostirError(
                     f"static input #{i} (a parameter) is at another address than when its CUDA graph "
                     "was captured; a replay reads parameters in place. Update parameters in place, "
                     "or compile again (torch._dynamo.reset()), or pass cuda_graphs=False"
                 )
+        # One batched copy (a kernel or a few, where one per input would launch each); an input
+        # that already is its static buffer (a caller that fills it in place) is not copied.
+        sources, targets = [], []
+        for i, static in self.copied:
+            value = inputs[i]
+            if value.data_ptr() != static.data_ptr() or value.stride() != static.stride():
+                sources.append(value)
+                targets.append(static)
+        if targets:
+            torch._foreach_copy_(targets, sources)
         if self.watch is None:
             self.graph.replay()
         else:

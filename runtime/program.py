@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -137,6 +138,8 @@ class Program:
         self.fusion = fusion
         """The unlowered fusion, or None when given an already lowered module."""
         self.input_types = _tensor_types(host, host.function_type.inputs.data, "input")
+        self.declared_inputs = tuple(map(DeclaredInput.of, self.input_types))
+        """What `check` reads of each input's type, read once."""
         self.dynamic_axes = dynamic_axes(self.input_types)
         """(input index, axis) of every input axis whose extent the inputs set (a didx axis's is the mesh size)."""
         self.symmetric_inputs = [i for i, argument in enumerate(host.args) if hir.is_symmetric_input(argument)]
@@ -220,11 +223,18 @@ class Program:
         itself) or that reads them in place (a CUDA graph's parameters).
         """
         communicator = communicator or Communicator.default()
-        input_extents = self.check(inputs, communicator)
-        context = RunContext.of(communicator, num_streams, input_extents)
-        communicator.create_groups(self.teams)
+        context = self.checked_context(inputs, communicator, num_streams)
         interpreter = self.interpreter if wrap_step is None else Interpreter(self.host, wrap_step)
         return self.run_checked(inputs, context, views_of, interpreter)
+
+    def checked_context(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator, num_streams: int | None = None
+    ) -> RunContext:
+        """`run`'s preamble: `check` on every rank, and the process groups of the program's
+        teams; the context of a run on `inputs`, for `run_checked`."""
+        input_extents = self.check(inputs, communicator)
+        communicator.create_groups(self.teams)
+        return RunContext.of(communicator, num_streams, input_extents)
 
     def run_checked(
         self,
@@ -251,6 +261,15 @@ class Program:
         strength of input values (the torch.compile backend, on the positions of a sequence laid
         out as its `sequence_layout` option says), so that no run computes something else in silence."""
         self.expected_values[index] = (value, what)
+
+    @property
+    def value_checked_inputs(self) -> frozenset[int]:
+        """The inputs whose check looks at more than their type: at their values (`expect`) or
+        at their memory (`symmetric_inputs`). The check of the others depends on their shapes,
+        dtypes and devices alone: a caller that runs the program many times on inputs it knows
+        to have the shapes, dtypes and devices of one that `check` accepted on every rank, a
+        compiled signature, need not check them again (`run_checked`)."""
+        return frozenset(self.symmetric_inputs) | self.expected_values.keys()
 
     def value_problem(self, index: int, value: torch.Tensor) -> str | None:
         """How `value`, as input `index` on this rank, breaks the promise of `expect`, if it does."""
@@ -335,7 +354,10 @@ class Program:
                 f"runs it: {'; '.join(faults)}"
             )
         extents = self._agreed_extents(rows)
-        self.check_extents([full_shape(t, i, extents, UNKNOWN_EXTENT) for i, t in enumerate(self.input_types)])
+        if extents:
+            self.check_extents([full_shape(t, i, extents, UNKNOWN_EXTENT) for i, t in enumerate(self.input_types)])
+        else:  # every whole shape is static
+            self.check_extents([declared.whole_shape for declared in self.declared_inputs])
         return extents
 
     def check_extents(self, shapes: Sequence[Sequence[int]]) -> None:
@@ -416,10 +438,10 @@ class Program:
         name = self.host.sym_name.data
         if len(inputs) != len(self.input_types):
             return WRONG_INPUT_COUNT, f"@{name} takes {len(self.input_types)} input(s), got {len(inputs)}"
-        for i, (value, declared) in enumerate(zip(inputs, self.input_types)):
+        for i, (value, declared) in enumerate(zip(inputs, self.declared_inputs)):
             problem = _input_problem(value, declared, communicator, i in self.aten_inputs)
             if not problem and i in self.symmetric_inputs:
-                problem = _symmetric_input_problem(value, declared, communicator)
+                problem = _symmetric_input_problem(value, declared.type, communicator)
             if not problem:
                 problem = self.value_problem(i, value)
             if problem:
@@ -435,7 +457,7 @@ class Program:
         """What this rank tells the others: [verdict, number of inputs, extent of each dynamic axis]."""
         if problem is not None:
             return [problem[0], len(inputs)] + [UNKNOWN_EXTENT] * len(self.dynamic_axes)
-        held = [communicator.rank in type.mesh.ids for type in self.input_types]
+        held = [communicator.rank in declared.mesh for declared in self.declared_inputs]
         extents = [inputs[i].shape[axis] if held[i] else UNKNOWN_EXTENT for i, axis in self.dynamic_axes]
         return [INPUTS_OK, len(inputs), *extents]
 
@@ -536,7 +558,33 @@ def _symmetric_input_problem(
     return None
 
 
-def _input_problem(value: object, declared: TensorType, communicator: Communicator, aten_only: bool) -> str | None:
+@dataclass(frozen=True)
+class DeclaredInput:
+    """What the check of an input reads of its type, read once: a program runs every step, and
+    each read of an xDSL attribute builds Python objects anew."""
+
+    type: TensorType
+    local_shape: tuple[int, ...]
+    """This rank's piece, `DYNAMIC` where the inputs set the extent."""
+    dtype: torch.dtype
+    mesh: tuple[int, ...]
+    didx_axis: int | None
+    whole_shape: tuple[int, ...]
+    """The whole shape, `UNKNOWN_EXTENT` where the inputs set the extent (`full_shape`)."""
+
+    @classmethod
+    def of(cls, type: TensorType) -> DeclaredInput:
+        return cls(
+            type,
+            tuple(type.local_shape()),
+            torch_dtype(type.element_type),
+            tuple(type.mesh.ids),
+            type.didx_axis,
+            full_shape(type, -1, {}, UNKNOWN_EXTENT),
+        )
+
+
+def _input_problem(value: object, declared: DeclaredInput, communicator: Communicator, aten_only: bool) -> str | None:
     """What is wrong with `value` as this rank's piece of a tensor of type `declared`, if
     anything; `aten_only`: only ATen calls read it.
 
@@ -546,24 +594,23 @@ def _input_problem(value: object, declared: TensorType, communicator: Communicat
     tensors only as a 0-dim scalar, and refuses even one of shape [1]."""
     if not isinstance(value, torch.Tensor):
         return f"expected a torch.Tensor, got {type(value).__name__}"
-    if communicator.rank not in declared.mesh.ids:
+    if communicator.rank not in declared.mesh:
         if value.numel() != 0:
             return (
-                f"rank {communicator.rank} is outside the mesh {list(declared.mesh.ids)}, so it takes "
+                f"rank {communicator.rank} is outside the mesh {list(declared.mesh)}, so it takes "
                 f"an empty placeholder (torch.empty(0)), got a tensor of shape {list(value.shape)}"
             )
         return None
-    expected = declared.local_shape()
+    expected = declared.local_shape
     if len(value.shape) != len(expected) or any(
         e != DYNAMIC and e != d for e, d in zip(expected, value.shape)
     ):
         return (
-            f"expected local shape {shape_str(expected)} ({declared.sharding_str()}), "
+            f"expected local shape {shape_str(expected)} ({declared.type.sharding_str()}), "
             f"got {list(value.shape)}"
         )
-    dtype = torch_dtype(declared.element_type)
-    if value.dtype != dtype:
-        return f"expected dtype {dtype}, got {value.dtype}"
+    if value.dtype != declared.dtype:
+        return f"expected dtype {declared.dtype}, got {value.dtype}"
     if value.device == communicator.device:
         return None
     problem = f"expected a tensor on {communicator.device}, got one on {value.device}"

@@ -111,23 +111,27 @@ def test_adamw_steps_track_the_unsharded_layer(world, case):
     assert losses[-1][0] != losses[0][0], "the weights changed"
 
 
-def _positions_of_another_layout() -> str:
-    """The layer compiled for a head-tail sequence, run where the last rank's positions are its
-    rows of a contiguous sequence: what each rank's call raises."""
+def _positions_of_another_layout() -> list[str]:
+    """The layer compiled for a head-tail sequence, called where the last rank's positions are
+    its rows of a contiguous sequence, then where they are right, then wrong again: what each
+    rank's calls raise ("ran" for a call that did not)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     world, rank = dist.get_world_size(), dist.get_rank()
     layer = context_parallel(DecoderLayer().to(rank_device()), init_device_mesh(rank_device().type, (world,)))
     torch._dynamo.reset()
-    x, cos, sin, positions = rank_inputs(torch.randn(BATCH, SEQUENCE, 64), layer.attention.head_dim, rank, world)
-    if rank == world - 1:
-        positions = torch.arange(SEQUENCE).chunk(world)[rank]
-    try:
-        torch.compile(layer, backend="hostir", options={"sequence_layout": "head_tail"})(x, cos, sin, positions)
-    except Exception as error:  # noqa: BLE001 - the message is what is tested
-        return str(error)
-    return "ran"
+    x, cos, sin, right = rank_inputs(torch.randn(BATCH, SEQUENCE, 64), layer.attention.head_dim, rank, world)
+    wrong = torch.arange(SEQUENCE).chunk(world)[rank] if rank == world - 1 else right
+    compiled = torch.compile(layer, backend="hostir", options={"sequence_layout": "head_tail"})
+    outcomes = []
+    for positions in (wrong, right, wrong):
+        try:
+            compiled(x, cos, sin, positions)
+            outcomes.append("ran")
+        except Exception as error:  # noqa: BLE001 - the message is what is tested
+            outcomes.append(str(error))
+    return outcomes
 
 
 def _tensor_and_context_parallel() -> str:
@@ -266,9 +270,14 @@ def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_positions_of_another_layout_fail_on_every_rank_before_any_communication(world):
     """The last rank's positions are not those of the option's layout: it says which input and
-    why, every other rank that the inputs are wrong on another rank, and no rank hangs."""
-    messages = [result["wrong positions"] for result in results_of_world(world)]
-    assert "its values are not this rank's positions in a sequence laid out head_tail" in messages[-1], messages[-1]
-    assert f"on rank {world - 1}" in messages[-1]
-    for rank, message in enumerate(messages[:-1]):
-        assert f"wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
+    why, every other rank that the inputs are wrong on another rank, and no rank hangs; at the
+    first call, which compiles, as at a later one, after a call on the right positions ran (the
+    check of a value is made at every call)."""
+    outcomes = [result["wrong positions"] for result in results_of_world(world)]
+    for call in (0, 2):
+        messages = [rank_outcomes[call] for rank_outcomes in outcomes]
+        assert "its values are not this rank's positions in a sequence laid out head_tail" in messages[-1], messages[-1]
+        assert f"on rank {world - 1}" in messages[-1]
+        for rank, message in enumerate(messages[:-1]):
+            assert f"wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
+    assert [rank_outcomes[1] for rank_outcomes in outcomes] == ["ran"] * world

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import ag_linear, allgather_p2p, linear, matmul, matmul_ar, single_binary
@@ -230,6 +231,76 @@ def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
     kept = [copied[1:], weight.t()]
     assert run.blocker([weight, handed_in]) is None and kept
     assert "input #1 is not the output" in run.blocker([weight, handed_in.clone()])
+
+
+class _AtenCalls(TorchDispatchMode):
+    """Records the ATen ops called in its block, and the tensors that each copies into."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, list[torch.Tensor]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((str(func), list(args[0]) if isinstance(args[0], (list, tuple)) else [args[0]]))
+        return func(*args, **(kwargs or {}))
+
+    def copies(self) -> list[tuple[str, list[torch.Tensor]]]:
+        return [(name, targets) for name, targets in self.calls if "copy" in name]
+
+
+class _Doubling:
+    """Stands for a captured CUDA graph on plain tensors: a replay writes twice its static input
+    into its static output, and records what the static inputs held."""
+
+    def __init__(self, inputs: list[torch.Tensor], output: torch.Tensor):
+        self.inputs, self.output, self.seen = inputs, output, []
+
+    def replay(self) -> None:
+        self.seen.append([x.clone() for x in self.inputs if x is not None])
+        torch.mul(self.inputs[0], 2, out=self.output)
+
+
+def test_a_replay_copies_its_inputs_in_one_batched_op_and_not_those_already_in_place():
+    """Before the graph replays, the inputs it does not read in place reach their static
+    buffers in one ATen op (`_foreach_copy_`), whatever their number; an input that is its
+    static buffer already is not copied, and with nothing to copy no op runs; a parameter
+    read in place is checked for its address, never copied."""
+    weight = torch.randn(3)
+    static = [torch.zeros(3), torch.zeros(2), torch.zeros(4), None]
+    graph = _Doubling(static, torch.zeros(3))
+    run = CapturedRun(
+        graph=graph,
+        inputs=static,
+        addresses=[x.data_ptr() for x in static[:3]] + [weight.data_ptr()],
+        outputs=[graph.output],
+        extents={},
+        parameters=frozenset({3}),
+    )
+    inputs = [torch.randn(3), torch.randn(2), torch.randn(4), weight]
+    with _AtenCalls() as calls:
+        (out,) = run.replay(inputs)
+    ((name, targets),) = calls.copies()
+    assert name == "aten._foreach_copy_.default" and [t.data_ptr() for t in targets] == [
+        x.data_ptr() for x in static[:3]
+    ]
+    assert all(torch.equal(seen, given) for seen, given in zip(graph.seen[-1], inputs))
+    torch.testing.assert_close(out, 2 * inputs[0])
+    assert out.data_ptr() != graph.output.data_ptr(), "the caller gets a copy of the static output"
+
+    # The second input is its static buffer: the batched copy takes the other two.
+    static[1].copy_(torch.tensor([5.0, 6.0]))
+    inputs = [torch.randn(3), static[1], torch.randn(4), weight]
+    with _AtenCalls() as calls:
+        run.replay(inputs)
+    ((name, targets),) = calls.copies()
+    assert [t.data_ptr() for t in targets] == [static[0].data_ptr(), static[2].data_ptr()]
+    assert torch.equal(graph.seen[-1][1], torch.tensor([5.0, 6.0]))
+    # Every input in place: nothing is copied before the replay.
+    with _AtenCalls() as calls:
+        run.replay([static[0], static[1], static[2], weight])
+    assert calls.copies() == []
+    with pytest.raises(HostirError, match="static input #3 \\(a parameter\\) is at another address"):
+        run.replay([*inputs[:3], weight.clone()])
 
 
 def test_a_capture_copies_the_inputs_it_does_not_read_in_place():

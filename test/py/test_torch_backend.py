@@ -7,6 +7,7 @@ inputs: the forward output, the input's gradient and every parameter's gradient.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import math
@@ -385,6 +386,66 @@ def _mlp_programs(sequence_parallel: bool) -> list[str]:
     programs = results[0]["dump"].split("// hostir: the host program of graph ")[1:]
     assert [p.split()[0].split("_")[0] for p in programs] == ["forward", "backward"]
     return programs
+
+
+def _steps_on_rank(steps: int) -> dict:
+    """The sequence-parallel MLP compiled and trained `steps` steps beside eager DTensor, each
+    step on new inputs: each step's errors, and how often each program checked its inputs
+    (`Program.check`, which exchanges a row with every peer) and ran."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from hostir.frontend.backend import compiled_graphs
+    from hostir.runtime.program import Program
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh(rank_device().type, (world,))
+    modules = [parallelize_module(module, mesh, mlp_plan(True)) for module in copies(MLP)]
+    compiled = torch.compile(modules[0], backend="hostir", options={"chunks": 2, "backend": "nccl"})
+    checks, runs = collections.Counter(), collections.Counter()
+    check, run_checked = Program.check, Program.run_checked
+
+    def counted_check(program, *args):
+        checks[program.host.sym_name.data] += 1
+        return check(program, *args)
+
+    def counted_run(program, *args, **kwargs):
+        runs[program.host.sym_name.data] += 1
+        return run_checked(program, *args, **kwargs)
+
+    Program.check, Program.run_checked = counted_check, counted_run
+    errors = []
+    for step in range(steps):
+        torch.manual_seed(step)
+        x = torch.randn(16, 16).chunk(world)[rank].to(rank_device())
+        x_hostir, x_eager = x.clone().requires_grad_(), x.clone().requires_grad_()
+        for module in modules:
+            module.zero_grad()
+        out, expected = compiled(x_hostir), modules[1](x_eager)
+        (out * expected.detach()).sum().backward()
+        (expected * expected.detach()).sum().backward()
+        step_errors = {"output": _max_error(out, expected), "input": _max_error(x_hostir.grad, x_eager.grad)}
+        for name, grad in _grads(modules[0]).items():
+            step_errors[name] = _max_error(grad, _grads(modules[1])[name])
+        errors.append(step_errors)
+    graphs = [graph for graph in compiled_graphs() if graph.compiled]
+    return {"errors": errors, "checks": dict(checks), "runs": dict(runs), "static": [g.static for g in graphs]}
+
+
+@needs_ranks(2)
+def test_a_graph_checks_its_inputs_across_ranks_at_its_first_call_only():
+    """A compiled graph's later calls have the shapes, dtypes and devices of its first (dynamo's
+    guards, for the graphs of static shapes that a DTensor module's are, its mesh argument
+    included): each program checks its inputs across ranks once, and every step still matches
+    eager DTensor."""
+    steps = 3
+    for rank, result in enumerate(run_on_hostir(_steps_on_rank, 2, steps, timeout_s=300)):
+        for step, errors in enumerate(result["errors"]):
+            assert max(errors.values()) < F32_TOLERANCE, f"rank {rank}, step {step}: {errors}"
+        assert result["static"] == [True, True], f"rank {rank}"
+        assert len(result["runs"]) == 2 and set(result["runs"].values()) == {steps}, f"rank {rank}: {result}"
+        assert result["checks"] == dict.fromkeys(result["runs"], 1), f"rank {rank}: {result}"
 
 
 def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():

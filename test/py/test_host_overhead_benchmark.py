@@ -1,0 +1,50 @@
+"""The host-time benchmark (benchmarks/host_overhead.py) as CI's smoke test: on 1 and 2 CPU ranks,
+every step's time from the call to the program's first op is stamped and split, torch's share
+before hostir's, and torch's share is measured again with hostir's graphs returning at once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import host_overhead  # noqa: E402  (a script's folder, not a package)
+
+COMMAND_TIMEOUT_S = 600
+"""Two launches that each compile the layer's three graphs: tens of seconds on a loaded machine."""
+
+
+def test_smoke_run_splits_every_step_on_1_and_2_ranks():
+    command = [sys.executable, str(BENCHMARKS / "host_overhead.py"), "--warmup=2", "--reps=3"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    tables = re.split(r"^(\d+) rank\(s\), ", completed.stdout, flags=re.M)[1:]
+    worlds, tables = [int(world) for world in tables[0::2]], tables[1::2]
+    assert worlds == [1, 2], completed.stdout
+    for table in tables:
+        assert table.startswith("cpu, float32, dim 64, 2 x 16 tokens"), table
+        rows = {
+            match[1]: tuple(map(float, match.groups()[1:]))
+            for match in re.finditer(
+                r"^(forward|train forward|train backward)" + r" +([\d.]+)" * 5 + "$", table, re.M
+            )
+        }
+        assert set(rows) == set(host_overhead.STEPS), table
+        for step, (torch_us, hostir_us, total_us, torch_alone_us, step_alone_us) in rows.items():
+            # Each share is a span between two stamps that the step passed, in order.
+            assert torch_us > 0 and hostir_us > 0 and torch_alone_us > 0, f"{step}: {table}"
+            assert total_us >= max(torch_us, hostir_us), f"{step}: {table}"
+            assert step_alone_us >= torch_alone_us, f"{step}: {table}"
+
+
+def test_a_step_that_runs_no_hostir_program_is_an_error():
+    stamps = host_overhead.Stamps(call=1, hostir=[5])
+    with pytest.raises(RuntimeError, match="ran no op"):
+        stamps.shares()
+    assert host_overhead.Stamps(call=1_000, hostir=[3_000, 9_000], first=[7_000, 10_000]).shares() == (2.0, 4.0)
