@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY))  # examples/ is no installed package
+sys.path.append(str(REPOSITORY))  # examples/ is no installed package; hostir as installed comes first
 
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from hostir.frontend.backend import HostirGraph, compiled_graphs  # noqa: E402
