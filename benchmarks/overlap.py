@@ -512,14 +512,12 @@ def shape_of(
     problem: OverlapProblem, costs: StageTimes | None, chunks: int, streams: int | None = None
 ) -> PipelineShape:
     """`chunks` chunks on `streams` streams (default: the model's rule), with the model's time if it has costs."""
-    predicted = pipeline_time(problem, costs, chunks) if costs and problem.cuts_into(chunks) else float("nan")
+    predicted = pipeline_time(problem, costs, chunks) if costs and costs.covers(problem, chunks) else float("nan")
     return PipelineShape(chunks, streams or pipeline_streams(chunks), predicted)
 
 
-def model_costs(
-    bench: Bench, problem: OverlapProblem, gemm_ms: float, comm_ms: float
-) -> Callable[[OverlapProblem], StageTimes]:
-    """The costs the model is fed for each form of `problem` (`--model`): the stages measured
+def model_costs(bench: Bench, gemm_ms: float, comm_ms: float) -> Callable[[OverlapProblem], StageTimes]:
+    """The costs the model is fed for each form of a problem (`--model`): the stages measured
     here for the chunk counts it may weigh (reported once per form), or the rates of the
     whole problem's GEMM and collective alone."""
     arguments = bench.arguments
@@ -564,7 +562,7 @@ def bench_problem(bench: Bench, kind: OverlapKind, x: torch.Tensor, w: torch.Ten
     costs_of = None
     if gemm.ms and comm.ms:
         bench.record(entry(LIMIT, ms=max(gemm.ms, comm.ms)))
-        costs_of = model_costs(bench, problem, gemm.ms, comm.ms)
+        costs_of = model_costs(bench, gemm.ms, comm.ms)
     sequence = "AG then GEMM" if kind == OverlapKind.ALLGATHER_MATMUL else f"GEMM then {COLLECTIVES[kind]}"
     bench.measure(entry(sequence), peers.in_sequence(), y, check_peers)
     bench.measure(entry("symm_mem fused"), peers.symmetric_memory_fused(), y, check_peers)

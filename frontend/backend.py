@@ -220,6 +220,8 @@ class CompiledShapes:
 
     def __post_init__(self, args: Sequence[Any], arity: int) -> None:
         imported = self.imported
+        self.checks_values = bool(self.program.value_checked_inputs)
+        """Whether every call checks its inputs across ranks (the program checks their values)."""
         self.input_template: list[Any] = [None] * len(imported.inputs)
         """The program's inputs, those of the constants in place: each call fills in a copy."""
         views = []
@@ -270,7 +272,7 @@ class CompiledShapes:
                 if problem is not None:
                     raise HostirError(f"input #{index} of @{program.host.sym_name.data}: {problem}")
             results = self.replayer.run(inputs)
-        elif self.extents is None or program.value_checked_inputs:
+        elif self.extents is None or self.checks_values:
             context = program.checked_context(inputs, self.communicator)
             self.extents = context.input_extents
             results = program.run_checked(inputs, context, views_of=range(len(inputs)))
@@ -462,8 +464,9 @@ class HostirGraph:
         layouts = self._layouts(args)
         explanation = GraphExplanation(self.name, [s for s in map(tensor_summary, args) if s is not None])
         self.explanations.append(explanation)
+        chunks_of = self.options.chunks_of(device)
         try:
-            imported = import_graph(self.gm, self.name, self.options.chunks_of(device), layouts, self.options.layout)
+            imported = import_graph(self.gm, self.name, chunks_of, layouts, self.options.layout)
         except UnsupportedGraph as error:
             explanation.fell_back(error.message, error.node)
             if not self.options.fallback:
@@ -495,9 +498,9 @@ class HostirGraph:
         explanation.ranks = communicator.ranks if communicator.joined else (communicator.rank,)
         explanation.pipelining, explanation.backend, explanation.backend_why = lowered.pipelining, backend, lowered.why
         chosen_by = self.options.chunks_chosen_by(device)
-        choices = {problem: shape for (problem, _), shape in MeasuredChunks.choices.items()}
+        measured = chunks_of.choice if isinstance(chunks_of, MeasuredChunks) else lambda problem, group: None
         explanation.chunked = [
-            ChunkedCollective(name, problem, chunks, chosen_by, choices.get(problem) if device.type == "cuda" else None)
+            ChunkedCollective(name, problem, chunks, chosen_by, measured(problem, imported.group))
             for name, (problem, chunks) in imported.chunked.items()
         ]
         if says:

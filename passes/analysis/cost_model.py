@@ -206,6 +206,9 @@ class Rates:
         transfer = self.comm_s(problem) / chunks + self.transfer_latency_s
         return Stages(gemm, transfer, max(gemm, transfer))
 
+    def covers(self, problem: OverlapProblem, chunks: int) -> bool:
+        return True
+
 
 @dataclass(frozen=True)
 class Stages:
@@ -226,6 +229,10 @@ class StageTimes(Protocol):
 
     def stages(self, problem: OverlapProblem, chunks: int) -> Stages: ...
 
+    def covers(self, problem: OverlapProblem, chunks: int) -> bool:
+        """Whether `stages` knows `problem` in `chunks` chunks."""
+        ...
+
 
 @dataclass(frozen=True)
 class MeasuredStages:
@@ -235,8 +242,11 @@ class MeasuredStages:
     problem: OverlapProblem
     by_chunks: Mapping[int, Stages]
 
+    def covers(self, problem: OverlapProblem, chunks: int) -> bool:
+        return problem == self.problem and chunks in self.by_chunks
+
     def stages(self, problem: OverlapProblem, chunks: int) -> Stages:
-        if problem != self.problem or chunks not in self.by_chunks:
+        if not self.covers(problem, chunks):
             raise HostirError(
                 f"no stages were measured for {problem} in {chunks} chunks; measured: {self.problem} "
                 f"in {sorted(self.by_chunks)}"
@@ -333,9 +343,7 @@ def choose_pipeline(
 ) -> PipelineShape:
     """The chunk count of `candidate_chunks` with the least modelled time, the fewest chunks
     among equals: one chunk, no pipeline, where the model predicts the pipelines slower."""
-    candidates = candidate_chunks(problem, min_chunk_rows, max_chunks)
-    if isinstance(costs, MeasuredStages):
-        candidates = [chunks for chunks in candidates if chunks in costs.by_chunks] or [1]
+    candidates = [c for c in candidate_chunks(problem, min_chunk_rows, max_chunks) if costs.covers(problem, c)] or [1]
     times = {chunks: pipeline_time(problem, costs, chunks) for chunks in candidates}
     best = min(candidates, key=lambda chunks: (times[chunks], chunks))
     pipelined = min((c for c in candidates if c > 1), key=lambda chunks: (times[chunks], chunks), default=None)

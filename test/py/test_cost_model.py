@@ -327,20 +327,25 @@ def test_measured_stages_are_the_same_on_every_rank(kind):
         assert min(measured_stages.gemm_s, measured_stages.transfer_s, measured_stages.together_s) > 0
 
 
-def chunks_measured_on_a_rank() -> tuple[int, PipelineShape, int]:
+def chunks_measured_on_a_rank() -> tuple[int, PipelineShape, int, int]:
     import torch.distributed as dist
+    from unittest import mock
+
+    from hostir.runtime.distributed import calibration
 
     p = OverlapProblem(RS, 4096, 64, 64, 2, element_size=4)
     chooser = MeasuredChunks(torch.device("cpu"))
-    chunks = chooser(p, dist.group.WORLD)
-    again = chooser(p, dist.group.WORLD)  # measured once per problem and group in a process
-    return chunks, chooser.choice(p, dist.group.WORLD), again
+    with mock.patch.object(calibration, "measure_stages", wraps=calibration.measure_stages) as measuring:
+        chunks = chooser(p, dist.group.WORLD)
+        again = chooser(p, dist.group.WORLD)  # measured once per problem and group in a process
+        shape = chooser.choice(p, dist.group.WORLD)
+    return chunks, shape, again, measuring.call_count
 
 
 @needs_ranks(2)
 def test_the_backend_s_chooser_measures_once_and_every_rank_chooses_alike():
     results = run_on_local_ranks(chunks_measured_on_a_rank, 2, timeout_s=120)
-    (chunks, shape, again), other = results[0], results[1]
-    assert other == results[0] and again == chunks == shape.chunks
+    (chunks, shape, again, measured), other = results[0], results[1]
+    assert other == results[0] and again == chunks == shape.chunks and measured == 1
     assert shape.chunks in candidate_chunks(OverlapProblem(RS, 4096, 64, 64, 2, element_size=4))
     assert "ms for the GEMM then the collective" in shape.why

@@ -303,3 +303,18 @@ def test_pipelining_decisions_are_said_by_hir_opt_too(tmp_path, capsys):
         "fusion.sum %rows of mesh = [0, 1], axes = [didx, _, _] is not pipelined: the chunk axis is not a batch axis "
         "of the matmul's left operand",
     ]
+
+
+def test_a_chunk_count_chosen_on_measured_stages_is_explained_by_the_model_s_reason():
+    from hostir.frontend.explanation import ChunkedCollective
+    from hostir.passes.analysis.cost_model import MeasuredStages, OverlapKind, OverlapProblem, Stages, choose_pipeline
+
+    problem = OverlapProblem(OverlapKind.MATMUL_REDUCE_SCATTER, 8192, 8192, 3584, 4)
+    # A GEMM and a reduce-scatter at once as slow as one after the other: no pipeline gains.
+    stages = MeasuredStages(problem, {s: Stages(0.17e-3 / s, 0.19e-3 / s, 0.36e-3 / s + 2e-5) for s in (1, 2)})
+    shape = choose_pipeline(problem, stages)
+    said = str(ChunkedCollective("reduce_scatter_tensor", problem, shape.chunks, "the cost model's choice", shape))
+    assert shape.chunks == 1
+    assert said.startswith("%reduce_scatter_tensor, a GEMM + reduce-scatter of M=8192 K=8192 N=3584 over 4 ranks: 1 chunk")
+    assert "in 2 chunks against 0.36 ms for the GEMM then the collective" in said
+    assert "nominal" not in said
