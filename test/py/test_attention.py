@@ -29,6 +29,7 @@ from hostir.runtime.interpreter.attention import (
     positions,
     whole_sequence,
 )
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.program import Program
 from hostir.runtime.reference import reference_outputs
 from test_torch_backend import _dumped
@@ -36,6 +37,10 @@ from test_torch_backend import _dumped
 aten = torch.ops.aten
 B, H, L, E = 2, 3, 8, 16
 NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.bool: "i1"}
+
+CPU = Communicator.single(torch.device("cpu"))
+"""Where the programs here run, on a machine with GPUs too: the CPU's SDPA kernels are the
+references, and the GPUs' kernels are imported from graphs made on fake tensors."""
 
 
 def tensor_type(shape, dtype=torch.float32, devices: int = 1, varying: bool = False) -> str:
@@ -123,7 +128,7 @@ def test_attention_and_its_backward_are_sdpa_and_autograd(dtype, mask_kind, scal
     program = attention_program(q.shape, k.shape, dtype, properties, mask, backward=True)
     inputs = [q, k, v, *([mask] if mask is not None else []), dout]
     expected = sdpa_with_gradients(q, k, v, dout, **kwargs)
-    for results in (program.run(inputs), reference_outputs(program.fusion, inputs)):
+    for results in (program.run(inputs, CPU), reference_outputs(program.fusion, inputs)):
         for result, reference in zip(results, expected, strict=True):
             torch.testing.assert_close(result, reference.to(result.dtype))
 
@@ -135,7 +140,7 @@ def test_keys_in_blocks_are_the_blocks_rows_in_order():
     q, dout = (torch.randn(B, H, L, E, generator=generator) for _ in range(2))
     k, v = (torch.randn(4, B, H, L // 2, E, generator=generator) for _ in range(2))
     program = attention_program(q.shape, k.shape, torch.float32, " causal top_left blocks", backward=True)
-    out, lse, dq, dk, dv = program.run([q, k, v, dout])
+    out, lse, dq, dk, dv = program.run([q, k, v, dout], CPU)
     flat = [t.movedim(0, -3).flatten(-3, -2) for t in (k, v)]
     expected = sdpa_with_gradients(q, *flat, dout, is_causal=True)
     for result, reference in zip((out, lse, dq), expected[:3]):
@@ -152,7 +157,7 @@ def test_a_row_that_sees_no_key_has_output_0_and_log_sum_exp_minus_infinity():
     seen = torch.ones(4, 4, dtype=torch.bool)
     seen[2] = False
     program = attention_program(q.shape, k.shape, torch.float32, mask=seen, backward=True)
-    for out, lse, dq, _, _ in (program.run([q, k, v, seen, dout]), reference_outputs(program.fusion, [q, k, v, seen, dout])):
+    for out, lse, dq, _, _ in (program.run([q, k, v, seen, dout], CPU), reference_outputs(program.fusion, [q, k, v, seen, dout])):
         assert (out[..., 2, :] == 0).all() and lse[..., 2].isneginf().all() and (dq[..., 2, :] == 0).all()
         assert lse[..., [0, 1, 3]].isfinite().all()
 
@@ -311,7 +316,7 @@ def test_the_gpus_kernels_import_as_fusion_attention_and_run_on_the_cpu(function
     generator = torch.Generator().manual_seed(4)
     q, k, v, dout = (torch.randn(B, H, rows, E, generator=generator).to(dtype) for _ in range(4))
     bias = [torch.randn(rows, rows, generator=generator).to(dtype)] if masked else []
-    results = program.run([q, k, v, dout, *bias])
+    results = program.run([q, k, v, dout, *bias], CPU)
     kwargs = {"attn_mask": bias[0]} if masked else {"is_causal": True}
     expected = sdpa_with_gradients(q, k, v, dout, scale=0.25, **kwargs)
     for result, reference in zip(results, [expected[0], *expected[2:]], strict=True):
@@ -340,5 +345,5 @@ def test_the_math_fallback_imports_where_its_weights_go_unread():
     ]
     generator = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(B, H, L, E, generator=generator) for _ in range(3))
-    (out,) = Program.compile(import_graph(_fake_graph(_math, shapes)).module).run([q, k, v])
+    (out,) = Program.compile(import_graph(_fake_graph(_math, shapes)).module).run([q, k, v], CPU)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from hostir_dialect.fusion import Causal
+from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter.attention import whole_sequence
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
@@ -128,12 +129,15 @@ def cases(devices: int) -> list[Case]:
 
 def _run_cases(devices: int) -> dict[str, tuple[list[torch.Tensor], str]]:
     """On a rank: every case's outputs (this rank's pieces) and its host program."""
-    rank = torch.distributed.get_rank()
+    communicator = Communicator.from_env()
     results = {}
     for case in cases(devices):
         program = Program.compile(case.text, pipeline=case.pipeline)
-        local = [shard(t, type, rank) for t, type in zip(case.inputs, program.input_types)]
-        results[case.name] = (program.run(local), str(program.module))
+        local = [
+            shard(t, type, communicator.rank).to(communicator.device) for t, type in zip(case.inputs, program.input_types)
+        ]
+        outputs = [output.cpu() for output in program.run(local, communicator)]  # compared with the CPU's SDPA
+        results[case.name] = (outputs, str(program.module))
     return results
 
 

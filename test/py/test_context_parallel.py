@@ -119,10 +119,11 @@ def _positions_of_another_layout() -> list[str]:
     from torch.distributed.device_mesh import init_device_mesh
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    layer = context_parallel(DecoderLayer().to(rank_device()), init_device_mesh(rank_device().type, (world,)))
+    device = rank_device()
+    layer = context_parallel(DecoderLayer().to(device), init_device_mesh(device.type, (world,)))
     torch._dynamo.reset()
-    x, cos, sin, right = rank_inputs(torch.randn(BATCH, SEQUENCE, 64), layer.attention.head_dim, rank, world)
-    wrong = torch.arange(SEQUENCE).chunk(world)[rank] if rank == world - 1 else right
+    x, cos, sin, right = rank_inputs(torch.randn(BATCH, SEQUENCE, 64, device=device), layer.attention.head_dim, rank, world)
+    wrong = torch.arange(SEQUENCE, device=device).chunk(world)[rank] if rank == world - 1 else right
     compiled = torch.compile(layer, backend="hostir", options={"sequence_layout": "head_tail"})
     outcomes = []
     for positions in (wrong, right, wrong):
