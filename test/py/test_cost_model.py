@@ -334,7 +334,7 @@ def chunks_measured_on_a_rank() -> tuple[int, PipelineShape, int, int]:
     from hostir.runtime.distributed import calibration
 
     p = OverlapProblem(RS, 4096, 64, 64, 2, element_size=4)
-    chooser = MeasuredChunks(torch.device("cpu"))
+    chooser = MeasuredChunks(Communicator.from_env().device)
     with mock.patch.object(calibration, "measure_stages", wraps=calibration.measure_stages) as measuring:
         chunks = chooser(p, dist.group.WORLD)
         again = chooser(p, dist.group.WORLD)  # measured once per problem and group in a process

@@ -161,19 +161,22 @@ def _what_each_rank_says() -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from examples.tp_decoder_layer import rank_device
     from test_torch_backend import MLP, mlp_plan
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     torch.manual_seed(0)
-    model = parallelize_module(MLP(), mesh, mlp_plan(sequence_parallel=True))
-    x = torch.randn(16, 16, requires_grad=True)
+    model = parallelize_module(MLP().to(device), mesh, mlp_plan(sequence_parallel=True))
+    x = torch.randn(16, 16, device=device, requires_grad=True)
     torch._dynamo.reset()
     said = io.StringIO()
+    # NCCL's lowering named (on GPUs `auto` may take the copy engines), as on CPU ranks.
     with config.patch(dump=set(config.DUMP_KINDS)), contextlib.redirect_stderr(said):
-        model_out = torch.compile(model, backend="hostir", options={"chunks": 2})(x)
+        model_out = torch.compile(model, backend="hostir", options={"chunks": 2, "backend": "nccl"})(x)
         model_out.sum().backward()
-    explanation = hostir.explain(model, x, chunks=2)
-    unpipelined = hostir.explain(model, x, pipeline=False)
+    explanation = hostir.explain(model, x, chunks=2, backend="nccl")
+    unpipelined = hostir.explain(model, x, pipeline=False, backend="nccl")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.compile(Complex(), backend="hostir")(torch.randn(2, 4))

@@ -768,7 +768,8 @@ def _scalar_input_on_rank() -> dict:
         return torch.fmod(funcol.all_reduce(x, "sum", dist.group.WORLD), seed)
 
     rank = dist.get_rank()
-    x, seed = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank)) * 10, torch.tensor(3 + rank)
+    # The seed stays on the CPU, as an attention kernel's does; x is on the rank's device.
+    x, seed = (torch.randn(4, 8, generator=torch.Generator().manual_seed(rank)) * 10).to(rank_device()), torch.tensor(3 + rank)
     torch._dynamo.reset()
     with _dumped("fusion") as dump:
         out = torch.compile(f, backend="hostir", options={"fallback": False})(x, seed)
