@@ -273,8 +273,12 @@ def kernel_run(first: Operation) -> list[Operation]:
 
     The run ends before an op whose result does not broadcast with those before it (two
     independent computations side by side, say a weight's broadcast next to an
-    activation's backward); then it ends before the first op whose result is used after
-    the run but is smaller than the run's iteration space (a broadcast that a later
+    activation's backward). Where their extents are dynamic, their types say nothing of
+    their values, so it also ends before the first op unconnected to the first op's
+    computation (no chain of reads within the run joins them, which would make their
+    verifiers hold the extents alike) whose dynamic extents meet the run's
+    (`_first_unrelated_dynamic`). Then it ends before the first op whose result is used
+    after the run but is smaller than the run's iteration space (a broadcast that a later
     loop reads), which only a kernel of its own can write whole.
     """
     run, space = [first], _shape(first)
@@ -284,9 +288,37 @@ def kernel_run(first: Operation) -> list[Operation]:
         except VerifyException:
             break
         run.append(following)
+    if (cut := _first_unrelated_dynamic(run)) is not None:
+        run = run[:cut]
     while (cut := _first_partial_output(run)) is not None:
         run = run[: max(cut, 1)]
     return run
+
+
+def _first_unrelated_dynamic(run: list[Operation]) -> int | None:
+    """The position of the first op of `run` that no chain of reads within it connects to its
+    first op and that has a dynamic extent where the run's iteration space has one."""
+    space = broadcast_shapes(*map(_shape, run))
+    component = {op: op for op in run}
+
+    def root(op: Operation) -> Operation:
+        while component[op] is not op:
+            op = component[op]
+        return op
+
+    for op in run:
+        for operand in op.operands:
+            if operand.owner in component:
+                component[root(op)] = root(operand.owner)
+    for i, op in enumerate(run):
+        if root(op) is not root(run[0]) and _dynamic_extents_meet(space, _shape(op)):
+            return i
+    return None
+
+
+def _dynamic_extents_meet(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether an axis of `a` and one of `b` that broadcasting aligns are both dynamic."""
+    return any(x == DYNAMIC and y == DYNAMIC for x, y in zip(reversed(a), reversed(b)))
 
 
 def _shape(op: Operation) -> tuple[int, ...]:

@@ -420,3 +420,23 @@ def test_end_to_end(case: Case):
         torch.testing.assert_close(
             output.double(), piece, rtol=0, atol=tolerance, msg=lambda m: f"rank {rank}: {m}"
         )
+
+
+def test_every_segment_launched_on_one_device_has_a_kernel_on_its_buffers(monkeypatch):
+    """What a GPU does at each `hir.launch_kernel`, planned on the CPU: the kernel's iteration
+    space from the buffers the launch gets (`SegmentKernel.plan`). A segment that joined
+    computations of unrelated dynamic extents (a weight's broadcast beside an activation)
+    has none, and would fail on GPUs alone."""
+    from hostir.runtime.codegen import kernels
+
+    planned = []
+
+    def launch(kernel, ins, outs):
+        planned.append(kernel.plan(ins, outs))
+        return False  # then evaluated eagerly, as on the CPU
+
+    monkeypatch.setattr(kernels.SegmentKernel, "launch", launch)
+    cases = [c for c in CASES if c.world == 1]
+    payload = [(c.fusion.name, c.build_arguments, c.fusion.pipeline, c.inputs()) for c in cases]
+    results = run_cases(payload, Communicator.single(torch.device("cpu")))
+    assert planned and not [(c.id, r) for c, r in zip(cases, results) if isinstance(r, str)]
