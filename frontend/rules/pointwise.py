@@ -123,6 +123,13 @@ def _reversed_sub(importer: Importer, node: torch.fx.Node) -> Value | None:
     return elementwise_result(importer, node, fusion.SubOp, [y, x])
 
 
+@rule(aten.reciprocal.default)
+def _reciprocal(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """`reciprocal(x)`: `1 / x`, one rounding as ATen's (torch 2.11's decomposition of SiLU's
+    backward writes its sigmoid so)."""
+    return elementwise_result(importer, node, fusion.DivOp, [importer.arg(1.0), importer.arg(node.args[0])])
+
+
 @rule(aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 def _to_dtype(importer: Importer, node: torch.fx.Node) -> Value | None:
     result = result_of(node)

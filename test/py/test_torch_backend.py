@@ -732,6 +732,22 @@ def test_activations_and_their_gradients_are_one_fused_pointwise_run(dtype):
     assert len(programs) == 2 and all(p.count("hir.launch_kernel") == 1 for p in programs), programs
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reciprocal_is_a_division_of_one_as_aten_computes_it(dtype):
+    """`reciprocal` (torch 2.11's SiLU backward writes its sigmoid with it) is the pointwise
+    `1 / x`, with ATen's values to the bit."""
+
+    def f(x):
+        return torch.reciprocal(x)
+
+    x = torch.randn(6, 8, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir", options={"fallback": False})(x)
+    assert torch.equal(out, f(x))
+    assert "fusion.aten" not in dump.getvalue() and "fusion.div" in dump.getvalue()
+
+
 def test_addmm_adds_its_bias_before_it_rounds_the_product():
     """`addmm` with a bias row is one fusion.matmul with its bias, which the GEMM adds
     before it rounds, as ATen does: bf16 results equal eager's bit for bit (a matmul then
