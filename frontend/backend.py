@@ -329,9 +329,8 @@ def layout_tensor(
     if value.kind == "keys":
         return keys.to(dtype)
     seen = layout_mask(queries, keys)
-    if dtype == torch.bool:
-        return seen
-    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, -math.inf)
+    mask = seen if dtype == torch.bool else torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, -math.inf)
+    return mask.expand(*value.batch, *mask.shape)
 
 
 LAYOUT_MEANINGS = {

@@ -162,11 +162,13 @@ class GraphLayouts:
 class LayoutValue:
     """What a sequence laid out over the mesh in `layout` gives a rank with `rows` rows of it:
     "queries", the positions of its rows; "keys", those of every rank's rows in mesh order;
-    "mask", the causal mask of the first against the second."""
+    "mask", the causal mask of the first against the second, broadcast to `batch` leading
+    axes (efficient attention's bias is expanded to `[batch, heads, rows, keys]`)."""
 
     kind: str
     rows: int
     layout: Causal
+    batch: tuple[int, ...] = ()
 
 
 @dataclass

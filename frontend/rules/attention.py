@@ -188,13 +188,21 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
     boolean or as 0 and -inf, the keys' positions all-gathered from the queries' or a graph
     input; or a graph input itself, a mask the forward saved for the backward). Records the
     graph inputs it is made of, whose values every run checks, and, computed in the graph,
-    the mask (a graph output that the program then does not compute: the layout fixes it)."""
+    the mask (a graph output that the program then does not compute: the layout fixes it).
+    The mask may be broadcast to leading axes (`aten.expand`, as SDPA hands its bias to
+    efficient attention on GPUs)."""
     layout, mask = importer.sequence_layout, node
+    if node.target is aten.expand.default:
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or node.meta["val"].shape[-2:] != mask.meta["val"].shape[-2:]:
+            return False
+    unexpanded = node
     if node.op == "placeholder":
         shape = node.meta["val"].shape
-        if len(shape) != 2 or shape[1] != importer.devices * shape[0]:
+        if len(shape) < 2 or shape[-1] != importer.devices * shape[-2]:
             return False
-        importer.layout_inputs.append((importer.placeholders.index(node), LayoutValue("mask", shape[0], layout)))
+        value = LayoutValue("mask", shape[-2], layout, tuple(shape[:-2]))
+        importer.layout_inputs.append((importer.placeholders.index(node), value))
         return True
     if node.target is aten.where.self:
         condition, seen, hidden = node.args
@@ -211,7 +219,8 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
     importer.layout_inputs += [
         (importer.placeholders.index(placeholder), LayoutValue(kind, rows, layout)) for placeholder, kind in found
     ]
-    importer.layout_masks[mask] = LayoutValue("mask", rows, layout)
+    for computed in {mask, unexpanded}:  # either may be the one the forward saves
+        importer.layout_masks[computed] = LayoutValue("mask", rows, layout, tuple(computed.meta["val"].shape[:-2]))
     return True
 
 

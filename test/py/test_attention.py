@@ -18,7 +18,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import Causal
-from hostir.frontend.importer import import_graph
+from hostir.frontend.backend import layout_tensor
+from hostir.frontend.importer import LayoutValue, import_graph
 from hostir.runtime.interpreter.attention import (
     Mask,
     attention,
@@ -262,9 +263,17 @@ def test_sdpa_on_the_cpu_imports_as_fusion_attention(mask_kind):
     assert ("causal top_left" in text) == (mask_kind == "top_left") and (" mask %" in text) == (mask is not None)
 
 
-def _fake_graph(function, shapes_and_dtypes) -> torch.fx.GraphModule:
-    """`function` traced, its nodes' values propagated on fake GPU tensors of the given shapes and dtypes."""
+def _fake_graph(function, shapes_and_dtypes, scalars: tuple[float, ...] = ()) -> torch.fx.GraphModule:
+    """`function` traced, its nodes' values propagated on fake GPU tensors of the given shapes and
+    dtypes; its last arguments, one per number of `scalars`, are `aten.scalar_tensor`s of them
+    computed in the graph (which the trace would make constants)."""
     graph = torch.fx.symbolic_trace(function)
+    arguments = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    for node, value in zip(arguments[len(arguments) - len(scalars) :], scalars):
+        with graph.graph.inserting_after(node):
+            node.replace_all_uses_with(graph.graph.call_function(aten.scalar_tensor.default, (value,)))
+        graph.graph.erase_node(node)
+    graph.recompile()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         inputs = [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in shapes_and_dtypes]
         FakeTensorProp(graph, mode).propagate_dont_convert_inputs(*inputs)
@@ -321,6 +330,41 @@ def test_the_gpus_kernels_import_as_fusion_attention_and_run_on_the_cpu(function
     expected = sdpa_with_gradients(q, k, v, dout, scale=0.25, **kwargs)
     for result, reference in zip(results, [expected[0], *expected[2:]], strict=True):
         torch.testing.assert_close(result, reference)
+
+
+def _efficient_masked_by_positions(q, k, v, dout, queries, keys, zero, minus_inf):
+    """Efficient attention and its backward as SDPA calls them on GPUs for a boolean mask of the
+    tokens' positions: the mask made 0 and -inf, then expanded to the batch and the heads."""
+    seen = aten.ge.Tensor(aten.unsqueeze.default(queries, 1), aten.unsqueeze.default(keys, 0))
+    mask = aten.where.self(seen, zero, minus_inf)
+    bias = aten.expand.default(mask, [B, H, -1, -1])
+    forward = aten._scaled_dot_product_efficient_attention.default(q, k, v, bias, True, 0.0, False, scale=0.25)
+    grads = aten._scaled_dot_product_efficient_attention_backward.default(
+        dout, q, k, v, bias, forward[0], forward[1], forward[2], forward[3], 0.0, [True, True, True, False], False,
+        scale=0.25,
+    )
+    return forward[0], grads[0], grads[1], grads[2], mask
+
+
+def test_the_gpus_expanded_mask_of_positions_is_the_sequence_layouts():
+    """With `sequence_layout`, the mask that SDPA expands for efficient attention on GPUs is read
+    as the layout's causal mask: the attention and its backward are causal in the layout, with
+    no mask operand, the positions are checked inputs, and the mask the graph returns (saved
+    for a backward) is the layout's, which the backend makes (here broadcast to the batch and
+    the heads, as a saved expanded mask would be)."""
+    shapes = [((B, H, L, E), torch.float32)] * 4 + [((L,), torch.int64)] * 2
+    graph = _fake_graph(_efficient_masked_by_positions, shapes, scalars=(0.0, -math.inf))
+    imported = import_graph(graph, sequence_layout=Causal.HEAD_TAIL)
+    attentions = [op for op in imported.module.walk() if isinstance(op, (fusion.AttentionOp, fusion.AttentionBackwardOp))]
+    assert len(attentions) == 2 and all(op.causal_mask == Causal.HEAD_TAIL and op.mask is None for op in attentions)
+    assert [(index, value.kind) for index, value in imported.layout_inputs] == [(4, "queries"), (5, "keys")] * 2
+    kind, (mask, dtype) = imported.outputs[-1]
+    assert (kind, mask, dtype) == ("layout", LayoutValue("mask", L, Causal.HEAD_TAIL), torch.float32)
+    expanded = LayoutValue("mask", L, Causal.HEAD_TAIL, (B, H))
+    made = layout_tensor(expanded, torch.float32, 1, 2, CPU.device)
+    seen = layout_mask(positions(1, 2, L, Causal.HEAD_TAIL, CPU.device), whole_sequence(2, L, Causal.HEAD_TAIL, CPU.device))
+    assert made.shape == (B, H, L, 2 * L)
+    assert torch.equal(made, torch.where(seen, 0.0, -math.inf).expand(B, H, L, 2 * L))
 
 
 def _math(q, k, v):
