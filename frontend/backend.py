@@ -19,7 +19,7 @@ options only when it first compiles):
 |---|---|---|
 | `pipeline` | `True` | pipeline AG+GEMM, GEMM+RS and GEMM+AR chains (`auto-stream-parallel`) |
 | `chunks` | `None` | the chunks of a GEMM+RS or GEMM+AR pipeline; None: the cost model's choice on GPUs, one on the CPU |
-| `backend` | `"auto"` | how the collectives move bytes: `nccl`, `cuda` for the copy engines, or `auto`: the copy engines where they can (`why_not_copy_engines`), else NCCL (gloo on the CPU) |
+| `backend` | `"auto"` | how the collectives move bytes: `nccl`, `cuda` for the copy engines, or `auto`: the copy engines where they can (`why_not_copy_engines`), NCCL for the reductions on more than 2 GPUs, else NCCL (gloo on the CPU) |
 | `cuda_graphs` | `True` | replay each program as a CUDA graph on GPUs |
 | `fallback` | `True` | run a graph hostir cannot import eagerly, with a warning naming what it met |
 | `sequence_layout` | `None` | how a context-parallel sequence is laid out over the ranks, `"head_tail"` or `"contiguous"`: an attention masked causally by its tokens' positions then runs as a ring that skips the blocks the mask empties, and every run checks the positions |
@@ -102,6 +102,13 @@ class Lowered:
     pipelining: list[str]
 
 
+COPY_ENGINE_REDUCTION_RANKS = 2
+"""The most ranks whose reduce-scatters and allreduces `backend="auto"` gives the copy engines.
+On 4 H100 theirs are slower than NCCL's even unpipelined (docs/benchmarks.md), and NCCL's
+order of summing is eager DTensor's (in bf16 another order rounds otherwise); over 2 ranks
+both orders are one sum."""
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     pipeline: bool = True
@@ -166,8 +173,15 @@ class BackendOptions:
             return [self.backend]
         return ["nccl"] if why_not_copy_engines(communicator) else ["cuda", "nccl"]
 
-    def lowering(self, backend: str) -> str:
-        return f"auto-stream-parallel{{enabled={str(self.pipeline).lower()}}},hir-lowering{{backend={backend}}}"
+    def nccl_reductions(self, backend: str, communicator: Communicator) -> bool:
+        """Whether NCCL moves the collectives that reduce while the copy engines move the
+        others: `auto` on more than `COPY_ENGINE_REDUCTION_RANKS` ranks."""
+        return self.backend == "auto" and backend == "cuda" and len(communicator.ranks) > COPY_ENGINE_REDUCTION_RANKS
+
+    def lowering(self, backend: str, communicator: Communicator) -> str:
+        reductions = " nccl_reductions=true" if self.nccl_reductions(backend, communicator) else ""
+        enabled = str(self.pipeline).lower()
+        return f"auto-stream-parallel{{enabled={enabled}}},hir-lowering{{backend={backend}{reductions}}}"
 
     def compile(self, module: ModuleOp, communicator: Communicator) -> Lowered:
         """`module` lowered with the first of `self.backends(communicator)` whose lowering
@@ -177,16 +191,21 @@ class BackendOptions:
             why = f"backend={self.backend!r}"
         else:
             why = f"backend='auto': {why_not_copy_engines(communicator) or 'every rank on this host, with peer access'}"
+            if self.nccl_reductions("cuda", communicator):
+                why += (
+                    f"; NCCL reduces: on more than {COPY_ENGINE_REDUCTION_RANKS} GPUs the copy engines' "
+                    "reduce-scatter and allreduce are slower than NCCL's"
+                )
         for backend in preferred:
             try:
                 with logs.recorded("pipelining") as pipelining:
-                    pipeline = self.lowering(backend)
+                    pipeline = self.lowering(backend, communicator)
                     return Lowered(Program.compile(module, pipeline), pipeline, backend, why, pipelining)
             except HostirError as error:
                 # The next backend's lowering may take it.
                 why = f"backend='auto': the copy engines cannot move this graph's collectives: {error.message}"
         with logs.recorded("pipelining") as pipelining:
-            pipeline = self.lowering(last)
+            pipeline = self.lowering(last, communicator)
             return Lowered(Program.compile(module, pipeline), pipeline, last, why, pipelining)
 
 

@@ -38,8 +38,8 @@ from hostir.passes.lowering.stream_parallel import StreamParallelLowering
 class HirLowering(Pipeline):
     """Lowers a fusion to a host program.
 
-    `backend` goes to `fusion-to-hir` (who moves the bytes of the collectives), the
-    other options to `stream-parallel` (`p2p_order=device` reproduces pr4515's
+    `backend` and `nccl_reductions` go to `fusion-to-hir` (who moves the bytes of the
+    collectives), the other options to `stream-parallel` (`p2p_order=device` reproduces pr4515's
     point-to-point allgather; the default is the ring order).
     `per_stream_buffers=false` leaves out `per-stream-buffers`, so that the
     intermediate buffers of stream loops keep one slice per iteration, as in the
@@ -58,6 +58,7 @@ class HirLowering(Pipeline):
     name = "hir-lowering"
 
     backend: str = "nccl"
+    nccl_reductions: bool = False
     p2p_backend: str = "nccl"
     separate_sync_loop: bool = True
     p2p_order: str = "ring"
@@ -73,7 +74,7 @@ class HirLowering(Pipeline):
     def passes(self) -> tuple[ModulePass, ...]:
         return (
             InsertReshardings(),
-            FusionToHir(self.backend),
+            FusionToHir(self.backend, self.nccl_reductions),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
             AttentionRing(),
             *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),

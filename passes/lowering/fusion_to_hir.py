@@ -58,6 +58,7 @@ from hostir_dialect.text import HostirError
 from hostir.passes.analysis.axis_mapping import operand_axis_maps
 from hostir.passes.analysis.operands import describe_operand
 from hostir.passes.analysis.sharding import (
+    Collective,
     LocalCopy,
     LocalSlice,
     local_operand_type,
@@ -469,19 +470,31 @@ class LowerCommunication(BufferLowering):
 
     With the `cuda` backend the copy engines move the bytes, which only the collectives
     with a copy-engine form allow (`hir.COPY_ENGINE_OPS`); the input they read becomes
-    symmetric first (`peer_readable`), so that the peers can read it.
+    symmetric first (`peer_readable`), so that the peers can read it. With
+    `nccl_reductions`, NCCL moves the collectives that reduce whatever the backend.
     """
 
     backend: hir.CommunicatorBackend
+    nccl_reductions: bool = False
 
     def lowers(self, op: Operation) -> bool:
         return (isinstance(op, fusion.SetOp) or reduces_didx_axis(op)) and isinstance(
             plan_resharding(op), tuple
         )
 
+    def backend_of(self, collective: Collective) -> hir.CommunicatorBackend:
+        if self.nccl_reductions and collective.reduce_op is not None:
+            return hir.CommunicatorBackend.NCCL
+        return self.backend
+
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
-        if self.backend == hir.CommunicatorBackend.CUDA and host_function(op) and self.lowers(op):
-            for collective in plan_resharding(op):
+        copy_engines = [
+            collective
+            for collective in (plan_resharding(op) if host_function(op) and self.lowers(op) else ())
+            if self.backend_of(collective) == hir.CommunicatorBackend.CUDA
+        ]
+        if copy_engines:
+            for collective in copy_engines:
                 if not collective.op.HAS_COPY_ENGINE_FORM:
                     raise HostirError.at(
                         op,
@@ -501,7 +514,7 @@ class LowerCommunication(BufferLowering):
                 collective.team,
                 root=collective.root,
                 reduce_op=collective.reduce_op,
-                backend=self.backend,
+                backend=self.backend_of(collective),
             )
             ops += [communication, hir.WaitOp(communication.work)]
         return ops
@@ -527,12 +540,15 @@ class FusionToHir(ModulePass):
     """Rewrites every fusion into a host program of buffers, communications and kernels.
 
     `backend` moves the bytes of the collectives: nccl, or cuda for the copy engines
-    (`docs/copy-engine.md`).
+    (`docs/copy-engine.md`); `nccl_reductions` leaves those that reduce (reduce-scatter,
+    allreduce, reduce) to NCCL whatever the backend: on more than 2 GPUs the copy engines'
+    reductions are slower than NCCL's (docs/benchmarks.md).
     """
 
     name = "fusion-to-hir"
 
     backend: str = "nccl"
+    nccl_reductions: bool = False
 
     def __post_init__(self) -> None:
         # A backend the pass cannot use is refused when the pass is built, before it runs.
@@ -552,7 +568,7 @@ class FusionToHir(ModulePass):
                     LowerLocalReduction(),
                     LowerLocalCopy(),
                     LowerLocalSlice(),
-                    LowerCommunication(backend),
+                    LowerCommunication(backend, self.nccl_reductions),
                     LowerSegmentCall(),
                 ],
                 dce_enabled=False,

@@ -1009,6 +1009,37 @@ def test_auto_lowers_for_nccl_what_the_copy_engines_cannot_move(monkeypatch, tex
     assert lowered.why.startswith(f"backend='auto': {why}"), lowered.why
 
 
+def _gathered_and_summed(ranks: int) -> str:
+    mesh = ", ".join(map(str, range(ranks)))
+    varying = f"!fusion.tensor<[{ranks}, 4], f32, mesh = [{mesh}], axes = [didx, _]>"
+    whole = f"!fusion.tensor<[{ranks}, 4], f32, mesh = [{mesh}]>"
+    summed = f"!fusion.tensor<[4], f32, mesh = [{mesh}]>"
+    return f"""
+func.func @mixed(%x: {varying}, %p: {varying}) -> ({whole}, {summed}) {{
+  %y = fusion.set %x : {varying} -> {whole}
+  %s = fusion.sum %p [0] : {varying} -> {summed}
+  func.return %y, %s : {whole}, {summed}
+}}
+"""
+
+
+@pytest.mark.parametrize(("ranks", "reductions"), [(2, "cuda"), (4, "nccl")])
+def test_auto_leaves_the_reductions_of_more_than_two_ranks_to_nccl(monkeypatch, ranks, reductions):
+    """Where the copy engines serve the world, `auto` gives them the all-gathers, and the
+    allreduces and reduce-scatters too on 2 ranks; on more, NCCL reduces, and `why` says so."""
+    monkeypatch.setattr("hostir.frontend.backend.why_not_copy_engines", lambda communicator: None)
+    communicator = Communicator(0, ranks, torch.device("cpu"), "gloo", 60.0)
+    lowered = BackendOptions.of({}).compile(parse_module(_gathered_and_summed(ranks)), communicator)
+    backends = {op.name: op.properties["backend"].data for op in lowered.program.host.walk() if "backend" in op.properties}
+    assert backends == {"hir.allgather": hir.CommunicatorBackend.CUDA, "hir.allreduce": hir.CommunicatorBackend(reductions)}
+    assert ("nccl_reductions=true" in lowered.pipeline) == (reductions == "nccl")
+    assert ("NCCL reduces" in lowered.why) == (reductions == "nccl"), lowered.why
+    explicit = BackendOptions.of({"backend": "cuda"}).compile(parse_module(_gathered_and_summed(ranks)), communicator)
+    assert {op.properties["backend"].data for op in explicit.program.host.walk() if "backend" in op.properties} == {
+        hir.CommunicatorBackend.CUDA
+    }
+
+
 def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
     """A CUDA graph reads parameters in place: the forward's are aot_autograd's static
     inputs; the backward's are the tensors in their storage (a weight's transpose that
