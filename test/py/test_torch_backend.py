@@ -201,12 +201,13 @@ def _layer_with_an_eager_backward() -> dict:
 
     imported, backend.import_graph = backend.import_graph, forward_only
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (world,))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
-    layers = [parallelize(DecoderLayer(), mesh) for _ in range(2)]
+    layers = [parallelize(DecoderLayer().to(device), mesh) for _ in range(2)]
     layers[1].load_state_dict(layers[0].state_dict())
     compiled = torch.compile(layers[0], backend="hostir", options={"backend": "cuda"})
-    x = torch.randn(2, 16, 64).chunk(world, dim=1)[rank]
+    x = torch.randn(2, 16, 64).chunk(world, dim=1)[rank].to(device)
     inputs = [x.clone().requires_grad_() for _ in layers]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
