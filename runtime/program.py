@@ -276,13 +276,21 @@ class Program:
         if index not in self.expected_values:
             return None
         expected, what = self.expected_values[index]
-        if value.shape == expected.shape and value.dtype == expected.dtype and value.device == expected.device:
-            # The very tensor (a mask the caller made once and hands back) needs no comparison.
-            if value.data_ptr() == expected.data_ptr() and value.stride() == expected.stride():
-                return None
-            if torch.equal(value, expected):
-                return None
-        return f"its values are not {what}, which the program was compiled for"
+        problem = f"its values are not {what}, which the program was compiled for"
+        given, promised = (f"{list(t.shape)} {t.dtype} on {t.device}" for t in (value, expected))
+        if given != promised:
+            return f"{problem} (given {given}, expected {promised})"
+        # The very tensor (a mask the caller made once and hands back) needs no comparison.
+        if value.data_ptr() == expected.data_ptr() and value.stride() == expected.stride():
+            return None
+        if torch.equal(value, expected):
+            return None
+        differ = (value != expected).nonzero()
+        first = tuple(differ[0].tolist())
+        return (
+            f"{problem} ({len(differ)} of {value.numel()} elements differ; at {list(first)}: "
+            f"{value[first].item()}, expected {expected[first].item()})"
+        )
 
     def symmetric_empty(
         self, index: int, shape: Sequence[int], communicator: Communicator | None = None

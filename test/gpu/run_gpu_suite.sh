@@ -7,7 +7,7 @@
 # Python packages come from the interpreter ($PYTHON, default python3) plus, if the
 # directory exists, $HOSTIR_SITE (default /tmp/site: xdsl, filecheck, lit, pytest installed
 # there with `pip install --target`). Steps, each run even if an earlier one failed:
-#   1. the pytest suite but the lit, docs and fuzz tests (which CI runs), the end-to-end
+#   1. the pytest suite but the lit, docs, fuzz and package tests (which CI runs), the end-to-end
 #      tests on NCCL ranks among them (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs), whose
 #      GPU-only tests (CuPy kernels, CUDA streams, NCCL collectives, copy engines) run here
 #      instead of skipping; beside it, on the same GPUs,
@@ -82,9 +82,18 @@ began=$SECONDS
 # runs share the GPUs with pytest's workers: both mostly start processes and compile.
 step "hir-run --check on every example" "$logs/examples" "$PYTHON" test/gpu/hir_run_all.py &
 examples=$!
+# Every test's ranks put a CUDA context with NCCL's buffers (0.5 to 1 GiB) on GPU 0 at
+# least, and a worker that runs CUDA itself one more: on 4 H100 (80 GB) pytest's default of
+# a worker per core (64) ran GPU 0 out of memory. One worker per 4 GiB of GPU 0, at most one
+# per core.
+workers=$("$PYTHON" -c "import os, torch; print(max(2, min(os.cpu_count(), torch.cuda.get_device_properties(0).total_memory // 2**32)))")
+echo "pytest workers: $workers"
+# test_package.py checks the checkout's installs (editable, non-editable, none), which CI
+# makes; here hostir is installed in $SITE.
 step "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest" \
-    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -m "not gpu_timing" test/py \
-    --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py
+    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -n "$workers" -m "not gpu_timing" test/py \
+    --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py \
+    --ignore=test/py/test_package.py
 wait "$examples"
 report "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest"
 report "hir-run --check on every example" "$logs/examples"

@@ -278,6 +278,7 @@ def test_positions_of_another_layout_fail_on_every_rank_before_any_communication
     for call in (0, 2):
         messages = [rank_outcomes[call] for rank_outcomes in outcomes]
         assert "its values are not this rank's positions in a sequence laid out head_tail" in messages[-1], messages[-1]
+        assert re.search(r"\d+ of \d+ elements differ; at \[[\d, ]+\]: \d+, expected \d+", messages[-1]), messages[-1]
         assert f"on rank {world - 1}" in messages[-1]
         for rank, message in enumerate(messages[:-1]):
             assert f"wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
