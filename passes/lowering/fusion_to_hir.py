@@ -530,7 +530,7 @@ class LowerSegmentCall(BufferLowering):
         segment = SymbolTable.lookup_symbol(op, op.callee)
         assert isinstance(segment, func.FuncOp)
         body = [o for o in segment.body.block.ops if not isinstance(o, func.ReturnOp)]
-        moves_only = all(isinstance(o, fusion.BroadcastOp) for o in body)
+        moves_only = all(isinstance(o, (fusion.BroadcastOp, fusion.ExpandOp)) for o in body)
         launch = hir.PostOnStreamOp if moves_only else hir.LaunchKernelOp
         return [launch(op.callee, op.arguments, outs)]
 

@@ -175,6 +175,7 @@ EXPRESSIONS: dict[type[Operation], Expression] = {
     fusion.ExpOp: _pointwise(**{FLOATING: "exp{f}({0})"}),
     fusion.LogOp: _pointwise(**{FLOATING: "log{f}({0})"}),
     fusion.SqrtOp: _pointwise(**{FLOATING: "sqrt{f}({0})"}),
+    fusion.RsqrtOp: _pointwise(**{FLOATING: "rsqrt{f}({0})"}),
     # `x < 0` is false for NaN and -0, which relu returns unchanged as torch does.
     fusion.ReluOp: _pointwise(**{FLOATING: "({0} < 0 ? 0 : {0})", INTEGER: "({0} < 0 ? 0 : {0})"}),
     fusion.TanhOp: _pointwise(**{FLOATING: "tanh{f}({0})"}),
@@ -201,5 +202,5 @@ EXPRESSIONS: dict[type[Operation], Expression] = {
 }
 """Fusion op class -> the C expression of its result, in the result's compute type."""
 
-ALIASES = (fusion.BroadcastOp, fusion.SetOp)
+ALIASES = (fusion.BroadcastOp, fusion.ExpandOp, fusion.SetOp)
 """Ops whose result is their operand in a kernel: the axis map says which element is read."""

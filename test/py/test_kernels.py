@@ -57,6 +57,7 @@ UNARY_OPS: dict[str, tuple[str, ...]] = {
     "exp": FLOATS,
     "log": FLOATS,
     "sqrt": FLOATS,
+    "rsqrt": FLOATS,
     "relu": FLOATS + INTEGERS,
     "tanh": FLOATS,
     "sigmoid": FLOATS,
