@@ -38,7 +38,6 @@ def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, 
     model = _shared_piece(values, shape)
     if model is None:
         values = [importer.flat(v) for v in values]
-    values = [importer.cast(v, result.dtype) for v in values]
     layout = () if model is None else (model.local, model.order)
     out = Pointwise(importer, shape, result.dtype, *layout)(op_class, *values)
     out.ssa.name_hint = name_of(node)
@@ -99,9 +98,10 @@ class Pointwise:
     order: tuple[int, ...] | None = None
 
     def __call__(self, op_class: type, *values: Value) -> Value:
+        """`op_class` of `values`, each cast to the dtype first (ATen's promotion made explicit)."""
         local = self.shape if self.local is None else self.local
         varying = self.importer.varies(*values)
-        ssa = [self.importer.aligned(v, len(local)) for v in values]
+        ssa = [self.importer.aligned(v, len(local), self.dtype) for v in values]
         op = self.importer.emit(op_class(*ssa, self.importer.tensor_type(local, self.dtype, varying)))
         return Value(op.results[0], self.shape, self.dtype, varying, self.local, self.order)
 

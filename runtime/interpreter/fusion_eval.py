@@ -51,8 +51,10 @@ def _broadcast(op: fusion.BroadcastOp, input: torch.Tensor) -> torch.Tensor:
 
 
 def _expand(op: fusion.ExpandOp, input: torch.Tensor) -> torch.Tensor:
-    extents = fusion.tensor_type(op.result).get_shape()
-    return input.expand([extent if size == 1 else -1 for size, extent in zip(input.shape, extents)])
+    """The axes the op's types expand (1 to a static extent, never a `didx` one), whether
+    `input` is a device's piece or the whole tensor."""
+    sizes = zip(fusion.tensor_type(op.input).get_shape(), fusion.tensor_type(op.result).get_shape())
+    return input.expand([expanded if size == 1 else -1 for size, expanded in sizes])
 
 
 def _reduction(torch_function: Callable[..., torch.Tensor]):
