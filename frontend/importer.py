@@ -475,15 +475,19 @@ class Importer:
         op = self.emit(fusion.AtenOp(target, call, operands, [self.tensor_type(local, dtype, varying)]))
         return op.results[0]
 
-    def aligned(self, value: Value, rank: int) -> SSAValue:
+    def aligned(self, value: Value, rank: int, dtype: torch.dtype | None = None) -> SSAValue:
         """`value` with extent-1 axes after its device axis, so that a varying value's device
-        axis meets the device axis of a result of local rank `rank` under broadcasting."""
+        axis meets the device axis of a result of local rank `rank` under broadcasting; cast
+        to `dtype` after, if given (a kernel's iteration space then holds the cast too: a
+        varying weight cast before its broadcast does not broadcast with the activations)."""
         local_rank = len(value.local_shape)
         if not (value.varying and self.devices > 1) or local_rank >= rank:
-            return value.ssa
+            return value.ssa if dtype is None else self.cast(value, dtype).ssa
         new_axes = list(range(1, 1 + rank - local_rank))
-        result_type = self.tensor_type((1,) * len(new_axes) + value.local_shape, value.dtype, True)
-        return self.emit(fusion.BroadcastOp(value.ssa, new_axes, result_type)).results[0]
+        local = (1,) * len(new_axes) + value.local_shape
+        result_type = self.tensor_type(local, value.dtype, True)
+        ssa = self.emit(fusion.BroadcastOp(value.ssa, new_axes, result_type)).results[0]
+        return ssa if dtype is None else self.cast(Value(ssa, local, value.dtype, True), dtype).ssa
 
     def cast(self, value: Value, dtype: torch.dtype) -> Value:
         if value.dtype == dtype:

@@ -65,6 +65,7 @@ from hostir_dialect.fusion import (
     DeviceMeshAttr,
     DivOp,
     ErfOp,
+    ExpandOp,
     ExpOp,
     FusionOp,
     LinearOp,
@@ -79,6 +80,7 @@ from hostir_dialect.fusion import (
     ParallelTypeAttr,
     PowOp,
     ReluOp,
+    RsqrtOp,
     SetOp,
     SigmoidOp,
     SINGLE_DEVICE,
@@ -449,6 +451,7 @@ class FusionBuilder:
     exp = _unary(ExpOp)
     log = _unary(LogOp)
     sqrt = _unary(SqrtOp)
+    rsqrt = _unary(RsqrtOp)
     relu = _unary(ReluOp)
     tanh = _unary(TanhOp)
     sigmoid = _unary(SigmoidOp)
@@ -485,6 +488,11 @@ class FusionBuilder:
             new_axes = normalize_axes(new_axes, x.type.rank + len(new_axes), "broadcast")
             shape = broadcast_in_shape(x.shape, new_axes)
         return self._define(BroadcastOp, (x, new_axes), shape)
+
+    def expand(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """`x` with its extent-1 axes stretched to the extents of `shape` (torch.expand, same rank)."""
+        self._check_owned(x)
+        return self._define(ExpandOp, (x,), shape)
 
     def matmul(self, lhs: Tensor, rhs: Tensor, bias: Tensor | None = None) -> Tensor:
         """torch.matmul of `lhs` and `rhs`; with a `bias`, `bias + lhs @ rhs` summed in the

@@ -667,6 +667,13 @@ class SqrtOp(UnaryOp):
 
 
 @irdl_op_definition
+class RsqrtOp(UnaryOp):
+    """`1 / sqrt(x)` (torch.rsqrt), one rounding: RMSNorm's scale."""
+
+    name = "fusion.rsqrt"
+
+
+@irdl_op_definition
 class ReluOp(UnaryOp):
     name = "fusion.relu"
 
@@ -957,6 +964,40 @@ class BroadcastOp(FusionOp):
         op = cls(parser.resolve_operand(operand, input_type), axes, result_type)
         op.attributes |= attributes
         return op
+
+
+@irdl_op_definition
+class ExpandOp(FusionOp):
+    """`x` read with each of its extent-1 axes stretched to the result's extent (torch.expand),
+    at the same rank: a view that moves no data.
+
+    An expanded axis has a static extent in the result: the operand's 1 says nothing of it.
+    Text: `fusion.expand %x : T -> T2`.
+    """
+
+    name = "fusion.expand"
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, result_type: TensorType):
+        super().__init__(operands=[input], result_types=[result_type])
+
+    def infer_shape(self) -> Shape:
+        shape, result = tensor_type(self.input).get_shape(), tensor_type(self.result).get_shape()
+        if len(shape) != len(result):
+            raise VerifyException(
+                f"an expand keeps the rank: operand of rank {len(shape)}, result of rank {len(result)}"
+            )
+        didx = tensor_type(self.result).didx_axis
+        for axis, (extent, expanded) in enumerate(zip(shape, result)):
+            if extent == 1 and expanded == DYNAMIC:
+                raise VerifyException(f"expanded axis {axis} needs a static extent in the result")
+            if extent == 1 and expanded != 1 and axis == didx:
+                raise VerifyException(f"expanded axis {axis} cannot be the didx axis: each device holds extent 1 of it")
+        return tuple(expanded if extent == 1 else extent for extent, expanded in zip(shape, result))
 
 
 @irdl_op_definition
@@ -1641,6 +1682,7 @@ UNARY_OPS: tuple[type[UnaryOp], ...] = (
     ExpOp,
     LogOp,
     SqrtOp,
+    RsqrtOp,
     ReluOp,
     TanhOp,
     SigmoidOp,
@@ -1656,8 +1698,9 @@ BINARY_OPS: tuple[type[BinaryOp], ...] = (
     PowOp,
 )
 REDUCTION_OPS: tuple[type[ReductionOp], ...] = (SumOp, MaxOp)
-POINTWISE_OPS = (*UNARY_OPS, *BINARY_OPS, CastOp, ConstantOp, BroadcastOp)
-"""Ops that a fused pointwise segment may hold (broadcast only inserts extent-1 axes)."""
+POINTWISE_OPS = (*UNARY_OPS, *BINARY_OPS, CastOp, ConstantOp, BroadcastOp, ExpandOp)
+"""Ops that a fused pointwise segment may hold (broadcast only inserts extent-1 axes, expand
+only stretches them)."""
 
 Fusion = Dialect(
     "fusion",
@@ -1669,6 +1712,7 @@ Fusion = Dialect(
         CastOp,
         *REDUCTION_OPS,
         BroadcastOp,
+        ExpandOp,
         MatmulOp,
         LinearOp,
         AtenOp,

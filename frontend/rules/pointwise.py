@@ -8,6 +8,7 @@ run around it in one generated kernel, where a `fusion.aten` would cut the run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._decomp import get_decompositions
+from torch._prims_common import get_computation_dtype
 
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import CARRIERS
@@ -36,7 +38,6 @@ def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, 
     model = _shared_piece(values, shape)
     if model is None:
         values = [importer.flat(v) for v in values]
-    values = [importer.cast(v, result.dtype) for v in values]
     layout = () if model is None else (model.local, model.order)
     out = Pointwise(importer, shape, result.dtype, *layout)(op_class, *values)
     out.ssa.name_hint = name_of(node)
@@ -97,9 +98,10 @@ class Pointwise:
     order: tuple[int, ...] | None = None
 
     def __call__(self, op_class: type, *values: Value) -> Value:
+        """`op_class` of `values`, each cast to the dtype first (ATen's promotion made explicit)."""
         local = self.shape if self.local is None else self.local
         varying = self.importer.varies(*values)
-        ssa = [self.importer.aligned(v, len(local)) for v in values]
+        ssa = [self.importer.aligned(v, len(local), self.dtype) for v in values]
         op = self.importer.emit(op_class(*ssa, self.importer.tensor_type(local, self.dtype, varying)))
         return Value(op.results[0], self.shape, self.dtype, varying, self.local, self.order)
 
@@ -142,23 +144,79 @@ def _to_dtype(importer: Importer, node: torch.fx.Node) -> Value | None:
     return importer.cast(value, result.dtype)
 
 
-@rule(aten.sum.dim_IntList, aten.amax.default)
-def _reduction(importer: Importer, node: torch.fx.Node) -> Value | None:
+def _reduced(importer: Importer, node: torch.fx.Node, op_class: type, dtype: torch.dtype) -> Value | None:
+    """The reduction by `op_class` of the FX node's operand over the node's dims, computed in
+    `dtype` (the operand cast to it first); None where the node is not such a reduction."""
     if set(node.kwargs) - {"keepdim"} or len(node.args) < 2:
         return None
-    value = importer.flat(importer.arg(node.args[0]))
-    result = result_of(node)
+    value = importer.arg(node.args[0])
+    if not isinstance(value, Value) or not value.shape or value.dtype in CARRIERS:
+        return None
+    value = importer.cast(importer.flat(value), dtype)
+    shape = tuple(result_of(node).shape)
     dims = node.args[1] or list(range(len(value.shape)))
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    if result.dtype != value.dtype or not value.shape or value.dtype in CARRIERS:
-        return None
     offset = 1 if importer.varies(value) else 0
     axes = [(d % len(value.shape)) + offset for d in dims]
-    op_class = fusion.SumOp if node.target == aten.sum.dim_IntList else fusion.MaxOp
-    result_type = importer.tensor_type(tuple(result.shape), result.dtype, importer.varies(value))
+    result_type = importer.tensor_type(shape, dtype, importer.varies(value))
     op = importer.emit(op_class(value.ssa, axes, bool(keepdim), result_type))
+    return Value(op.results[0], shape, dtype, importer.varies(value))
+
+
+@rule(aten.sum.dim_IntList, aten.amax.default)
+def _reduction(importer: Importer, node: torch.fx.Node) -> Value | None:
+    dtype = result_of(node).dtype
+    if dtype != node.args[0].meta["val"].dtype:
+        return None
+    op_class = fusion.SumOp if node.target == aten.sum.dim_IntList else fusion.MaxOp
+    reduced = _reduced(importer, node, op_class, dtype)
+    if reduced is not None:
+        reduced.ssa.name_hint = name_of(node)
+    return reduced
+
+
+@rule(aten.mean.dim)
+def _mean(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """`mean(x, dims)`: the sum over `dims` divided by their extent, as torch's decomposition
+    computes it (and inductor): bf16 and f16 summed and divided in f32 (opmath), rounded once;
+    ATen's CPU kernel also sums, then divides. So a norm's mean joins the kernel of the
+    pointwise ops around it as a row reduction."""
+    result = result_of(node)
+    if not result.dtype.is_floating_point or result.dtype != node.args[0].meta["val"].dtype:
+        return None
+    opmath = get_computation_dtype(result.dtype)
+    summed = _reduced(importer, node, fusion.SumOp, opmath)
+    if summed is None:
+        return None
+    count = math.prod(node.args[0].meta["val"].shape) // max(math.prod(result.shape), 1)
+    mean = Pointwise(importer, summed.shape, opmath)(fusion.DivOp, summed, importer.scalar(float(count), opmath))
+    mean = importer.cast(mean, result.dtype)
+    mean.ssa.name_hint = name_of(node)
+    return mean
+
+
+@rule(aten.expand.default)
+def _expand(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """`expand(x, size)`: `fusion.expand`, after a broadcast of the leading axes it adds, a view
+    that moves no data and that a kernel reads through its broadcast axes (the backward of a
+    mean or a sum expands its gradient so): it stays in the pointwise run around it."""
+    value = importer.arg(node.args[0])
+    shape = tuple(result_of(node).shape)
+    if set(node.kwargs) - {"implicit"} or not isinstance(value, Value) or value.dtype in CARRIERS:
+        return None
+    value = importer.flat(value)
+    added = len(shape) - len(value.shape)
+    if added < 0 or any(e not in (1, s) for e, s in zip(value.shape, shape[added:])):
+        return None
+    varying = importer.varies(value)
+    ssa = value.ssa
+    if added:
+        offset = 1 if varying else 0
+        broadcast_type = importer.tensor_type((1,) * added + value.shape, value.dtype, varying)
+        ssa = importer.emit(fusion.BroadcastOp(ssa, list(range(offset, offset + added)), broadcast_type)).results[0]
+    op = importer.emit(fusion.ExpandOp(ssa, importer.tensor_type(shape, value.dtype, varying)))
     op.results[0].name_hint = name_of(node)
-    return Value(op.results[0], tuple(result.shape), result.dtype, importer.varies(value))
+    return Value(op.results[0], shape, value.dtype, varying)
 
 
 for _targets, _op, _check in (
@@ -174,6 +232,7 @@ for _targets, _op, _check in (
     ((aten.exp.default,), fusion.ExpOp, lambda node: True),
     ((aten.log.default,), fusion.LogOp, lambda node: True),
     ((aten.sqrt.default,), fusion.SqrtOp, lambda node: True),
+    ((aten.rsqrt.default,), fusion.RsqrtOp, lambda node: True),
     ((aten.relu.default,), fusion.ReluOp, lambda node: True),
     ((aten.tanh.default,), fusion.TanhOp, lambda node: True),
     ((aten.sigmoid.default,), fusion.SigmoidOp, lambda node: True),

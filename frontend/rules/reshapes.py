@@ -49,6 +49,15 @@ def _whole_slice(importer: Importer, node: torch.fx.Node) -> Value | None:
     return source
 
 
+@rule(aten.detach.default)
+def _detach(importer: Importer, node: torch.fx.Node) -> Value | None:
+    """A detach, which aot_autograd writes where the forward saves what autograd must not
+    trace (RMSNorm's scale): the same tensor, no op, as ATen's detach is a view of it; as an
+    op it would cut the pointwise run that reads it."""
+    source = importer.arg(node.args[0])
+    return source if isinstance(source, Value) else None
+
+
 @rule(aten.clone.default)
 def _clone(importer: Importer, node: torch.fx.Node) -> Value | None:
     """A clone, which eager makes to lay a tensor out anew (contiguous before a view): the same

@@ -310,6 +310,7 @@ _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     fusion.SetOp: _elementwise,
     fusion.CastOp: _elementwise,
     fusion.ConstantOp: _elementwise,
+    fusion.ExpandOp: _elementwise,
     **{op: _elementwise for op in (*fusion.UNARY_OPS, *fusion.BINARY_OPS)},
     **{op: _fusion_reduction for op in fusion.REDUCTION_OPS},
     fusion.BroadcastOp: _fusion_broadcast,

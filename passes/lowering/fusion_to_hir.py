@@ -31,7 +31,7 @@ from functools import reduce
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import IndexType, ModuleOp
+from xdsl.dialects.builtin import AnyFloat, IndexType, ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -208,26 +208,33 @@ class Extents:
 
 
 class OutlinePointwiseRun(RewritePattern):
-    """A maximal run of consecutive pointwise ops -> a segment function and a `func.call` of it.
+    """A maximal run of pointwise ops and row reductions -> a segment function and a
+    `func.call` of it.
 
-    A kernel walks one iteration space, and writes each output at every point of it,
-    so a run is cut where that does not hold (`kernel_run`); the next run starts there.
+    A kernel walks one iteration space, and writes each output at every point of it, or
+    once per row where it reduces rows, so a run is cut where that does not hold
+    (`kernel_run`); the next run starts there.
 
     The segment takes the values the run reads from outside and returns those used
     after it. A constant that only pointwise ops use stays where it is and each
     segment that reads it recomputes it, so no kernel exists to compute a scalar; it
-    goes when the last of them has been outlined.
+    goes when the last of them has been outlined. The ops the run passes over stay where
+    they are, after the call.
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
         function = host_function(op)
         # A run starts after an op that is not pointwise, or after a constant that stays
         # in place (the end of a run cut just after one).
-        if function is None or not is_pointwise(op) or (is_pointwise(op.prev_op) and not is_recomputed(op.prev_op)):
+        if (
+            function is None
+            or not (is_pointwise(op) or is_local_reduction(op))
+            or (is_pointwise(op.prev_op) and not is_recomputed(op.prev_op))
+        ):
             return
         run = kernel_run(op)
         moved = [o for o in run if not is_recomputed(o)]
-        if not moved:
+        if not any(is_pointwise(o) for o in moved):
             return
         for o in moved:
             require_local(o)
@@ -269,37 +276,102 @@ class OutlinePointwiseRun(RewritePattern):
                 rewriter.erase(constant)
 
 
-def kernel_run(first: Operation) -> list[Operation]:
-    """The consecutive pointwise ops from `first` that one kernel computes.
+def is_local_reduction(op: Operation | None) -> bool:
+    """A sum or max that no communication computes (not over a `didx` axis)."""
+    return isinstance(op, fusion.ReductionOp) and not reduces_didx_axis(op)
 
-    The run ends before an op whose result does not broadcast with those before it (two
+
+def kernel_run(first: Operation) -> list[Operation]:
+    """The pointwise ops and row reductions from `first` that one kernel computes.
+
+    The run takes the ops that follow `first`, passing over local reductions it cannot
+    hold (a column sum, a weight's gradient) and the pointwise ops that read them: those
+    stay after the segment, which computes nothing they do not already follow. It ends at
+    any other op, before an op whose result does not broadcast with those before it (two
     independent computations side by side, say a weight's broadcast next to an
-    activation's backward). Where their extents are dynamic, their types say nothing of
-    their values, so it also ends before the first op unconnected to the first op's
-    computation (no chain of reads within the run joins them, which would make their
-    verifiers hold the extents alike) whose dynamic extents meet the run's
-    (`_first_unrelated_dynamic`). Then it ends before the first op whose result is used
-    after the run but is smaller than the run's iteration space (a broadcast that a later
-    loop reads), which only a kernel of its own can write whole.
+    activation's backward), and at the first op that reads what it passed over. Where
+    their extents are dynamic, their types say nothing of their values, so it also ends
+    before the first op unconnected to the first op's computation (no chain of reads
+    within the run joins them, which would make their verifiers hold the extents alike)
+    whose dynamic extents meet the run's (`_first_unrelated_dynamic`). It holds a
+    reduction only over the last axis of the run's iteration space, kept (`keepdim`), on
+    floating-point values (`_first_misplaced_reduction`): a kernel then walks the space row
+    by row. Then it ends before the first op whose result is used after the run but is
+    smaller than the run's iteration space (a broadcast that a later loop reads), which
+    only a kernel of its own can write whole, unless it has one value per row of a run
+    that reduces rows: such a kernel writes it once per row.
     """
-    run, space = [first], _shape(first)
-    while is_pointwise(following := run[-1].next_op):
-        try:
-            space = broadcast_shapes(space, _shape(following))
-        except VerifyException:
+    run, space, passed = [first], _iterated_shape(first), set()
+    following = first
+    while (following := following.next_op) is not None:
+        if any(operand.owner in passed for operand in following.operands):
+            if not (is_pointwise(following) or is_local_reduction(following)):
+                break
+            passed.add(following)
+            continue
+        if is_pointwise(following) or _reduces_rows(following, space):
+            try:
+                space = broadcast_shapes(space, _iterated_shape(following))
+            except VerifyException:
+                break
+            run.append(following)
+        elif is_local_reduction(following):
+            passed.add(following)
+        else:
             break
-        run.append(following)
-    if (cut := _first_unrelated_dynamic(run)) is not None:
+    while run and (cut := _first_cut(run)) is not None:
         run = run[:cut]
-    while (cut := _first_partial_output(run)) is not None:
-        run = run[: max(cut, 1)]
     return run
+
+
+def _first_cut(run: list[Operation]) -> int | None:
+    """Where `run` must end, the earliest of its three rules; None where it may stay whole. A
+    run keeps its first op unless that is a reduction no kernel of it computes."""
+    cuts = [_first_unrelated_dynamic(run), _first_misplaced_reduction(run)]
+    if (partial := _first_partial_output(run)) is not None:
+        cuts.append(max(partial, 1))
+    return min((cut for cut in cuts if cut is not None), default=None)
+
+
+def _iterated_shape(op: Operation) -> tuple[int, ...]:
+    """The shape a kernel walks to compute `op`: a reduction's input's, any other op's result's."""
+    return tensor_type(op.input if isinstance(op, fusion.ReductionOp) else op.results[0]).get_shape()
+
+
+def _reduces_rows(op: Operation, space: Sequence[int]) -> bool:
+    """Whether a kernel of iteration space `space` (with `op`'s input) computes `op` row by
+    row: a local sum or max of floating-point values over their last axis, kept, which is
+    the space's last axis, of an extent other than 1."""
+    if not is_local_reduction(op):
+        return False
+    shape = tensor_type(op.input).get_shape()
+    try:
+        space = broadcast_shapes(space, shape)
+    except VerifyException:
+        return False
+    return (
+        op.keeps_dims
+        and op.reduced_axes == (len(shape) - 1,)
+        and len(shape) == len(space)
+        and shape[-1] == space[-1] != 1
+        and isinstance(tensor_type(op.input).element_type, AnyFloat)
+    )
+
+
+def _first_misplaced_reduction(run: list[Operation]) -> int | None:
+    """The position of the first reduction of `run` that a kernel of the run's whole
+    iteration space cannot compute row by row (the run grew past it)."""
+    space = broadcast_shapes(*map(_iterated_shape, run))
+    for i, op in enumerate(run):
+        if isinstance(op, fusion.ReductionOp) and not _reduces_rows(op, space):
+            return i
+    return None
 
 
 def _first_unrelated_dynamic(run: list[Operation]) -> int | None:
     """The position of the first op of `run` that no chain of reads within it connects to its
     first op and that has a dynamic extent where the run's iteration space has one."""
-    space = broadcast_shapes(*map(_shape, run))
+    space = broadcast_shapes(*map(_iterated_shape, run))
     component = {op: op for op in run}
 
     def root(op: Operation) -> Operation:
@@ -312,7 +384,7 @@ def _first_unrelated_dynamic(run: list[Operation]) -> int | None:
             if operand.owner in component:
                 component[root(op)] = root(operand.owner)
     for i, op in enumerate(run):
-        if root(op) is not root(run[0]) and _dynamic_extents_meet(space, _shape(op)):
+        if root(op) is not root(run[0]) and _dynamic_extents_meet(space, _iterated_shape(op)):
             return i
     return None
 
@@ -327,14 +399,18 @@ def _shape(op: Operation) -> tuple[int, ...]:
 
 
 def _first_partial_output(run: list[Operation]) -> int | None:
-    """The position of the first op in `run` whose result is used after it but does not
-    fill the run's iteration space; None if there is none."""
-    space = broadcast_shapes(*map(_shape, run))
+    """The position of the first op in `run` whose result is used after it but fills
+    neither the run's iteration space nor, where the run reduces rows, its rows; None if
+    there is none."""
+    space = broadcast_shapes(*map(_iterated_shape, run))
+    rows = (*space[:-1], 1) if any(isinstance(op, fusion.ReductionOp) for op in run) else None
     in_run = set(run)
     for i, op in enumerate(run):
         shape = _shape(op)
         used_after = any(use.operation not in in_run for use in op.results[0].uses)
-        if used_after and not is_recomputed(op) and not shapes_compatible(shape, space[len(space) - len(shape) :]):
+        fills = shapes_compatible(shape, space[len(space) - len(shape) :])
+        fills_rows = rows is not None and len(shape) == len(rows) and shapes_compatible(shape, rows)
+        if used_after and not is_recomputed(op) and not fills and not fills_rows:
             return i
     return None
 
@@ -530,7 +606,7 @@ class LowerSegmentCall(BufferLowering):
         segment = SymbolTable.lookup_symbol(op, op.callee)
         assert isinstance(segment, func.FuncOp)
         body = [o for o in segment.body.block.ops if not isinstance(o, func.ReturnOp)]
-        moves_only = all(isinstance(o, fusion.BroadcastOp) for o in body)
+        moves_only = all(isinstance(o, (fusion.BroadcastOp, fusion.ExpandOp)) for o in body)
         launch = hir.PostOnStreamOp if moves_only else hir.LaunchKernelOp
         return [launch(op.callee, op.arguments, outs)]
 

@@ -17,11 +17,14 @@ from xdsl.dialects import func
 from xdsl.ir import Operation, SSAValue
 
 from hostir_dialect import fusion
+from hostir_dialect.fusion import DYNAMIC
 from hostir_dialect.builder import torch_dtype
 from hostir_dialect.text import HostirError
-from hostir.runtime.codegen.expressions import ALIASES, EXPRESSIONS, ElementType, element_type
+from hostir.runtime.codegen.expressions import ALIASES, EXPRESSIONS, FLOATING, ElementType, element_type
 
 BODY_NAME = "hostir_segment_body"
+ROW_NAME = "hostir_segment_row"
+REDUCTION_NAME = "hostir_segment_reduce"
 
 
 def _torch_dtype(value: SSAValue) -> torch.dtype:
@@ -49,43 +52,162 @@ def _operand_maps(op: Operation, result_map: AxisMap) -> list[AxisMap]:
 
 
 @dataclass(frozen=True)
+class DeviceFunction:
+    """One `__device__` function of a segment's kernel: what it reads and what it gives."""
+
+    name: str
+    loads: tuple[int, ...]
+    """The loads (indices into `SegmentBody.loads`) it takes, parameter `a<k>` for load k."""
+    reduced: tuple[int, ...]
+    """The row reductions whose values it takes, parameter `s<i>` for reduction i."""
+    stores: tuple[int, ...]
+    """The stores (indices into `SegmentBody.stores`) it writes, parameter `r<j>&`; a
+    reduction's function writes none and returns the element to accumulate."""
+
+    @property
+    def returns(self) -> bool:
+        """Whether it is a reduction's: it returns the element of the row to accumulate."""
+        return self.name.startswith(REDUCTION_NAME)
+
+
+@dataclass(frozen=True)
+class RowReduction:
+    """A reduction over the last axis of the iteration space, computed once per row."""
+
+    kind: str
+    """"sum" or "max"."""
+    function: DeviceFunction
+    """The element of the row that each thread accumulates."""
+    element: ElementType
+    """Of the reduced values: accumulated in its compute type, rounded to it once reduced."""
+    columns: int
+    """The extent of the reduced axis that the segment's types give (DYNAMIC where unknown)."""
+
+
+@dataclass(frozen=True)
 class SegmentBody:
-    """A segment as one device function of its loaded elements, and the accesses that feed it."""
+    """A segment as device functions of its loaded elements, and the accesses that feed them.
+
+    A pointwise segment is one function, BODY_NAME, of every load, writing every store. A
+    segment that reduces rows has one function per reduction (the row's elements it
+    accumulates, in program order: a later one may read an earlier one's value), BODY_NAME
+    for the stores of one element per point of the space, and ROW_NAME for the stores of
+    one element per row (their last axis has extent 1).
+    """
 
     name: str
     rank: int
-    """The rank of the iteration space: the largest rank of an output."""
+    """The rank of the iteration space: the largest rank of an output or a reduced value."""
+    space: tuple[int, ...]
+    """The local extents that the segment's types give the iteration space (DYNAMIC where unknown)."""
     input_dtypes: tuple[torch.dtype, ...]
     output_dtypes: tuple[torch.dtype, ...]
     loads: tuple[Access, ...]
     stores: tuple[Access, ...]
     load_types: tuple[ElementType, ...]
     store_types: tuple[ElementType, ...]
+    reductions: tuple[RowReduction, ...]
+    functions: tuple[DeviceFunction, ...]
+    """The element functions after the reductions': BODY_NAME, then ROW_NAME if it stores."""
     source: str
-    """The `__device__` function, BODY_NAME(loaded elements..., stored elements&...)."""
+    """Every device function, reductions' first."""
+
+    @property
+    def row_stores(self) -> tuple[int, ...]:
+        """The stores written once per row (by ROW_NAME)."""
+        return next((f.stores for f in self.functions if f.name == ROW_NAME), ())
 
     @classmethod
     def of(cls, segment: func.FuncOp) -> SegmentBody:
         """Analyses `segment`; raises HostirError for an op or a dtype a kernel cannot compute."""
         ops, outputs = fusable_ops(segment)
-        rank = max(fusion.tensor_type(v).rank for v in outputs)
+        reductions = [op for op in ops if isinstance(op, fusion.ReductionOp)]
+        rank = max(fusion.tensor_type(v).rank for v in (*outputs, *(op.input for op in reductions)))
         output_maps = [tuple(range(rank - fusion.tensor_type(v).rank, rank)) for v in outputs]
-        maps = needed_axis_maps(ops, outputs, output_maps)
-        loads = [Access(i, axes) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ())]
-        stores = [Access(j, axes) for j, axes in enumerate(output_maps)]
-        lines = body_lines(segment, ops, maps, loads, outputs, output_maps)
-        load_types = tuple(element_type(segment.args[a.operand]) for a in loads)
-        store_types = tuple(element_type(v) for v in outputs)
+        for op in reductions:
+            _check_row_reduction(segment, op, rank)
+        whole = tuple(range(rank))
+        space = _static_space(rank, needed_axis_maps(ops, [*outputs, *(op.input for op in reductions)],
+                                                     [*output_maps, *(whole for _ in reductions)]))  # fmt: skip
+        per_row = {
+            j for j, v in enumerate(outputs)
+            if reductions and fusion.tensor_type(v).rank == rank and space[-1] != 1
+            and fusion.tensor_type(v).local_shape()[-1] == 1
+        }  # fmt: skip
+        element_stores = tuple(j for j in range(len(outputs)) if j not in per_row)
+        # (name, values computed, their maps, the stores they are) per device function.
+        roots = [(f"{REDUCTION_NAME}{i}", [op.input], [whole], ()) for i, op in enumerate(reductions)]
+        for name, stored in ((BODY_NAME, element_stores), (ROW_NAME, tuple(sorted(per_row)))):
+            if stored or (name == BODY_NAME and not reductions):
+                roots.append((name, [outputs[j] for j in stored], [output_maps[j] for j in stored], stored))
+        maps_per_function = [needed_axis_maps(ops, values, maps) for _, values, maps, _ in roots]
+        loads: dict[Access, None] = {}
+        for maps in maps_per_function:
+            loads.update((Access(i, axes), None) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ()))
+        loads_list = list(loads)
+        stores = tuple(Access(j, axes) for j, axes in enumerate(output_maps))
+        functions, sources = [], []
+        for (name, values, maps_of_values, stored), maps in zip(roots, maps_per_function):
+            function_loads = tuple(
+                sorted(loads_list.index(Access(i, axes)) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ()))
+            )
+            reduced = tuple(i for i, op in enumerate(reductions) if op.results[0] in maps)
+            function = DeviceFunction(name, function_loads, reduced, stored)
+            lines = body_lines(segment, ops, maps, loads_list, function, reductions, values, maps_of_values)
+            functions.append(function)
+            sources.append(device_function(function, lines, loads_list, segment, outputs, values))
+        load_types = tuple(element_type(segment.args[a.operand]) for a in loads_list)
         return cls(
             segment.sym_name.data,
             rank,
+            tuple(space),
             tuple(_torch_dtype(a) for a in segment.args),
             tuple(_torch_dtype(v) for v in outputs),
-            tuple(loads),
-            tuple(stores),
+            tuple(loads_list),
+            stores,
             load_types,
-            store_types,
-            device_function(lines, load_types, store_types),
+            tuple(element_type(v) for v in outputs),
+            tuple(
+                RowReduction(
+                    op.name.removeprefix("fusion."),
+                    f,
+                    element_type(op.input),
+                    fusion.tensor_type(op.input).local_shape()[-1],
+                )
+                for op, f in zip(reductions, functions)
+            ),
+            tuple(functions[len(reductions) :]),
+            "\n\n".join(sources),
+        )
+
+
+def _static_space(rank: int, maps: AxisMaps) -> tuple[int, ...]:
+    """The extents of the iteration space that the types of the values give, through the
+    maps they are needed under: 1 where every value is 1 there, DYNAMIC where one is unknown."""
+    space = [1] * rank
+    for value, value_maps in maps.items():
+        for axes in value_maps:
+            for extent, axis in zip(fusion.tensor_type(value).local_shape(), axes):
+                if extent != 1 and space[axis] in (1, DYNAMIC):
+                    space[axis] = extent
+    return tuple(space)
+
+
+def _check_row_reduction(segment: func.FuncOp, op: fusion.ReductionOp, rank: int) -> None:
+    """Raises unless a kernel computes `op` once per row: over its last axis, kept, at the
+    rank of the iteration space, on floating-point values (what fusion-to-hir admits)."""
+    input_type = fusion.tensor_type(op.input)
+    if (
+        op.reduced_axes != (input_type.rank - 1,)
+        or not op.keeps_dims
+        or input_type.rank != rank
+        or element_type(op.input).category != FLOATING
+    ):
+        raise HostirError.at(
+            op,
+            f"'{op.name}' cannot be part of the fused kernel of segment @{segment.sym_name.data}: "
+            "a kernel reduces only the last axis of its iteration space, kept (keepdim), of "
+            "floating-point values",
         )
 
 
@@ -99,10 +221,10 @@ def fusable_ops(segment: func.FuncOp) -> tuple[list[Operation], Sequence[SSAValu
     if returned is None:
         raise HostirError.at(segment, f"segment @{name} does not end with func.return")
     for op in ops:
-        if type(op) not in EXPRESSIONS and not isinstance(op, ALIASES):
+        if type(op) not in EXPRESSIONS and not isinstance(op, (*ALIASES, *fusion.REDUCTION_OPS)):
             raise HostirError.at(
                 op,
-                f"'{op.name}' cannot be part of the fused pointwise kernel of segment @{name}",
+                f"'{op.name}' cannot be part of the fused kernel of segment @{name}",
             )
     for value in (*segment.args, *returned.arguments):
         if not isinstance(value.type, fusion.TensorType):
@@ -122,15 +244,18 @@ AxisMaps = dict[SSAValue, dict[AxisMap, None]]
 
 
 def needed_axis_maps(
-    ops: Sequence[Operation], outputs: Sequence[SSAValue], output_maps: Sequence[AxisMap]
+    ops: Sequence[Operation], roots: Sequence[SSAValue], root_maps: Sequence[AxisMap]
 ) -> AxisMaps:
-    """Backwards from the outputs' maps: the maps each value of `ops` is needed under. A
+    """Backwards from the roots' maps: the maps each value of `ops` is needed under. A
     value that two readers broadcast differently is needed under two maps (and loaded, or
-    computed, once per map)."""
+    computed, once per map). A reduction's value is one per row, which its own function
+    computes: the walk stops there."""
     maps: AxisMaps = {}
-    for value, axes in zip(outputs, output_maps):
+    for value, axes in zip(roots, root_maps):
         maps.setdefault(value, {})[axes] = None
     for op in reversed(ops):
+        if isinstance(op, fusion.ReductionOp):
+            continue
         for axes in maps.get(op.results[0], ()):
             for operand, operand_axes in zip(op.operands, _operand_maps(op, axes)):
                 maps.setdefault(operand, {})[operand_axes] = None
@@ -142,11 +267,14 @@ def body_lines(
     ops: Sequence[Operation],
     maps: AxisMaps,
     loads: Sequence[Access],
-    outputs: Sequence[SSAValue],
-    output_maps: Sequence[AxisMap],
+    function: DeviceFunction,
+    reductions: Sequence[fusion.ReductionOp],
+    roots: Sequence[SSAValue],
+    root_maps: Sequence[AxisMap],
 ) -> list[str]:
-    """Forwards: the statements of the body, one variable per (value, axis map): load `k`
-    from parameter `a<k>`, each op's expression, output `j` stored into `r<j>`."""
+    """Forwards: the statements of `function`, one variable per (value, axis map): load `k`
+    from parameter `a<k>`, reduction `i` from `s<i>`, each op's expression; then each root
+    stored into its `r<j>`, or, for a reduction's function, returned as stored."""
     variables: dict[tuple[SSAValue, AxisMap], str] = {}
     lines: list[str] = []
 
@@ -156,31 +284,57 @@ def body_lines(
             f"  const {element_type(value).compute} {variables[value, axes]} = {expression};"
         )
 
-    for k, load in enumerate(loads):
-        arg = segment.args[load.operand]
-        define(arg, load.axes, element_type(arg).load.format(f"a{k}"))
+    for k in function.loads:
+        arg = segment.args[loads[k].operand]
+        define(arg, loads[k].axes, element_type(arg).load.format(f"a{k}"))
     for op in ops:
         for axes in maps.get(op.results[0], ()):
+            if isinstance(op, fusion.ReductionOp):
+                if axes != tuple(range(len(axes))):
+                    raise HostirError.at(
+                        op,
+                        f"'{op.name}' in segment @{segment.sym_name.data} is read along another "
+                        "axis than its rows; a kernel has one value of it per row",
+                    )
+                variables[op.results[0], axes] = f"s{reductions.index(op)}"
+                continue
             operands = [variables[v, a] for v, a in zip(op.operands, _operand_maps(op, axes))]
             if isinstance(op, ALIASES):
                 variables[op.results[0], axes] = operands[0]
             else:
                 define(op.results[0], axes, EXPRESSIONS[type(op)](op, operands))
-    for j, (value, axes) in enumerate(zip(outputs, output_maps)):
+    if function.returns:
+        (value,), (axes,) = roots, root_maps
+        return [*lines, f"  return {element_type(value).rounding.format(variables[value, axes])};"]
+    for j, value, axes in zip(function.stores, roots, root_maps):
         lines.append(f"  r{j} = {element_type(value).store.format(variables[value, axes])};")
     return lines
 
 
 def device_function(
-    lines: Sequence[str], load_types: Sequence[ElementType], store_types: Sequence[ElementType]
+    function: DeviceFunction,
+    lines: Sequence[str],
+    loads: Sequence[Access],
+    segment: func.FuncOp,
+    outputs: Sequence[SSAValue],
+    roots: Sequence[SSAValue],
 ) -> str:
-    """The `__device__` function BODY_NAME(loaded elements..., stored elements&...) of `lines`."""
-    parameters = [f"const {t.storage} a{k}" for k, t in enumerate(load_types)]
-    parameters += [f"{t.storage}& r{j}" for j, t in enumerate(store_types)]
+    """The `__device__` function of `lines`: `function.name(loaded elements..., row values...,
+    stored elements&...)`, or returning the reduced element when it stores nothing."""
+    parameters = [f"const {element_type(segment.args[loads[k].operand]).storage} a{k}" for k in function.loads]
+    parameters += [f"const {reduction_type(segment, i)} s{i}" for i in function.reduced]
+    parameters += [f"{element_type(outputs[j]).storage}& r{j}" for j in function.stores]
+    returned = element_type(roots[0]).compute if function.returns else "void"
     return "\n".join(
         [
-            f"__device__ __forceinline__ void {BODY_NAME}({', '.join(parameters)}) {{",
+            f"__device__ __forceinline__ {returned} {function.name}({', '.join(parameters)}) {{",
             *lines,
             "}",
         ]
     )
+
+
+def reduction_type(segment: func.FuncOp, index: int) -> str:
+    """The C type of reduction `index`'s value: its compute type."""
+    reductions = [op for op in segment.body.block.ops if isinstance(op, fusion.ReductionOp)]
+    return element_type(reductions[index].result).compute

@@ -102,6 +102,29 @@ __device__ __forceinline__ T hostir_powi(T base, T exponent) {
   }
   return result;
 }""",
+    "hostir_warp_reduce": """\
+// The sum, or the maximum (NaN first, as torch.amax), of a value of each of a warp's 32
+// lanes, in every lane: the lanes exchange partial results in halving strides.
+template <bool Max, typename T>
+__device__ __forceinline__ T hostir_warp_reduce(T value) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const T other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = Max ? ((value > other || value != value) ? value : other) : value + other;
+  }
+  return value;
+}""",
+    "hostir_block_reduce": """\
+// The same over a block of whole warps, in every thread: each warp's result goes through
+// `partials` (one slot per warp), which every warp then reduces.
+template <bool Max, typename T>
+__device__ __forceinline__ T hostir_block_reduce(T value, T* partials, T identity) {
+  value = hostir_warp_reduce<Max>(value);
+  __syncthreads();  // every warp has read the partials of the reduction before
+  if (threadIdx.x % 32 == 0) partials[threadIdx.x / 32] = value;
+  __syncthreads();
+  const unsigned int lane = threadIdx.x % 32;
+  return hostir_warp_reduce<Max>(lane < blockDim.x / 32 ? partials[lane] : identity);
+}""",
     "hostir_vector": """\
 template <typename T, int N>
 struct alignas(sizeof(T) * N) hostir_vector {
@@ -175,6 +198,7 @@ EXPRESSIONS: dict[type[Operation], Expression] = {
     fusion.ExpOp: _pointwise(**{FLOATING: "exp{f}({0})"}),
     fusion.LogOp: _pointwise(**{FLOATING: "log{f}({0})"}),
     fusion.SqrtOp: _pointwise(**{FLOATING: "sqrt{f}({0})"}),
+    fusion.RsqrtOp: _pointwise(**{FLOATING: "rsqrt{f}({0})"}),
     # `x < 0` is false for NaN and -0, which relu returns unchanged as torch does.
     fusion.ReluOp: _pointwise(**{FLOATING: "({0} < 0 ? 0 : {0})", INTEGER: "({0} < 0 ? 0 : {0})"}),
     fusion.TanhOp: _pointwise(**{FLOATING: "tanh{f}({0})"}),
@@ -201,5 +225,5 @@ EXPRESSIONS: dict[type[Operation], Expression] = {
 }
 """Fusion op class -> the C expression of its result, in the result's compute type."""
 
-ALIASES = (fusion.BroadcastOp, fusion.SetOp)
+ALIASES = (fusion.BroadcastOp, fusion.ExpandOp, fusion.SetOp)
 """Ops whose result is their operand in a kernel: the axis map says which element is read."""

@@ -22,8 +22,9 @@ from xdsl.dialects import func
 
 from hostir_dialect.text import HostirError
 from hostir import logs
-from hostir.runtime.codegen.body import SegmentBody
-from hostir.runtime.codegen.layout import LINEAR, Launch, LaunchLayout, contiguous_strides, merge_axes
+from hostir.runtime.codegen.body import ROW_NAME, SegmentBody
+from hostir_dialect.fusion import DYNAMIC
+from hostir.runtime.codegen.layout import LINEAR, Launch, LaunchLayout, RowLayout, contiguous_strides, merge_axes
 from hostir.runtime.codegen.source import KERNEL_NAME, kernel_source
 
 try:
@@ -38,6 +39,13 @@ loops do the rest. On an H100 this moved 10% more bytes per second than one wave
 10% more than one vector per thread (docs/kernels.md)."""
 VECTOR_BYTES = 16
 """The widest load a thread issues (ld.global.v4.u32)."""
+WARP_ROW_LIMIT = 1024
+"""The longest row that one warp reduces; a longer one takes a block."""
+ROWS_PER_BLOCK = 8
+"""Warps (rows) per block of a kernel of one warp per row."""
+ELEMENTS_PER_THREAD = 8
+"""About how many elements of a row each thread of a block per row computes: a row of 4096
+takes 512 threads, of 8192 1024 (the most a block has)."""
 
 
 
@@ -87,6 +95,7 @@ class PreparedLaunch(NamedTuple):
     """The `cupy.RawKernel`; None when there are no elements to compute."""
     device: int
     blocks: int
+    threads: int
     sizes: tuple
     """The kernel arguments after the pointers: elements, extents, strides."""
 
@@ -138,7 +147,7 @@ class SegmentKernel:
         with cupy.cuda.Device(prepared.device):
             prepared.kernel(
                 (prepared.blocks,),
-                (THREADS_PER_BLOCK,),
+                (prepared.threads,),
                 (*pointers, *prepared.sizes),
                 stream=stream,
             )
@@ -148,22 +157,25 @@ class SegmentKernel:
         launch = self.plan(ins, outs)
         device = outs[0].device.index
         if launch.elements == 0:
-            return PreparedLaunch(None, device, 0, ())
+            return PreparedLaunch(None, device, 0, 0, ())
         layout = launch.layout
         kernel = self.kernels.get(layout)
         if kernel is None:
             with cupy.cuda.Device(device):
                 kernel = CACHE.kernel(kernel_source(self.body, layout), self.body.name)
             self.kernels[layout] = kernel
+        most = _multiprocessors(device) * BLOCKS_PER_SM
+        if isinstance(layout, RowLayout):
+            return PreparedLaunch(kernel, device, *_row_grid(launch, most), _row_sizes(launch))
         work = launch.elements // layout.vector
-        blocks = min(-(-work // THREADS_PER_BLOCK), _multiprocessors(device) * BLOCKS_PER_SM)
+        blocks = min(-(-work // THREADS_PER_BLOCK), most)
         # In the order kernel_source declares the parameters after the pointers.
         sizes = [cupy.int64(launch.elements)]
         strided = [s for p, s in zip(layout.patterns, launch.strides) if p is not LINEAR]
         if strided:
             sizes += [cupy.int64(e) for e in launch.extents[1:]]
             sizes += [cupy.int64(step) for strides in strided for step in strides if step != 0]
-        return PreparedLaunch(kernel, device, max(1, blocks), tuple(sizes))
+        return PreparedLaunch(kernel, device, max(1, blocks), THREADS_PER_BLOCK, tuple(sizes))
 
     def source(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> str:
         """The CUDA C a launch on these buffers runs.
@@ -178,7 +190,8 @@ class SegmentKernel:
         buffers = [ins[a.operand] for a in self.body.loads]
         buffers += [outs[a.operand] for a in self.body.stores]
         maps = [a.axes for a in (*self.body.loads, *self.body.stores)]
-        extents = [1] * self.body.rank
+        # An extent the types fix may be no buffer's: a row expanded, then reduced.
+        extents = [extent if extent > 1 else 1 for extent in self.body.space]
         for buffer, axes in zip(buffers, maps):
             for size, axis in zip(buffer.shape, axes):
                 if size == 1:
@@ -189,18 +202,21 @@ class SegmentKernel:
                         "they do not broadcast"
                     )
                 extents[axis] = size
+        per_row = set(self.body.row_stores)
         for store in self.body.stores:
             shape = list(outs[store.operand].shape)
-            if shape != [extents[axis] for axis in store.axes]:
-                raise self._error(
-                    f"output #{store.operand} has shape {shape} but the segment computes "
-                    f"{[extents[axis] for axis in store.axes]}"
-                )
+            expected = [extents[axis] for axis in store.axes]
+            if store.operand in per_row:
+                expected[-1] = 1
+            if shape != expected:
+                raise self._error(f"output #{store.operand} has shape {shape} but the segment computes {expected}")
         strides = [[0] * self.body.rank for _ in buffers]
         for buffer, axes, buffer_strides in zip(buffers, maps, strides):
             for size, axis, stride in zip(buffer.shape, axes, buffer.stride()):
                 if size != 1:
                     buffer_strides[axis] = stride
+        if self.body.reductions:
+            return self._row_plan(extents, strides)
         merged_extents, merged_strides = merge_axes(extents, strides)
         contiguous = contiguous_strides(merged_extents)
         patterns = tuple(
@@ -214,6 +230,33 @@ class SegmentKernel:
                 vector //= 2
         layout = LaunchLayout(len(merged_extents), patterns, vector)
         return Launch(layout, math.prod(extents), merged_extents, merged_strides)
+
+    def _row_plan(self, extents: list[int], strides: list[list[int]]) -> Launch:
+        """The launch of a segment that reduces rows: the rows (every axis but the last)
+        merged, each access's stride along the row apart."""
+        columns = extents[-1]
+        column_strides = [s[-1] for s in strides]
+        for function in self.body.functions:
+            for k in function.loads if function.name == ROW_NAME else ():
+                if column_strides[k]:
+                    raise self._error(
+                        f"input #{self.body.loads[k].operand} varies along the rows that the segment "
+                        "reduces, where it computes one value per row"
+                    )
+        for i, reduction in enumerate(self.body.reductions):
+            if reduction.columns == DYNAMIC and columns != 1 and not any(column_strides[k] for k in reduction.function.loads):
+                raise self._error(
+                    f"reduction #{i} reduces rows of extent 1 in a space whose rows have extent {columns}"
+                )
+        row_extents, row_strides = merge_axes(extents[:-1], [s[:-1] for s in strides])
+        layout = RowLayout(
+            len(row_extents),
+            tuple(tuple(stride != 0 for stride in s) for s in row_strides),
+            tuple({0: "", 1: "unit"}.get(stride, "strided") for stride in column_strides),
+            columns <= WARP_ROW_LIMIT,
+        )
+        rows = math.prod(row_extents)
+        return Launch(layout, rows, [*row_extents, columns], [[*r, c] for r, c in zip(row_strides, column_strides)])
 
     def _check_buffers(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
         for what, buffers, dtypes in (
@@ -243,6 +286,26 @@ class SegmentKernel:
 
     def _error(self, message: str) -> HostirError:
         return HostirError(f"kernel of segment @{self.body.name}: {message}")
+
+
+def _row_grid(launch: Launch, most: int) -> tuple[int, int]:
+    """Blocks and threads of a launch of a RowLayout: 8 rows a block of 8 warps, or a row a
+    block of about ELEMENTS_PER_THREAD elements a thread (whole warps, at most 1024)."""
+    rows, columns = launch.elements, launch.extents[-1]
+    if launch.layout.warp_per_row:
+        return min(-(-rows // ROWS_PER_BLOCK), most), 32 * ROWS_PER_BLOCK
+    warps = min(32, max(2, -(-columns // (32 * ELEMENTS_PER_THREAD))))
+    return min(rows, most), 32 * warps
+
+
+def _row_sizes(launch: Launch) -> tuple:
+    """The kernel arguments of a launch of a RowLayout after the pointers, in the order of
+    the source's parameters: rows, the row's length, the rows' extents, then the strides."""
+    layout = launch.layout
+    sizes = [launch.elements, launch.extents[-1], *launch.extents[1 : layout.rank]]
+    sizes += [step for strides in launch.strides for step in strides[:-1] if step != 0]
+    sizes += [strides[-1] for strides, column in zip(launch.strides, layout.columns) if column == "strided"]
+    return tuple(cupy.int64(size) for size in sizes)
 
 
 def generated_source(

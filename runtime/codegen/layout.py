@@ -24,6 +24,20 @@ class LaunchLayout(NamedTuple):
     """Elements per vector access; 1 for none (only when every access is linear)."""
 
 
+class RowLayout(NamedTuple):
+    """The layout of a launch of a segment that reduces rows: the kernel walks the space row
+    by row, the rows (every axis but the last, merged) one block or one warp each."""
+
+    rank: int
+    """The rank of the rows after merging axes (0: one row)."""
+    patterns: tuple[tuple[bool, ...], ...]
+    """Per load then store: which merged row axes have a nonzero stride."""
+    columns: tuple[str, ...]
+    """Per load then store, how it walks a row: "unit" (stride 1), "strided", or "" (not at all)."""
+    warp_per_row: bool
+    """One warp per row (short rows) rather than one block."""
+
+
 def merge_axes(
     extents: Sequence[int], strides: Sequence[Strides]
 ) -> tuple[list[int], list[list[int]]]:
@@ -59,9 +73,10 @@ def contiguous_strides(extents: Sequence[int]) -> list[int]:
 class Launch(NamedTuple):
     """One launch's layout and the runtime values the kernel takes besides pointers."""
 
-    layout: LaunchLayout
+    layout: LaunchLayout | RowLayout
     elements: int
+    """Elements of the iteration space; rows, for a RowLayout."""
     extents: list[int]
-    """Of the merged iteration space."""
+    """Of the merged iteration space; a RowLayout's merged rows, then the row's length."""
     strides: list[list[int]]
-    """Per load then store, on the merged iteration space."""
+    """Per load then store, on the merged iteration space (a row's stride last)."""

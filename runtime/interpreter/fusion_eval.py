@@ -50,6 +50,13 @@ def _broadcast(op: fusion.BroadcastOp, input: torch.Tensor) -> torch.Tensor:
     return input
 
 
+def _expand(op: fusion.ExpandOp, input: torch.Tensor) -> torch.Tensor:
+    """The axes the op's types expand (1 to a static extent, never a `didx` one), whether
+    `input` is a device's piece or the whole tensor."""
+    sizes = zip(fusion.tensor_type(op.input).get_shape(), fusion.tensor_type(op.result).get_shape())
+    return input.expand([expanded if size == 1 else -1 for size, expanded in sizes])
+
+
 def _reduction(torch_function: Callable[..., torch.Tensor]):
     def reduce(op: fusion.ReductionOp, input: torch.Tensor) -> torch.Tensor:
         return torch_function(input, dim=op.reduced_axes, keepdim=op.keeps_dims)
@@ -126,6 +133,7 @@ POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.ExpOp: torch.exp,
     fusion.LogOp: torch.log,
     fusion.SqrtOp: torch.sqrt,
+    fusion.RsqrtOp: torch.rsqrt,
     fusion.ReluOp: torch.relu,
     fusion.TanhOp: torch.tanh,
     fusion.SigmoidOp: torch.sigmoid,
@@ -145,6 +153,7 @@ TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.SetOp: lambda op, input: input,
     fusion.CastOp: _cast,
     fusion.BroadcastOp: _broadcast,
+    fusion.ExpandOp: _expand,
     fusion.SumOp: _reduction(torch.sum),
     fusion.MaxOp: _reduction(torch.amax),
     fusion.MatmulOp: _ignoring_op(matmul),
@@ -208,7 +217,7 @@ def compile_function(function: func.FuncOp) -> CompiledFunction:
         if semantics is None:
             raise HostirError.at(op, f"'{op.name}' has no torch semantics in a fusion")
         declared = [_to(_stored(r)) for r in op.results]
-        if isinstance(op, fusion.BroadcastOp):
+        if isinstance(op, (fusion.BroadcastOp, fusion.ExpandOp)):
             # A broadcast computes nothing: the value flows through it as it is, a view,
             # which the next pointwise op upcasts or a store rounds.
             operands, declared = [(slots[op.input], _as_it_flows)], [_as_it_flows]

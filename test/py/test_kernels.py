@@ -57,6 +57,7 @@ UNARY_OPS: dict[str, tuple[str, ...]] = {
     "exp": FLOATS,
     "log": FLOATS,
     "sqrt": FLOATS,
+    "rsqrt": FLOATS,
     "relu": FLOATS + INTEGERS,
     "tanh": FLOATS,
     "sigmoid": FLOATS,
@@ -411,7 +412,7 @@ def test_non_pointwise_op_is_refused():
 
     with pytest.raises(
         HostirError,
-        match="'fusion.sum' cannot be part of the fused pointwise kernel of segment @seg",
+        match="'fusion.sum' cannot be part of the fused kernel of segment @seg: a kernel reduces only the last axis",
     ):
         kernels.SegmentKernel(build_segment(define))
 

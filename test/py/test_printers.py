@@ -77,6 +77,7 @@ SNIPPETS: dict[str, list[str]] = {
     "fusion.broadcast": [
         f"%o = fusion.broadcast %v [0, 2] ATTRS : {V} -> !fusion.tensor<[1, 4, 1], f32>"
     ],
+    "fusion.expand": [f"%o = fusion.expand %k ATTRS : {K} -> !fusion.tensor<[?, 4], f32>"],
     "fusion.matmul": [
         f"%o = fusion.matmul %a, %m ATTRS : ({A}, {M}) -> {A}",
         f"%p = fusion.matmul %a, %v : ({A}, {V}) -> {R}",

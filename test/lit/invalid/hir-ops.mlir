@@ -284,7 +284,7 @@ func.func @pointwise_inputs(%a: !fusion.tensor<[4], f32>) {
 // -----
 
 func.func @pointwise_kind(%a: !fusion.tensor<[4], f32>) {
-  // expected-error@+1 {{unknown pointwise kind 'gelu'; expected one of neg, abs, exp, log, sqrt, relu, tanh, sigmoid, erf, add, sub, mul, div, maximum, minimum, pow, cast}}
+  // expected-error@+1 {{unknown pointwise kind 'gelu'; expected one of neg, abs, exp, log, sqrt, rsqrt, relu, tanh, sigmoid, erf, add, sub, mul, div, maximum, minimum, pow, cast}}
   hir.pointwise "gelu" ins(%a : !fusion.tensor<[4], f32>) outs(%a : !fusion.tensor<[4], f32>)
   func.return
 }

@@ -1,0 +1,148 @@
+// RUN: hir-opt %s -p fusion-to-hir | filecheck %s
+// RUN: hir-opt %s -p fusion-to-hir > %t && hir-opt %t -p fusion-to-hir | diff %t -
+
+// A run holds reductions over the last axis of its iteration space, kept (keepdim): a
+// kernel then walks the space row by row, reduces each row, and computes the pointwise
+// ops after the reduction from the reduced value broadcast along the row. Its outputs
+// are written per element, or once per row (RMSNorm's scale, which the backward reads).
+
+!x = !fusion.tensor<[?, 64], f32>
+!row = !fusion.tensor<[?, 1], f32>
+!w = !fusion.tensor<[64], f32>
+!s = !fusion.tensor<[], f32>
+
+// RMSNorm as the importer writes torch's: x * rsqrt(mean(x^2) + eps) * w, the mean a sum
+// divided by the row's length. One segment, which returns the scale per row.
+
+func.func @rms_norm(%x: !x, %w: !w) -> (!x, !row) {
+  %two = fusion.constant 2.000000e+00 : f32 : !s
+  %square = fusion.pow %x, %two : (!x, !s) -> !x
+  %sum = fusion.sum %square [1] keepdim : !x -> !row
+  %n = fusion.constant 6.400000e+01 : f32 : !s
+  %mean = fusion.div %sum, %n : (!row, !s) -> !row
+  %eps = fusion.constant 9.99999974E-6 : f32 : !s
+  %shifted = fusion.add %mean, %eps : (!row, !s) -> !row
+  %scale = fusion.rsqrt %shifted : !row -> !row
+  %normed = fusion.mul %x, %scale : (!x, !row) -> !x
+  %y = fusion.mul %normed, %w : (!x, !w) -> !x
+  func.return %y, %scale : !x, !row
+}
+
+// CHECK-LABEL: func.func private @rms_norm_segment_0(
+// CHECK-SAME:      %x: !fusion.tensor<[?, 64], f32>, %w: !fusion.tensor<[64], f32>)
+// CHECK-SAME:      -> (!fusion.tensor<[?, 1], f32>, !fusion.tensor<[?, 64], f32>) {
+// CHECK-NEXT:    %two = fusion.constant 2.000000e+00 : f32
+// CHECK-NEXT:    %square = fusion.pow %x, %two
+// CHECK-NEXT:    %sum = fusion.sum %square [1] keepdim
+// CHECK-NEXT:    %n = fusion.constant 6.400000e+01 : f32
+// CHECK-NEXT:    %mean = fusion.div %sum, %n
+// CHECK-NEXT:    %eps = fusion.constant
+// CHECK-NEXT:    %shifted = fusion.add %mean, %eps
+// CHECK-NEXT:    %scale = fusion.rsqrt %shifted
+// CHECK-NEXT:    %normed = fusion.mul %x, %scale
+// CHECK-NEXT:    %y = fusion.mul %normed, %w
+// CHECK-NEXT:    func.return %scale, %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func @rms_norm(
+// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %x, 0
+// CHECK-NEXT:    %[[SCALE:[^ ]+]] = hir.allocate(%[[N]]) : !fusion.tensor<[?, 1], f32>
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate(%[[N]]) : !fusion.tensor<[?, 64], f32>
+// CHECK-NEXT:    hir.launch_kernel @rms_norm_segment_0 ins(%x, %w : {{.*}}) outs(%[[SCALE]], %[[Y]] : {{.*}})
+// CHECK-NEXT:    func.return %[[Y]], %[[SCALE]]
+
+// RMSNorm's backward as torch's decomposition writes it: the row sum of the gradient
+// times x, expanded along the row. The weight's gradient sums over the rows (a column
+// sum, which a row kernel cannot compute): the run passes over it, and the column sum
+// follows the segment, reading the product the segment writes.
+
+!gx = !fusion.tensor<[32, 64], f32>
+!grow = !fusion.tensor<[32, 1], f32>
+
+func.func @rms_norm_backward(%g: !gx, %x: !gx, %w: !w, %scale: !grow, %normed: !gx) -> (!gx, !fusion.tensor<[1, 64], f32>) {
+  %gw = fusion.mul %g, %normed : (!gx, !gx) -> !gx
+  %dx_hat = fusion.mul %g, %w : (!gx, !w) -> !gx
+  %dw = fusion.sum %gw [0] keepdim : !gx -> !fusion.tensor<[1, 64], f32>
+  %dot = fusion.mul %dx_hat, %x : (!gx, !gx) -> !gx
+  %direct = fusion.mul %dx_hat, %scale : (!gx, !grow) -> !gx
+  %sum = fusion.sum %dot [1] keepdim : !gx -> !grow
+  %three = fusion.constant 3.000000e+00 : f32 : !s
+  %cube = fusion.pow %scale, %three : (!grow, !s) -> !grow
+  %half = fusion.constant -5.000000e-01 : f32 : !s
+  %a = fusion.mul %sum, %half : (!grow, !s) -> !grow
+  %b = fusion.mul %a, %cube : (!grow, !grow) -> !grow
+  %spread = fusion.expand %b : !grow -> !gx
+  %n = fusion.constant 6.400000e+01 : f32 : !s
+  %c = fusion.div %spread, %n : (!gx, !s) -> !gx
+  %two = fusion.constant 2.000000e+00 : f32 : !s
+  %d = fusion.mul %x, %two : (!gx, !s) -> !gx
+  %e = fusion.mul %c, %d : (!gx, !gx) -> !gx
+  %dx = fusion.add %direct, %e : (!gx, !gx) -> !gx
+  func.return %dx, %dw : !gx, !fusion.tensor<[1, 64], f32>
+}
+
+// CHECK-LABEL: func.func private @rms_norm_backward_segment_0(
+// CHECK-SAME:      -> (!fusion.tensor<[32, 64], f32>, !fusion.tensor<[32, 64], f32>) {
+// CHECK-NEXT:    %gw = fusion.mul %g, %normed
+// CHECK-NEXT:    %dx_hat = fusion.mul %g, %w
+// CHECK-NEXT:    %dot = fusion.mul %dx_hat, %x
+// CHECK-NEXT:    %direct = fusion.mul %dx_hat, %scale
+// CHECK-NEXT:    %sum = fusion.sum %dot [1] keepdim
+// CHECK:         %spread = fusion.expand %b
+// CHECK:         %dx = fusion.add %direct, %e
+// CHECK-NEXT:    func.return %gw, %dx
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func @rms_norm_backward(
+// CHECK:         hir.launch_kernel @rms_norm_backward_segment_0 ins(%g, %normed, %w, %x, %scale : {{.*}}) outs(%[[GW:[^ ,]+]], %[[DX:[^ ]+]] : {{.*}})
+// CHECK-NEXT:    %[[DW:[^ ]+]] = hir.allocate() : !fusion.tensor<[1, 64], f32>
+// CHECK-NEXT:    hir.reduction "sum" [0] keepdim ins(%[[GW]] : {{.*}}) outs(%[[DW]] : {{.*}})
+// CHECK-NOT:     hir.launch_kernel
+// CHECK:         func.return %[[DX]], %[[DW]]
+
+// Softmax: a row's max, then the sum of the exponentials of the row less its max, two
+// reductions of one kernel; the second reads the first.
+
+func.func @softmax(%x: !x) -> !x {
+  %max = fusion.max %x [1] keepdim : !x -> !row
+  %shifted = fusion.sub %x, %max : (!x, !row) -> !x
+  %e = fusion.exp %shifted : !x -> !x
+  %sum = fusion.sum %e [1] keepdim : !x -> !row
+  %y = fusion.div %e, %sum : (!x, !row) -> !x
+  func.return %y : !x
+}
+
+// CHECK-LABEL: func.func private @softmax_segment_0(
+// CHECK-SAME:      %x: !fusion.tensor<[?, 64], f32>) -> !fusion.tensor<[?, 64], f32> {
+// CHECK-NEXT:    %max = fusion.max %x [1] keepdim
+// CHECK-NEXT:    %shifted = fusion.sub %x, %max
+// CHECK-NEXT:    %e = fusion.exp %shifted
+// CHECK-NEXT:    %sum = fusion.sum %e [1] keepdim
+// CHECK-NEXT:    %y = fusion.div %e, %sum
+// CHECK-NEXT:    func.return %y
+// CHECK-LABEL: func.func @softmax(
+// CHECK-NOT:     hir.reduction
+// CHECK:         hir.launch_kernel @softmax_segment_0
+
+// A reduction that is not of the rows stays an hir.reduction: over another axis, without
+// keepdim, or over the last axis of a value the run walks at a lower rank.
+
+!b = !fusion.tensor<[4, ?, 64], f32>
+
+func.func @not_rows(%x: !x, %y: !b) -> (!fusion.tensor<[?], f32>, !b) {
+  %e = fusion.exp %x : !x -> !x
+  %flat = fusion.sum %e [1] : !x -> !fusion.tensor<[?], f32>
+  %sum = fusion.sum %e [1] keepdim : !x -> !row
+  %z = fusion.mul %y, %sum : (!b, !row) -> !b
+  func.return %flat, %z : !fusion.tensor<[?], f32>, !b
+}
+
+// CHECK-LABEL: func.func private @not_rows_segment_0(
+// CHECK-NEXT:    %e = fusion.exp %x
+// CHECK-NEXT:    func.return %e
+// CHECK-LABEL: func.func private @not_rows_segment_1(
+// CHECK-NEXT:    %z = fusion.mul %y, %sum
+// CHECK-NEXT:    func.return %z
+// CHECK-LABEL: func.func @not_rows(
+// CHECK:         hir.launch_kernel @not_rows_segment_0
+// CHECK:         hir.reduction "sum" [1] ins
+// CHECK:         hir.reduction "sum" [1] keepdim
+// CHECK:         hir.launch_kernel @not_rows_segment_1
