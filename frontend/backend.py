@@ -58,7 +58,7 @@ from hostir import config, logs
 from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, LayoutValue, UnsupportedGraph, import_graph
-from hostir.frontend.rules.pointwise import ACTIVATION_DECOMPOSITIONS
+from hostir.frontend.rules.pointwise import KERNEL_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, one_chunk
 from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
@@ -742,7 +742,7 @@ class HostirBackend:
             return compile_graph
 
         return aot_autograd(
-            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=ACTIVATION_DECOMPOSITIONS
+            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=KERNEL_DECOMPOSITIONS
         )(gm, example_inputs)
 
 

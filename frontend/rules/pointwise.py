@@ -2,7 +2,7 @@
 compute them, with ATen's dtype rules made explicit by casts.
 
 Activations (GELU, SiLU and their backward) reach the importer as the pointwise ops of
-torch's own decompositions (`ACTIVATION_DECOMPOSITIONS`), so that each joins the pointwise
+torch's own decompositions (`KERNEL_DECOMPOSITIONS`, RMSNorm's too), so that each joins the pointwise
 run around it in one generated kernel, where a `fusion.aten` would cut the run.
 """
 
@@ -106,14 +106,24 @@ class Pointwise:
         return Value(op.results[0], self.shape, self.dtype, varying, self.local, self.order)
 
 
-ACTIVATION_DECOMPOSITIONS = get_decompositions([aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward])
-"""torch's own decompositions of GELU, SiLU and their backward ops (`torch._decomp`, which
-inductor uses too), which the backend hands aot_autograd: the importer then sees the
-pointwise ATen ops and opmath casts they are made of, in torch's order and with torch's
-constants, release after release, and each activation joins the pointwise run around it in
-one generated kernel. The table holds these four ops alone: a wider one (inductor's) would
-decompose what the importer calls as one ATen op (a norm, attention) into ops of other
-numerics, and change which ops reach the importer for every model."""
+KERNEL_DECOMPOSITIONS = get_decompositions(
+    [
+        aten.gelu,
+        aten.gelu_backward,
+        aten.silu,
+        aten.silu_backward,
+        aten._fused_rms_norm,
+        aten._fused_rms_norm_backward,
+    ]
+)
+"""torch's own decompositions of GELU, SiLU, their backward ops, and of the RMSNorm that
+`F.rms_norm` calls on GPUs (`_fused_rms_norm`, its backward) (`torch._decomp`, which inductor
+uses too), which the backend hands aot_autograd: the importer then sees the pointwise ATen
+ops, the row reductions and the opmath casts they are made of, in torch's order and with
+torch's constants, release after release, and each joins the run around it in one generated
+kernel (a norm's reductions over the rows included). The table holds these ops alone: a
+wider one (inductor's) would decompose what the importer calls as one ATen op (attention)
+into ops of other numerics, and change which ops reach the importer for every model."""
 
 
 @rule(aten.rsub.Scalar, aten.rsub.Tensor)

@@ -95,20 +95,28 @@ def _rms_norm_with_residual(x, r, w):
     return F.rms_norm(h, (h.shape[-1],), w, EPS), h
 
 
+def _fused_rms_norm_with_residual(x, r, w):
+    """As `F.rms_norm` is on GPUs: ATen's fused RMSNorm, which the backend decomposes."""
+    h = x + r
+    return torch.ops.aten._fused_rms_norm(h, [h.shape[-1]], w, EPS)[0], h
+
+
+@pytest.mark.parametrize("norm", [_rms_norm_with_residual, _fused_rms_norm_with_residual], ids=["rms_norm", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_and_its_backward_are_one_segment_each(dtype):
-    """torch.compile of a residual add and RMSNorm: the forward is one segment (the add, the
-    mean's row sum and the scaled output), the backward one segment for the input's gradient
-    and a column sum for the weight's; both against eager."""
+def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
+    """torch.compile of a residual add and RMSNorm (as the CPU calls it, and as GPUs do:
+    `_fused_rms_norm`): the forward is one segment (the add, the mean's row sum and the
+    scaled output), the backward one segment for the input's gradient and a column sum for
+    the weight's; both against eager."""
     generator = torch.Generator().manual_seed(0)
     x, r, w = (torch.randn(*shape, generator=generator).to(dtype) for shape in ((4, 8, 64), (4, 8, 64), (64,)))
     leaves = [[t.clone().requires_grad_() for t in (x, r, w)] for _ in range(2)]
     grad = torch.randn(4, 8, 64, generator=generator).to(dtype)
     torch._dynamo.reset()
     with _dumped("host_ir") as dump:
-        out, h = torch.compile(_rms_norm_with_residual, backend="hostir", options={"fallback": False})(*leaves[0])
+        out, h = torch.compile(norm, backend="hostir", options={"fallback": False})(*leaves[0])
         (out * grad).sum().backward()
-    expected, expected_h = _rms_norm_with_residual(*leaves[1])
+    expected, expected_h = norm(*leaves[1])
     (expected * grad).sum().backward()
     tolerance = TOLERANCES[dtype]
     assert _max_error(out.float(), expected.float()) < tolerance and torch.equal(h, expected_h)
