@@ -136,13 +136,14 @@ def _layer_programs_on_rank(dtype: torch.dtype) -> str:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from examples.tp_decoder_layer import DecoderLayer, parallelize
+    from examples.tp_decoder_layer import DecoderLayer, parallelize, rank_device
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     torch.manual_seed(0)
-    layer = parallelize(DecoderLayer().to(dtype), mesh)
+    layer = parallelize(DecoderLayer().to(device, dtype), mesh)
     compiled = torch.compile(layer, backend="hostir", options={"backend": "nccl"})
-    x = torch.randn(2, 16, 64, dtype=dtype).chunk(dist.get_world_size(), dim=1)[dist.get_rank()]
+    x = torch.randn(2, 16, 64, dtype=dtype).chunk(dist.get_world_size(), dim=1)[dist.get_rank()].to(device)
     with _dumped("host_ir") as dump:
         compiled(x.requires_grad_()).float().sum().backward()
     return dump.getvalue()
