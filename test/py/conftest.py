@@ -28,6 +28,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 SHARED_PER_PROCESS = {
     "test_e2e.py": "every case of a world runs in one launch of its ranks (results_of_world)",
     "test_copy_engine.py": "every case of a world runs in one launch of its ranks (results_of_world)",
+    "test_context_parallel.py": "every case of a world runs in one launch of its ranks (results_of_world)",
+    "test_attention_ring.py": "every case of a world runs in one launch of its ranks (results_of_world)",
     "test_benchmarks.py": "one run of the overlap benchmark on CPU ranks serves several tests (cpu_run)",
     "test_trace.py": "one traced hir-run serves several tests (traced_ag_linear)",
 }

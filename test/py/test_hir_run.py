@@ -95,7 +95,7 @@ def test_check_on_two_local_ranks_with_pt_inputs(files, tmp_path):
         "--inputs", *paths, "--save-outputs", str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert_no_traceback(result.stderr)
+    assert result.stderr == "", "a quick run stays quiet without --progress"
     lines = result.stdout.splitlines()
     assert lines[0] == "@ag_linear: 2 rank(s), gloo on cpu, 4 stream(s), eager"
     assert lines[1] == "eager because CUDA graphs need CUDA devices, and this rank runs gloo on cpu"
@@ -387,7 +387,6 @@ def test_progress_says_each_event_once_for_every_rank(files):
         "hir-run: run 1 of 3",
     ], lines
     assert lines[-1] == "hir-run: run 3 of 3" and set(lines[5:-1]) <= {"hir-run: run 2 of 3"}
-    assert run_script(str(files["ag_linear"]), "--nproc", "2").stderr == "", "a quick run stays quiet without --progress"
 
 
 def test_log_dir_and_tee_send_each_ranks_output_as_torchrun_does(files, tmp_path):
