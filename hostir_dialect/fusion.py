@@ -597,19 +597,24 @@ class FusionOp(IRDLOperation, ABC):
             )
 
 
-@irdl_op_definition
-class SetOp(FusionOp):
-    """A copy. The op through which a tensor changes its mesh or its sharding."""
-
-    name = "fusion.set"
+class OneOperandOp(FusionOp, ABC):
+    """An op of one tensor operand and one tensor result, `%x : T -> T2` in text; the result's
+    type is the operand's unless given."""
 
     input = operand_def(TensorType)
     result = result_def(TensorType)
 
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
-    def __init__(self, input: SSAValue, result_type: TensorType):
-        super().__init__(operands=[input], result_types=[result_type])
+    def __init__(self, input: SSAValue, result_type: TensorType | None = None):
+        super().__init__(operands=[input], result_types=[result_type or tensor_type(input)])
+
+
+@irdl_op_definition
+class SetOp(OneOperandOp):
+    """A copy. The op through which a tensor changes its mesh or its sharding."""
+
+    name = "fusion.set"
 
     def infer_shape(self) -> Shape:
         """The input's shape, whose extent on the axis the result splits over its mesh, if
@@ -625,17 +630,8 @@ class SetOp(FusionOp):
         return shape
 
 
-class UnaryOp(FusionOp, ABC):
+class UnaryOp(OneOperandOp, ABC):
     """A pointwise op of one operand."""
-
-
-    input = operand_def(TensorType)
-    result = result_def(TensorType)
-
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
-
-    def __init__(self, input: SSAValue, result_type: TensorType | None = None):
-        super().__init__(operands=[input], result_types=[result_type or tensor_type(input)])
 
     def infer_shape(self) -> Shape:
         return tensor_type(self.input).get_shape()
@@ -793,18 +789,10 @@ class ConstantOp(FusionOp):
 
 
 @irdl_op_definition
-class CastOp(FusionOp):
+class CastOp(OneOperandOp):
     """Converts the element type; the shape is unchanged."""
 
     name = "fusion.cast"
-
-    input = operand_def(TensorType)
-    result = result_def(TensorType)
-
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
-
-    def __init__(self, input: SSAValue, result_type: TensorType):
-        super().__init__(operands=[input], result_types=[result_type])
 
     def expected_element_type(self) -> Attribute:
         return tensor_type(self.result).element_type
@@ -967,7 +955,7 @@ class BroadcastOp(FusionOp):
 
 
 @irdl_op_definition
-class ExpandOp(FusionOp):
+class ExpandOp(OneOperandOp):
     """`x` read with each of its extent-1 axes stretched to the result's extent (torch.expand),
     at the same rank: a view that moves no data.
 
@@ -976,14 +964,6 @@ class ExpandOp(FusionOp):
     """
 
     name = "fusion.expand"
-
-    input = operand_def(TensorType)
-    result = result_def(TensorType)
-
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
-
-    def __init__(self, input: SSAValue, result_type: TensorType):
-        super().__init__(operands=[input], result_types=[result_type])
 
     def infer_shape(self) -> Shape:
         shape, result = tensor_type(self.input).get_shape(), tensor_type(self.result).get_shape()
