@@ -104,8 +104,9 @@ def _fused_rms_norm_with_residual(x, r, w):
 @pytest.mark.parametrize("norm", [_rms_norm_with_residual, _fused_rms_norm_with_residual], ids=["rms_norm", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
-    """torch.compile of a residual add and RMSNorm (as the CPU calls it, and as GPUs do:
-    `_fused_rms_norm`): the forward is one segment (the add, the mean's row sum and the
+    """torch.compile of a residual add and RMSNorm (as the CPU calls it, and `_fused_rms_norm`,
+    which GPUs call; this CPU torch decomposes the latter without the backend's table, so the
+    table's entry for it is exercised on GPUs alone): the forward is one segment (the add, the mean's row sum and the
     scaled output), the backward one segment for the input's gradient and a column sum for
     the weight's; both against eager."""
     generator = torch.Generator().manual_seed(0)
