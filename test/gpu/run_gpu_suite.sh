@@ -82,16 +82,18 @@ began=$SECONDS
 # runs share the GPUs with pytest's workers: both mostly start processes and compile.
 step "hir-run --check on every example" "$logs/examples" "$PYTHON" test/gpu/hir_run_all.py &
 examples=$!
-# Every test's ranks put a CUDA context with NCCL's buffers (0.5 to 1 GiB) on GPU 0 at
-# least, and a worker that runs CUDA itself one more: on 4 H100 (80 GB) pytest's default of
-# a worker per core (64) ran GPU 0 out of memory. One worker per 4 GiB of GPU 0, at most one
-# per core.
-workers=$("$PYTHON" -c "import os, torch; print(max(2, min(os.cpu_count(), torch.cuda.get_device_properties(0).total_memory // 2**32)))")
+# Every test's ranks put a CUDA context with NCCL's buffers (0.5 to 1 GiB) on each GPU they
+# use, and a worker that runs CUDA itself one more: on 4 H100 (80 GB) pytest's default of a
+# worker per core (64), every rank 0 on GPU 0, ran GPU 0 out of memory. Each worker sees the
+# GPUs rotated (HOSTIR_TEST_GPUS: conftest.py), so rank 0s spread over all of them: one
+# worker per 8 GiB of the GPUs' memory together, at most one per core.
+read -r gpus workers < <("$PYTHON" -c "import os, torch; n = torch.cuda.device_count(); print(n, max(2, min(os.cpu_count(), n * torch.cuda.get_device_properties(0).total_memory // 2**33)))")
+export HOSTIR_TEST_GPUS="$gpus"
 echo "pytest workers: $workers"
 # test_package.py checks the checkout's installs (editable, non-editable, none), which CI
 # makes; here hostir is installed in $SITE.
 step "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest" \
-    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -n "$workers" -m "not gpu_timing" test/py \
+    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -n "$workers" -m "not gpu_timing" --durations=25 test/py \
     --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py \
     --ignore=test/py/test_package.py
 wait "$examples"

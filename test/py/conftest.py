@@ -44,9 +44,23 @@ def pytest_configure(config: pytest.Config) -> None:
     would import it anew (1.7 s of CPU a rank)."""
     if config.getoption("numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
         return
+    _rotate_gpus(os.environ.get("PYTEST_XDIST_WORKER"))
     from hostir.runtime import launch
 
     launch.PRELOAD.append("hostir.frontend.backend")
+
+
+def _rotate_gpus(worker: str | None) -> None:
+    """On a GPU machine (HOSTIR_TEST_GPUS, set by test/gpu/run_gpu_suite.sh): worker gwN sees
+    the GPUs rotated by N, so that its rank 0, and its own CUDA work, land on GPU N mod the
+    count. Every rank 0 on one GPU ran it out of memory first, which bounded the workers a
+    machine could run by one GPU's memory where all of them have some. Set before CUDA is
+    initialised (the forkserver and the ranks inherit it); an explicit CUDA_VISIBLE_DEVICES wins."""
+    count = int(os.environ.get("HOSTIR_TEST_GPUS", "0"))
+    if count < 2 or worker is None or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return
+    first = int(worker.removeprefix("gw")) % count
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str((first + i) % count) for i in range(count))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
