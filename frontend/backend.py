@@ -34,11 +34,10 @@ keeps in `HostirGraph.explanations` (`hostir.explain`).
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -58,6 +57,7 @@ from hostir import config, logs
 from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, LayoutValue, UnsupportedGraph, import_graph
+from hostir.frontend.rules.attention import hides_keys
 from hostir.frontend.rules.pointwise import KERNEL_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, one_chunk
 from hostir.runtime.distributed.calibration import MeasuredChunks
@@ -339,8 +339,8 @@ def layout_tensor(
     value: LayoutValue, dtype: torch.dtype, position: int, devices: int, device: torch.device
 ) -> torch.Tensor:
     """What a sequence laid out as `value.layout` over `devices` ranks gives the rank at `position`
-    (`LayoutValue`), in `dtype` (a float mask holds 0 and -inf); made once, and shared by every
-    graph that asks for it: a mask of `rows x sequence` elements."""
+    (`LayoutValue`), in `dtype` (a float mask holds 0 and the value's `hidden`); made once, and
+    shared by every graph that asks for it: a mask of `rows x sequence` elements."""
     queries = positions(position, devices, value.rows, value.layout, device)
     if value.kind == "queries":
         return queries.to(dtype)
@@ -348,7 +348,7 @@ def layout_tensor(
     if value.kind == "keys":
         return keys.to(dtype)
     seen = layout_mask(queries, keys)
-    mask = seen if dtype == torch.bool else torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, -math.inf)
+    mask = seen if dtype == torch.bool else torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, value.hidden)
     return mask.expand(*value.batch, *mask.shape)
 
 
@@ -368,6 +368,9 @@ def with_layout_values(
     for graph_index, value in imported.layout_inputs:
         index = imported.inputs.index(graph_index)
         given = args[graph_index]
+        if value.kind == "mask" and given.is_floating_point() and hides_keys(lowest := given.amin().item()):
+            # A saved mask, made by the forward's graph: it hides keys by its own value.
+            value = replace(value, hidden=lowest)
         expected = layout_tensor(value, given.dtype, position, devices, given.device)
         what = LAYOUT_MEANINGS[value.kind].format(value.layout.value)
         program.expect(index, expected.unsqueeze(0) if imported.input_varying[index] else expected, what)

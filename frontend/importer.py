@@ -163,12 +163,14 @@ class LayoutValue:
     """What a sequence laid out over the mesh in `layout` gives a rank with `rows` rows of it:
     "queries", the positions of its rows; "keys", those of every rank's rows in mesh order;
     "mask", the causal mask of the first against the second, broadcast to `batch` leading
-    axes (efficient attention's bias is expanded to `[batch, heads, rows, keys]`)."""
+    axes (efficient attention's bias is expanded to `[batch, heads, rows, keys]`), a float
+    mask holding 0 where a key is seen and `hidden` where it is not."""
 
     kind: str
     rows: int
     layout: Causal
     batch: tuple[int, ...] = ()
+    hidden: float = -math.inf
 
 
 @dataclass

@@ -41,6 +41,7 @@ multiprocessing resource tracker ends with the last process that holds its pipe.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import queue
@@ -79,6 +80,9 @@ STOP_GRACE_S = 3.0
 """How long a rank sent SIGTERM may take to end before it gets SIGKILL."""
 POLL_S = 0.1
 """How often the launcher looks at its ranks."""
+STACK_DUMP_S = 1.0
+"""How long a rank about to be killed for outstaying a failure or the timeout has to print
+where it is: its Python threads' stacks, on its standard error (`faulthandler`, on SIGUSR1)."""
 
 
 class RankFailed(Exception):
@@ -253,6 +257,7 @@ def _rank_main(
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # also if another started the server
     _die_with_launcher()
     with output.redirected(rank):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # after the redirection: its file
         _run_rank(rank, nproc, port, results, fn, args, join_group)
 
 
@@ -393,6 +398,11 @@ def _watch(processes: Sequence, results: mp.Queue, timeout_s: float | None) -> d
             why = f"still running after {timeout_s:g} s; killed"
         else:
             continue
+        # A stuck rank's stack says where it waits (for which peer, in which collective).
+        for rank in running:
+            os.kill(processes[rank].pid, signal.SIGUSR1)
+        time.sleep(STACK_DUMP_S)
+        why += " (its Python stack is on its standard error)"
         for rank in running:
             processes[rank].kill()
             processes[rank].join()

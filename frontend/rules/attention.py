@@ -175,17 +175,29 @@ def _gathered(node: Any) -> Any:
     return None
 
 
-def _scalar(node: Any, value: float) -> bool:
-    """Whether `node` is the number `value`, or a tensor of it (`aten.scalar_tensor`)."""
+HIDDEN_AT_MOST = -65504.0
+"""The largest value a float mask may give a key it hides: float16's lowest, which torch's SDPA
+writes where cuDNN attention gets the mask on GPUs (the other kernels get -inf). Softmax gives
+such a key a weight of 0, as it gives one of -inf, wherever the scores are of sane size."""
+
+
+def _number(node: Any) -> float | None:
+    """The number `node` is, or holds as a tensor of it (`aten.scalar_tensor`); else None."""
     if isinstance(node, torch.fx.Node) and node.target is aten.scalar_tensor.default:
         node = node.args[0]
-    return isinstance(node, (int, float)) and node == value
+    return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+
+
+def hides_keys(value: float | None) -> bool:
+    """Whether a float mask's `value` hides a key from attention (`HIDDEN_AT_MOST`)."""
+    return value is not None and value <= HIDDEN_AT_MOST
 
 
 def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
     """Whether the attention mask `node`, read under the backend's `sequence_layout`, is the
     causal mask of the layout's positions (`positions[:, None] >= key_positions[None, :]`,
-    boolean or as 0 and -inf, the keys' positions all-gathered from the queries' or a graph
+    boolean or as 0 and a value that hides a key, `hides_keys`: -inf, or float16's lowest where
+    SDPA makes the mask for cuDNN; the keys' positions all-gathered from the queries' or a graph
     input; or a graph input itself, a mask the forward saved for the backward). Records the
     graph inputs it is made of, whose values every run checks, and, computed in the graph,
     the mask (a graph output that the program then does not compute: the layout fixes it).
@@ -204,9 +216,10 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
         value = LayoutValue("mask", shape[-2], layout, tuple(shape[:-2]))
         importer.layout_inputs.append((importer.placeholders.index(node), value))
         return True
+    hidden = -math.inf
     if node.target is aten.where.self:
-        condition, seen, hidden = node.args
-        if not (_scalar(seen, 0.0) and _scalar(hidden, -math.inf)):
+        condition, seen, hidden = node.args[0], _number(node.args[1]), _number(node.args[2])
+        if seen != 0.0 or not hides_keys(hidden):
             return False
         node = condition
     if node.target is not aten.ge.Tensor:
@@ -220,7 +233,7 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
         (importer.placeholders.index(placeholder), LayoutValue(kind, rows, layout)) for placeholder, kind in found
     ]
     for computed in {mask, unexpanded}:  # either may be the one the forward saves
-        importer.layout_masks[computed] = LayoutValue("mask", rows, layout, tuple(computed.meta["val"].shape[:-2]))
+        importer.layout_masks[computed] = LayoutValue("mask", rows, layout, tuple(computed.meta["val"].shape[:-2]), hidden)
     return True
 
 

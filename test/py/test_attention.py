@@ -20,6 +20,7 @@ from hostir_dialect import fusion
 from hostir_dialect.fusion import Causal
 from hostir.frontend.backend import layout_tensor
 from hostir.frontend.importer import LayoutValue, import_graph
+from hostir.frontend.rules.attention import HIDDEN_AT_MOST
 from hostir.runtime.interpreter.attention import (
     Mask,
     attention,
@@ -346,25 +347,55 @@ def _efficient_masked_by_positions(q, k, v, dout, queries, keys, zero, minus_inf
     return forward[0], grads[0], grads[1], grads[2], mask
 
 
-def test_the_gpus_expanded_mask_of_positions_is_the_sequence_layouts():
-    """With `sequence_layout`, the mask that SDPA expands for efficient attention on GPUs is read
-    as the layout's causal mask: the attention and its backward are causal in the layout, with
-    no mask operand, the positions are checked inputs, and the mask the graph returns (saved
-    for a backward) is the layout's, which the backend makes (here broadcast to the batch and
-    the heads, as a saved expanded mask would be)."""
+def _cudnn_masked_by_positions(q, k, v, dout, queries, keys, zero, hidden):
+    """cuDNN attention and its backward as SDPA calls them on GPUs for a boolean mask of the
+    tokens' positions: the mask made 0 and float16's lowest (cuDNN gets no -inf)."""
+    seen = aten.ge.Tensor(aten.unsqueeze.default(queries, 1), aten.unsqueeze.default(keys, 0))
+    mask = aten.where.self(seen, zero, hidden)
+    forward = aten._scaled_dot_product_cudnn_attention.default(q, k, v, mask, True, 0.0, False, False, scale=0.25)
+    grads = aten._scaled_dot_product_cudnn_attention_backward.default(
+        dout, q, k, v, forward[0], forward[1], forward[6], forward[7], mask, forward[2], forward[3], forward[4],
+        forward[5], 0.0, False, scale=0.25,
+    )
+    return forward[0], grads[0], grads[1], grads[2], mask
+
+
+@pytest.mark.parametrize(
+    ("function", "hidden", "batch"),
+    [(_efficient_masked_by_positions, -math.inf, (B, H)), (_cudnn_masked_by_positions, HIDDEN_AT_MOST, ())],
+    ids=["efficient", "cudnn"],
+)
+def test_the_gpus_mask_of_positions_is_the_sequence_layouts(function, hidden, batch):
+    """With `sequence_layout`, the mask that SDPA hands efficient attention on GPUs (0 and -inf,
+    expanded to the batch and the heads) or cuDNN attention (0 and -65504) is read as the
+    layout's causal mask: the attention and its backward are causal in the layout, with no
+    mask operand, the positions are checked inputs, and the mask the graph returns (saved for a
+    backward) is the layout's, which the backend makes with the graph's value for hidden keys
+    (broadcast as a saved mask would be)."""
     shapes = [((B, H, L, E), torch.float32)] * 4 + [((L,), torch.int64)] * 2
-    graph = _fake_graph(_efficient_masked_by_positions, shapes, scalars=(0.0, -math.inf))
+    graph = _fake_graph(function, shapes, scalars=(0.0, hidden))
     imported = import_graph(graph, sequence_layout=Causal.HEAD_TAIL)
     attentions = [op for op in imported.module.walk() if isinstance(op, (fusion.AttentionOp, fusion.AttentionBackwardOp))]
     assert len(attentions) == 2 and all(op.causal_mask == Causal.HEAD_TAIL and op.mask is None for op in attentions)
     assert [(index, value.kind) for index, value in imported.layout_inputs] == [(4, "queries"), (5, "keys")] * 2
     kind, (mask, dtype) = imported.outputs[-1]
-    assert (kind, mask, dtype) == ("layout", LayoutValue("mask", L, Causal.HEAD_TAIL), torch.float32)
-    expanded = LayoutValue("mask", L, Causal.HEAD_TAIL, (B, H))
-    made = layout_tensor(expanded, torch.float32, 1, 2, CPU.device)
+    assert (kind, mask, dtype) == ("layout", LayoutValue("mask", L, Causal.HEAD_TAIL, hidden=hidden), torch.float32)
+    saved = LayoutValue("mask", L, Causal.HEAD_TAIL, batch, hidden)
+    made = layout_tensor(saved, torch.bfloat16, 1, 2, CPU.device)
     seen = layout_mask(positions(1, 2, L, Causal.HEAD_TAIL, CPU.device), whole_sequence(2, L, Causal.HEAD_TAIL, CPU.device))
-    assert made.shape == (B, H, L, 2 * L)
-    assert torch.equal(made, torch.where(seen, 0.0, -math.inf).expand(B, H, L, 2 * L))
+    assert made.shape == (*batch, L, 2 * L)
+    expected = torch.where(seen, 0.0, hidden).to(torch.bfloat16).expand(*batch, L, 2 * L)
+    assert torch.equal(made, expected) and made.amin().item() == (-65536.0 if batch == () else -math.inf)
+
+
+def test_a_mask_that_hides_keys_by_a_value_of_no_weight_only():
+    """A float mask's value for hidden keys must give them no weight in softmax: -inf, or
+    float16's lowest or less; a mask of 0 and -100 is a bias like any other, not causal."""
+    shapes = [((B, H, L, E), torch.float32)] * 4 + [((L,), torch.int64)] * 2
+    imported = import_graph(_fake_graph(_cudnn_masked_by_positions, shapes, scalars=(0.0, -100.0)), sequence_layout=Causal.HEAD_TAIL)
+    attentions = [op for op in imported.module.walk() if isinstance(op, (fusion.AttentionOp, fusion.AttentionBackwardOp))]
+    assert attentions and all(op.mask is not None for op in attentions)
+    assert not imported.layout_inputs
 
 
 def _math(q, k, v):

@@ -255,3 +255,25 @@ def test_ranks_import_the_function_in_the_launchers_environment(monkeypatch):
     run_on_local_ranks(variable_at_import, 1, join_group=False)  # the forkserver runs before
     monkeypatch.setenv("HOSTIR_TEST_LAUNCH", "set by the launcher")
     assert run_on_local_ranks(variable_at_import, 2, join_group=False) == ["set by the launcher"] * 2
+
+
+def wait_in_rank_1() -> int:
+    """Rank 0 returns at once; rank 1 waits in a function whose name its stack shows."""
+    if os.environ["RANK"] == "1":
+        _waiting_for_a_peer_that_never_comes()
+    return 0
+
+
+def _waiting_for_a_peer_that_never_comes() -> None:
+    time.sleep(3600)
+
+
+def test_a_rank_killed_for_its_timeout_prints_where_it_was_first(tmp_path):
+    """The rank the launcher kills at the timeout first writes its Python stack to its stderr,
+    which says where it waited; the failure says where to look."""
+    from hostir.runtime.launch import RankFailed, RankOutput
+
+    with pytest.raises(RankFailed, match=r"rank 1: still running after 2 s; killed \(its Python stack is on its standard error\)"):
+        run_on_local_ranks(wait_in_rank_1, 2, timeout_s=2.0, join_group=False, output=RankOutput(tmp_path))
+    stack = (tmp_path / "rank1" / "stderr.log").read_text()
+    assert "_waiting_for_a_peer_that_never_comes" in stack and "wait_in_rank_1" in stack, stack

@@ -150,24 +150,26 @@ def _layer_programs_on_rank(dtype: torch.dtype) -> str:
     return dump.getvalue()
 
 
-@needs_ranks(2)
-@pytest.mark.parametrize(
-    ("dtype", "kernels_and_atens"),
-    [(torch.float32, [(4, 20), (7, 67)]), (torch.bfloat16, [(4, 20), (9, 67)])],
-    ids=["f32", "bf16"],
+COMPUTING_ATEN = re.compile(
+    r'hir.aten "aten\.(_fused_rms_norm\w*|mean|rsqrt|pow|mul|add|sub|div|sum|expand|detach|_to_copy|convert_element_type)\.'
 )
-def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels_and_atens):
+"""ATen calls that would compute part of a norm, or its residual add, outside the kernels."""
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize(("dtype", "kernels"), [(torch.float32, [4, 7]), (torch.bfloat16, [4, 9])], ids=["f32", "bf16"])
+def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels):
     """The TP decoder layer of examples/ on 2 ranks: each RMSNorm with the residual add before
-    it is one kernel in the forward, each norm's backward one kernel and a column sum; no
-    mean, rsqrt, expand or detach is an ATen call. Before row reductions joined kernels the
-    forward launched 8 kernels (f32; 12 in bf16) and 27 ATen calls, the backward 11 (17)
-    kernels and 72 ATen calls."""
+    it is one kernel in the forward, each norm's backward one kernel and a column sum; no part
+    of a norm is an ATen call (on the CPU every ATen call left is a view: 20 in the forward, 67
+    in the backward; on GPUs the attention kernel adds its own). Before row reductions joined
+    kernels the forward launched 8 kernels (f32; 12 in bf16) and 27 ATen calls, the backward
+    11 (17) kernels and 72 ATen calls."""
     text = run_on_hostir(_layer_programs_on_rank, 2, dtype, timeout_s=300)[0]
     programs = [p.split("func.func @", 1)[1] for p in text.split("// hostir: the host program")[1:]]
-    counts = [(p.count("hir.launch_kernel"), p.count("hir.aten ")) for p in programs]
-    assert counts == kernels_and_atens
+    assert [p.count("hir.launch_kernel") for p in programs] == kernels
     for program in programs:
-        assert not re.search(r'"aten\.(mean|rsqrt|expand|detach)', program)
+        assert not COMPUTING_ATEN.findall(program)
         assert all(axes == "1, 2" for axes in re.findall(r"hir.reduction \"sum\" \[(.*?)\]", program))
 
 

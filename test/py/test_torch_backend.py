@@ -416,7 +416,7 @@ def _steps_on_rank(steps: int) -> dict:
         return run_checked(program, *args, **kwargs)
 
     Program.check, Program.run_checked = counted_check, counted_run
-    errors = []
+    errors, checked = [], []
     for step in range(steps):
         torch.manual_seed(step)
         x = torch.randn(16, 16).chunk(world)[rank].to(rank_device())
@@ -430,23 +430,30 @@ def _steps_on_rank(steps: int) -> dict:
         for name, grad in _grads(modules[0]).items():
             step_errors[name] = _max_error(grad, _grads(modules[1])[name])
         errors.append(step_errors)
+        checked.append(dict(checks))
     graphs = [graph for graph in compiled_graphs() if graph.compiled]
-    return {"errors": errors, "checks": dict(checks), "runs": dict(runs), "static": [g.static for g in graphs]}
+    return {"errors": errors, "checked": checked, "runs": dict(runs), "static": [g.static for g in graphs]}
 
 
 @needs_ranks(2)
 def test_a_graph_checks_its_inputs_across_ranks_at_its_first_call_only():
     """A compiled graph's later calls have the shapes, dtypes and devices of its first (dynamo's
     guards, for the graphs of static shapes that a DTensor module's are, its mesh argument
-    included): each program checks its inputs across ranks once, and every step still matches
-    eager DTensor."""
+    included): each program checks its inputs across ranks at the first call alone, and every
+    step still matches eager DTensor. On the CPU the first call checks once and every call runs
+    the checked program; on GPUs the first call's warm-up runs check and capture a CUDA graph,
+    which the later calls replay."""
     steps = 3
+    replays = torch.cuda.is_available()
     for rank, result in enumerate(run_on_hostir(_steps_on_rank, 2, steps, timeout_s=300)):
         for step, errors in enumerate(result["errors"]):
             assert max(errors.values()) < F32_TOLERANCE, f"rank {rank}, step {step}: {errors}"
         assert result["static"] == [True, True], f"rank {rank}"
-        assert len(result["runs"]) == 2 and set(result["runs"].values()) == {steps}, f"rank {rank}: {result}"
-        assert result["checks"] == dict.fromkeys(result["runs"], 1), f"rank {rank}: {result}"
+        first, *later = result["checked"]
+        assert len(first) == 2 and all(checks == first for checks in later), f"rank {rank}: {result}"
+        if not replays:
+            assert first == dict.fromkeys(first, 1), f"rank {rank}: {result}"
+            assert result["runs"] == dict.fromkeys(first, steps), f"rank {rank}: {result}"
 
 
 def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
