@@ -1102,8 +1102,11 @@ def _layer_on_gpu(backend: str) -> dict:
         layer.load_state_dict(reference.state_dict())
         layers.append(parallelize(layer, mesh))
     compiled = torch.compile(layers[0], backend="hostir", options={"backend": backend})
-    # A replay reads the parameters in place: each step's update must be seen.
-    optimizers = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in layers]
+    # A replay reads the parameters in place: each step's update must be seen, and is (it moves
+    # the output by 10 to 17%). The loss is a mean: with its sum (gradients up to 30), SGD
+    # diverges in eager f32 itself by the second step, and two runs that differ by bf16's
+    # rounding part ways.
+    optimizers = [torch.optim.SGD(layer.parameters(), lr=5.0) for layer in layers]
     errors = {}
     with warnings.catch_warnings(record=True) as outside:
         warnings.simplefilter("always", GraphReplayFallback)
@@ -1112,8 +1115,8 @@ def _layer_on_gpu(backend: str) -> dict:
             with torch.no_grad():
                 errors[f"inference output {step}"] = _max_error(compiled(x).float(), layers[1](x).float())
             out, expected = compiled(x), layers[1](x)
-            out.float().square().sum().backward()
-            expected.float().square().sum().backward()
+            out.float().square().mean().backward()
+            expected.float().square().mean().backward()
             errors[f"output {step}"] = _max_error(out.float(), expected.float())
             for name, grad in _grads(layers[0]).items():
                 errors[f"{name} {step}"] = _max_error(grad.float(), _grads(layers[1])[name].float())
