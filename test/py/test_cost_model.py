@@ -25,7 +25,7 @@ from hostir.passes.analysis.cost_model import (
 from hostir.runtime.distributed.calibration import MeasuredChunks, measure_rates, measure_stages
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
-from test_communicator import needs_ranks
+from test_communicator import LAUNCH_TIMEOUT_S, needs_ranks
 
 AG, RS, AR = OverlapKind.ALLGATHER_MATMUL, OverlapKind.MATMUL_REDUCE_SCATTER, OverlapKind.MATMUL_ALLREDUCE
 
@@ -248,7 +248,7 @@ def measured_on_a_rank(extent: int) -> Rates:
 
 @needs_ranks(2)
 def test_measured_rates_are_positive_and_the_same_on_every_rank():
-    rates = run_on_local_ranks(measured_on_a_rank, 2, 64, timeout_s=60)
+    rates = run_on_local_ranks(measured_on_a_rank, 2, 64, timeout_s=LAUNCH_TIMEOUT_S)
     assert rates[0] == rates[1]
     assert math.isfinite(rates[0].link_bytes_per_s) and rates[0].link_bytes_per_s > 0
     assert rates[0].gemm_flops_per_s > 0 and rates[0].transfer_latency_s > 0
@@ -320,7 +320,7 @@ def stages_on_a_rank(kind: OverlapKind) -> MeasuredStages:
 @needs_ranks(2)
 @pytest.mark.parametrize("kind", list(OverlapKind))
 def test_measured_stages_are_the_same_on_every_rank(kind):
-    stages = run_on_local_ranks(stages_on_a_rank, 2, kind, timeout_s=60)
+    stages = run_on_local_ranks(stages_on_a_rank, 2, kind, timeout_s=LAUNCH_TIMEOUT_S)
     assert stages[0] == stages[1]
     assert sorted(stages[0].by_chunks) == [1, 2, 4]
     for measured_stages in stages[0].by_chunks.values():
@@ -344,7 +344,7 @@ def chunks_measured_on_a_rank() -> tuple[int, PipelineShape, int, int]:
 
 @needs_ranks(2)
 def test_the_backend_s_chooser_measures_once_and_every_rank_chooses_alike():
-    results = run_on_local_ranks(chunks_measured_on_a_rank, 2, timeout_s=120)
+    results = run_on_local_ranks(chunks_measured_on_a_rank, 2, timeout_s=LAUNCH_TIMEOUT_S)
     (chunks, shape, again, measured), other = results[0], results[1]
     assert other == results[0] and again == chunks == shape.chunks and measured == 1
     assert shape.chunks in candidate_chunks(OverlapProblem(RS, 4096, 64, 64, 2, element_size=4))

@@ -29,7 +29,7 @@ from hostir.runtime.program import (
     symmetric_outputs,
 )
 from hostir.runtime.reference import shard
-from test_communicator import needs_ranks
+from test_communicator import LAUNCH_TIMEOUT_S, needs_ranks
 from test_interpreter import poisoned_allocations, tensor
 
 
@@ -173,7 +173,7 @@ def run_pipelines(n: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("n", [pytest.param(2, marks=needs_ranks(2)), pytest.param(4, marks=needs_ranks(4))])
 def test_reference_pipelines_written_by_hand(n):
-    results = run_on_local_ranks(run_pipelines, n, n, timeout_s=120)
+    results = run_on_local_ranks(run_pipelines, n, n, timeout_s=LAUNCH_TIMEOUT_S)
     for rank, outputs in enumerate(results):
         expected = [full for _, _, full in pipeline_cases(n) for _ in (1, 3)]
         for output, full in zip(outputs, expected, strict=True):
@@ -238,7 +238,7 @@ def run_dynamic_extent_cases(world: int) -> list[torch.Tensor]:
 )
 def test_ranks_outside_a_mesh_know_the_dynamic_extents_of_its_inputs(world):
     """Every receiver allocates from the extents of an input it holds no piece of."""
-    results = run_on_local_ranks(run_dynamic_extent_cases, world, world, timeout_s=120)
+    results = run_on_local_ranks(run_dynamic_extent_cases, world, world, timeout_s=LAUNCH_TIMEOUT_S)
     for case, (text, full, expected) in enumerate(dynamic_extent_cases(world)):
         output_type = Program.compile(text).output_types[0]
         for rank, outputs in enumerate(results):

@@ -37,7 +37,7 @@ from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
 from hostir.runtime.reference import shard
-from test_communicator import needs_ranks
+from test_communicator import LAUNCH_TIMEOUT_S, needs_ranks
 from test_interpreter import poisoned_allocations
 
 # --------------------------------------------------------------------------- #
@@ -717,7 +717,7 @@ def run_point_to_point_cases(n: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("n", [pytest.param(n, marks=needs_ranks(n)) for n in (2, 4)])
 def test_point_to_point_orders_compute_what_torch_computes(n):
     cases = point_to_point_cases(n)
-    for rank, outputs in enumerate(run_on_local_ranks(run_point_to_point_cases, n, n, timeout_s=120)):
+    for rank, outputs in enumerate(run_on_local_ranks(run_point_to_point_cases, n, n, timeout_s=LAUNCH_TIMEOUT_S)):
         for output, (what, order, _, _, expected, holders) in zip(outputs, cases, strict=True):
             where = f"{what} in {order} order, rank {rank}"
             if rank in holders:
@@ -728,7 +728,7 @@ def test_point_to_point_orders_compute_what_torch_computes(n):
 
 @needs_ranks(2)
 def test_multi_device_pipelines_without_a_separate_sync_loop():
-    for outputs in run_on_local_ranks(run_without_separate_sync_loop, 2, 2, timeout_s=120):
+    for outputs in run_on_local_ranks(run_without_separate_sync_loop, 2, 2, timeout_s=LAUNCH_TIMEOUT_S):
         # These outputs are replicated: every rank holds the whole gathered or reduced result.
         for output, (_, _, expected) in zip(outputs, multi_device_cases(2), strict=True):
             torch.testing.assert_close(output, expected)
