@@ -815,6 +815,39 @@ class Layout:
         return whole, whole[..., ::2]
 
 
+PLACES = ("aligned", "one element in", "two elements in", "transposed")
+"""Where `placed` puts a [rows, columns] tensor: in the first columns of a buffer of rows of
+`columns + 8` elements, one element into them (no row starts on a vector), two elements into
+them (vectors of two fit), or transposed (a [columns, rows] buffer's transpose: the rows
+walked with stride 1, their elements with stride `rows`)."""
+
+
+def placed(values: torch.Tensor, place: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A buffer of NaN and the view of it that holds `values` where `place` says."""
+    rows, columns = values.shape
+    if place == "transposed":
+        base = torch.full([columns, rows], float("nan"), dtype=values.dtype, device=values.device)
+        view = base.t()
+    else:
+        base = torch.full([rows, columns + 8], float("nan"), dtype=values.dtype, device=values.device)
+        start = {"aligned": 0, "one element in": 1, "two elements in": 2}[place]
+        view = base[:, start : start + columns]
+    view.copy_(values)
+    return base, view
+
+
+def vectorised(place: str, columns: int) -> bool:
+    """Whether a kernel on rows of `columns` placed where `place` says moves vectors: every
+    row starts on a whole vector of two elements at least."""
+    return place in ("aligned", "two elements in") and columns % 2 == 0
+
+
+def assert_written_only_within(base: torch.Tensor, view: torch.Tensor) -> None:
+    """Every element of the NaN buffer `base` outside the output `view` is still NaN."""
+    view.zero_()
+    assert int(base.isnan().sum()) == base.numel() - view.numel(), "the kernel wrote outside its output"
+
+
 def run_and_check(
     segment: func.FuncOp,
     ins: Sequence[torch.Tensor],
@@ -903,6 +936,28 @@ def test_casts_match_torch(source):
         [Layout.strided_output([1000], d)[1] for d in DTYPES.values()],
         [f"{source} -> {t} (strided)" for t in DTYPES],
     )
+
+
+@requires_gpu
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("columns", [64, 100, 4096, 4097, 8192])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_vector_and_scalar_launches_match_torch(dtype, columns, place):
+    """(x + bias) * column, x and the output placed in buffers of `place` (for "one element
+    in", the bias too): vector kernels where every row starts on a whole vector, scalar ones
+    elsewhere, against fusion_eval, into poisoned outputs whose other elements stay poisoned."""
+    generator = torch.Generator().manual_seed(columns)
+    torch_dtype, rows = DTYPES[dtype], 300
+    x = random([rows, columns], torch_dtype, generator)
+    bias, column = random([columns + 1], torch_dtype, generator), random([rows], torch_dtype, generator)
+    bias = bias[1:] if place == "one element in" else bias[:columns]
+    _, x_view = placed(x, place)
+    out_base, out = placed(poisoned([rows, columns], torch_dtype), place)
+    segment = _rows_plus_bias_times_column(dtype)
+    planned = kernels.SegmentKernel(segment).plan([x_view, bias, column], [out])
+    assert (planned.layout.vector > 1) == vectorised(place, columns)
+    run_and_check(segment, [x_view, bias, column], [out], [f"(x + bias) * column, {place}"])
+    assert_written_only_within(out_base, out)
 
 
 def _bf16_chain(fb: FusionBuilder) -> list[Tensor]:

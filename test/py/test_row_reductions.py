@@ -11,6 +11,8 @@ the kernel runs against torch.
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +26,11 @@ from hostir.passes.lowering.fusion_to_hir import FusionToHir
 from hostir_dialect import hostir_context
 from hostir_dialect.text import HostirError
 from test_communicator import needs_ranks
-from test_kernels import assert_lines_in_order, kernel_arguments, requires_gpu
+from test_kernels import PLACES, assert_lines_in_order, assert_written_only_within, kernel_arguments, placed, requires_gpu, vectorised
 from test_torch_backend import TOLERANCES, _dumped, _max_error, run_on_hostir
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from rmsnorm_segment import backward_segment  # noqa: E402  (a script's folder, not a package)
 
 EPS = 1e-5
 
@@ -188,6 +193,23 @@ def test_the_segment_computes_rms_norm_as_torch(dtype):
     expected, scale = _reference(*ins)
     torch.testing.assert_close(outs[0], scale, rtol=1e-6, atol=0)
     torch.testing.assert_close(outs[1], expected, **({} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}))
+
+
+def _softmax_segment(columns: int) -> func.FuncOp:
+    """Softmax over rows of `columns` f32: two reductions of one row, the second reading the
+    first (a max, then the sum of the exponentials less the max)."""
+    f32 = f"!fusion.tensor<[?, {columns}], f32>"
+    row = "!fusion.tensor<[?, 1], f32>"
+    (segment,) = _segments(f"""
+func.func @softmax(%x: {f32}) -> {f32} {{
+  %max = fusion.max %x [1] keepdim : {f32} -> {row}
+  %shifted = fusion.sub %x, %max : ({f32}, {row}) -> {f32}
+  %e = fusion.exp %shifted : {f32} -> {f32}
+  %sum = fusion.sum %e [1] keepdim : {f32} -> {row}
+  %y = fusion.div %e, %sum : ({f32}, {row}) -> {f32}
+  func.return %y : {f32}
+}}""").values()
+    return segment
 
 
 # --------------------------------------------------------------------------- #
@@ -382,20 +404,51 @@ func.func @f(%x: !fusion.tensor<[4, ?], f32>, %y: !fusion.tensor<[4, ?], f32>) -
 
 
 @requires_gpu
-@pytest.mark.parametrize("columns", [64, 4096, 8192])
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("columns", [64, 100, 4096, 4097, 8192])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_kernel_computes_rms_norm_as_torch(dtype, columns):
-    """The CuPy kernel (one warp per row of 64, a block per row of 4096 and 8192) against
-    eager ATen's RMSNorm on the GPU, into poisoned outputs: f32 to the rounding of a
-    reordered sum, bf16 to one rounding."""
+def test_the_kernel_computes_rms_norm_as_torch(dtype, columns, place):
+    """The CuPy kernel (one warp per row of 64 and 100, a block per row of 4096 and more)
+    against eager ATen's RMSNorm on the GPU, its input and output placed where `place` says
+    (vector and scalar kernels), into poisoned outputs whose other elements stay poisoned:
+    f32 to the rounding of a reordered sum, bf16 to one rounding."""
     rows = 300  # not a multiple of the warps per block
     segment = _rms_norm_segment(rows, columns, {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype])
-    ins = _inputs(rows, columns, dtype, "cuda")
-    outs = [_poisoned([rows, 1], torch.float32, "cuda"), _poisoned([rows, columns], dtype, "cuda")]
-    assert kernels.SegmentKernel(segment).launch(ins, outs)
-    expected, scale = _reference(*ins)
+    x, w = _inputs(rows, columns, dtype, "cuda")
+    _, x_view = placed(x, place)
+    y_base, y = placed(_poisoned([rows, columns], dtype, "cuda"), place)
+    outs = [_poisoned([rows, 1], torch.float32, "cuda"), y]
+    kernel = kernels.SegmentKernel(segment)
+    assert (kernel.plan([x_view, w], outs).layout.vector > 1) == vectorised(place, columns)
+    assert kernel.launch([x_view, w], outs)
+    expected, scale = _reference(x, w)
     torch.testing.assert_close(outs[0], scale, rtol=1e-5, atol=0)
-    torch.testing.assert_close(outs[1], expected, **({} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}))
+    torch.testing.assert_close(y, expected, **({} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}))
+    assert_written_only_within(y_base, y)
+
+
+@requires_gpu
+@pytest.mark.parametrize("place", ["aligned", "one element in"])
+@pytest.mark.parametrize("columns", [64, 4096, 8192])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, columns, place):
+    """RMSNorm's backward (benchmarks/rmsnorm_segment.py: three loads kept in registers, a
+    per-row input) against autograd of F.rms_norm in f32: the input's gradient, and the
+    products whose column sum is the weight's gradient, the output's gradient placed where `place` says."""
+    rows = 300
+    x, w = _inputs(rows, columns, dtype, "cuda")
+    g = torch.randn(rows, columns, generator=torch.Generator().manual_seed(7)).to("cuda", dtype)
+    _, g_view = placed(g, place)
+    scale = _reference(x, w)[1]
+    outs = [_poisoned([rows, columns], dtype, "cuda") for _ in range(2)]
+    kernel = kernels.SegmentKernel(backward_segment(rows, columns, dtype))
+    assert (kernel.plan([g_view, x, w, scale], outs).layout.vector > 1) == (place == "aligned")
+    assert kernel.launch([g_view, x, w, scale], outs)
+    leaves = [t.float().requires_grad_() for t in (x, w)]
+    F.rms_norm(leaves[0], (columns,), leaves[1], EPS).backward(g.float())
+    tolerance = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(outs[0], (g.float() * x.float() * scale).to(dtype), **tolerance)
+    torch.testing.assert_close(outs[1], leaves[0].grad.to(dtype), **tolerance)
 
 
 @requires_gpu
@@ -403,17 +456,7 @@ def test_the_kernel_computes_rms_norm_as_torch(dtype, columns):
 def test_the_kernel_computes_softmax_as_torch(columns):
     """Two reductions of one row, the second reading the first: a max, then the sum of the
     exponentials less the max."""
-    f32 = "!fusion.tensor<[?, COLUMNS], f32>".replace("COLUMNS", str(columns))
-    row = "!fusion.tensor<[?, 1], f32>"
-    (segment,) = _segments(f"""
-func.func @softmax(%x: {f32}) -> {f32} {{
-  %max = fusion.max %x [1] keepdim : {f32} -> {row}
-  %shifted = fusion.sub %x, %max : ({f32}, {row}) -> {f32}
-  %e = fusion.exp %shifted : {f32} -> {f32}
-  %sum = fusion.sum %e [1] keepdim : {f32} -> {row}
-  %y = fusion.div %e, %sum : ({f32}, {row}) -> {f32}
-  func.return %y : {f32}
-}}""").values()
+    segment = _softmax_segment(columns)
     x = torch.randn(77, columns, generator=torch.Generator().manual_seed(columns)).cuda() * 4
     out = _poisoned([77, columns], torch.float32, "cuda")
     assert kernels.SegmentKernel(segment).launch([x], [out])
