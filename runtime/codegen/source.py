@@ -101,23 +101,36 @@ def _vector(access: _Access, width: int) -> str:
     return f"hostir_vector<{access.storage}, {width}>"
 
 
+def _call(function: DeviceFunction, element: Callable[[int], str], loads: int) -> str:
+    """The call of `function` on the elements of its loads (`element(k)` is access k's), the
+    reductions' values, and the elements of its stores (accesses `loads + j`)."""
+    arguments = [element(k) for k in function.loads] + [f"s{i}" for i in function.reduced]
+    arguments += [element(loads + j) for j in function.stores]
+    return f"{function.name}({', '.join(arguments)})"
+
+
 def _step(
     accesses: Sequence[_Access],
-    used: Sequence[int],
+    function: DeviceFunction,
     width: int,
     offset: Callable[[int], str],
-    statements: Callable[[Callable[[int], str]], list[str]],
+    statements: Callable[[str], list[str]],
     kept: Collection[int] = (),
 ) -> list[str]:
-    """The lines of one step of a thread over `width` elements (1: one element), through the
-    accesses `used` (indices into `accesses`) at `offset(k)`: `statements(element)` for each
-    element, where `element(k)` is access k's. A scalar step reads and writes elements in
+    """The lines of one step of a thread over `width` elements (1: one element) of the accesses
+    of `function`, at `offset(k)` for access k: `statements(call)` for each element, where
+    `call` is the C of calling `function` there. A scalar step reads and writes elements in
     place. A vector step loads a vector of each access that walks the innermost axis (one
     element of each other: it is broadcast along that axis), runs the statements on each
     element, and stores the results' vectors. Loads in `kept` are in the registers `a<k>[c]`
     already (a row's vector c of this thread)."""
+    loads = sum(not a.stored for a in accesses)
     if width == 1:
-        return statements(lambda k: f"{accesses[k].register}[c]" if k in kept else f"{accesses[k].pointer}[{offset(k)}]")
+
+        def in_place(k: int) -> str:
+            return f"{accesses[k].register}[c]" if k in kept else f"{accesses[k].pointer}[{offset(k)}]"
+
+        return statements(_call(function, in_place, loads))
 
     def element(k: int) -> str:
         a = accesses[k]
@@ -126,7 +139,7 @@ def _step(
         return f"{a.register}[c].v[e]" if k in kept else f"{a.register}.v[e]"
 
     before, after = [], []
-    for k in used:
+    for k in [*function.loads, *(loads + j for j in function.stores)]:
         a = accesses[k]
         if k in kept:
             continue
@@ -142,17 +155,10 @@ def _step(
         *before,
         "#pragma unroll",
         f"for (int e = 0; e < {width}; ++e) {{",
-        *_indent(statements(element)),
+        *_indent(statements(_call(function, element, loads))),
         "}",
         *after,
     ]
-
-
-def _call(function: DeviceFunction, element: Callable[[int], str], loads: int) -> str:
-    """The call of `function` on the elements of its loads, the reductions' values and its stores."""
-    arguments = [element(k) for k in function.loads] + [f"s{i}" for i in function.reduced]
-    arguments += [element(loads + j) for j in function.stores]
-    return f"{function.name}({', '.join(arguments)})"
 
 
 def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
@@ -162,7 +168,6 @@ def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
     index, width = layout.index, layout.vector
     accesses = _accesses(body, layout)
     (function,) = body.functions
-    used = range(len(accesses))
     axes = {d for a in accesses if a.pattern is not LINEAR for d, kind in enumerate(a.pattern) if kind != BROADCAST}
     indices = {d: f"i{d}" for d in range(layout.rank)}
 
@@ -179,8 +184,8 @@ def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
         if width > 1:
             lines.append(f"  const {index} i = k * {width};")
         lines += _indent(_index_lines(axes, layout.rank, index, "i"))
-        statements = lambda element: [f"{_call(function, element, len(body.loads))};"]  # noqa: E731
-        return [*lines, *_indent(_step(accesses, used, width, offset, statements)), "}"]
+        step = _step(accesses, function, width, offset, lambda call: [f"{call};"])
+        return [*lines, *_indent(step), "}"]
 
     lines = [
         f"const {index} step = static_cast<{index}>(gridDim.x) * blockDim.x;",
@@ -270,33 +275,33 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
             "const int step = blockDim.x;",
             f"for ({index} row = blockIdx.x; row < rows; row += gridDim.x) {{",
         ]
+    row_indices = {d: f"i{d}" for d in range(rank)}
     row = _index_lines({d for a in accesses for d, kind in enumerate(a.pattern[:rank]) if kind != BROADCAST}, rank, index, "row")
-    for a in accesses:
-        row.append(f"const {index} {a.pointer}_row = {' + '.join(_terms(a, {d: f'i{d}' for d in range(rank)})) or '0'};")
+    row += [f"const {index} {a.pointer}_row = {' + '.join(_terms(a, row_indices)) or '0'};" for a in accesses]
     if kept:
-        described = f"{cached} vector{'s' if cached > 1 else ''} of {width}" if width > 1 else f"{cached} element{'s' if cached > 1 else ''}"
-        row.append(f"// This thread's {described} of the row, read once.")
-        row += [f"{_vector(accesses[k], width) if width > 1 else accesses[k].storage} {accesses[k].register}[{cached}];" for k in kept]
-        row += walk([f"{accesses[k].register}[c] = " + (f"hostir_load<{width}>({accesses[k].pointer} + {offset(k)});" if width > 1 else f"{accesses[k].pointer}[{offset(k)}];") for k in kept])
+        held = f"{cached} vector{'s' * (cached > 1)} of {width}" if width > 1 else f"{cached} element{'s' * (cached > 1)}"
+        row.append(f"// This thread's {held} of the row, read once.")
+        for k in kept:
+            a = accesses[k]
+            row.append(f"{_vector(a, width) if width > 1 else a.storage} {a.register}[{cached}];")
+        loaded = [f"hostir_load<{width}>({accesses[k].pointer} + {offset(k)})" if width > 1 else f"{accesses[k].pointer}[{offset(k)}]" for k in kept]
+        row += walk([f"{accesses[k].register}[c] = {value};" for k, value in zip(kept, loaded)])
     for i, reduction in enumerate(body.reductions):
         compute, maximum = reduction.element.compute, reduction.kind == "max"
         combined = f"(s{i} > x || s{i} != s{i}) ? s{i} : x" if maximum else f"s{i} + x"
         across = f"hostir_warp_reduce<{str(maximum).lower()}>(s{i})"
         if not layout.warp_per_row:
             across = f"hostir_block_reduce<{str(maximum).lower()}>(s{i}, partials{i}, {reduction_identity(reduction)})"
-        function = reduction.function
 
-        def accumulate(element: Callable[[int], str], function: DeviceFunction = function, i: int = i) -> list[str]:
-            return [f"const {compute} x = {_call(function, element, loads)};", f"s{i} = {combined};"]
+        def accumulate(call: str, i: int = i, compute: str = compute, combined: str = combined) -> list[str]:
+            return [f"const {compute} x = {call};", f"s{i} = {combined};"]
 
         row.append(f"{compute} s{i} = {reduction_identity(reduction)};")
-        row += walk(_step(accesses, function.loads, width, offset, accumulate, kept))
+        row += walk(_step(accesses, reduction.function, width, offset, accumulate, kept))
         row.append(f"s{i} = {reduction.element.rounding.format(across)};")
     for function in body.functions:
-        used = [*function.loads, *(loads + j for j in function.stores)]
         if function.name == BODY_NAME:
-            statements = lambda element, function=function: [f"{_call(function, element, loads)};"]  # noqa: E731
-            row += walk(_step(accesses, used, width, offset, statements, kept))
+            row += walk(_step(accesses, function, width, offset, lambda call: [f"{call};"], kept))
         else:  # the per-row stores, at the row's first column
             call = _call(function, lambda k: f"{accesses[k].pointer}[{accesses[k].pointer}_row]", loads)
             row += ["if (first == 0) {", f"  {call};", "}"]
