@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -23,12 +21,9 @@ from xdsl.dialects import func
 
 from hostir.runtime.codegen import kernels
 from test_kernels import _rows_plus_bias_times_column, build_segment, empty
-from test_row_reductions import _rms_norm_segment, _softmax_segment
+from test_row_reductions import _rms_norm_segment, _softmax_segment, backward_segment
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from rmsnorm_segment import backward_segment  # noqa: E402  (a script's folder, not a package)
-
-NVCC = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if Path(p).exists()), None)
+NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 BF16, F32 = torch.bfloat16, torch.float32
 
