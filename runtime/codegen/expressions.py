@@ -130,6 +130,18 @@ template <typename T, int N>
 struct alignas(sizeof(T) * N) hostir_vector {
   T v[N];
 };""",
+    "hostir_load": """\
+// N consecutive elements from an address aligned to them, in one load instruction.
+template <int N, typename T>
+__device__ __forceinline__ hostir_vector<T, N> hostir_load(const T* address) {
+  return *reinterpret_cast<const hostir_vector<T, N>*>(address);
+}""",
+    "hostir_store": """\
+// N consecutive elements to an address aligned to them, in one store instruction.
+template <int N, typename T>
+__device__ __forceinline__ void hostir_store(T* address, const hostir_vector<T, N>& value) {
+  *reinterpret_cast<hostir_vector<T, N>*>(address) = value;
+}""",
 }
 """Device code the generated source includes when it names it."""
 

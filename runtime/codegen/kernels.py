@@ -24,7 +24,19 @@ from hostir_dialect.text import HostirError
 from hostir import logs
 from hostir.runtime.codegen.body import ROW_NAME, SegmentBody
 from hostir_dialect.fusion import DYNAMIC
-from hostir.runtime.codegen.layout import LINEAR, Launch, LaunchLayout, RowLayout, contiguous_strides, merge_axes
+from hostir.runtime.codegen.layout import (
+    LINEAR,
+    STRIDED,
+    VECTOR_BYTES,
+    Launch,
+    LaunchLayout,
+    RowLayout,
+    contiguous_strides,
+    index_type,
+    merge_axes,
+    stride_kind,
+    vector_width,
+)
 from hostir.runtime.codegen.source import KERNEL_NAME, kernel_source
 
 try:
@@ -37,16 +49,17 @@ BLOCKS_PER_SM = 128
 """The most blocks per SM a launch asks for (16 waves of 8 resident blocks); grid-stride
 loops do the rest. On an H100 this moved 10% more bytes per second than one wave, and
 10% more than one vector per thread (docs/kernels.md)."""
-VECTOR_BYTES = 16
-"""The widest load a thread issues (ld.global.v4.u32)."""
 WARP_ROW_LIMIT = 1024
 """The longest row that one warp reduces; a longer one takes a block."""
 ROWS_PER_BLOCK = 8
 """Warps (rows) per block of a kernel of one warp per row."""
-ELEMENTS_PER_THREAD = 8
-"""About how many elements of a row each thread of a block per row computes: a row of 4096
-takes 512 threads, of 8192 1024 (the most a block has)."""
-
+ROW_VECTORS_PER_THREAD = 2
+"""How many vectors of a row each thread of a block per row moves: a row of 4096 bf16
+(512 vectors of 8) takes 256 threads, of 8192 512, up to 1024 (the most a block has)."""
+ROW_REGISTER_BYTES = 128
+"""The most bytes of a row a thread keeps in registers between a row's reductions and its
+output pass (over every load the reductions read): 32 of the 64 registers that a thread of a
+block of 1024 has."""
 
 
 class KernelCache:
@@ -166,16 +179,13 @@ class SegmentKernel:
             self.kernels[layout] = kernel
         most = _multiprocessors(device) * BLOCKS_PER_SM
         if isinstance(layout, RowLayout):
-            return PreparedLaunch(kernel, device, *_row_grid(launch, most), _row_sizes(launch))
-        work = launch.elements // layout.vector
-        blocks = min(-(-work // THREADS_PER_BLOCK), most)
-        # In the order kernel_source declares the parameters after the pointers.
-        sizes = [cupy.int64(launch.elements)]
-        strided = [s for p, s in zip(layout.patterns, launch.strides) if p is not LINEAR]
-        if strided:
-            sizes += [cupy.int64(e) for e in launch.extents[1:]]
-            sizes += [cupy.int64(step) for strides in strided for step in strides if step != 0]
-        return PreparedLaunch(kernel, device, max(1, blocks), THREADS_PER_BLOCK, tuple(sizes))
+            rows_per_block = ROWS_PER_BLOCK if layout.warp_per_row else 1
+            blocks = -(-launch.elements // rows_per_block)
+        else:
+            blocks = -(-launch.elements // (layout.vector * launch.threads))
+        number = cupy.int32 if layout.index == "int" else cupy.int64
+        sizes = tuple(map(number, kernel_sizes(launch)))
+        return PreparedLaunch(kernel, device, max(1, min(blocks, most)), launch.threads, sizes)
 
     def source(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> str:
         """The CUDA C a launch on these buffers runs.
@@ -215,23 +225,26 @@ class SegmentKernel:
             for size, axis, stride in zip(buffer.shape, axes, buffer.stride()):
                 if size != 1:
                     buffer_strides[axis] = stride
+        sizes = [b.element_size() for b in buffers]
+        addresses = [b.data_ptr() for b in buffers]
         if self.body.reductions:
-            return self._row_plan(extents, strides)
+            return self._row_plan(extents, strides, sizes, addresses)
         merged_extents, merged_strides = merge_axes(extents, strides)
         contiguous = contiguous_strides(merged_extents)
         patterns = tuple(
-            LINEAR if s == contiguous else tuple(stride != 0 for stride in s)
-            for s in merged_strides
+            LINEAR if s == contiguous else tuple(map(stride_kind, s)) for s in merged_strides
         )
-        vector = 1
-        if all(p is LINEAR for p in patterns):
-            vector = VECTOR_BYTES // max(b.element_size() for b in buffers)
-            while vector > 1 and any(b.data_ptr() % (vector * b.element_size()) for b in buffers):
-                vector //= 2
-        layout = LaunchLayout(len(merged_extents), patterns, vector)
-        return Launch(layout, math.prod(extents), merged_extents, merged_strides)
+        # A kernel of one axis finishes the vectors' remainder with scalar accesses; of more,
+        # a vector would run over the end of a line of the innermost axis.
+        vector = vector_width(merged_extents, merged_strides, sizes, addresses, tail=len(merged_extents) == 1)
+        elements = math.prod(extents)
+        index = index_type([elements], merged_extents, merged_strides)
+        layout = LaunchLayout(len(merged_extents), patterns, vector, index)
+        return Launch(layout, elements, merged_extents, merged_strides, THREADS_PER_BLOCK)
 
-    def _row_plan(self, extents: list[int], strides: list[list[int]]) -> Launch:
+    def _row_plan(
+        self, extents: list[int], strides: list[list[int]], sizes: list[int], addresses: list[int]
+    ) -> Launch:
         """The launch of a segment that reduces rows: the rows (every axis but the last)
         merged, each access's stride along the row apart."""
         columns = extents[-1]
@@ -249,14 +262,30 @@ class SegmentKernel:
                     f"reduction #{i} reduces rows of extent 1 in a space whose rows have extent {columns}"
                 )
         row_extents, row_strides = merge_axes(extents[:-1], [s[:-1] for s in strides])
+        merged_extents = [*row_extents, columns]
+        merged_strides = [[*r, c] for r, c in zip(row_strides, column_strides)]
+        rows = math.prod(row_extents)
+        vector = vector_width(merged_extents, merged_strides, sizes, addresses, tail=False)
+        warp_per_row = columns <= WARP_ROW_LIMIT
+        vectors = -(-columns // vector)
+        if warp_per_row:
+            threads, row_threads = 32 * ROWS_PER_BLOCK, 32
+        else:
+            warps = min(32, max(2, -(-vectors // (32 * ROW_VECTORS_PER_THREAD))))
+            threads = row_threads = 32 * warps
+        cached = -(-vectors // row_threads)
+        kept = {k for r in self.body.reductions for k in r.function.loads if column_strides[k]}
+        if cached * vector * sum(sizes[k] for k in kept) > ROW_REGISTER_BYTES:
+            cached = 0
         layout = RowLayout(
             len(row_extents),
-            tuple(tuple(stride != 0 for stride in s) for s in row_strides),
-            tuple({0: "", 1: "unit"}.get(stride, "strided") for stride in column_strides),
-            columns <= WARP_ROW_LIMIT,
+            tuple(tuple(map(stride_kind, s)) for s in merged_strides),
+            vector,
+            index_type([rows, columns], merged_extents, merged_strides),
+            warp_per_row,
+            cached,
         )
-        rows = math.prod(row_extents)
-        return Launch(layout, rows, [*row_extents, columns], [[*r, c] for r, c in zip(row_strides, column_strides)])
+        return Launch(layout, rows, merged_extents, merged_strides, threads)
 
     def _check_buffers(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
         for what, buffers, dtypes in (
@@ -288,24 +317,18 @@ class SegmentKernel:
         return HostirError(f"kernel of segment @{self.body.name}: {message}")
 
 
-def _row_grid(launch: Launch, most: int) -> tuple[int, int]:
-    """Blocks and threads of a launch of a RowLayout: 8 rows a block of 8 warps, or a row a
-    block of about ELEMENTS_PER_THREAD elements a thread (whole warps, at most 1024)."""
-    rows, columns = launch.elements, launch.extents[-1]
-    if launch.layout.warp_per_row:
-        return min(-(-rows // ROWS_PER_BLOCK), most), 32 * ROWS_PER_BLOCK
-    warps = min(32, max(2, -(-columns // (32 * ELEMENTS_PER_THREAD))))
-    return min(rows, most), 32 * warps
-
-
-def _row_sizes(launch: Launch) -> tuple:
-    """The kernel arguments of a launch of a RowLayout after the pointers, in the order of
-    the source's parameters: rows, the row's length, the rows' extents, then the strides."""
+def kernel_sizes(launch: Launch) -> list[int]:
+    """The kernel arguments after the pointers, in the order of the source's parameters: the
+    counts (elements, or rows and the row's length), the merged extents but the outermost where
+    an access is indexed by axis, then each access's strides that are arguments."""
     layout = launch.layout
-    sizes = [launch.elements, launch.extents[-1], *launch.extents[1 : layout.rank]]
-    sizes += [step for strides in launch.strides for step in strides[:-1] if step != 0]
-    sizes += [strides[-1] for strides, column in zip(launch.strides, layout.columns) if column == "strided"]
-    return tuple(cupy.int64(size) for size in sizes)
+    counts = [launch.elements]
+    if isinstance(layout, RowLayout):
+        counts.append(launch.extents[-1])
+    indexed = [(p, s) for p, s in zip(layout.patterns, launch.strides) if p is not LINEAR]
+    extents = launch.extents[1 : layout.rank] if indexed else []
+    strides = [step for pattern, steps in indexed for kind, step in zip(pattern, steps) if kind == STRIDED]
+    return [*counts, *extents, *strides]
 
 
 def generated_source(

@@ -1,98 +1,209 @@
-"""The CUDA C source of a segment's kernel: its body, and the grid-stride loop around it for
-the layout of a launch.
+"""The CUDA C source of a segment's kernel: its body, and the loops around it for the layout of
+a launch.
+
+A pointwise segment's kernel is a grid-stride loop over the iteration space; a row segment's
+walks it row by row, a warp or a block per row. Both move a thread's elements in *steps*
+(`_step`): at a vector layout the accesses that walk the innermost axis load a vector of
+elements each, the body runs on each element of it, and the results are stored as a vector;
+at a scalar layout the body reads and writes each element in place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import NamedTuple
+
 from hostir.runtime.codegen.body import BODY_NAME, DeviceFunction, RowReduction, SegmentBody
 from hostir.runtime.codegen.expressions import HELPERS
-from hostir.runtime.codegen.layout import LINEAR, LaunchLayout, RowLayout
+from hostir.runtime.codegen.layout import BROADCAST, LINEAR, STRIDED, UNIT, LaunchLayout, Pattern, RowLayout
 
 KERNEL_NAME = "hostir_segment"
 
+BLOCK_THREADS_BOUND = 1024
+"""The threads a row kernel is compiled for (`__launch_bounds__`), the most a block has: the
+compiler keeps it to 64 registers a thread, so that any block a launch asks for starts."""
 
 
-def _offset(k: str, pattern: tuple[bool, ...] | None) -> str:
-    """The element of access `k` (a parameter name) that iteration element i reads or writes."""
-    if pattern is LINEAR:
-        return "i"
-    terms = [f"i{d} * {k}_stride{d}" for d, walks in enumerate(pattern) if walks]
-    return " + ".join(terms) or "0"
+class _Access(NamedTuple):
+    """A load or a store of the kernel: its pointer parameter and its register."""
+
+    pointer: str
+    """`in<k>` or `out<j>`."""
+    register: str
+    """`a<k>` or `r<j>`: the device functions' parameter it feeds."""
+    storage: str
+    pattern: Pattern | None
+    stored: bool
+
+    @property
+    def vectorized(self) -> bool:
+        """Whether it moves vectors, at a vector layout: it walks the innermost axis with unit stride."""
+        return self.pattern is LINEAR or self.pattern[-1] == UNIT
 
 
-def _index_lines(axes: set[int], rank: int, linear: str = "i") -> list[str]:
+def _accesses(body: SegmentBody, layout: LaunchLayout) -> list[_Access]:
+    """The loads, then the stores."""
+    named = [(f"in{k}", f"a{k}", t, False) for k, t in enumerate(body.load_types)]
+    named += [(f"out{j}", f"r{j}", t, True) for j, t in enumerate(body.store_types)]
+    return [_Access(p, r, t.storage, pattern, stored) for (p, r, t, stored), pattern in zip(named, layout.patterns)]
+
+
+def _parameters(body: SegmentBody, layout: LaunchLayout, counts: Sequence[str]) -> str:
+    """The pointers, the counts, the extents of the merged axes but the outermost where an access
+    is indexed by axis, then the strides that are arguments (kernels.py passes them in this order)."""
+    index = layout.index
+    accesses = _accesses(body, layout)
+    parameters = [f"const {a.storage}* {a.pointer}" for a in accesses[: len(body.loads)]]
+    parameters += [f"{a.storage}* {a.pointer}" for a in accesses[len(body.loads) :]]
+    parameters += [f"{index} {count}" for count in counts]
+    indexed = [a for a in accesses if a.pattern is not LINEAR]
+    if indexed:
+        parameters += [f"{index} extent{d}" for d in range(1, layout.rank)]
+        parameters += [
+            f"{index} {a.pointer}_stride{d}" for a in indexed for d, kind in enumerate(a.pattern) if kind == STRIDED
+        ]
+    return ", ".join(parameters)
+
+
+def _terms(access: _Access, indices: Mapping[int, str]) -> list[str]:
+    """The terms of the offset of `access` at the index `indices[d]` of each axis d given."""
+    terms = []
+    for d, kind in enumerate(access.pattern):
+        if d in indices and kind == UNIT:
+            terms.append(indices[d])
+        elif d in indices and kind == STRIDED:
+            terms.append(f"{indices[d]} * {access.pointer}_stride{d}")
+    return terms
+
+
+def _index_lines(axes: Collection[int], rank: int, index: str, linear: str) -> list[str]:
     """Statements computing `i<d>`, the index on axis d of element `linear` of the space, for d in `axes`."""
     if not axes:
         return []
     if rank == 1:
-        return [f"    const long long i0 = {linear};"]
-    lines = [f"    long long rest = {linear};"]
+        return [f"const {index} i0 = {linear};"]
+    lines = [f"{index} rest = {linear};"]
     for d in range(rank - 1, 0, -1):
         if d in axes:
-            lines.append(f"    const long long i{d} = rest % extent{d};")
+            lines.append(f"const {index} i{d} = rest % extent{d};")
         if min(axes) < d:
-            lines.append(f"    rest /= extent{d};")
+            lines.append(f"rest /= extent{d};")
     if 0 in axes:
-        lines.append("    const long long i0 = rest;")
+        lines.append(f"const {index} i0 = rest;")
     return lines
 
 
-def kernel_source(body: SegmentBody, layout: LaunchLayout | RowLayout) -> str:
+def _indent(lines: Sequence[str], depth: int = 1) -> list[str]:
+    return ["  " * depth + line if not line.startswith("#") else line for line in lines]
+
+
+def _vector(access: _Access, width: int) -> str:
+    return f"hostir_vector<{access.storage}, {width}>"
+
+
+def _call(function: DeviceFunction, element: Callable[[int], str], loads: int) -> str:
+    """The call of `function` on the elements of its loads (`element(k)` is access k's), the
+    reductions' values, and the elements of its stores (accesses `loads + j`)."""
+    arguments = [element(k) for k in function.loads] + [f"s{i}" for i in function.reduced]
+    arguments += [element(loads + j) for j in function.stores]
+    return f"{function.name}({', '.join(arguments)})"
+
+
+def _step(
+    accesses: Sequence[_Access],
+    function: DeviceFunction,
+    width: int,
+    offset: Callable[[int], str],
+    statements: Callable[[str], list[str]],
+    kept: Collection[int] = (),
+) -> list[str]:
+    """The lines of one step of a thread over `width` elements (1: one element) of the accesses
+    of `function`, at `offset(k)` for access k: `statements(call)` for each element, where
+    `call` is the C of calling `function` there. A scalar step reads and writes elements in
+    place. A vector step loads a vector of each access that walks the innermost axis (one
+    element of each other: it is broadcast along that axis), runs the statements on each
+    element, and stores the results' vectors. Loads in `kept` are in the registers `a<k>[c]`
+    already (a row's vector c of this thread)."""
+    loads = sum(not a.stored for a in accesses)
+    if width == 1:
+
+        def in_place(k: int) -> str:
+            return f"{accesses[k].register}[c]" if k in kept else f"{accesses[k].pointer}[{offset(k)}]"
+
+        return statements(_call(function, in_place, loads))
+
+    def element(k: int) -> str:
+        a = accesses[k]
+        if not a.vectorized:
+            return a.register
+        return f"{a.register}[c].v[e]" if k in kept else f"{a.register}.v[e]"
+
+    before, after = [], []
+    for k in [*function.loads, *(loads + j for j in function.stores)]:
+        a = accesses[k]
+        if k in kept:
+            continue
+        if a.stored:
+            before.append(f"{_vector(a, width) if a.vectorized else a.storage} {a.register};")
+            stored = f"hostir_store({a.pointer} + {offset(k)}, {a.register});"
+            after.append(stored if a.vectorized else f"{a.pointer}[{offset(k)}] = {a.register};")
+        elif a.vectorized:
+            before.append(f"const {_vector(a, width)} {a.register} = hostir_load<{width}>({a.pointer} + {offset(k)});")
+        else:
+            before.append(f"const {a.storage} {a.register} = {a.pointer}[{offset(k)}];")
+    return [
+        *before,
+        "#pragma unroll",
+        f"for (int e = 0; e < {width}; ++e) {{",
+        *_indent(statements(_call(function, element, loads))),
+        "}",
+        *after,
+    ]
+
+
+def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
     """The complete CUDA C of `body` for launches of `layout`: the cache key of the kernel."""
     if isinstance(layout, RowLayout):
         return _with_helpers(body, _row_kernel(body, layout))
-    names = [f"in{k}" for k in range(len(body.loads))] + [
-        f"out{j}" for j in range(len(body.stores))
-    ]
-    types = [*body.load_types, *body.store_types]
-    strided = [(n, p) for n, p in zip(names, layout.patterns) if p is not LINEAR]
-    parameters = [f"const {t.storage}* in{k}" for k, t in enumerate(body.load_types)]
-    parameters += [f"{t.storage}* out{j}" for j, t in enumerate(body.store_types)]
-    parameters.append("long long n")
-    if strided:
-        parameters += [f"long long extent{d}" for d in range(1, layout.rank)]
-        parameters += [
-            f"long long {n}_stride{d}" for n, p in strided for d, walks in enumerate(p) if walks
-        ]
+    index, width = layout.index, layout.vector
+    accesses = _accesses(body, layout)
+    (function,) = body.functions
+    axes = {d for a in accesses if a.pattern is not LINEAR for d, kind in enumerate(a.pattern) if kind != BROADCAST}
+    indices = {d: f"i{d}" for d in range(layout.rank)}
+
+    def offset(k: int) -> str:
+        if accesses[k].pattern is LINEAR:
+            return "i"
+        return " + ".join(_terms(accesses[k], indices)) or "0"
+
+    def loop(start: str, stop: str, width: int) -> list[str]:
+        """The grid-stride loop over the steps of `width` elements from `start` to `stop`: over
+        the vectors `k`, from element `i = k * width`, or over the elements `i`."""
+        counter = "k" if width > 1 else "i"
+        lines = [f"for ({index} {counter} = {start}; {counter} < {stop}; {counter} += step) {{"]
+        if width > 1:
+            lines.append(f"  const {index} i = k * {width};")
+        lines += _indent(_index_lines(axes, layout.rank, index, "i"))
+        step = _step(accesses, function, width, offset, lambda call: [f"{call};"])
+        return [*lines, *_indent(step), "}"]
 
     lines = [
-        f'extern "C" __global__ void {KERNEL_NAME}({", ".join(parameters)}) {{',
-        "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;",
-        "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;",
+        f"const {index} step = static_cast<{index}>(gridDim.x) * blockDim.x;",
+        f"const {index} first = static_cast<{index}>(blockIdx.x) * blockDim.x + threadIdx.x;",
     ]
-    start = "first"
-    if layout.vector > 1:
-        width = layout.vector
-        vector_types = [f"hostir_vector<{t.storage}, {width}>" for t in types]
-        loads = len(body.loads)
-        elements = [f"a{k}.v[j]" for k in range(loads)]
-        elements += [f"r{j}.v[j]" for j in range(len(body.stores))]
-        lines += [
-            f"  const long long vectors = n / {width};",
-            "  for (long long k = first; k < vectors; k += step) {",
-            *(
-                f"    const {v} a{k} = reinterpret_cast<const {v}*>(in{k})[k];"
-                for k, v in enumerate(vector_types[:loads])
-            ),
-            *(f"    {v} r{j};" for j, v in enumerate(vector_types[loads:])),
-            "#pragma unroll",
-            f"    for (int j = 0; j < {width}; ++j) {{",
-            f"      {BODY_NAME}({', '.join(elements)});",
-            "    }",
-            *(
-                f"    reinterpret_cast<{v}*>(out{j})[k] = r{j};"
-                for j, v in enumerate(vector_types[loads:])
-            ),
-            "  }",
-        ]
-        start = f"vectors * {width} + first"
-    lines.append(f"  for (long long i = {start}; i < n; i += step) {{")
-    lines += _index_lines(
-        {d for _, p in strided for d, walks in enumerate(p) if walks}, layout.rank
-    )
-    arguments = [f"{n}[{_offset(n, p)}]" for n, p in zip(names, layout.patterns)]
-    lines += [f"    {BODY_NAME}({', '.join(arguments)});", "  }", "}"]
-    return _with_helpers(body, "\n".join(lines))
+    if width == 1:
+        lines += loop("first", "n", 1)
+    else:
+        lines += [f"// Vectors of {width} elements; a thread moves one a step.", f"const {index} vectors = n / {width};"]
+        lines += loop("first", "vectors", width)
+        if layout.rank == 1:  # the elements after the last whole vector
+            lines += loop(f"vectors * {width} + first", "n", 1)
+    source = [
+        f'extern "C" __global__ void {KERNEL_NAME}({_parameters(body, layout, ["n"])}) {{',
+        *_indent(lines),
+        "}",
+    ]
+    return _with_helpers(body, "\n".join(source))
 
 
 def _with_helpers(body: SegmentBody, kernel: str) -> str:
@@ -120,68 +231,85 @@ def reduction_identity(reduction: RowReduction) -> str:
 def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
     """The kernel of a segment that reduces rows: per row, each reduction accumulated over
     the row's elements and reduced across the threads of the row's warp or block, then the
-    row's elements computed and stored, then one thread's per-row stores."""
-    names = [f"in{k}" for k in range(len(body.loads))] + [f"out{j}" for j in range(len(body.stores))]
-    parameters = [f"const {t.storage}* in{k}" for k, t in enumerate(body.load_types)]
-    parameters += [f"{t.storage}* out{j}" for j, t in enumerate(body.store_types)]
-    parameters += ["long long rows", "long long columns"]
-    parameters += [f"long long extent{d}" for d in range(1, layout.rank)]
-    parameters += [f"long long {n}_stride{d}" for n, p in zip(names, layout.patterns) for d, walks in enumerate(p) if walks]
-    parameters += [f"long long {n}_column_stride" for n, c in zip(names, layout.columns) if c == "strided"]
+    row's elements computed and stored, then one thread's per-row stores. Where the layout
+    keeps the row in registers, the loads of the reductions are read once, before them."""
+    index, width, cached = layout.index, layout.vector, layout.cached
+    accesses = _accesses(body, layout)
+    loads = len(body.loads)
+    rank = layout.rank
+    walking = {k for k, a in enumerate(accesses) if a.pattern[rank] != BROADCAST}
+    kept = sorted({k for r in body.reductions for k in r.function.loads} & walking) if cached else []
 
-    def element(k: int, j: str) -> str:
-        """Access k (a load, then the stores) at element `j` of its row."""
-        column = layout.columns[k]
-        offset = f"{names[k]}_row" + {"": "", "unit": f" + {j}", "strided": f" + {j} * {names[k]}_column_stride"}[column]
-        return f"{names[k]}[{offset}]"
+    def offset(k: int) -> str:
+        return " + ".join([f"{accesses[k].pointer}_row", *_terms(accesses[k], {rank: "j"})])
 
-    def call(function: DeviceFunction, j: str) -> str:
-        arguments = [element(k, j) for k in function.loads] + [f"s{i}" for i in function.reduced]
-        arguments += [f"r{j}" for j in function.stores]
-        return f"{function.name}({', '.join(arguments)})"
+    def walk(lines: list[str]) -> list[str]:
+        """`lines` for each step of this thread along the row, at its column `j`."""
+        if cached:
+            column = f"(first + c * step) * {width}" if width > 1 else "first + c * step"
+            return [
+                "#pragma unroll",
+                f"for (int c = 0; c < {cached}; ++c) {{",
+                f"  const {index} j = {column};",
+                "  if (j < columns) {",
+                *_indent(lines, 2),
+                "  }",
+                "}",
+            ]
+        start, stride = (f"first * {width}", f"step * {width}") if width > 1 else ("first", "step")
+        return [f"for ({index} j = {start}; j < columns; j += {stride}) {{", *_indent(lines), "}"]
 
     if layout.warp_per_row:
         lines = [
-            f'extern "C" __global__ void {KERNEL_NAME}({", ".join(parameters)}) {{',
-            "  // One warp per row.",
-            "  const int first = threadIdx.x % 32;",
-            "  const int step = 32;",
-            "  const long long warps = blockDim.x / 32;",
-            "  for (long long row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {",
+            "// One warp per row.",
+            "const int first = threadIdx.x % 32;",
+            "const int step = 32;",
+            f"const {index} warps = blockDim.x / 32;",
+            f"for ({index} row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {{",
         ]
     else:
         lines = [
-            f'extern "C" __global__ void {KERNEL_NAME}({", ".join(parameters)}) {{',
-            "  // One block per row; each warp's partial reductions meet in shared memory.",
-            *(f"  __shared__ {r.element.compute} partials{i}[32];" for i, r in enumerate(body.reductions)),
-            "  const int first = threadIdx.x;",
-            "  const int step = blockDim.x;",
-            "  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {",
+            "// One block per row; each warp's partial reductions meet in shared memory.",
+            *(f"__shared__ {r.element.compute} partials{i}[32];" for i, r in enumerate(body.reductions)),
+            "const int first = threadIdx.x;",
+            "const int step = blockDim.x;",
+            f"for ({index} row = blockIdx.x; row < rows; row += gridDim.x) {{",
         ]
-    lines += _index_lines({d for p in layout.patterns for d, walks in enumerate(p) if walks}, layout.rank, "row")
-    for n, p in zip(names, layout.patterns):
-        terms = [f"i{d} * {n}_stride{d}" for d, walks in enumerate(p) if walks]
-        lines.append(f"    const long long {n}_row = {' + '.join(terms) or '0'};")
+    row_indices = {d: f"i{d}" for d in range(rank)}
+    row = _index_lines({d for a in accesses for d, kind in enumerate(a.pattern[:rank]) if kind != BROADCAST}, rank, index, "row")
+    row += [f"const {index} {a.pointer}_row = {' + '.join(_terms(a, row_indices)) or '0'};" for a in accesses]
+    if kept:
+        held = f"{cached} vector{'s' * (cached > 1)} of {width}" if width > 1 else f"{cached} element{'s' * (cached > 1)}"
+        row.append(f"// This thread's {held} of the row, read once.")
+        for k in kept:
+            a = accesses[k]
+            row.append(f"{_vector(a, width) if width > 1 else a.storage} {a.register}[{cached}];")
+        loaded = [f"hostir_load<{width}>({accesses[k].pointer} + {offset(k)})" if width > 1 else f"{accesses[k].pointer}[{offset(k)}]" for k in kept]
+        row += walk([f"{accesses[k].register}[c] = {value};" for k, value in zip(kept, loaded)])
     for i, reduction in enumerate(body.reductions):
         compute, maximum = reduction.element.compute, reduction.kind == "max"
-        combined = f"(s{i} > e || s{i} != s{i}) ? s{i} : e" if maximum else f"s{i} + e"
+        combined = f"(s{i} > x || s{i} != s{i}) ? s{i} : x" if maximum else f"s{i} + x"
         across = f"hostir_warp_reduce<{str(maximum).lower()}>(s{i})"
         if not layout.warp_per_row:
             across = f"hostir_block_reduce<{str(maximum).lower()}>(s{i}, partials{i}, {reduction_identity(reduction)})"
-        lines += [
-            f"    {compute} s{i} = {reduction_identity(reduction)};",
-            "    for (long long j = first; j < columns; j += step) {",
-            f"      const {compute} e = {call(reduction.function, 'j')};",
-            f"      s{i} = {combined};",
-            "    }",
-            f"    s{i} = {reduction.element.rounding.format(across)};",
-        ]
+
+        def accumulate(call: str, i: int = i, compute: str = compute, combined: str = combined) -> list[str]:
+            return [f"const {compute} x = {call};", f"s{i} = {combined};"]
+
+        row.append(f"{compute} s{i} = {reduction_identity(reduction)};")
+        row += walk(_step(accesses, reduction.function, width, offset, accumulate, kept))
+        row.append(f"s{i} = {reduction.element.rounding.format(across)};")
     for function in body.functions:
-        stores = [f"      {body.store_types[j].storage} r{j};" for j in function.stores]
-        written = [f"      {element(len(body.loads) + j, 'j')} = r{j};" for j in function.stores]
         if function.name == BODY_NAME:
-            lines += ["    for (long long j = first; j < columns; j += step) {", *stores, f"      {call(function, 'j')};", *written, "    }"]
-        else:
-            lines += ["    if (first == 0) {", *stores, f"      {call(function, '0')};", *written, "    }"]
-    lines += ["  }", "}"]
-    return "\n".join(lines)
+            row += walk(_step(accesses, function, width, offset, lambda call: [f"{call};"], kept))
+        else:  # the per-row stores, at the row's first column
+            call = _call(function, lambda k: f"{accesses[k].pointer}[{accesses[k].pointer}_row]", loads)
+            row += ["if (first == 0) {", f"  {call};", "}"]
+    lines += [*_indent(row), "}"]
+    source = [
+        f'extern "C" __global__ void __launch_bounds__({BLOCK_THREADS_BOUND}) '
+        f"{KERNEL_NAME}({_parameters(body, layout, ['rows', 'columns'])}) {{",
+        *_indent(lines),
+        "}",
+    ]
+    return "\n".join(source)

@@ -117,21 +117,23 @@ __device__ __forceinline__ void hostir_segment_body(const float a0, const float 
   r0 = v4;
 }
 
-extern "C" __global__ void hostir_segment(const float* in0, const float* in1, float* out0, long long n) {
-  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const long long vectors = n / 4;
-  for (long long k = first; k < vectors; k += step) {
-    const hostir_vector<float, 4> a0 = reinterpret_cast<const hostir_vector<float, 4>*>(in0)[k];
-    const hostir_vector<float, 4> a1 = reinterpret_cast<const hostir_vector<float, 4>*>(in1)[k];
+extern "C" __global__ void hostir_segment(const float* in0, const float* in1, float* out0, int n) {
+  const int step = static_cast<int>(gridDim.x) * blockDim.x;
+  const int first = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Vectors of 4 elements; a thread moves one a step.
+  const int vectors = n / 4;
+  for (int k = first; k < vectors; k += step) {
+    const int i = k * 4;
+    const hostir_vector<float, 4> a0 = hostir_load<4>(in0 + i);
+    const hostir_vector<float, 4> a1 = hostir_load<4>(in1 + i);
     hostir_vector<float, 4> r0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      hostir_segment_body(a0.v[j], a1.v[j], r0.v[j]);
+    for (int e = 0; e < 4; ++e) {
+      hostir_segment_body(a0.v[e], a1.v[e], r0.v[e]);
     }
-    reinterpret_cast<hostir_vector<float, 4>*>(out0)[k] = r0;
+    hostir_store(out0 + i, r0);
   }
-  for (long long i = vectors * 4 + first; i < n; i += step) {
+  for (int i = vectors * 4 + first; i < n; i += step) {
     hostir_segment_body(in0[i], in1[i], out0[i]);
   }
 }
@@ -149,7 +151,8 @@ def f32_chain() -> func.FuncOp:
 def test_f32_chain_source_is_one_vectorised_grid_stride_loop():
     x, y, out = torch.randn(4, 8), torch.randn(4, 8), empty([4, 8], torch.float32)
     source = kernels.generated_source(f32_chain(), [x, y], [out])
-    assert source == HELPERS["hostir_vector"] + "\n\n" + F32_CHAIN
+    helpers = [HELPERS[name] for name in ("hostir_vector", "hostir_load", "hostir_store")]
+    assert source == "\n\n".join([*helpers, F32_CHAIN])
 
 
 def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
@@ -171,7 +174,7 @@ def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
             "const float v3 = v2 * v1;",
             "const float v4 = 1 / (1 + expf(-v3));",
             "r0 = hostir_f32_to_bf16(v4);",
-            "const long long vectors = n / 8;",
+            "const int vectors = n / 8;",
             "hostir_vector<unsigned short, 8> a0",
         ],
     )
@@ -179,21 +182,38 @@ def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
 
 
 def test_broadcast_operand_walks_only_its_axes_with_its_strides():
+    """A bias added to the rows: it walks axis 1 of the space alone. With stride 1 it is
+    loaded in vectors as the rows are (its lines start at its address); with stride 2 it takes
+    its stride as an argument, and the whole launch is scalar."""
+
     def define(fb):
         x, bias = fb.input([4, 8], "f32"), fb.input([8], "f32")
         return [x + bias]
 
-    source = kernels.generated_source(
-        build_segment(define), [torch.randn(4, 8), torch.randn(8)], [empty([4, 8], torch.float32)]
-    )
+    segment = build_segment(define)
+    source = kernels.generated_source(segment, [torch.randn(4, 8), torch.randn(8)], [empty([4, 8], torch.float32)])
     assert_lines_in_order(
         source,
         [
-            "(const float* in0, const float* in1, float* out0, long long n, long long extent1, "
-            "long long in1_stride1) {",
-            "for (long long i = first; i < n; i += step) {",
-            "long long rest = i;",
-            "const long long i1 = rest % extent1;",
+            "(const float* in0, const float* in1, float* out0, int n, int extent1) {",
+            "for (int k = first; k < vectors; k += step) {",
+            "const int i = k * 4;",
+            "int rest = i;",
+            "const int i1 = rest % extent1;",
+            "const hostir_vector<float, 4> a0 = hostir_load<4>(in0 + i);",
+            "const hostir_vector<float, 4> a1 = hostir_load<4>(in1 + i1);",
+            "hostir_segment_body(a0.v[e], a1.v[e], r0.v[e]);",
+            "hostir_store(out0 + i, r0);",
+        ],
+    )
+    every_other = torch.randn(16)[::2]
+    source = kernels.generated_source(segment, [torch.randn(4, 8), every_other], [empty([4, 8], torch.float32)])
+    assert_lines_in_order(
+        source,
+        [
+            "(const float* in0, const float* in1, float* out0, int n, int extent1, int in1_stride1) {",
+            "for (int i = first; i < n; i += step) {",
+            "const int i1 = rest % extent1;",
             "hostir_segment_body(in0[i], in1[i1 * in1_stride1], out0[i]);",
         ],
     )
@@ -208,13 +228,16 @@ def test_broadcast_op_maps_its_input_to_the_outer_axis():
     source = kernels.generated_source(
         build_segment(define), [torch.randn(4, 8), torch.randn(4)], [empty([4, 8], torch.float32)]
     )
+    # The column is broadcast along the innermost axis: one element of it per vector of x.
     assert_lines_in_order(
         source,
         [
-            "long long in1_stride0) {",
+            "(const float* in0, const float* in1, float* out0, int n, int extent1) {",
             "rest /= extent1;",
-            "const long long i0 = rest;",
-            "hostir_segment_body(in0[i], in1[i0 * in1_stride0], out0[i]);",
+            "const int i0 = rest;",
+            "const hostir_vector<float, 4> a0 = hostir_load<4>(in0 + i);",
+            "const float a1 = in1[i0];",
+            "hostir_segment_body(a0.v[e], a1, r0.v[e]);",
         ],
     )
 
@@ -236,9 +259,10 @@ def test_value_read_through_two_axis_maps_is_loaded_twice():
             "const float v0 = a0;",
             "const float v1 = a1;",
             "const float v2 = v1 + v0;",
-            "(const float* in0, const float* in1, float* out0, long long n, long long extent1, "
-            "long long in0_stride1, long long in1_stride0)",
-            "hostir_segment_body(in0[i1 * in0_stride1], in1[i0 * in1_stride0], out0[i]);",
+            "(const float* in0, const float* in1, float* out0, int n, int extent1)",
+            "const hostir_vector<float, 4> a0 = hostir_load<4>(in0 + i1);",
+            "const float a1 = in1[i0];",
+            "hostir_segment_body(a0.v[e], a1, r0.v[e]);",
         ],
     )
 
@@ -325,9 +349,13 @@ def test_non_contiguous_output_is_written_through_its_strides():
     every_other = empty([4, 16], torch.float32)[:, ::2]  # one axis of stride 2
     source = kernels.generated_source(segment, [x], [every_other])
     assert "hostir_segment_body(in0[i], out0[i0 * out0_stride0]);" in source
+    # Rows of 16 floats start on whole vectors of 4: the left half of each is stored in vectors.
     left_half = empty([4, 16], torch.float32)[:, :8]
     source = kernels.generated_source(segment, [x], [left_half])
-    assert "hostir_segment_body(in0[i], out0[i0 * out0_stride0 + i1 * out0_stride1]);" in source
+    assert "hostir_store(out0 + i0 * out0_stride0 + i1, r0);" in source
+    # A transposed input walks the innermost axis with stride 4: the launch is scalar.
+    source = kernels.generated_source(segment, [torch.randn(8, 4).t()], [left_half])
+    assert "hostir_segment_body(in0[i0 + i1 * in0_stride1], out0[i0 * out0_stride0 + i1]);" in source
 
 
 def test_misaligned_buffers_take_narrower_vectors():
@@ -344,6 +372,112 @@ def test_misaligned_buffers_take_narrower_vectors():
         segment, [storage[2:66]], [storage[8:]]
     )
     assert "hostir_vector" not in kernels.generated_source(segment, [storage[1:65]], [storage[8:]])
+
+
+def test_one_axis_vectorises_any_length_and_finishes_it_with_scalars():
+    segment = build_segment(lambda fb: [fb.relu(fb.input([None], "bf16"))])
+    x, out = torch.randn(1001, dtype=torch.bfloat16), empty([1001], torch.bfloat16)
+    assert kernels.SegmentKernel(segment).plan([x], [out]).layout.vector == 8
+    assert_lines_in_order(
+        kernels.generated_source(segment, [x], [out]),
+        [
+            "const int vectors = n / 8;",
+            "hostir_store(out0 + i, r0);",
+            "for (int i = vectors * 8 + first; i < n; i += step) {",
+            "hostir_segment_body(in0[i], out0[i]);",
+        ],
+    )
+
+
+def _rows_plus_bias_times_column(dtype: str) -> func.FuncOp:
+    """(x + bias) * column: x [rows, columns], the bias broadcast along the rows, the column
+    along the columns (stride 0 on the innermost axis)."""
+
+    def define(fb):
+        x, bias, column = fb.input([None, None], dtype), fb.input([None], dtype), fb.input([None], dtype)
+        return [(x + bias) * fb.broadcast(column, 1)]
+
+    return build_segment(define)
+
+
+def _planned(x: torch.Tensor, bias: torch.Tensor | None = None, column: torch.Tensor | None = None) -> kernels.Launch:
+    """The plan of `_rows_plus_bias_times_column` on x, a contiguous output and, by default,
+    a contiguous bias and column."""
+    rows, columns = x.shape
+    bias = empty([columns], x.dtype, x.device.type) if bias is None else bias
+    column = empty([rows], x.dtype, x.device.type) if column is None else column
+    segment = _rows_plus_bias_times_column({torch.float32: "f32", torch.bfloat16: "bf16"}[x.dtype])
+    return kernels.SegmentKernel(segment).plan([x, bias, column], [empty([rows, columns], x.dtype, x.device.type)])
+
+
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("buffers", "vector"),
+    [
+        ({"x": empty([64, 4096], BF16)}, 8),
+        ({"x": empty([64, 4096], torch.float32)}, 4),
+        # The innermost extent decides: no vector divides 4095, 4 elements divide 4100.
+        ({"x": empty([64, 4095], BF16)}, 1),
+        ({"x": empty([64, 4100], BF16)}, 4),
+        # x one element (2 bytes) past an aligned address; four elements (8 bytes) past it.
+        ({"x": empty([64 * 4096 + 1], BF16)[1:].view(64, 4096)}, 1),
+        ({"x": empty([64 * 4096 + 4], BF16)[4:].view(64, 4096)}, 4),
+        # Rows of 4097 elements: the second row of x starts off a vector.
+        ({"x": empty([64, 4097], BF16)[:, :4096]}, 1),
+        # Transposed: x walks the innermost axis with stride 64.
+        ({"x": empty([4096, 64], BF16).t()}, 1),
+        ({"x": empty([64, 4096], BF16), "bias": empty([4097], BF16)[1:]}, 1),
+        # The column is read one element per vector: its alignment does not matter.
+        ({"x": empty([64, 4096], BF16), "column": empty([65], BF16)[1:]}, 8),
+    ],
+    ids=["bf16", "f32", "odd extent", "extent of 4s", "offset view", "8-byte offset view",
+         "rows off vectors", "transposed", "bias offset view", "column offset view"],  # fmt: skip
+)
+def test_vector_width_follows_extents_alignment_and_strides(buffers, vector):
+    launch = _planned(**buffers)
+    assert launch.layout.vector == vector
+    # The bias walks the rows' elements with stride 1, the column walks the rows.
+    assert launch.layout.patterns[1:3] == (("broadcast", "unit"), ("unit", "broadcast"))
+
+
+def test_indices_are_32_bit_only_where_every_count_and_offset_fits():
+    """Meta tensors: plans of launches whose buffers are never allocated."""
+
+    def index(x: torch.Tensor) -> str:
+        return _planned(x).layout.index
+
+    assert index(empty([64, 4096], BF16)) == "int"
+    assert index(empty([2**14, 2**16 - 8], BF16, "meta")) == "int"  # 2^30 - 2^17 elements
+    assert index(empty([2**15, 2**15], BF16, "meta")) == "long long"  # 2^30 elements
+    # 32 elements, but 3 * 2^29 elements apart in x.
+    far_apart = empty([2**31], BF16, "meta").as_strided([4, 8], [2**29, 1])
+    assert index(far_apart) == "long long"
+    segment = _rows_plus_bias_times_column("bf16")
+    ins = [far_apart, empty([8], BF16, "meta"), empty([4], BF16, "meta")]
+    source = kernels.generated_source(segment, ins, [empty([4, 8], BF16, "meta")])
+    assert "long long n, long long extent1, long long in0_stride0)" in source
+    assert "for (long long k = first; k < vectors; k += step) {" in source
+
+
+def kernel_arguments(kernel: kernels.SegmentKernel, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> dict:
+    """The names of the kernel's parameters after the pointers, with the values a launch on
+    these buffers passes them."""
+    source = kernel.source(ins, outs)
+    parameters = source[source.index(f"{KERNEL_NAME}(") :].split(")", 1)[0].split(", ")
+    names = [p.split()[-1] for p in parameters if "*" not in p]
+    sizes = kernels.kernel_sizes(kernel.plan(ins, outs))
+    assert len(names) == len(sizes)
+    return dict(zip(names, sizes))
+
+
+def test_sizes_are_passed_in_the_order_of_the_parameters():
+    x = empty([8, 4], torch.float32).t()
+    bias = empty([16], torch.float32)[::2]
+    kernel = kernels.SegmentKernel(_rows_plus_bias_times_column("f32"))
+    arguments = kernel_arguments(kernel, [x, bias, empty([4], torch.float32)], [empty([4, 8], torch.float32)])
+    assert arguments == {"n": 32, "extent1": 8, "in0_stride1": 4, "in1_stride1": 2}
 
 
 def test_merge_axes_merges_what_every_access_walks_alike():
@@ -681,6 +815,39 @@ class Layout:
         return whole, whole[..., ::2]
 
 
+PLACES = ("aligned", "one element in", "two elements in", "transposed")
+"""Where `placed` puts a [rows, columns] tensor: in the first columns of a buffer of rows of
+`columns + 8` elements, one element into them (no row starts on a vector), two elements into
+them (vectors of two fit), or transposed (a [columns, rows] buffer's transpose: the rows
+walked with stride 1, their elements with stride `rows`)."""
+
+
+def placed(values: torch.Tensor, place: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A buffer of NaN and the view of it that holds `values` where `place` says."""
+    rows, columns = values.shape
+    if place == "transposed":
+        base = torch.full([columns, rows], float("nan"), dtype=values.dtype, device=values.device)
+        view = base.t()
+    else:
+        base = torch.full([rows, columns + 8], float("nan"), dtype=values.dtype, device=values.device)
+        start = {"aligned": 0, "one element in": 1, "two elements in": 2}[place]
+        view = base[:, start : start + columns]
+    view.copy_(values)
+    return base, view
+
+
+def vectorised(place: str, columns: int) -> bool:
+    """Whether a kernel on rows of `columns` placed where `place` says moves vectors: every
+    row starts on a whole vector of two elements at least."""
+    return place in ("aligned", "two elements in") and columns % 2 == 0
+
+
+def assert_written_only_within(base: torch.Tensor, view: torch.Tensor) -> None:
+    """Every element of the NaN buffer `base` outside the output `view` is still NaN."""
+    view.zero_()
+    assert int(base.isnan().sum()) == base.numel() - view.numel(), "the kernel wrote outside its output"
+
+
 def run_and_check(
     segment: func.FuncOp,
     ins: Sequence[torch.Tensor],
@@ -769,6 +936,28 @@ def test_casts_match_torch(source):
         [Layout.strided_output([1000], d)[1] for d in DTYPES.values()],
         [f"{source} -> {t} (strided)" for t in DTYPES],
     )
+
+
+@requires_gpu
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("columns", [64, 100, 4096, 4097, 8192])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_vector_and_scalar_launches_match_torch(dtype, columns, place):
+    """(x + bias) * column, x and the output placed in buffers of `place` (for "one element
+    in", the bias too): vector kernels where every row starts on a whole vector, scalar ones
+    elsewhere, against fusion_eval, into poisoned outputs whose other elements stay poisoned."""
+    generator = torch.Generator().manual_seed(columns)
+    torch_dtype, rows = DTYPES[dtype], 300
+    x = random([rows, columns], torch_dtype, generator)
+    bias, column = random([columns + 1], torch_dtype, generator), random([rows], torch_dtype, generator)
+    bias = bias[1:] if place == "one element in" else bias[:columns]
+    _, x_view = placed(x, place)
+    out_base, out = placed(poisoned([rows, columns], torch_dtype), place)
+    segment = _rows_plus_bias_times_column(dtype)
+    planned = kernels.SegmentKernel(segment).plan([x_view, bias, column], [out])
+    assert (planned.layout.vector > 1) == vectorised(place, columns)
+    run_and_check(segment, [x_view, bias, column], [out], [f"(x + bias) * column, {place}"])
+    assert_written_only_within(out_base, out)
 
 
 def _bf16_chain(fb: FusionBuilder) -> list[Tensor]:

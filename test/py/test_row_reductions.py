@@ -11,6 +11,8 @@ the kernel runs against torch.
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +26,11 @@ from hostir.passes.lowering.fusion_to_hir import FusionToHir
 from hostir_dialect import hostir_context
 from hostir_dialect.text import HostirError
 from test_communicator import needs_ranks
-from test_kernels import assert_lines_in_order, requires_gpu
+from test_kernels import PLACES, assert_lines_in_order, assert_written_only_within, kernel_arguments, placed, requires_gpu, vectorised
 from test_torch_backend import TOLERANCES, _dumped, _max_error, run_on_hostir
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from rmsnorm_segment import backward_segment  # noqa: E402  (a script's folder, not a package)
 
 EPS = 1e-5
 
@@ -194,6 +199,23 @@ def test_the_segment_computes_rms_norm_as_torch(dtype):
     torch.testing.assert_close(outs[1], expected, **({} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}))
 
 
+def _softmax_segment(columns: int) -> func.FuncOp:
+    """Softmax over rows of `columns` f32: two reductions of one row, the second reading the
+    first (a max, then the sum of the exponentials less the max)."""
+    f32 = f"!fusion.tensor<[?, {columns}], f32>"
+    row = "!fusion.tensor<[?, 1], f32>"
+    (segment,) = _segments(f"""
+func.func @softmax(%x: {f32}) -> {f32} {{
+  %max = fusion.max %x [1] keepdim : {f32} -> {row}
+  %shifted = fusion.sub %x, %max : ({f32}, {row}) -> {f32}
+  %e = fusion.exp %shifted : {f32} -> {f32}
+  %sum = fusion.sum %e [1] keepdim : {f32} -> {row}
+  %y = fusion.div %e, %sum : ({f32}, {row}) -> {f32}
+  func.return %y : {f32}
+}}""").values()
+    return segment
+
+
 # --------------------------------------------------------------------------- #
 # The kernel's plan and source (any machine)                                    #
 # --------------------------------------------------------------------------- #
@@ -206,8 +228,9 @@ def _source(rows: int, columns: int, dtype: torch.dtype) -> str:
 
 
 def test_a_short_row_is_one_warps():
-    """Rows of 64: one warp per row, the sum of the squares accumulated by each lane and
-    reduced by shuffles, the row's elements stored by every lane, the scale by lane 0."""
+    """Rows of 64 f32: one warp per row, each lane loading one vector of 4 of the row, which
+    it keeps for the output; the sum of the squares accumulated by each lane and reduced by
+    shuffles, the row's elements stored by every lane in vectors, the scale by lane 0."""
     source = _source(16, 64, torch.float32)
     assert_lines_in_order(
         source,
@@ -221,19 +244,27 @@ def test_a_short_row_is_one_warps():
             "  const float v8 = rsqrtf(v7);",
             "__device__ __forceinline__ void hostir_segment_row(const float s0, float& r0) {",
             "  // One warp per row.",
-            "  for (long long row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {",
+            "  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {",
+            "    // This thread's 1 vector of 4 of the row, read once.",
+            "    hostir_vector<float, 4> a0[1];",
+            "    for (int c = 0; c < 1; ++c) {",
+            "      const int j = (first + c * step) * 4;",
+            "      if (j < columns) {",
+            "        a0[c] = hostir_load<4>(in0 + in0_row + j);",
             "    float s0 = 0.0f;",
-            "      const float e = hostir_segment_reduce0(in0[in0_row + j]);",
-            "      s0 = s0 + e;",
+            "        for (int e = 0; e < 4; ++e) {",
+            "          const float x = hostir_segment_reduce0(a0[c].v[e]);",
+            "          s0 = s0 + x;",
             "    s0 = hostir_warp_reduce<false>(s0);",
-            "      hostir_segment_body(in0[in0_row + j], in1[in1_row + j], s0, r1);",
-            "      out1[out1_row + j] = r1;",
+            "        const hostir_vector<float, 4> a1 = hostir_load<4>(in1 + in1_row + j);",
+            "          hostir_segment_body(a0[c].v[e], a1.v[e], s0, r1.v[e]);",
+            "        hostir_store(out1 + out1_row + j, r1);",
             "    if (first == 0) {",
-            "      hostir_segment_row(s0, r0);",
-            "      out0[out0_row] = r0;",
+            "      hostir_segment_row(s0, out0[out0_row]);",
         ],
     )
     assert "__shared__" not in source and "hostir_block_reduce" not in source
+    assert source.count("hostir_load<4>(in0") == 1, "the row is read once"
 
 
 @pytest.mark.parametrize("columns", [4096, 8192])
@@ -250,13 +281,104 @@ def test_a_long_row_is_one_blocks(columns):
             "  r1 = hostir_f32_to_bf16(v11);",
             "  // One block per row; each warp's partial reductions meet in shared memory.",
             "  __shared__ float partials0[32];",
-            "  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {",
+            "  for (int row = blockIdx.x; row < rows; row += gridDim.x) {",
+            "    // This thread's 2 vectors of 8 of the row, read once.",
+            "        a0[c] = hostir_load<8>(in0 + in0_row + j);",
             "    s0 = hostir_block_reduce<false>(s0, partials0, 0.0f);",
         ],
     )
-    segment = _rms_norm_segment(4, columns, "bf16")
-    launch = kernels.SegmentKernel(segment).plan(_inputs(4, columns, torch.bfloat16), [torch.empty(4, 1), torch.empty(4, columns, dtype=torch.bfloat16)])
+    launch = _plan(4, columns, torch.bfloat16)
     assert (launch.elements, launch.extents, launch.layout.warp_per_row) == (4, [4, columns], False)
+    # 2 vectors of 8 a thread: 256 threads for 4096, 512 for 8192.
+    assert (launch.layout.vector, launch.layout.cached, launch.threads) == (8, 2, columns // 16)
+
+
+def _plan(rows: int, columns: int, dtype: torch.dtype, x: torch.Tensor | None = None) -> kernels.Launch:
+    """The plan of RMSNorm's kernel on `x` (random and contiguous by default)."""
+    segment = _rms_norm_segment(rows, columns, {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype])
+    default, w = _inputs(rows, columns, dtype)
+    outs = [torch.empty(rows, 1), torch.empty(rows, columns, dtype=dtype)]
+    return kernels.SegmentKernel(segment).plan([default if x is None else x, w], outs)
+
+
+@pytest.mark.parametrize(
+    ("rows", "columns", "dtype", "x", "planned"),
+    [
+        (300, 64, torch.float32, None, (4, True, 1, 256)),
+        (300, 1024, torch.bfloat16, None, (8, True, 4, 256)),
+        (300, 4096, torch.float32, None, (4, False, 2, 512)),
+        (300, 8192, torch.float32, None, (4, False, 2, 1024)),
+        # An odd row: no vector divides it; 4097 elements in 1024 threads, 5 each, kept.
+        (30, 4097, torch.bfloat16, None, (1, False, 5, 1024)),
+        # Rows of 4100: vectors of 4 elements (8 bytes) divide them, of 8 do not.
+        (30, 4100, torch.bfloat16, None, (4, False, 2, 544)),
+        # A view one element into each row: no row starts on a vector.
+        (30, 4096, torch.bfloat16, torch.empty(30, 4097, dtype=torch.bfloat16)[:, 1:], (1, False, 4, 1024)),
+        # Rows of 4104 elements, 8 bytes past an aligned address: vectors of 4.
+        (30, 4096, torch.bfloat16, torch.empty(30, 4104, dtype=torch.bfloat16)[:, 4:4100], (4, False, 2, 512)),
+        # A transposed input walks its rows with stride 30: scalar, kept in registers still.
+        (30, 4096, torch.float32, torch.empty(4096, 30).t(), (1, False, 4, 1024)),
+        # 16 vectors of 4 f32 a thread would take 256 bytes of registers: read twice instead.
+        (2, 65536, torch.float32, None, (4, False, 0, 1024)),
+    ],
+    ids=["warp f32", "warp bf16 1024", "f32 4096", "f32 8192", "odd", "vectors of 4", "offset view",
+         "offset rows", "transposed", "too long to keep"],  # fmt: skip
+)
+def test_the_plan_vectorises_rows_that_start_on_whole_vectors(rows, columns, dtype, x, planned):
+    """(vector width, a warp per row, vectors of the row kept per thread, threads per block)
+    of RMSNorm's kernel on rows of several lengths and layouts."""
+    layout = (launch := _plan(rows, columns, dtype, x)).layout
+    assert (layout.vector, layout.warp_per_row, layout.cached, launch.threads) == planned
+
+
+def test_a_row_kept_in_registers_is_read_once_and_one_too_long_twice():
+    kept = _source(30, 4097, torch.bfloat16)
+    assert_lines_in_order(
+        kept,
+        [
+            "    // This thread's 5 elements of the row, read once.",
+            "    unsigned short a0[5];",
+            "    for (int c = 0; c < 5; ++c) {",
+            "      const int j = first + c * step;",
+            "        a0[c] = in0[in0_row + j];",
+            "        const float x = hostir_segment_reduce0(a0[c]);",
+            "        hostir_segment_body(a0[c], in1[in1_row + j], s0, out1[out1_row + j]);",
+        ],
+    )
+    assert "hostir_vector" not in kept and kept.count("in0[") == 1
+    again = _source(2, 65536, torch.float32)
+    assert_lines_in_order(
+        again,
+        [
+            "    for (int j = first * 4; j < columns; j += step * 4) {",
+            "      const hostir_vector<float, 4> a0 = hostir_load<4>(in0 + in0_row + j);",
+            "        const float x = hostir_segment_reduce0(a0.v[e]);",
+            "    for (int j = first * 4; j < columns; j += step * 4) {",
+            "      const hostir_vector<float, 4> a0 = hostir_load<4>(in0 + in0_row + j);",
+            "        hostir_segment_body(a0.v[e], a1.v[e], s0, r1.v[e]);",
+        ],
+    )
+
+
+def test_row_sizes_are_passed_in_the_order_of_the_parameters():
+    """A transposed input: it walks the rows with stride 1 and their elements with stride 30."""
+    segment = _rms_norm_segment(30, 4096, "f32")
+    ins = [torch.empty(4096, 30).t(), torch.empty(4096)]
+    arguments = kernel_arguments(kernels.SegmentKernel(segment), ins, [torch.empty(30, 1), torch.empty(30, 4096)])
+    assert arguments == {"rows": 30, "columns": 4096, "in0_stride1": 30, "out1_stride0": 4096}
+
+
+def test_indices_are_32_bit_where_every_offset_fits():
+    """2^20 rows of 2^10 bf16 in a buffer of rows twice as long (meta tensors: nothing is
+    allocated): the largest offset is 2^31 - 2^10 - 1, over 32-bit indices' limit."""
+    assert _plan(4, 64, torch.bfloat16).layout.index == "int"
+    x = torch.empty(2**20, 2**11, dtype=torch.bfloat16, device="meta")[:, : 2**10]
+    segment = _rms_norm_segment(2**20, 2**10, "bf16")
+    w = torch.empty(2**10, dtype=torch.bfloat16, device="meta")
+    outs = [torch.empty(2**20, 1, device="meta"), torch.empty(2**20, 2**10, dtype=torch.bfloat16, device="meta")]
+    kernel = kernels.SegmentKernel(segment)
+    assert kernel.plan([x, w], outs).layout.index == "long long"
+    assert "long long rows, long long columns" in kernel.source([x, w], outs)
 
 
 def test_a_row_output_of_the_wrong_shape_is_refused():
@@ -286,20 +408,51 @@ func.func @f(%x: !fusion.tensor<[4, ?], f32>, %y: !fusion.tensor<[4, ?], f32>) -
 
 
 @requires_gpu
-@pytest.mark.parametrize("columns", [64, 4096, 8192])
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("columns", [64, 100, 4096, 4097, 8192])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_kernel_computes_rms_norm_as_torch(dtype, columns):
-    """The CuPy kernel (one warp per row of 64, a block per row of 4096 and 8192) against
-    eager ATen's RMSNorm on the GPU, into poisoned outputs: f32 to the rounding of a
-    reordered sum, bf16 to one rounding."""
+def test_the_kernel_computes_rms_norm_as_torch(dtype, columns, place):
+    """The CuPy kernel (one warp per row of 64 and 100, a block per row of 4096 and more)
+    against eager ATen's RMSNorm on the GPU, its input and output placed where `place` says
+    (vector and scalar kernels), into poisoned outputs whose other elements stay poisoned:
+    f32 to the rounding of a reordered sum, bf16 to one rounding."""
     rows = 300  # not a multiple of the warps per block
     segment = _rms_norm_segment(rows, columns, {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype])
-    ins = _inputs(rows, columns, dtype, "cuda")
-    outs = [_poisoned([rows, 1], torch.float32, "cuda"), _poisoned([rows, columns], dtype, "cuda")]
-    assert kernels.SegmentKernel(segment).launch(ins, outs)
-    expected, scale = _reference(*ins)
+    x, w = _inputs(rows, columns, dtype, "cuda")
+    _, x_view = placed(x, place)
+    y_base, y = placed(_poisoned([rows, columns], dtype, "cuda"), place)
+    outs = [_poisoned([rows, 1], torch.float32, "cuda"), y]
+    kernel = kernels.SegmentKernel(segment)
+    assert (kernel.plan([x_view, w], outs).layout.vector > 1) == vectorised(place, columns)
+    assert kernel.launch([x_view, w], outs)
+    expected, scale = _reference(x, w)
     torch.testing.assert_close(outs[0], scale, rtol=1e-5, atol=0)
-    torch.testing.assert_close(outs[1], expected, **({} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}))
+    torch.testing.assert_close(y, expected, **({} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}))
+    assert_written_only_within(y_base, y)
+
+
+@requires_gpu
+@pytest.mark.parametrize("place", ["aligned", "one element in"])
+@pytest.mark.parametrize("columns", [64, 4096, 8192])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, columns, place):
+    """RMSNorm's backward (benchmarks/rmsnorm_segment.py: three loads kept in registers, a
+    per-row input) against autograd of F.rms_norm in f32: the input's gradient, and the
+    products whose column sum is the weight's gradient, the output's gradient placed where `place` says."""
+    rows = 300
+    x, w = _inputs(rows, columns, dtype, "cuda")
+    g = torch.randn(rows, columns, generator=torch.Generator().manual_seed(7)).to("cuda", dtype)
+    _, g_view = placed(g, place)
+    scale = _reference(x, w)[1]
+    outs = [_poisoned([rows, columns], dtype, "cuda") for _ in range(2)]
+    kernel = kernels.SegmentKernel(backward_segment(rows, columns, dtype))
+    assert (kernel.plan([g_view, x, w, scale], outs).layout.vector > 1) == (place == "aligned")
+    assert kernel.launch([g_view, x, w, scale], outs)
+    leaves = [t.float().requires_grad_() for t in (x, w)]
+    F.rms_norm(leaves[0], (columns,), leaves[1], EPS).backward(g.float())
+    tolerance = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(outs[0], (g.float() * x.float() * scale).to(dtype), **tolerance)
+    torch.testing.assert_close(outs[1], leaves[0].grad.to(dtype), **tolerance)
 
 
 @requires_gpu
@@ -307,17 +460,7 @@ def test_the_kernel_computes_rms_norm_as_torch(dtype, columns):
 def test_the_kernel_computes_softmax_as_torch(columns):
     """Two reductions of one row, the second reading the first: a max, then the sum of the
     exponentials less the max."""
-    f32 = "!fusion.tensor<[?, COLUMNS], f32>".replace("COLUMNS", str(columns))
-    row = "!fusion.tensor<[?, 1], f32>"
-    (segment,) = _segments(f"""
-func.func @softmax(%x: {f32}) -> {f32} {{
-  %max = fusion.max %x [1] keepdim : {f32} -> {row}
-  %shifted = fusion.sub %x, %max : ({f32}, {row}) -> {f32}
-  %e = fusion.exp %shifted : {f32} -> {f32}
-  %sum = fusion.sum %e [1] keepdim : {f32} -> {row}
-  %y = fusion.div %e, %sum : ({f32}, {row}) -> {f32}
-  func.return %y : {f32}
-}}""").values()
+    segment = _softmax_segment(columns)
     x = torch.randn(77, columns, generator=torch.Generator().manual_seed(columns)).cuda() * 4
     out = _poisoned([77, columns], torch.float32, "cuda")
     assert kernels.SegmentKernel(segment).launch([x], [out])
