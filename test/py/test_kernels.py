@@ -181,6 +181,20 @@ def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
     assert source.count("hostir_f32_to_bf16(") == 2, "one definition, one rounding on store"
 
 
+@pytest.mark.parametrize(("exponent", "expected"), [(2.0, "v0 * v0"), (3.0, "powf(v0, ")])
+def test_a_square_is_a_product_and_other_powers_call_libm(exponent, expected):
+    """`x ** 2` (RMSNorm's) is `x * x`, as ATen computes it: libm's powf costs tens of
+    instructions an element, which made the norm's row kernel compute-bound."""
+
+    def define(fb):
+        x = fb.input([64], "f32")
+        return [x**exponent]
+
+    x, out = torch.randn(64), empty([64], torch.float32)
+    source = kernels.generated_source(build_segment(define), [x], [out])
+    assert expected in source and ("powf" in source) == (exponent != 2.0), source
+
+
 def test_broadcast_operand_walks_only_its_axes_with_its_strides():
     """A bias added to the rows: it walks axis 1 of the space alone. With stride 1 it is
     loaded in vectors as the rows are (its lines start at its address); with stride 2 it takes
