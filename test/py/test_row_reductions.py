@@ -257,7 +257,7 @@ def test_a_short_row_is_one_warps():
             "template <bool Max, typename T>",
             "__device__ __forceinline__ T hostir_warp_reduce(T value) {",
             "__device__ __forceinline__ float hostir_segment_reduce0(const float a0) {",
-            "  const float v3 = powf(v1, v2);",
+            "  const float v3 = (v1 * v1);",
             "  return v3;",
             "__device__ __forceinline__ void hostir_segment_body(const float a0, const float a1, const float s0, float& r1) {",
             "  const float v8 = rsqrtf(v7);",
