@@ -155,31 +155,14 @@ def _layer_programs_on_rank(dtype: torch.dtype) -> str:
     return dump.getvalue()
 
 
-def test_a_cast_to_a_dense_result_is_a_fusion_cast():
-    """torch 2.11's decomposition of RMSNorm's backward casts with `memory_format=
-    torch.contiguous_format`, which every fusion value is: a `fusion.cast` that joins the
-    norm's kernel (each was an ATen copy of the activations to f32 on GPUs). Another memory
-    format stays ATen's."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from hostir.frontend.importer import import_graph
-
-    def cast(x, memory_format):
-        return (x.to(torch.float32, memory_format=memory_format) * 2,)
-
-    x = torch.randn(2, 3, 4, 5, dtype=torch.bfloat16)
-    for memory_format, ops in ((torch.contiguous_format, {"fusion.cast"}), (torch.channels_last, {"fusion.aten"})):
-        graph = make_fx(lambda x: cast(x, memory_format))(x)
-        assert [n.kwargs.get("memory_format") for n in graph.graph.nodes if n.target is torch.ops.aten._to_copy.default] == [memory_format]
-        names = {op.name for op in import_graph(graph).module.walk()}
-        assert ops <= names and not ({"fusion.cast", "fusion.aten"} - ops) & names, names
-
-
 COMPUTING_ATEN = re.compile(
-    r'hir.aten "aten\.(_fused_rms_norm\w*|mean|rsqrt|pow|mul|add|sub|div|sum|expand|detach|_to_copy|convert_element_type)\.'
+    r'hir.aten "aten\.(_fused_rms_norm\w*|mean|rsqrt|pow|mul|add|sub|div|sum|expand|detach)\.'
 )
-"""ATen calls that would compute part of a norm, its casts included, or its residual add,
-outside the kernels."""
+"""ATen calls that would compute part of a norm, or its residual add, outside the kernels.
+Casts are not among them: torch 2.11's decomposition of the norm's backward on GPUs casts to
+f32 with `memory_format=torch.contiguous_format`, which the importer leaves to ATen (six
+copies in the bf16 layer's backward; read as `fusion.cast` they split the backward into
+four more kernels, slower on 4 H100: docs/benchmarks.md)."""
 
 
 @needs_ranks(2)
