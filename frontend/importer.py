@@ -483,13 +483,19 @@ class Importer:
         to `dtype` after, if given (a kernel's iteration space then holds the cast too: a
         varying weight cast before its broadcast does not broadcast with the activations)."""
         local_rank = len(value.local_shape)
-        if not (value.varying and self.devices > 1) or local_rank >= rank:
-            return value.ssa if dtype is None else self.cast(value, dtype).ssa
-        new_axes = list(range(1, 1 + rank - local_rank))
-        local = (1,) * len(new_axes) + value.local_shape
-        result_type = self.tensor_type(local, value.dtype, True)
-        ssa = self.emit(fusion.BroadcastOp(value.ssa, new_axes, result_type)).results[0]
-        return ssa if dtype is None else self.cast(Value(ssa, local, value.dtype, True), dtype).ssa
+        if value.varying and self.devices > 1 and local_rank < rank:
+            value = self.with_leading_axes(value, rank - local_rank)
+        return (value if dtype is None else self.cast(value, dtype)).ssa
+
+    def with_leading_axes(self, value: Value, count: int) -> Value:
+        """The piece of `value` with `count` extent-1 axes in front of its own (after the device
+        axis of a varying value), a `fusion.broadcast`, which moves no data: a value of the
+        piece's shape."""
+        offset = 1 if value.varying else 0
+        local = (1,) * count + value.local_shape
+        result_type = self.tensor_type(local, value.dtype, value.varying)
+        ssa = self.emit(fusion.BroadcastOp(value.ssa, list(range(offset, offset + count)), result_type)).results[0]
+        return Value(ssa, local, value.dtype, value.varying)
 
     def cast(self, value: Value, dtype: torch.dtype) -> Value:
         if value.dtype == dtype:

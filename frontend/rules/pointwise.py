@@ -219,12 +219,9 @@ def _expand(importer: Importer, node: torch.fx.Node) -> Value | None:
     if added < 0 or any(e not in (1, s) for e, s in zip(value.shape, shape[added:])):
         return None
     varying = importer.varies(value)
-    ssa = value.ssa
     if added:
-        offset = 1 if varying else 0
-        broadcast_type = importer.tensor_type((1,) * added + value.shape, value.dtype, varying)
-        ssa = importer.emit(fusion.BroadcastOp(ssa, list(range(offset, offset + added)), broadcast_type)).results[0]
-    op = importer.emit(fusion.ExpandOp(ssa, importer.tensor_type(shape, value.dtype, varying)))
+        value = importer.with_leading_axes(value, added)
+    op = importer.emit(fusion.ExpandOp(value.ssa, importer.tensor_type(shape, value.dtype, varying)))
     op.results[0].name_hint = name_of(node)
     return Value(op.results[0], shape, value.dtype, varying)
 
