@@ -187,6 +187,17 @@ def _cast(op: fusion.CastOp, operands: Sequence[str]) -> str:
     return target.rounding.format(value)
 
 
+def float_literal(value: float, compute: str) -> str:
+    """The C of `value` in the compute type `compute` (`float` or `double`): infinities and
+    NaN by their bits, which C has no literal for."""
+    if math.isfinite(value):
+        return repr(value) + ("f" if compute == "float" else "")
+    if compute == "float":
+        return f"__uint_as_float(0x{struct.unpack('<I', struct.pack('<f', value))[0]:08x}u)"
+    bits = struct.unpack("<Q", struct.pack("<d", value))[0]
+    return f"__longlong_as_double(static_cast<long long>(0x{bits:016x}ull))"
+
+
 def _constant(op: fusion.ConstantOp, operands: Sequence[str]) -> str:
     value = constant_value(op)
     compute = element_type(op.result).compute
@@ -196,12 +207,7 @@ def _constant(op: fusion.ConstantOp, operands: Sequence[str]) -> str:
         if value == -(2**63):
             return "(-9223372036854775807LL - 1)"
         return f"{value}LL" if compute == "long long" else str(value)
-    if math.isfinite(value):
-        return repr(value) + ("f" if compute == "float" else "")
-    if compute == "float":
-        return f"__uint_as_float(0x{struct.unpack('<I', struct.pack('<f', value))[0]:08x}u)"
-    bits = struct.unpack("<Q", struct.pack("<d", value))[0]
-    return f"__longlong_as_double(static_cast<long long>(0x{bits:016x}ull))"
+    return float_literal(value, compute)
 
 
 def _pow(op: fusion.PowOp, operands: Sequence[str]) -> str:

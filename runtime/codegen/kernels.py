@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from xdsl.dialects import func
 
+from hostir_dialect.fusion import DYNAMIC
 from hostir_dialect.text import HostirError
 from hostir import logs
 from hostir.runtime.codegen.body import ROW_NAME, SegmentBody
-from hostir_dialect.fusion import DYNAMIC
 from hostir.runtime.codegen.layout import (
     LINEAR,
     STRIDED,

@@ -10,11 +10,12 @@ at a scalar layout the body reads and writes each element in place.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NamedTuple
 
 from hostir.runtime.codegen.body import BODY_NAME, DeviceFunction, RowReduction, SegmentBody
-from hostir.runtime.codegen.expressions import HELPERS
+from hostir.runtime.codegen.expressions import HELPERS, float_literal
 from hostir.runtime.codegen.layout import BROADCAST, LINEAR, STRIDED, UNIT, LaunchLayout, Pattern, RowLayout
 
 KERNEL_NAME = "hostir_segment"
@@ -220,12 +221,7 @@ def _with_helpers(body: SegmentBody, kernel: str) -> str:
 
 def reduction_identity(reduction: RowReduction) -> str:
     """The C of the value a reduction starts from: 0 for a sum, -infinity for a max."""
-    compute = reduction.element.compute
-    if reduction.kind == "sum":
-        return "0.0f" if compute == "float" else "0.0"
-    if compute == "float":
-        return "-__int_as_float(0x7f800000)"
-    return "-__longlong_as_double(0x7ff0000000000000ll)"
+    return float_literal(0.0 if reduction.kind == "sum" else -math.inf, reduction.element.compute)
 
 
 def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
