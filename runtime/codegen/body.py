@@ -129,11 +129,7 @@ class SegmentBody:
         whole = tuple(range(rank))
         space = _static_space(rank, needed_axis_maps(ops, [*outputs, *(op.input for op in reductions)],
                                                      [*output_maps, *(whole for _ in reductions)]))  # fmt: skip
-        per_row = {
-            j for j, v in enumerate(outputs)
-            if reductions and fusion.tensor_type(v).rank == rank and space[-1] != 1
-            and fusion.tensor_type(v).local_shape()[-1] == 1
-        }  # fmt: skip
+        per_row = _per_row_stores(outputs, space) if reductions else set()
         element_stores = tuple(j for j in range(len(outputs)) if j not in per_row)
         # (name, values computed, their maps, the stores they are) per device function.
         roots = [(f"{REDUCTION_NAME}{i}", [op.input], [whole], ()) for i, op in enumerate(reductions)]
@@ -141,16 +137,12 @@ class SegmentBody:
             if stored or (name == BODY_NAME and not reductions):
                 roots.append((name, [outputs[j] for j in stored], [output_maps[j] for j in stored], stored))
         maps_per_function = [needed_axis_maps(ops, values, maps) for _, values, maps, _ in roots]
-        loads: dict[Access, None] = {}
-        for maps in maps_per_function:
-            loads.update((Access(i, axes), None) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ()))
-        loads_list = list(loads)
+        read_per_function = [_arguments_read(segment, maps) for maps in maps_per_function]
+        loads_list = list(dict.fromkeys(access for read in read_per_function for access in read))
         stores = tuple(Access(j, axes) for j, axes in enumerate(output_maps))
         functions, sources = [], []
-        for (name, values, maps_of_values, stored), maps in zip(roots, maps_per_function):
-            function_loads = tuple(
-                sorted(loads_list.index(Access(i, axes)) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ()))
-            )
+        for (name, values, maps_of_values, stored), maps, read in zip(roots, maps_per_function, read_per_function):
+            function_loads = tuple(sorted(loads_list.index(access) for access in read))
             reduced = tuple(i for i, op in enumerate(reductions) if op.results[0] in maps)
             function = DeviceFunction(name, function_loads, reduced, stored)
             lines = body_lines(segment, ops, maps, loads_list, function, reductions, values, maps_of_values)
@@ -179,6 +171,21 @@ class SegmentBody:
             tuple(functions[len(reductions) :]),
             "\n\n".join(sources),
         )
+
+
+def _per_row_stores(outputs: Sequence[SSAValue], space: Sequence[int]) -> set[int]:
+    """The outputs of a segment that reduces rows that hold one value per row: of the space's
+    rank, their last axis of extent 1 where the rows are longer."""
+    return {
+        j
+        for j, v in enumerate(outputs)
+        if fusion.tensor_type(v).rank == len(space) and space[-1] != 1 and fusion.tensor_type(v).local_shape()[-1] == 1
+    }
+
+
+def _arguments_read(segment: func.FuncOp, maps: AxisMaps) -> list[Access]:
+    """The loads of a device function: each argument of `segment` under each map it is needed under."""
+    return [Access(i, axes) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ())]
 
 
 def _static_space(rank: int, maps: AxisMaps) -> tuple[int, ...]:
