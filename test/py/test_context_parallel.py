@@ -63,7 +63,7 @@ def _layer_case(options: dict) -> dict:
 def _on_rank(cases: list[tuple[str, dict]]) -> dict:
     """Every case of a world, in one launch: each layer case and its three AdamW steps, the
     positions of another layout than the option's, and what the backend says of TP x CP (at 4
-    ranks) and of torch's own CP (at 2)."""
+    ranks) and of torch's own CP (at 2), and the ring with a mask of float16's lowest (at 2)."""
     import torch.distributed as dist
 
     results = {name: _layer_case(options) for name, options in cases}
@@ -75,7 +75,35 @@ def _on_rank(cases: list[tuple[str, dict]]) -> dict:
         results["tp x cp"] = _tensor_and_context_parallel()
     else:
         results["torch cp"] = _torch_context_parallel_refusal()
+        results["float16's lowest"] = _with_a_mask_of_float16s_lowest()
     return results
+
+
+def _masked_by_float16s_lowest(q, k, v, positions, mesh):
+    """The example's attention with its mask as a float one that hides keys by -65504, as SDPA
+    hands cuDNN attention its mask on GPUs."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    k, v, key_positions = (
+        DTensor.from_local(t, mesh, [Shard(dim)], run_check=False)
+        .redistribute(mesh, [Replicate()])
+        .to_local(grad_placements=[Partial()])
+        for t, dim in ((k, 2), (v, 2), (positions, 0))
+    )
+    mask = torch.where(positions[:, None] >= key_positions[None, :], 0.0, -65504.0)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _with_a_mask_of_float16s_lowest() -> dict:
+    """The head-tail ring case with that mask: the mask the forward saves, made by the backend
+    with the graph's value, passes the backward's check of its values."""
+    import examples.cp_decoder_layer as example
+
+    attention, example.gathered_keys_attention = example.gathered_keys_attention, _masked_by_float16s_lowest
+    try:
+        return _layer_case({"sequence_layout": "head_tail"})
+    finally:
+        example.gathered_keys_attention = attention
 
 
 CASES = [("plain plan", {}), ("head-tail ring", {"sequence_layout": "head_tail"})]
@@ -283,3 +311,18 @@ def test_positions_of_another_layout_fail_on_every_rank_before_any_communication
         for rank, message in enumerate(messages[:-1]):
             assert f"wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
     assert [rank_outcomes[1] for rank_outcomes in outcomes] == ["ran"] * world
+
+
+@needs_ranks(2)
+def test_a_mask_that_hides_keys_by_float16s_lowest_is_the_layouts_both_ways():
+    """The head-tail ring with the mask written as 0 and -65504 (SDPA's for cuDNN attention on
+    GPUs) instead of -inf: the attention and its backward are causal in the layout, the
+    backward accepts the mask the forward saved (the backend made it with -65504, the graph's
+    value), and the gradients match the whole layer's."""
+    for rank, result in enumerate(results_of_world(2)):
+        case = result["float16's lowest"]
+        bad = {what: error for what, error in case["errors"].items() if error > F32_TOLERANCE}
+        assert not bad, f"rank {rank}: {bad}"
+    programs = _host_programs(results_of_world(2)[0]["float16's lowest"]["dump"])
+    assert "hir.attention causal head_tail block %" in programs["forward"], programs["forward"]
+    assert "hir.attention_backward causal head_tail block %" in programs["backward"], programs["backward"]
