@@ -439,3 +439,25 @@ def test_every_segment_launched_on_one_device_has_a_kernel_on_its_buffers(monkey
     payload = [(c.fusion.name, c.build_arguments, c.fusion.pipeline, c.inputs()) for c in cases]
     results = run_cases(payload, Communicator.single(torch.device("cpu")))
     assert planned and not [(c.id, r) for c, r in zip(cases, results) if isinstance(r, str)]
+
+
+def test_each_worker_of_the_gpu_suite_sees_the_gpus_rotated(monkeypatch):
+    """Worker gwN of the GPU suite (HOSTIR_TEST_GPUS) sees the GPUs from N mod their count, so
+    that the rank 0s of the workers' tests spread over every GPU; an explicit
+    CUDA_VISIBLE_DEVICES, no count, or no worker, leaves it as it is."""
+    from conftest import _rotate_gpus
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("HOSTIR_TEST_GPUS", "4")
+    for worker, visible in (("gw0", "0,1,2,3"), ("gw5", "1,2,3,0"), ("gw7", "3,0,1,2")):
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        _rotate_gpus(worker)
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == visible
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    _rotate_gpus("gw1")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    _rotate_gpus(None)
+    monkeypatch.setenv("HOSTIR_TEST_GPUS", "0")
+    _rotate_gpus("gw1")
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
