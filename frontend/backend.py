@@ -539,7 +539,13 @@ class HostirGraph:
             parameters = self.parameters.among(args, self.forward)
             constants = range(len(args) - len(self.constants), len(args))
             static = [j for j, i in enumerate(imported.inputs) if i in parameters or i in constants]
-            replayer = GraphReplayer(program, communicator, static_inputs=static, hand_over=self._saved_only(imported))
+            replayer = GraphReplayer(
+                program,
+                communicator,
+                static_inputs=static,
+                hand_over=self._saved_only(imported),
+                lend=self._parameter_gradients(imported),
+            )
         return CompiledShapes(imported, program, communicator, replayer, backend, args, arity)
 
     def _saved_only(self, imported: ImportedGraph) -> set[int]:
@@ -553,6 +559,20 @@ class HostirGraph:
         outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
         returned = {index for j, index in enumerate(outputs) if j not in saved}
         return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
+
+
+    def _parameter_gradients(self, imported: ImportedGraph) -> set[int]:
+        """The program's outputs that a backward graph returns only as gradients of the
+        forward's parameters: autograd's AccumulateGrad takes each as the parameter's `.grad`
+        with no copy, and `zero_grad()` lets go of it before the next step, so a CUDA-graph
+        replay lends them (`GraphReplayer`'s `lend`) instead of copying up to the size of
+        the weights every step. aot_autograd's backward returns a gradient per input of
+        the forward, in their order."""
+        if self.forward or len(imported.outputs) != self.parameters.forward_inputs:
+            return set()
+        outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
+        others = {index for j, index in enumerate(outputs) if j not in self.parameters.forward}
+        return {index for j, index in enumerate(outputs) if j in self.parameters.forward and index is not None} - others
 
 
 def _speaks_for(group: dist.ProcessGroup | None) -> bool:
@@ -670,6 +690,8 @@ class Parameters:
 
     forward: frozenset[int] = frozenset()
     """The forward graph's arguments that are parameters and buffers."""
+    forward_inputs: int = 0
+    """How many arguments the forward graph takes (the backward returns a gradient for each)."""
     storages: set[int] = field(default_factory=set)
     """The addresses of their storages, from each compilation of the forward: a backward
     argument in one of them (a weight's transpose that the forward saved) is a parameter too."""
@@ -736,6 +758,7 @@ class HostirBackend:
                 forward = kind == "forward"
                 if forward:
                     parameters.forward = _forward_parameters()
+                    parameters.forward_inputs = sum(node.op == "placeholder" for node in graph.graph.nodes)
                 saved = _saved_for_backward() if forward else None
                 made = HostirGraph(graph, _graph_name(kind), self.options, parameters, forward, saved, saved_layouts)
                 self._graphs.append(weakref.ref(made))

@@ -33,6 +33,14 @@ replay never overwrites what the caller holds. A graph captured on inputs that a
 handed-over outputs (the backward graph's) reads them in place, with no copy either,
 while they are where they were at its capture, and runs outside the graph otherwise.
 
+Outputs that the caller names *lent* (`lend`: the gradients of parameters that a
+backward graph returns, which autograd's AccumulateGrad takes as `.grad` with no copy and
+`zero_grad()` lets go of before the next step) are handed over alike, sparing a copy of
+the size of the weights every step, while the caller lets go of them before the next
+run. A caller that keeps one past it (gradients accumulated over several steps before
+`zero_grad()`) gets that run outside the graph, and from then on copies of it: once it
+lets go of the graph's buffer, the graph replays again.
+
 Inputs that the caller names *static* (`static_inputs`: a model's parameters, which
 every step passes at the same address and an optimizer updates in place) are not
 copied: the graph reads the caller's tensor itself, as inductor's CUDA graphs do, and an
@@ -108,8 +116,11 @@ class CapturedRun:
     """The outputs that are views of parameters (a weight's transpose), which a replay
     returns as they are: no replay writes them."""
     lent: frozenset[int] = frozenset()
-    """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over`);
-    it returns copies of the others."""
+    """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over` and
+    `lend`); it returns copies of the others."""
+    on_loan: frozenset[int] = frozenset()
+    """The lent outputs that a replay lends only while callers let go of them before the
+    next run (`GraphReplayer`'s `lend`): one kept past it is copied from then on."""
     unused: dict[int, tuple[torch.UntypedStorage, int]] = field(init=False)
     """Per memory of the lent outputs, its storage and the storage's use count while no caller
     holds it (`_use_count`, this storage object included)."""
@@ -127,8 +138,9 @@ class CapturedRun:
         """(input, where the graph reads it) of each parameter, which a replay reads in place."""
 
     def storages(self) -> set[int]:
-        """The memory of the outputs that a replay hands over."""
-        return set(self.unused)
+        """The memory of the outputs that a replay hands over for good (not those on loan,
+        which a replay may copy from one step to the next)."""
+        return set(self.unused) - {self.outputs[i].untyped_storage().data_ptr() for i in self.on_loan}
 
     def blocker(self, inputs: Sequence[torch.Tensor]) -> str | None:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
@@ -136,11 +148,23 @@ class CapturedRun:
         handed over by another replay that is not where the graph reads it."""
         for storage, unused in self.unused.values():
             if _use_count(storage) > unused:
-                return "an output of its previous replay is still in use, and a replay would overwrite it"
+                return (
+                    "an output of its previous replay is still in use (a gradient accumulated over "
+                    "steps, say), and a replay would overwrite it"
+                )
         for i in self.handed_over:
             if inputs[i].data_ptr() != self.addresses[i]:
                 return f"input #{i} is not the output of the replay that it was when the graph was captured"
         return None
+
+    def copy_kept_loans(self) -> None:
+        """Makes the replays copy the outputs on loan that a caller kept past a run (a gradient
+        that AccumulateGrad accumulates into over steps): once the caller lets go of them,
+        the graph replays again, and the caller keeps what it gets."""
+        kept = {memory for memory, (storage, unused) in self.unused.items() if _use_count(storage) > unused}
+        returned = frozenset(i for i in self.on_loan if self.outputs[i].untyped_storage().data_ptr() in kept)
+        self.lent -= returned
+        self.on_loan -= returned
 
     def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         for i, address in self.parameter_addresses:
@@ -266,12 +290,16 @@ class GraphReplayer:
         warmup_runs: int = 2,
         static_inputs: Sequence[int] = (),
         hand_over: Collection[int] = (),
+        lend: Collection[int] = (),
     ):
         self.program = program
         self.static_inputs = sorted(set(static_inputs) - set(program.symmetric_inputs))
         """The inputs read where the caller keeps them (see the module's docstring)."""
         self.hand_over = frozenset(hand_over)
         """The outputs that a replay returns as they are, with no copy (see the module's docstring)."""
+        self.lend = frozenset(lend) - self.hand_over
+        """The outputs that a replay returns as they are while callers let go of them before the
+        next run, and copies once one was kept (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
         self.num_streams = config.num_streams if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
@@ -304,6 +332,7 @@ class GraphReplayer:
                 blocker = captured.blocker(inputs)
                 if blocker is None:
                     return captured.replay(inputs)
+                captured.copy_kept_loans()
                 return self._run_outside(captured, inputs, blocker)
         return self.program.run(inputs, self.communicator, self.num_streams, views_of=self.static_inputs)
 
@@ -357,7 +386,7 @@ class GraphReplayer:
             return None
         parameters = frozenset(self.static_inputs)
         views, lent = output_kinds(
-            static_inputs, static_outputs, parameters, handed_over, self.hand_over, program.symmetric_outputs
+            static_inputs, static_outputs, parameters, handed_over, self.hand_over | self.lend, program.symmetric_outputs
         )
         self.captured[key] = CapturedRun(
             graph,
@@ -370,6 +399,7 @@ class GraphReplayer:
             handed_over,
             views,
             lent,
+            lent & self.lend,
         )
         return self.captured[key]
 

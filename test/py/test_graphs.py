@@ -233,6 +233,34 @@ def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
     assert "input #1 is not the output" in run.blocker([weight, handed_in.clone()])
 
 
+def test_an_output_on_loan_kept_past_a_run_is_copied_from_then_on():
+    """An output on loan (a parameter's gradient) is handed over while the caller lets go
+    of it before the next run; kept past one (accumulated into over steps), it blocks that
+    replay and is copied by the later ones, once the caller lets go. Other graphs never read
+    it in place (it is not handed-over memory), and an output handed over for good (a saved
+    activation) stays handed over, kept or not."""
+    gradient, saved = torch.zeros(4, 3), torch.zeros(5)
+    run = CapturedRun(
+        graph=None,
+        inputs=[],
+        addresses=[],
+        outputs=[gradient, saved],
+        extents={},
+        lent=frozenset({0, 1}),
+        on_loan=frozenset({0}),
+    )
+    assert run.storages() == {saved.untyped_storage().data_ptr()}
+    kept_gradient, kept_saved = gradient.detach(), saved.detach()
+    assert "still in use" in run.blocker([])
+    run.copy_kept_loans()
+    assert run.lent == {1} and run.on_loan == set()
+    assert "still in use" in run.blocker([])
+    del kept_gradient, kept_saved
+    assert run.blocker([]) is None
+    run.copy_kept_loans()
+    assert run.lent == {1}
+
+
 class _AtenCalls(TorchDispatchMode):
     """Records the ATen ops called in its block, and the tensors that each copies into."""
 
@@ -424,6 +452,51 @@ def test_gpu_replay_runs_eagerly_when_an_input_is_on_the_cpu():
         for seed in (3, 5):
             torch.testing.assert_close(replayer.run([torch.tensor(seed), x])[0], (x + seed) - x)
     assert not replayer.replays and replayer.captured == {}
+
+
+@needs_cuda
+def test_gpu_replay_lends_an_output_until_a_caller_keeps_it():
+    """An output on loan (`lend`: a parameter's gradient) is the static output itself while
+    the caller lets go of it before the next run; a caller that keeps it and accumulates
+    into it (gradient accumulation) gets the next runs outside the graph, said once, with
+    its accumulated values right; once it lets go, the graph replays again and returns
+    copies, which a later replay does not overwrite."""
+    device = torch.device("cuda", 0)
+    replayer = GraphReplayer(Program.compile(single_binary("f32")), Communicator.single(device), lend=[0])
+
+    def inputs(seed: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        return [torch.randn(3, 6, generator=generator).to(device) for _ in range(2)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphReplayFallback)
+        with poisoned_allocations():
+            (first,) = replayer.run(a_b := inputs(0))
+        (captured,) = replayer.captured.values()
+        assert captured.on_loan == {0} and first.data_ptr() == captured.outputs[0].data_ptr()
+        torch.testing.assert_close(first, sum(a_b))
+        del first
+        (accumulated,) = replayer.run(a_b := inputs(1))
+        assert accumulated.data_ptr() == captured.outputs[0].data_ptr()
+        expected = sum(a_b)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in (2, 3):
+            (gradient,) = replayer.run(a_b := inputs(seed))
+            accumulated += gradient
+            expected += sum(a_b)
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    assert len(said) == 1 and "still in use" in said[0], said
+    torch.testing.assert_close(accumulated, expected)
+    assert captured.on_loan == set() and captured.lent == set()
+    del accumulated, gradient
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphReplayFallback)
+        (kept,) = replayer.run(a_b := inputs(4))
+        (later,) = replayer.run(inputs(5))
+    assert kept.data_ptr() != captured.outputs[0].data_ptr()
+    torch.testing.assert_close(kept, sum(a_b))
+    torch.testing.assert_close(later, captured.outputs[0])
 
 
 @needs_cuda

@@ -1082,6 +1082,59 @@ def test_the_forward_hands_over_what_only_the_backward_reads():
     assert inference is not forward and inference.saved is None
 
 
+def test_the_backward_lends_the_gradients_of_parameters_alone():
+    """A replay of the backward lends, with no copy, the gradients of the parameters (which
+    AccumulateGrad takes as `.grad`), and copies the input's gradient, which the caller's
+    next backward reads: read by their shapes, the lent outputs are the weights' and biases'."""
+    from hostir.frontend.backend import compiled_graphs
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    compiled = torch.compile(model, backend="hostir")
+    compiled(torch.randn(5, 4, requires_grad=True)).sum().backward()
+    forward = [graph for graph in compiled_graphs() if graph.forward][-1]
+    backward = [graph for graph in compiled_graphs() if not graph.forward][-1]
+    (shapes,) = backward.compiled.values()
+    lent = backward._parameter_gradients(shapes.imported)
+    shapes_of = {i: tuple(t.get_shape()) for i, t in enumerate(shapes.program.host.function_type.outputs.data)}
+    assert sorted(shapes_of[i] for i in lent) == sorted(tuple(p.shape) for p in model.parameters())
+    assert (5, 4) in shapes_of.values() and (5, 4) not in [shapes_of[i] for i in lent]
+    assert forward._parameter_gradients(next(iter(forward.compiled.values())).imported) == set()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
+def test_gpu_gradients_accumulated_over_steps_are_those_of_eager():
+    """Gradient accumulation against a replayed backward that lends the parameters'
+    gradients: AccumulateGrad keeps the first step's as `.grad` and adds the next ones into
+    it, so those steps run outside the graph (said once); the gradients are eager's at
+    every window, and after `zero_grad()` the backward replays again, copying them."""
+    from hostir.frontend.backend import compiled_graphs
+    from hostir.runtime.graphs import GraphReplayFallback
+
+    torch._dynamo.reset()
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).cuda() for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="hostir")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for window in range(3):
+            for _ in range(3):
+                x = torch.randn(8, 16, device="cuda")
+                compiled(x).square().mean().backward()
+                reference(x).square().mean().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=f"window {window}, {name}")
+            model.zero_grad()
+            reference.zero_grad()
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    assert len(said) == 1 and "still in use" in said[0], said
+    (backward,) = [shapes for graph in compiled_graphs() if not graph.forward for shapes in graph.compiled.values()]
+    (run,) = backward.replayer.captured.values()
+    assert backward.replayer.replays and run.on_loan == set(), "the kept gradients are copied from then on"
+
+
 def _layer_on_gpu(backend: str) -> dict:
     """The layer in bf16 on this rank's GPU, its collectives on NCCL or the copy engines:
     three training steps (SGD) and three forwards under no_grad against eager DTensor,
@@ -1132,6 +1185,7 @@ def _layer_on_gpu(backend: str) -> dict:
         "replayed": replayed,
         "outside": [str(w.message) for w in outside if issubclass(w.category, GraphReplayFallback)],
         "lent": sum(len(run.lent) for run in runs),
+        "on_loan": sum(len(run.on_loan) for run in runs),
         "handed_over": sum(len(run.handed_over) for run in runs),
         "backends": {shapes.backend for shapes in compiled_shapes},
         "why_not_copy_engines": why_not_copy_engines(compiled_shapes[0].communicator),
@@ -1153,5 +1207,7 @@ def test_decoder_layer_on_gpus_with_graph_replay(world, backend):
         # The activations the forward saves reach the backward with no copy, and every
         # step replays: the backward lets go of them before the next forward.
         assert result["lent"] > 0 and result["handed_over"] > 0, f"rank {rank}: {result}"
+        # The backward lends the parameters' gradients: zero_grad() lets go of them each step.
+        assert result["on_loan"] > 0, f"rank {rank}: {result}"
         assert not result["outside"], f"rank {rank}: {result['outside']}"
         assert result["backends"] == {expected}, f"rank {rank}: {result['why_not_copy_engines']}"
