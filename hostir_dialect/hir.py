@@ -14,7 +14,7 @@ P2PCommunication, Wait, LaunchKernel, PostOnStream, ...), lower-cased.
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
 
@@ -1136,9 +1136,13 @@ class AttentionComputeOp(ComputeOp, ABC):
     `block` index: the keys and values are then the rows of one device, the one at position
     `block` of the queries' mesh, which a causal layout places in the sequence (the ring of
     context parallelism computes one such block per step). The outs are written in their own
-    element type: the queries', or f32 where a ring keeps its running sums.
+    element type: the queries', or f32 where a ring keeps its running sums. Without `block`,
+    the outs that `adopted` names become the kernel's results (`verify_adopted`), which keep
+    the kernel's layout: the heads inside the rows, so that the output transposed to rows
+    of all heads (the next projection's input) is a view.
 
     `hir.attention causal head_tail block %s ins(%q, %k, %v : Tq, Tk, Tv) outs(%out, %lse : To, Tl)`
+    `hir.attention causal top_left ins(%q, %k, %v : Tq, Tk, Tv) outs(%out, %lse : To, Tl) adopted [0, 1]`
     """
 
     OPERANDS: ClassVar[int]
@@ -1149,6 +1153,8 @@ class AttentionComputeOp(ComputeOp, ABC):
     causal = opt_prop_def(fusion.CausalAttr)
     blocks = opt_prop_def(UnitAttr)
     scale = opt_prop_def(FloatAttr)
+    adopted = opt_prop_def(DenseArrayBase[I64])
+    """The outs that become the kernel's results (`verify_adopted`); only without `block`."""
     block = opt_operand_def(IndexType)
 
     def __init__(
@@ -1160,6 +1166,15 @@ class AttentionComputeOp(ComputeOp, ABC):
     ):
         IRDLOperation.__init__(self, operands=[[] if block is None else [block], ins, outs], properties=properties)
 
+    def verify_(self) -> None:
+        super().verify_()
+        if self.adopted is not None and self.block is not None:
+            raise VerifyException(
+                "adopted outs become the kernel's results, but with block the op writes its rows "
+                "into the outs it is given"
+            )
+        verify_adopted(self)
+
     @property
     def causal_mask(self) -> fusion.Causal | None:
         return None if self.causal is None else self.causal.data
@@ -1167,6 +1182,10 @@ class AttentionComputeOp(ComputeOp, ABC):
     @property
     def mask(self) -> SSAValue | None:
         return self.ins[self.OPERANDS] if len(self.ins) > self.OPERANDS else None
+
+    @abstractmethod
+    def kernel_element_type(self, index: int) -> Attribute:
+        """The element type of the kernel's result for out #`index` (an adopted out's)."""
 
     def attention_batch(
         self, query: SSAValue, key: SSAValue, value: SSAValue
@@ -1216,6 +1235,8 @@ class AttentionComputeOp(ComputeOp, ABC):
             printer.print_string(" : ")
             printer.print_list([v.type for v in values], printer.print_attribute)
             printer.print_string(")")
+        if self.adopted is not None:
+            printer.print_string(f" adopted [{', '.join(map(str, self.adopted.get_values()))}]")
         printer.print_op_attributes(self.attributes)
 
     @classmethod
@@ -1233,6 +1254,9 @@ class AttentionComputeOp(ComputeOp, ABC):
             if len(names) != len(types):
                 parser.raise_error(f"{len(names)} {keyword} but {len(types)} types")
             groups.append([parser.resolve_operand(n, t) for n, t in zip(names, types)])
+        if parser.parse_optional_keyword("adopted") is not None:
+            adopted = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+            properties = properties | {"adopted": DenseArrayBase.from_list(i64, adopted)}
         op = cls(*groups, properties, block)
         op.attributes |= parser.parse_optional_attr_dict()
         return op
@@ -1246,6 +1270,11 @@ class AttentionOp(AttentionComputeOp):
     NUM_INS: ClassVar[tuple[int, ...]] = (3, 4)
     NUM_OUTS: ClassVar[tuple[int, ...]] = (2,)
     OPERANDS: ClassVar[int] = 3
+
+    def kernel_element_type(self, index: int) -> Attribute:
+        """The element type of the kernel's result for out #`index`: the queries' for the
+        output, f32 for the log-sum-exp."""
+        return tensor_type(self.ins[0]).element_type if index == 0 else Float32Type()
 
     def verify_(self) -> None:
         super().verify_()
@@ -1270,6 +1299,11 @@ class AttentionBackwardOp(AttentionComputeOp):
     NUM_INS: ClassVar[tuple[int, ...]] = (6, 7)
     NUM_OUTS: ClassVar[tuple[int, ...]] = (3,)
     OPERANDS: ClassVar[int] = 6
+
+    def kernel_element_type(self, index: int) -> Attribute:
+        """The element type of the kernel's result for out #`index`: that of the query, key or
+        value it is the gradient of."""
+        return tensor_type(self.ins[1 + index]).element_type
 
     def verify_(self) -> None:
         super().verify_()
@@ -1394,7 +1428,7 @@ def _parse_buffers(parser: Parser, keyword: str, allow_none: bool) -> list[tuple
     return list(zip(buffers, types))
 
 
-def verify_adopted(op: AtenOp | PostOnStreamOp) -> None:
+def verify_adopted(op: AtenOp | PostOnStreamOp | AttentionComputeOp) -> None:
     """The outs an op's `adopted` names (`hir.aten ... outs(%a, %b : T, U) adopted [1]`) become
     the tensors the op makes (ATen's results, which keep their strides and stay views where
     they are views, or the views a data-movement segment makes), instead of getting them

@@ -8,12 +8,14 @@ save copies that the program writes:
   the source buffer itself. That is the whole copy that a pipelined loop's result gets
   for the readers after the loop (`auto-stream-parallel`): a buffer with a stream axis,
   copied into one without, the same bytes in the same layout.
-* an op that makes its results as tensors of its own, ATen's (`hir.aten`) or the views of
-  a data-movement segment (`hir.post_on_stream`): an out that becomes the tensor itself
+* an op that makes its results as tensors of its own, ATen's (`hir.aten`), an attention
+  kernel's (`hir.attention` and its backward, without a block) or the views of a
+  data-movement segment (`hir.post_on_stream`): an out that becomes the tensor itself
   (`... outs(%t : T) adopted [0]`) keeps ATen's layout (flash attention's backward reads
-  the forward's output with the strides the forward gave it, and is wrong with any other)
-  and stays a view where the result is one (a weight's transpose, or the weight a matmul
-  reads through a broadcast, is not copied every step).
+  the forward's output with the strides the forward gave it, and is wrong with any other;
+  attention's results, laid out with the heads inside the rows, transpose to the next
+  projection's rows as a view) and stays a view where the result is one (a weight's
+  transpose, or the weight a matmul reads through a broadcast, is not copied every step).
 
 Both replace a buffer of the program by another tensor, which is right only where nothing
 could tell the difference: the buffer is a whole one of the op's block that only this
@@ -135,16 +137,28 @@ class ForwardCopySource(RewritePattern):
             rewriter.notify_op_modified(op)
 
 
+def adoptable(op: hir.AtenOp | hir.PostOnStreamOp | hir.AttentionComputeOp, index: int, order: BlockOrder) -> bool:
+    """Whether out #`index` of `op` may become the tensor the op makes: one the op fills
+    first, and of an attention kernel, one with the element type the kernel makes, of an op
+    without a block (a ring's step writes its rows into the outs it is given)."""
+    out = op.outs[index]
+    if isinstance(op, hir.AttentionComputeOp):
+        if op.block is not None or tensor_type(out).element_type != op.kernel_element_type(index):
+            return False
+    return fills_first(op, out, order)
+
+
 @dataclass
 class AdoptResults(RewritePattern):
-    """Marks `adopted` the outs of an `hir.aten` or an `hir.post_on_stream` that the op fills first."""
+    """Marks `adopted` the outs of an `hir.aten`, an `hir.attention` or its backward, or an
+    `hir.post_on_stream` that may become the tensors the op makes (`adoptable`)."""
 
     order: BlockOrder
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
-        if not isinstance(op, hir.AtenOp | hir.PostOnStreamOp):
+        if not isinstance(op, hir.AtenOp | hir.PostOnStreamOp | hir.AttentionComputeOp):
             return
-        adopted = [index for index, out in enumerate(op.outs) if fills_first(op, out, self.order)]
+        adopted = [index for index in range(len(op.outs)) if adoptable(op, index, self.order)]
         marked = [] if op.adopted is None else list(op.adopted.get_values())
         if adopted != marked:
             op.adopted = DenseArrayBase.from_list(i64, adopted) if adopted else None

@@ -161,8 +161,14 @@ def _batch(*tensors: torch.Tensor | None, trailing: int = 2) -> tuple[int, ...]:
 
 
 def _folded(tensor: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
-    """`tensor [*b, rows, width]` expanded to `batch` and folded to `[prod(batch), 1, rows, width]`."""
-    return tensor.expand(*batch, *tensor.shape[-2:]).reshape(-1, 1, *tensor.shape[-2:])
+    """`tensor [*b, rows, width]` expanded to `batch` and folded to `[1, prod(batch), rows, width]`.
+
+    The batch is folded into the heads' axis, not the kernels' batch: the kernels make their
+    results with the heads inside the rows (`[B, rows, H, width]` in memory), so an output
+    transposed to `[rows, H * width]` (a model's next projection) is a view, not a copy,
+    and they read queries laid out that way (a projection's output transposed) as they are.
+    """
+    return tensor.expand(*batch, *tensor.shape[-2:]).reshape(1, -1, *tensor.shape[-2:])
 
 
 def _folded_mask(mask: Mask, batch: tuple[int, ...], dtype: torch.dtype) -> Mask:
@@ -200,7 +206,7 @@ def attention_backward(dout, q, k, v, out, lse, mask: Mask) -> tuple[torch.Tenso
     batch = _batch(q, k, v, mask.tensor)
     folded = [_folded(t, batch) for t in (dout, q, k, v, out)]
     # The kernels' log-sum-exp of a row that sees no key (whose gradients are 0 either way).
-    lse = lse.masked_fill(lse.isneginf(), 0.0).expand(*batch, q.shape[-2]).reshape(-1, 1, q.shape[-2])
+    lse = lse.masked_fill(lse.isneginf(), 0.0).expand(*batch, q.shape[-2]).reshape(1, -1, q.shape[-2])
     grads = _backward_kernel(*folded, lse, _folded_mask(mask, batch, q.dtype))
     return tuple(g.reshape(*batch, *g.shape[-2:]) for g in grads)
 
@@ -338,24 +344,35 @@ def evaluate_attention_backward(op: fusion.AttentionBackwardOp, dout, q, k, v, o
     ]
 
 
-Compute = Callable[[list[torch.Tensor], list[torch.Tensor], int, int | None], None]
+Compute = Callable[[list[torch.Tensor], list[torch.Tensor], int, int | None], Sequence[torch.Tensor] | None]
 """`compute(ins, outs, position, block)`: an attention op on this device's buffers, its position in
-the queries' mesh, and the block index (None without one)."""
+the queries' mesh, and the block index (None without one); the kernel's results, for the outs
+to adopt or get copied in, or None where it wrote the outs itself (a block's rows)."""
 
 
 def _attention_step(op: hir.AttentionComputeOp, prep: Preparation, queries: SSAValue, compute: Compute) -> Step:
-    """The step of an attention op: `compute` on the ranks of the mesh of its first out."""
+    """The step of an attention op: `compute` on the ranks of the mesh of its first out, whose
+    results the outs that `adopted` names become (keeping the kernel's layout), and the
+    others get copied in."""
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
+    adopted = set() if op.adopted is None else set(op.adopted.get_values())
     block = None if op.block is None else prep.slot(op.block)
     mesh = mesh_of(op.outs[0])
     query_mesh = tensor_type(queries).mesh.ids
 
     def step(env: Environment, context: RunContext) -> None:
-        if context.rank in mesh:
-            position = query_mesh.index(context.rank) if context.rank in query_mesh else 0
-            compute([env[s] for s in ins], [env[s] for s in outs], position, None if block is None else env[block])
+        if context.rank not in mesh:
+            return
+        position = query_mesh.index(context.rank) if context.rank in query_mesh else 0
+        targets = [env[s] for s in outs]
+        results = compute([env[s] for s in ins], targets, position, None if block is None else env[block])
+        for index, (slot, target, result) in enumerate(zip(outs, targets, results or ())):
+            if index in adopted:
+                env[slot] = result.view(target.shape)
+            else:
+                target.copy_(result)
 
     return step
 
@@ -407,10 +424,9 @@ def _attention(op: hir.AttentionOp, prep: Preparation) -> Step:
         q, k, v = ins[0], _sequence(ins[1], key_type, properties), _sequence(ins[2], value_type, properties)
         if block is not None:
             block_attention(q, k, v, *outs, properties.causal, properties.scale, position, block)
-            return
+            return None
         mask = properties.mask(q, ins[3] if len(ins) > 3 else None, devices, [position], k.shape[-2])
-        for target, result in zip(outs, attention(q, k, v, mask)):
-            target.copy_(result)
+        return attention(q, k, v, mask)
 
     return _attention_step(op, prep, op.ins[0], compute)
 
@@ -428,10 +444,12 @@ def _attention_backward(op: hir.AttentionBackwardOp, prep: Preparation) -> Step:
         if block is not None:
             causal, scale = properties.causal, properties.scale
             block_attention_backward(dout, q, k, v, out, lse, outs, causal, scale, position, block)
-            return
+            return None
         mask = properties.mask(q, ins[6] if len(ins) > 6 else None, devices, [position], k.shape[-2])
         grads = attention_backward(dout, q, k, v, out, lse, mask)
-        for i, (target, grad, type) in enumerate(zip(outs, grads, grad_types)):
-            target.copy_(_like(grad, type, target.shape, properties if i else AS_GIVEN))
+        return [
+            _like(grad, type, target.shape, properties if i else AS_GIVEN)
+            for i, (target, grad, type) in enumerate(zip(outs, grads, grad_types))
+        ]
 
     return _attention_step(op, prep, op.ins[1], compute)

@@ -241,6 +241,19 @@ func.func @adopted_out_of_range(%x: !fusion.tensor<[3, 5], f32>) {
 
 // -----
 
+!rq = !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
+!rk = !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>
+!rl = !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+func.func @adopted_by_a_block(%q: !rq, %k: !rk, %b: index) {
+  %out = hir.allocate() : !rq
+  %lse = hir.allocate() : !rl
+  // expected-error@+1 {{adopted outs become the kernel's results, but with block the op writes its rows into the outs it is given}}
+  hir.attention causal head_tail block %b ins(%q, %k, %k : !rq, !rk, !rk) outs(%out, %lse : !rq, !rl) adopted [0]
+  func.return
+}
+
+// -----
+
 func.func @adopted_twice(%x: !fusion.tensor<[3, 5], f32>) {
   %t = hir.allocate() : !fusion.tensor<[5, 3], f32>
   // expected-error@+1 {{adopted names the outs that become the tensors hir.aten makes, each once and in increasing order; got [0, 0]}}

@@ -329,17 +329,18 @@ func.func @forwarded(%a: !fusion.tensor<[?, 4], f32>, %v: !fusion.tensor<[4], f3
 
 // hir.attention and hir.attention_backward: the fusion ops' properties, one block of keys
 // (`block`, the ring's step, under a causal layout), outs of their own element type (f32
-// where a ring keeps running sums), a mask operand last among the ins.
+// where a ring keeps running sums), a mask operand last among the ins, and without a block
+// the outs adopted as the kernel's results.
 // CHECK-LABEL: func.func @attention(
 // CHECK: hir.attention causal head_tail block %s ins(%q, %k, %k : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>) outs(%out, %lse : !fusion.tensor<[2, 2, 4, 8, 16], f32, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>)
 // CHECK-NEXT: hir.attention causal contiguous blocks scale 5.000000e-01 ins(%q, %blocks, %blocks : {{.*}}) outs(%out, %lse : {{.*}}) {tag}
 // CHECK: hir.attention_backward causal head_tail block %s ins(%q, %q, %k, %k, %q, %lse : {{.*}}) outs(%bq, %bk, %bv : {{.*}})
-// CHECK: hir.attention ins(%q, %kk, %kk, %m : {{.*}}, !fusion.tensor<[2, 1, 1, 8, 16], i1, mesh = [0, 1], axes = [didx, _, _, _, _]>) outs(%mo, %lse : {{.*}})
+// CHECK: hir.attention ins(%q, %kk, %kk, %m : {{.*}}, !fusion.tensor<[2, 1, 1, 8, 16], i1, mesh = [0, 1], axes = [didx, _, _, _, _]>) outs(%mo, %lse : {{.*}}) adopted [0]{{$}}
 // GENERIC-LABEL: sym_name = "attention"
 // GENERIC: "hir.attention"(%s, %q, %k, %k, %out, %lse) <{causal = #fusion<causal head_tail>, operandSegmentSizes = array<i32: 1, 3, 2>}>
 // GENERIC-NEXT: "hir.attention"(%q, %blocks, %blocks, %out, %lse) <{causal = #fusion<causal contiguous>, blocks, scale = 5.000000e-01 : f64, operandSegmentSizes = array<i32: 0, 3, 2>}> {tag}
 // GENERIC: "hir.attention_backward"(%s, %q, %q, %k, %k, %q, %lse, %bq, %bk, %bv) <{causal = #fusion<causal head_tail>, operandSegmentSizes = array<i32: 1, 6, 3>}>
-// GENERIC: "hir.attention"(%q, %kk, %kk, %m, %mo, %lse) <{operandSegmentSizes = array<i32: 0, 4, 2>}>
+// GENERIC: "hir.attention"(%q, %kk, %kk, %m, %mo, %lse) <{adopted = array<i64: 0>, operandSegmentSizes = array<i32: 0, 4, 2>}>
 func.func @attention(%q: !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>,
                      %k: !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>,
                      %blocks: !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1]>,
@@ -354,6 +355,6 @@ func.func @attention(%q: !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], a
   hir.attention_backward causal head_tail block %s ins(%q, %q, %k, %k, %q, %lse : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>) outs(%bq, %bk, %bv : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8, 16], f32, mesh = [0, 1], axes = [didx, _, _, _, _]>)
   %mo = hir.allocate() : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
   %kk = hir.allocate() : !fusion.tensor<[2, 4, 16, 16], bf16, mesh = [0, 1]>
-  hir.attention ins(%q, %kk, %kk, %m : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 4, 16, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 4, 16, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 1, 1, 8, 16], i1, mesh = [0, 1], axes = [didx, _, _, _, _]>) outs(%mo, %lse : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>)
+  hir.attention ins(%q, %kk, %kk, %m : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 4, 16, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 4, 16, 16], bf16, mesh = [0, 1]>, !fusion.tensor<[2, 1, 1, 8, 16], i1, mesh = [0, 1], axes = [didx, _, _, _, _]>) outs(%mo, %lse : !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>, !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>) adopted [0]
   func.return
 }

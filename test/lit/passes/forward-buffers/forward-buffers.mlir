@@ -153,3 +153,31 @@ func.func @spread_weight(%x: !fusion.tensor<[2, 5, 4], f32>, %w: !v) -> !fusion.
   hir.deallocate %s : !fusion.tensor<[1, 4], f32>
   func.return %y : !fusion.tensor<[2, 5], f32>
 }
+
+// An attention kernel's results: whole buffers it fills first become them (the heads stay
+// inside the rows, as the kernel lays them out); an out of another element type than the
+// kernel makes (f32 for bf16 queries) gets its result copied in, and so do the outs of a
+// ring's step (`block`), which writes its rows into the outs it is given.
+// CHECK-LABEL: func.func @attention_results(
+// CHECK:         hir.attention causal top_left ins({{.*}}) outs(%out, %lse : {{[^)]*}}) adopted [0, 1]{{$}}
+// CHECK:         hir.attention_backward causal top_left ins({{.*}}) outs(%dq, %dk, %dv : {{[^)]*}}) adopted [0, 1]{{$}}
+// CHECK:         hir.attention causal head_tail block %b ins({{.*}}) outs(%ring, %ring_lse : {{[^)]*}}){{$}}
+!q = !fusion.tensor<[2, 4, 8, 16], bf16>
+!l = !fusion.tensor<[2, 4, 8], f32>
+!wide = !fusion.tensor<[2, 4, 8, 16], f32>
+!rq = !fusion.tensor<[2, 2, 4, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
+!rk = !fusion.tensor<[2, 4, 8, 16], bf16, mesh = [0, 1]>
+!rl = !fusion.tensor<[2, 2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+func.func @attention_results(%q: !q, %dout: !q, %rq: !rq, %rk: !rk, %b: index) -> (!q, !l, !q, !q, !wide, !rq, !rl) {
+  %out = hir.allocate() : !q
+  %lse = hir.allocate() : !l
+  hir.attention causal top_left ins(%q, %q, %q : !q, !q, !q) outs(%out, %lse : !q, !l)
+  %dq = hir.allocate() : !q
+  %dk = hir.allocate() : !q
+  %dv = hir.allocate() : !wide
+  hir.attention_backward causal top_left ins(%dout, %q, %q, %q, %out, %lse : !q, !q, !q, !q, !q, !l) outs(%dq, %dk, %dv : !q, !q, !wide)
+  %ring = hir.allocate() : !rq
+  %ring_lse = hir.allocate() : !rl
+  hir.attention causal head_tail block %b ins(%rq, %rk, %rk : !rq, !rk, !rk) outs(%ring, %ring_lse : !rq, !rl)
+  func.return %out, %lse, %dq, %dk, %dv, %ring, %ring_lse : !q, !l, !q, !q, !wide, !rq, !rl
+}
