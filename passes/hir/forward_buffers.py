@@ -4,10 +4,11 @@ become their buffers, from buffer liveness (`passes/analysis/buffers.py`).
 Buffers are the runtime's to lay out (docs/design.md, *Runtime*), and two of its choices
 save copies that the program writes:
 
-* a copy whose source dies at the copy (`hir.copy ... forwards_source`): the out becomes
-  the source buffer itself. That is the whole copy that a pipelined loop's result gets
-  for the readers after the loop (`auto-stream-parallel`): a buffer with a stream axis,
-  copied into one without, the same bytes in the same layout.
+* a copy whose source dies at the copy, or whose source and out are only read after it
+  (`hir.copy ... forwards_source`): the out becomes the source buffer itself. That is
+  the whole copy that a pipelined loop's result gets for the readers after the loop
+  (`auto-stream-parallel`): a buffer with a stream axis, copied into one without, the
+  same bytes in the same layout, which a kernel fused after the loop may read too.
 * an op that makes its results as tensors of its own, ATen's (`hir.aten`), an attention
   kernel's (`hir.attention` and its backward, without a block) or the views of a
   data-movement segment (`hir.post_on_stream`): an out that becomes the tensor itself
@@ -21,10 +22,11 @@ Both replace a buffer of the program by another tensor, which is right only wher
 could tell the difference: the buffer is a whole one of the op's block that only this
 device uses (`hir.allocate`, not symmetric, in the op's block; not a slice of a larger
 buffer, whose other slices the tensor would not share), and the op fills it first (no op
-uses it before). A forwarded source must also die at the copy: nothing uses it or a view
-of it afterwards but its `hir.deallocate`, a communication's wait counting as a use
-(`buffer_users`), and it must hold what the out holds (one local shape, element type and
-extents). The runtime reads the marks and decides nothing; a program without them
+uses it before). A forwarded source must also die at the copy (nothing uses it or a view
+of it afterwards but its `hir.deallocate`, a communication's wait counting as a use:
+`buffer_users`), or it and the out must only be read after it (no op writes either, so
+one buffer holds what both would), and it must hold what the out holds (one local shape,
+element type and extents). The runtime reads the marks and decides nothing; a program without them
 (written by hand, or lowered with `hir-lowering{forward_buffers=false}`) runs with plain
 copies.
 
@@ -104,6 +106,34 @@ def dies_at(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
     )
 
 
+def only_read_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
+    """Whether `buffer`, a whole buffer of `op`'s block, is only read after `op`: each later
+    use (directly or through a view) is its `hir.deallocate` or an op that has it among its
+    ins and not among its outs (a pipelined loop's result that a fused kernel reads after
+    the copy that the readers after the loop get)."""
+    if whole_buffer(op, buffer) is None:
+        return False
+    block = op.parent_block()
+    position = order.position(op, block)
+    viewed = {buffer}
+    pending = [buffer]
+    while pending:
+        for use in pending.pop().uses:
+            if isinstance(use.operation, hir.AliasSelectOp):
+                viewed.add(use.operation.result)
+                pending.append(use.operation.result)
+
+    def reads(user: Operation) -> bool:
+        if isinstance(user, hir.DeallocateOp):
+            return True
+        ins, outs = getattr(user, "ins", None), getattr(user, "outs", None)
+        return ins is not None and outs is not None and not viewed & set(outs)
+
+    return all(
+        user is op or order.position(user, block) < position or reads(user) for user in buffer_users(buffer)
+    )
+
+
 def same_buffer_shape(a: hir.AllocateOp, b: hir.AllocateOp) -> bool:
     """Whether the two allocations make buffers of one local shape and element type, and of
     the same extents wherever they are dynamic (`known_extent`)."""
@@ -118,7 +148,9 @@ def same_buffer_shape(a: hir.AllocateOp, b: hir.AllocateOp) -> bool:
 def forwards_source(op: hir.CopyOp, order: BlockOrder) -> bool:
     """Whether the copy's out may be its source buffer itself (the module docstring)."""
     source, out = op.ins[0], op.outs[0]
-    if not fills_first(op, out, order) or not dies_at(op, source, order):
+    if not fills_first(op, out, order):
+        return False
+    if not dies_at(op, source, order) and not (only_read_after(op, source, order) and only_read_after(op, out, order)):
         return False
     return same_buffer_shape(whole_buffer(op, source), whole_buffer(op, out))
 

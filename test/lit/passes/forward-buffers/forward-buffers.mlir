@@ -42,6 +42,32 @@ func.func @same_extent_read_twice(%x: !t) -> !t {
   func.return %whole : !t
 }
 
+// The source and the out are only read after the copy (a kernel fused after a pipelined
+// loop reads the loop's result, the readers after the loop its copy): one buffer holds
+// what both would. Read by an op that also writes it, or returned, it is not.
+// CHECK-LABEL: func.func @only_read_after_the_copy(
+// CHECK:         hir.copy ins(%s : {{.*}}) outs(%whole : {{[^)]*}}) forwards_source{{$}}
+// CHECK:         hir.copy ins(%w : {{.*}}) outs(%w_copy : {{[^)]*}}){{$}}
+func.func @only_read_after_the_copy(%x: !t) -> (!t, !t, !t) {
+  %n = hir.dim %x, 0 : !t
+  %s = hir.allocate(%n) : !s
+  hir.pointwise "neg" ins(%x : !t) outs(%s : !s)
+  %whole = hir.allocate(%n) : !t
+  hir.copy ins(%s : !s) outs(%whole : !t)
+  %y = hir.allocate(%n) : !t
+  hir.pointwise "exp" ins(%s : !s) outs(%y : !t)
+  hir.deallocate %s : !s
+  %z = hir.allocate(%n) : !t
+  hir.pointwise "abs" ins(%whole : !t) outs(%z : !t)
+  %w = hir.allocate(%n) : !t
+  hir.pointwise "neg" ins(%x : !t) outs(%w : !t)
+  %w_copy = hir.allocate(%n) : !t
+  hir.copy ins(%w : !t) outs(%w_copy : !t)
+  hir.pointwise "exp" ins(%w : !t) outs(%w : !t)
+  hir.deallocate %w : !t
+  func.return %y, %z, %w_copy : !t, !t, !t
+}
+
 // The source is written after the copy (a stale mark is removed), read through a view
 // after it, or returned: the out must hold the value of the copy, so bytes move.
 // CHECK-LABEL: func.func @source_lives_on(
