@@ -560,7 +560,6 @@ class HostirGraph:
         returned = {index for j, index in enumerate(outputs) if j not in saved}
         return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
 
-
     def _parameter_gradients(self, imported: ImportedGraph) -> set[int]:
         """The program's outputs that a backward graph returns only as gradients of the
         forward's parameters: autograd's AccumulateGrad takes each as the parameter's `.grad`
@@ -572,7 +571,8 @@ class HostirGraph:
             return set()
         outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
         others = {index for j, index in enumerate(outputs) if j not in self.parameters.forward}
-        return {index for j, index in enumerate(outputs) if j in self.parameters.forward and index is not None} - others
+        gradients = {index for j, index in enumerate(outputs) if j in self.parameters.forward and index is not None}
+        return gradients - others
 
 
 def _speaks_for(group: dist.ProcessGroup | None) -> bool:

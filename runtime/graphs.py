@@ -385,8 +385,9 @@ class GraphReplayer:
             )
             return None
         parameters = frozenset(self.static_inputs)
+        returned_as_they_are = self.hand_over | self.lend
         views, lent = output_kinds(
-            static_inputs, static_outputs, parameters, handed_over, self.hand_over | self.lend, program.symmetric_outputs
+            static_inputs, static_outputs, parameters, handed_over, returned_as_they_are, program.symmetric_outputs
         )
         self.captured[key] = CapturedRun(
             graph,

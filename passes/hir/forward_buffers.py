@@ -26,9 +26,9 @@ uses it before). A forwarded source must also die at the copy (nothing uses it o
 of it afterwards but its `hir.deallocate`, a communication's wait counting as a use:
 `buffer_users`), or it and the out must only be read after it (no op writes either, so
 one buffer holds what both would), and it must hold what the out holds (one local shape,
-element type and extents). The runtime reads the marks and decides nothing; a program without them
-(written by hand, or lowered with `hir-lowering{forward_buffers=false}`) runs with plain
-copies.
+element type and extents). The runtime reads the marks and decides nothing; a program
+without them (written by hand, or lowered with `hir-lowering{forward_buffers=false}`)
+runs with plain copies.
 
 The pass runs after `insert-deallocations`, whose deallocations are where a source dies.
 Running it again gives the same marks.
@@ -150,7 +150,8 @@ def forwards_source(op: hir.CopyOp, order: BlockOrder) -> bool:
     source, out = op.ins[0], op.outs[0]
     if not fills_first(op, out, order):
         return False
-    if not dies_at(op, source, order) and not (only_read_after(op, source, order) and only_read_after(op, out, order)):
+    read_only = only_read_after(op, source, order) and only_read_after(op, out, order)
+    if not dies_at(op, source, order) and not read_only:
         return False
     return same_buffer_shape(whole_buffer(op, source), whole_buffer(op, out))
 
@@ -169,7 +170,11 @@ class ForwardCopySource(RewritePattern):
             rewriter.notify_op_modified(op)
 
 
-def adoptable(op: hir.AtenOp | hir.PostOnStreamOp | hir.AttentionComputeOp, index: int, order: BlockOrder) -> bool:
+AdoptingOp = hir.AtenOp | hir.PostOnStreamOp | hir.AttentionComputeOp
+"""The ops whose outs may become the tensors they make."""
+
+
+def adoptable(op: AdoptingOp, index: int, order: BlockOrder) -> bool:
     """Whether out #`index` of `op` may become the tensor the op makes: one the op fills
     first, and of an attention kernel, one with the element type the kernel makes, of an op
     without a block (a ring's step writes its rows into the outs it is given)."""
@@ -188,7 +193,7 @@ class AdoptResults(RewritePattern):
     order: BlockOrder
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
-        if not isinstance(op, hir.AtenOp | hir.PostOnStreamOp | hir.AttentionComputeOp):
+        if not isinstance(op, AdoptingOp):
             return
         adopted = [index for index in range(len(op.outs)) if adoptable(op, index, self.order)]
         marked = [] if op.adopted is None else list(op.adopted.get_values())
