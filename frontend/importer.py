@@ -206,6 +206,22 @@ def chunked_shape(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int,
     return (*chunks, shape[0] // math.prod(chunks), *shape[1:])
 
 
+def inserted_axes(shape: tuple[int, ...], reshaped: tuple[int, ...]) -> list[int] | None:
+    """The axes of `reshaped` that are extent-1 axes put in among those of `shape`, where that
+    is all the reshape does (`[16, 64]` to `[1, 16, 64]`: `[0]`); None for any other."""
+    if len(reshaped) <= len(shape):
+        return None
+    inserted, kept = [], 0
+    for axis, extent in enumerate(reshaped):
+        if kept < len(shape) and extent == shape[kept]:
+            kept += 1
+        elif extent == 1:
+            inserted.append(axis)
+        else:
+            return None
+    return inserted if kept == len(shape) else None
+
+
 def dtype_supported(dtype: torch.dtype) -> bool:
     return dtype in TORCH_DTYPES
 
@@ -432,7 +448,14 @@ class Importer:
 
     def with_piece(self, value: Value, local: tuple[int, ...]) -> Value:
         """`value` with each device's piece reshaped to `local` (a view at run time), its
-        axes permuted first where the value has an `order` (a copy)."""
+        axes permuted first where the value has an `order` (a copy). A reshape that only
+        puts extent-1 axes in is a `fusion.broadcast`, which a kernel computes with the ops
+        around it, where an ATen reshape would cut their kernel in two (RMSNorm's backward
+        reads its incoming gradient with the batch axis put back)."""
+        inserted = inserted_axes(value.local_shape, local)
+        if value.order is None and inserted is not None:
+            piece = self.with_unit_axes(value, inserted, local)
+            return Value(piece, value.shape, value.dtype, value.varying, local)
         piece = value.ssa
         if value.order is not None:
             permuted = tuple(value.local_shape[axis] for axis in value.order)
@@ -489,13 +512,16 @@ class Importer:
 
     def with_leading_axes(self, value: Value, count: int) -> Value:
         """The piece of `value` with `count` extent-1 axes in front of its own (after the device
-        axis of a varying value), a `fusion.broadcast`, which moves no data: a value of the
-        piece's shape."""
-        offset = 1 if value.varying else 0
+        axis of a varying value): a value of the piece's shape."""
         local = (1,) * count + value.local_shape
+        return Value(self.with_unit_axes(value, list(range(count)), local), local, value.dtype, value.varying)
+
+    def with_unit_axes(self, value: Value, axes: list[int], local: tuple[int, ...]) -> SSAValue:
+        """The piece of `value` with extent-1 axes at `axes` of the result's piece `local`
+        (after the device axis of a varying value), a `fusion.broadcast`, which moves no data."""
+        offset = 1 if value.varying else 0
         result_type = self.tensor_type(local, value.dtype, value.varying)
-        ssa = self.emit(fusion.BroadcastOp(value.ssa, list(range(offset, offset + count)), result_type)).results[0]
-        return Value(ssa, local, value.dtype, value.varying)
+        return self.emit(fusion.BroadcastOp(value.ssa, [offset + axis for axis in axes], result_type)).results[0]
 
     def cast(self, value: Value, dtype: torch.dtype) -> Value:
         if value.dtype == dtype:

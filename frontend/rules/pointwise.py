@@ -147,6 +147,10 @@ def _to_dtype(importer: Importer, node: torch.fx.Node) -> Value | None:
     result = result_of(node)
     value = importer.arg(node.args[0])
     kwargs = set(node.kwargs) - {"dtype", "layout", "device"}
+    # A dense result, as every fusion value is (torch 2.11's decomposition of RMSNorm's
+    # backward asks for it when it casts to f32).
+    if node.kwargs.get("memory_format") == torch.contiguous_format:
+        kwargs.discard("memory_format")
     if kwargs or result.device != node.args[0].meta["val"].device:
         return None
     if not dtype_supported(result.dtype) or value.dtype in CARRIERS:

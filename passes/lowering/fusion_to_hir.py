@@ -334,8 +334,12 @@ def _first_cut(run: list[Operation]) -> int | None:
 
 
 def _iterated_shape(op: Operation) -> tuple[int, ...]:
-    """The shape a kernel walks to compute `op`: a reduction's input's, any other op's result's."""
-    return tensor_type(op.input if isinstance(op, fusion.ReductionOp) else op.results[0]).get_shape()
+    """The shape a kernel walks to compute `op` on one device: a reduction's input's, any other
+    op's result's, local (a `didx` axis of extent 1). Local, since a kernel walks a device's
+    pieces: a varying value's device axis, first of its axes, then broadcasts with any axis
+    of a value of higher rank (a `fusion.broadcast` that puts an axis after it), where the
+    whole shapes would align it with a data axis."""
+    return tensor_type(op.input if isinstance(op, fusion.ReductionOp) else op.results[0]).local_shape()
 
 
 def _reduces_rows(op: Operation, space: Sequence[int]) -> bool:
@@ -344,7 +348,7 @@ def _reduces_rows(op: Operation, space: Sequence[int]) -> bool:
     the space's last axis, of an extent other than 1."""
     if not is_local_reduction(op):
         return False
-    shape = tensor_type(op.input).get_shape()
+    shape = tensor_type(op.input).local_shape()
     try:
         space = broadcast_shapes(space, shape)
     except VerifyException:
@@ -395,7 +399,7 @@ def _dynamic_extents_meet(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 def _shape(op: Operation) -> tuple[int, ...]:
-    return tensor_type(op.results[0]).get_shape()
+    return tensor_type(op.results[0]).local_shape()
 
 
 def _first_partial_output(run: list[Operation]) -> int | None:

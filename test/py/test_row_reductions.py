@@ -138,7 +138,7 @@ def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
     assert backward.count("hir.launch_kernel") == (1 if dtype == torch.float32 else 2)
 
 
-def _layer_programs_on_rank(dtype: torch.dtype) -> str:
+def _layer_programs_on_rank(dtype: torch.dtype, batch: int = 2) -> str:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -149,32 +149,71 @@ def _layer_programs_on_rank(dtype: torch.dtype) -> str:
     torch.manual_seed(0)
     layer = parallelize(DecoderLayer().to(device, dtype), mesh)
     compiled = torch.compile(layer, backend="hostir", options={"backend": "nccl"})
-    x = torch.randn(2, 16, 64, dtype=dtype).chunk(dist.get_world_size(), dim=1)[dist.get_rank()].to(device)
+    x = torch.randn(batch, 16, 64, dtype=dtype).chunk(dist.get_world_size(), dim=1)[dist.get_rank()].to(device)
     with _dumped("host_ir") as dump:
         compiled(x.requires_grad_()).float().sum().backward()
     return dump.getvalue()
 
 
+def test_a_cast_to_a_dense_result_is_a_fusion_cast():
+    """torch 2.11's decomposition of RMSNorm's backward casts with `memory_format=
+    torch.contiguous_format`, which every fusion value is: a `fusion.cast` that joins the
+    norm's kernel (each was an ATen copy of the activations to f32 on GPUs). Another memory
+    format stays ATen's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hostir.frontend.importer import import_graph
+
+    def cast(x, memory_format):
+        return (x.to(torch.float32, memory_format=memory_format) * 2,)
+
+    x = torch.randn(2, 3, 4, 5, dtype=torch.bfloat16)
+    for memory_format, ops in ((torch.contiguous_format, {"fusion.cast"}), (torch.channels_last, {"fusion.aten"})):
+        graph = make_fx(lambda x: cast(x, memory_format))(x)
+        assert [n.kwargs.get("memory_format") for n in graph.graph.nodes if n.target is torch.ops.aten._to_copy.default] == [memory_format]
+        names = {op.name for op in import_graph(graph).module.walk()}
+        assert ops <= names and not ({"fusion.cast", "fusion.aten"} - ops) & names, names
+
+
+def test_a_reshape_that_puts_unit_axes_in_is_a_broadcast():
+    """A reshape that only puts extent-1 axes in (RMSNorm's backward reading its gradient
+    `[16, 64]` as `[1, 16, 64]`) is a `fusion.broadcast` of those axes, which a kernel holds
+    with its neighbours; one that moves elements between axes stays ATen's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hostir.frontend.importer import import_graph
+
+    x = torch.randn(16, 64)
+    for shape, ops in (((1, 16, 1, 64), {"fusion.broadcast"}), ((2, 8, 64), {"fusion.aten"})):
+        graph = make_fx(lambda x: (x.exp().reshape(shape) * 2,))(x)
+        module = import_graph(graph).module
+        names = {op.name for op in module.walk()}
+        assert ops <= names and not ({"fusion.broadcast", "fusion.aten"} - ops) & names, names
+        if "fusion.broadcast" in ops:
+            (broadcast,) = [op for op in module.walk() if op.name == "fusion.broadcast"]
+            assert list(broadcast.new_axes.get_values()) == [0, 2]
+
+
 COMPUTING_ATEN = re.compile(
-    r'hir.aten "aten\.(_fused_rms_norm\w*|mean|rsqrt|pow|mul|add|sub|div|sum|expand|detach)\.'
+    r'hir.aten "aten\.(_fused_rms_norm\w*|mean|rsqrt|pow|mul|add|sub|div|sum|expand|detach|_to_copy|convert_element_type)\.'
 )
-"""ATen calls that would compute part of a norm, or its residual add, outside the kernels.
-Casts are not among them: torch 2.11's decomposition of the norm's backward on GPUs casts to
-f32 with `memory_format=torch.contiguous_format`, which the importer leaves to ATen (six
-copies in the bf16 layer's backward; read as `fusion.cast` they split the backward into
-four more kernels, slower on 4 H100: docs/benchmarks.md)."""
+"""ATen calls that would compute part of a norm, its casts included, or its residual add,
+outside the kernels."""
 
 
 @needs_ranks(2)
+@pytest.mark.parametrize("batch", [1, 2], ids=["one_sequence", "two_sequences"])
 @pytest.mark.parametrize(("dtype", "kernels"), [(torch.float32, [4, 7]), (torch.bfloat16, [4, 9])], ids=["f32", "bf16"])
-def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels):
+def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     """The TP decoder layer of examples/ on 2 ranks: each RMSNorm with the residual add before
     it is one kernel in the forward, each norm's backward one kernel and a column sum; no part
     of a norm is an ATen call (on the CPU every ATen call left is a view: 20 in the forward, 67
     in the backward; on GPUs the attention kernel adds its own). Before row reductions joined
     kernels the forward launched 8 kernels (f32; 12 in bf16) and 27 ATen calls, the backward
-    11 (17) kernels and 72 ATen calls."""
-    text = run_on_hostir(_layer_programs_on_rank, 2, dtype, timeout_s=300)[0]
+    11 (17) kernels and 72 ATen calls. With one sequence the norm's backward reads its
+    gradient with the batch axis put back: before that reshape was a `fusion.broadcast` (and
+    the kernels' spaces local), it cut the backward into 11 (15) kernels."""
+    text = run_on_hostir(_layer_programs_on_rank, 2, dtype, batch, timeout_s=300)[0]
     programs = [p.split("func.func @", 1)[1] for p in text.split("// hostir: the host program")[1:]]
     assert [p.count("hir.launch_kernel") for p in programs] == kernels
     for program in programs:

@@ -146,3 +146,28 @@ func.func @not_rows(%x: !x, %y: !b) -> (!fusion.tensor<[?], f32>, !b) {
 // CHECK:         hir.reduction "sum" [1] ins
 // CHECK:         hir.reduction "sum" [1] keepdim
 // CHECK:         hir.launch_kernel @not_rows_segment_1
+
+// A varying gradient read with an axis put back after its device axis (`fusion.broadcast`,
+// RMSNorm's backward with one sequence): a kernel walks each device's piece, whose device
+// axis has extent 1, so the cast before the broadcast and the row kernel after it are one
+// run, and one segment. Aligned by their whole shapes, the device axis of the cast's
+// result would meet the broadcast's axis 1 (extent 2 against 1) and cut the run.
+
+!vg = !fusion.tensor<[2, 16, 64], bf16, mesh = [0, 1], axes = [didx, _, _]>
+!vgf = !fusion.tensor<[2, 16, 64], f32, mesh = [0, 1], axes = [didx, _, _]>
+!vx = !fusion.tensor<[2, 1, 16, 64], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!vrow = !fusion.tensor<[2, 1, 16, 1], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+
+// CHECK-LABEL: func.func @gradient_with_its_batch_axis_back(
+// CHECK-NOT:     hir.post_on_stream
+// CHECK:         hir.launch_kernel @gradient_with_its_batch_axis_back_segment_0 ins(%g, %x : {{.*}}) outs(%{{[^ ]+}} : {{.*}})
+// CHECK-NOT:     hir.launch_kernel
+// CHECK:         func.return
+func.func @gradient_with_its_batch_axis_back(%g: !vg, %x: !vx) -> !vx {
+  %wide = fusion.cast %g : !vg -> !vgf
+  %back = fusion.broadcast %wide [1] : !vgf -> !vx
+  %product = fusion.mul %back, %x : (!vx, !vx) -> !vx
+  %sum = fusion.sum %product [3] keepdim : !vx -> !vrow
+  %out = fusion.mul %x, %sum : (!vx, !vrow) -> !vx
+  func.return %out : !vx
+}
