@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
@@ -555,10 +555,7 @@ class HostirGraph:
         also returns to the caller is copied, since the caller may keep it."""
         if self.saved is None:
             return set()
-        saved = range(*self.saved.indices(len(imported.outputs)))
-        outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
-        returned = {index for j, index in enumerate(outputs) if j not in saved}
-        return {index for j, index in enumerate(outputs) if j in saved and index is not None} - returned
+        return _outputs_only_at(imported, range(*self.saved.indices(len(imported.outputs))))
 
     def _parameter_gradients(self, imported: ImportedGraph) -> set[int]:
         """The program's outputs that a backward graph returns only as gradients of the
@@ -569,10 +566,14 @@ class HostirGraph:
         the forward, in their order."""
         if self.forward or len(imported.outputs) != self.parameters.forward_inputs:
             return set()
-        outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
-        others = {index for j, index in enumerate(outputs) if j not in self.parameters.forward}
-        gradients = {index for j, index in enumerate(outputs) if j in self.parameters.forward and index is not None}
-        return gradients - others
+        return _outputs_only_at(imported, self.parameters.forward)
+
+
+def _outputs_only_at(imported: ImportedGraph, positions: Collection[int]) -> set[int]:
+    """The program's outputs that the graph returns at `positions` of its outputs and at no other."""
+    outputs = [what[0] if kind == "fusion" else None for kind, what in imported.outputs]
+    elsewhere = {index for j, index in enumerate(outputs) if j not in positions}
+    return {index for j, index in enumerate(outputs) if j in positions and index is not None} - elsewhere
 
 
 def _speaks_for(group: dist.ProcessGroup | None) -> bool:

@@ -1235,8 +1235,7 @@ class AttentionComputeOp(ComputeOp, ABC):
             printer.print_string(" : ")
             printer.print_list([v.type for v in values], printer.print_attribute)
             printer.print_string(")")
-        if self.adopted is not None:
-            printer.print_string(f" adopted [{', '.join(map(str, self.adopted.get_values()))}]")
+        print_adopted(printer, self.adopted)
         printer.print_op_attributes(self.attributes)
 
     @classmethod
@@ -1254,9 +1253,8 @@ class AttentionComputeOp(ComputeOp, ABC):
             if len(names) != len(types):
                 parser.raise_error(f"{len(names)} {keyword} but {len(types)} types")
             groups.append([parser.resolve_operand(n, t) for n, t in zip(names, types)])
-        if parser.parse_optional_keyword("adopted") is not None:
-            adopted = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
-            properties = properties | {"adopted": DenseArrayBase.from_list(i64, adopted)}
+        if (adopted := parse_adopted(parser)) is not None:
+            properties = properties | {"adopted": adopted}
         op = cls(*groups, properties, block)
         op.attributes |= parser.parse_optional_attr_dict()
         return op
@@ -1377,9 +1375,7 @@ class AtenOp(ComputeOp):
                 parser.pos,
             )
         outs = _parse_buffers(parser, "outs", allow_none=False)
-        adopted = None
-        if parser.parse_optional_keyword("adopted") is not None:
-            adopted = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+        adopted = parse_adopted(parser)
         attributes = parser.parse_optional_attr_dict()
         op = cls(
             StringAttr(target),
@@ -1387,7 +1383,7 @@ class AtenOp(ComputeOp):
             [parser.resolve_operand(u, t) for u, t in ins],
             [parser.resolve_operand(u, t) for u, t in outs],
             None if returns is None else DenseArrayBase.from_list(i64, returns),
-            None if adopted is None else DenseArrayBase.from_list(i64, adopted),
+            adopted,
         )
         op.attributes.update(attributes)
         return op
@@ -1401,8 +1397,7 @@ class AtenOp(ComputeOp):
                 printer.print_string(" : ")
                 printer.print_list([b.type for b in buffers], printer.print_attribute)
             printer.print_string(")")
-        if self.adopted is not None:
-            printer.print_string(f" adopted [{', '.join(map(str, self.adopted.get_values()))}]")
+        print_adopted(printer, self.adopted)
         printer.print_op_attributes(self.attributes)
 
     def verify_(self) -> None:
@@ -1426,6 +1421,19 @@ def _parse_buffers(parser: Parser, keyword: str, allow_none: bool) -> list[tuple
     if len(types) != len(buffers):
         parser.raise_error(f"{len(buffers)} buffer(s) but {len(types)} type(s)", position, parser.pos)
     return list(zip(buffers, types))
+
+
+def parse_adopted(parser: Parser) -> DenseArrayBase | None:
+    """An op's optional ` adopted [i, ...]` after its outs."""
+    if parser.parse_optional_keyword("adopted") is None:
+        return None
+    indices = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+    return DenseArrayBase.from_list(i64, indices)
+
+
+def print_adopted(printer: Printer, adopted: DenseArrayBase | None) -> None:
+    if adopted is not None:
+        printer.print_string(f" adopted [{', '.join(map(str, adopted.get_values()))}]")
 
 
 def verify_adopted(op: AtenOp | PostOnStreamOp | AttentionComputeOp) -> None:

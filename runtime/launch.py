@@ -41,6 +41,7 @@ multiprocessing resource tracker ends with the last process that holds its pipe.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -400,7 +401,8 @@ def _watch(processes: Sequence, results: mp.Queue, timeout_s: float | None) -> d
             continue
         # A stuck rank's stack says where it waits (for which peer, in which collective).
         for rank in running:
-            os.kill(processes[rank].pid, signal.SIGUSR1)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                os.kill(processes[rank].pid, signal.SIGUSR1)
         time.sleep(STACK_DUMP_S)
         why += " (its Python stack is on its standard error)"
         for rank in running:
