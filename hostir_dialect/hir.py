@@ -1436,7 +1436,7 @@ def print_adopted(printer: Printer, adopted: DenseArrayBase | None) -> None:
         printer.print_string(f" adopted [{', '.join(map(str, adopted.get_values()))}]")
 
 
-def verify_adopted(op: AtenOp | PostOnStreamOp | AttentionComputeOp) -> None:
+def verify_adopted(op: AdoptingOp) -> None:
     """The outs an op's `adopted` names (`hir.aten ... outs(%a, %b : T, U) adopted [1]`) become
     the tensors the op makes (ATen's results, which keep their strides and stay views where
     they are views, or the views a data-movement segment makes), instead of getting them
@@ -1552,6 +1552,10 @@ class PostOnStreamOp(SegmentCallOp):
     def verify_(self) -> None:
         super().verify_()
         verify_adopted(self)
+
+
+AdoptingOp = AtenOp | PostOnStreamOp | AttentionComputeOp
+"""The ops whose outs may become the tensors they make (`adopted`)."""
 
 
 Hir = Dialect(

@@ -115,19 +115,12 @@ def only_read_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
         return False
     block = op.parent_block()
     position = order.position(op, block)
-    viewed = {buffer}
-    pending = [buffer]
-    while pending:
-        for use in pending.pop().uses:
-            if isinstance(use.operation, hir.AliasSelectOp):
-                viewed.add(use.operation.result)
-                pending.append(use.operation.result)
 
     def reads(user: Operation) -> bool:
         if isinstance(user, hir.DeallocateOp):
             return True
         ins, outs = getattr(user, "ins", None), getattr(user, "outs", None)
-        return ins is not None and outs is not None and not viewed & set(outs)
+        return ins is not None and outs is not None and all(hir.view_root(out) is not buffer for out in outs)
 
     return all(
         user is op or order.position(user, block) < position or reads(user) for user in buffer_users(buffer)
@@ -170,11 +163,7 @@ class ForwardCopySource(RewritePattern):
             rewriter.notify_op_modified(op)
 
 
-AdoptingOp = hir.AtenOp | hir.PostOnStreamOp | hir.AttentionComputeOp
-"""The ops whose outs may become the tensors they make."""
-
-
-def adoptable(op: AdoptingOp, index: int, order: BlockOrder) -> bool:
+def adoptable(op: hir.AdoptingOp, index: int, order: BlockOrder) -> bool:
     """Whether out #`index` of `op` may become the tensor the op makes: one the op fills
     first, and of an attention kernel, one with the element type the kernel makes, of an op
     without a block (a ring's step writes its rows into the outs it is given)."""
@@ -193,7 +182,7 @@ class AdoptResults(RewritePattern):
     order: BlockOrder
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
-        if not isinstance(op, AdoptingOp):
+        if not isinstance(op, hir.AdoptingOp):
             return
         adopted = [index for index in range(len(op.outs)) if adoptable(op, index, self.order)]
         marked = [] if op.adopted is None else list(op.adopted.get_values())
