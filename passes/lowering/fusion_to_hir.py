@@ -50,6 +50,7 @@ from hostir_dialect.fusion import (
     DYNAMIC,
     POINTWISE_OPS,
     FusionOp,
+    TensorType,
     broadcast_shapes,
     shapes_compatible,
     tensor_type,
@@ -276,6 +277,11 @@ class OutlinePointwiseRun(RewritePattern):
                 rewriter.erase(constant)
 
 
+def moves_data(op: Operation) -> bool:
+    """A set or a `didx` reduction that communications compute."""
+    return (isinstance(op, fusion.SetOp) or reduces_didx_axis(op)) and isinstance(plan_resharding(op), tuple)
+
+
 def is_local_reduction(op: Operation | None) -> bool:
     """A sum or max that no communication computes (not over a `didx` axis)."""
     return isinstance(op, fusion.ReductionOp) and not reduces_didx_axis(op)
@@ -284,12 +290,16 @@ def is_local_reduction(op: Operation | None) -> bool:
 def kernel_run(first: Operation) -> list[Operation]:
     """The pointwise ops and row reductions from `first` that one kernel computes.
 
-    The run takes the ops that follow `first`, passing over local reductions it cannot
-    hold (a column sum, a weight's gradient) and the pointwise ops that read them: those
-    stay after the segment, which computes nothing they do not already follow. It ends at
-    any other op, before an op whose result does not broadcast with those before it (two
-    independent computations side by side, say a weight's broadcast next to an
-    activation's backward), and at the first op that reads what it passed over. Where
+    The run takes the ops that follow `first` up to the next communication, passing over
+    the ops it cannot hold and those that read them: local reductions it cannot compute (a
+    column sum, a weight's gradient), GEMMs, attention, ATen calls, and pointwise ops whose
+    results do not broadcast with the run's (two independent computations side by side, say
+    a weight's broadcast next to an activation's backward). Those stay after the segment,
+    which computes nothing they do not already follow: so the two halves of SwiGLU's
+    backward, which the GEMMs of a weight's gradient stand between in the program, are one
+    kernel. Once it has passed over an op that is neither pointwise nor a reduction, it takes
+    no op of a stream axis, which would leave the stream loop that `stream-parallel` makes
+    of its neighbours, and no broadcast (`_stays_put`). Where
     their extents are dynamic, their types say nothing of their values, so it also ends
     before the first op unconnected to the first op's computation (no chain of reads
     within the run joins them, which would make their verifiers hold the extents alike)
@@ -301,27 +311,39 @@ def kernel_run(first: Operation) -> list[Operation]:
     only a kernel of its own can write whole, unless it has one value per row of a run
     that reduces rows: such a kernel writes it once per row.
     """
-    run, space, passed = [first], _iterated_shape(first), set()
+    run, space, passed, crossed = [first], _iterated_shape(first), set(), False
     following = first
-    while (following := following.next_op) is not None:
+    while (following := following.next_op) is not None and not _ends_runs(following):
         if any(operand.owner in passed for operand in following.operands):
-            if not (is_pointwise(following) or is_local_reduction(following)):
-                break
             passed.add(following)
-            continue
-        if is_pointwise(following) or _reduces_rows(following, space):
+        elif (is_pointwise(following) or _reduces_rows(following, space)) and not (crossed and _stays_put(following)):
             try:
                 space = broadcast_shapes(space, _iterated_shape(following))
+                run.append(following)
             except VerifyException:
-                break
-            run.append(following)
-        elif is_local_reduction(following):
-            passed.add(following)
+                passed.add(following)
         else:
-            break
+            passed.add(following)
+        crossed = crossed or (following in passed and not (is_pointwise(following) or is_local_reduction(following)))
     while run and (cut := _first_cut(run)) is not None:
         run = run[:cut]
     return run
+
+
+def _ends_runs(op: Operation) -> bool:
+    """An op no run passes over: a communication (a kernel moved before it would delay it, and
+    the peers' wait with it), or one that is no fusion op (the function's return)."""
+    return moves_data(op) or not isinstance(op, FusionOp)
+
+
+def _stays_put(op: Operation) -> bool:
+    """A pointwise op that no run takes from beyond a GEMM (or any op but a pointwise op or a
+    reduction) that it passed over: one of a stream axis,
+    which belongs in the stream loop of its neighbours, or a broadcast, which only moves data
+    and is best read where its readers are than written whole where the run is."""
+    return isinstance(op, fusion.BroadcastOp | fusion.ExpandOp) or any(
+        isinstance(result.type, TensorType) and result.type.stream_axis is not None for result in op.results
+    )
 
 
 def _first_cut(run: list[Operation]) -> int | None:
@@ -558,9 +580,7 @@ class LowerCommunication(BufferLowering):
     nccl_reductions: bool = False
 
     def lowers(self, op: Operation) -> bool:
-        return (isinstance(op, fusion.SetOp) or reduces_didx_axis(op)) and isinstance(
-            plan_resharding(op), tuple
-        )
+        return moves_data(op)
 
     def backend_of(self, collective: Collective) -> hir.CommunicatorBackend:
         if self.nccl_reductions and collective.reduce_op is not None:

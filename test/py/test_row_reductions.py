@@ -203,7 +203,7 @@ outside the kernels."""
 
 @needs_ranks(2)
 @pytest.mark.parametrize("batch", [1, 2], ids=["one_sequence", "two_sequences"])
-@pytest.mark.parametrize(("dtype", "kernels"), [(torch.float32, [4, 7]), (torch.bfloat16, [4, 9])], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("dtype", "kernels"), [(torch.float32, [4, 6]), (torch.bfloat16, [4, 8])], ids=["f32", "bf16"])
 def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     """The TP decoder layer of examples/ on 2 ranks: each RMSNorm with the residual add before
     it is one kernel in the forward, each norm's backward one kernel and a column sum; no part
@@ -212,7 +212,9 @@ def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     kernels the forward launched 8 kernels (f32; 12 in bf16) and 27 ATen calls, the backward
     11 (17) kernels and 72 ATen calls. With one sequence the norm's backward reads its
     gradient with the batch axis put back: before that reshape was a `fusion.broadcast` (and
-    the kernels' spaces local), it cut the backward into 11 (15) kernels."""
+    the kernels' spaces local), it cut the backward into 11 (15) kernels; before a run of
+    pointwise ops passed over the GEMMs between its ops, SwiGLU's backward was two kernels
+    (the backward 7 (9))."""
     text = run_on_hostir(_layer_programs_on_rank, 2, dtype, batch, timeout_s=300)[0]
     programs = [p.split("func.func @", 1)[1] for p in text.split("// hostir: the host program")[1:]]
     assert [p.count("hir.launch_kernel") for p in programs] == kernels

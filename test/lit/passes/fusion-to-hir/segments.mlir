@@ -189,3 +189,77 @@ func.func @constant_before_the_cut(%x: !a, %row: !r, %w: !fusion.tensor<[12, 4],
 // CHECK:         hir.launch_kernel @constant_before_the_cut_segment_1
 // CHECK:         hir.matmul
 // CHECK:         func.return
+
+// A run passes over the ops it cannot hold, and over those that read them, up to the next
+// communication: they stay after the segment. SwiGLU's backward as the partitioner orders
+// it: the gradient times each half, the GEMM of a weight's gradient reading one product,
+// then the sigmoid's backward on the other. One kernel computes both halves; the GEMM and
+// the add that reads it follow it. (Of static extents: where they are dynamic, unrelated
+// ops whose extents meet end a run, `_first_unrelated_dynamic`.)
+
+!h = !fusion.tensor<[4, 8], f32>
+
+func.func @past_a_matmul(%g: !h, %a: !h, %b: !h, %w: !w) -> (!h, !h) {
+  %gb = fusion.mul %g, %b : (!h, !h) -> !h
+  %ga = fusion.mul %g, %a : (!h, !h) -> !h
+  %p = fusion.matmul %ga, %w : (!h, !w) -> !h
+  %z = fusion.add %p, %g : (!h, !h) -> !h
+  %s = fusion.sigmoid %a : !h -> !h
+  %y = fusion.mul %gb, %s : (!h, !h) -> !h
+  func.return %z, %y : !h, !h
+}
+
+// CHECK-LABEL: func.func private @past_a_matmul_segment_0(
+// CHECK-SAME:      %g: !fusion.tensor<[4, 8], f32>, %b: !fusion.tensor<[4, 8], f32>, %a: !fusion.tensor<[4, 8], f32>)
+// CHECK-SAME:      -> (!fusion.tensor<[4, 8], f32>, !fusion.tensor<[4, 8], f32>) {
+// CHECK-NEXT:    %gb = fusion.mul %g, %b
+// CHECK-NEXT:    %ga = fusion.mul %g, %a
+// CHECK-NEXT:    %s = fusion.sigmoid %a
+// CHECK-NEXT:    %y = fusion.mul %gb, %s
+// CHECK-NEXT:    func.return %ga, %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func private @past_a_matmul_segment_1(
+// CHECK-SAME:      %p: !fusion.tensor<[4, 8], f32>, %g: !fusion.tensor<[4, 8], f32>) -> !fusion.tensor<[4, 8], f32> {
+// CHECK-NEXT:    %z = fusion.add %p, %g
+// CHECK-NEXT:    func.return %z
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func @past_a_matmul(
+// CHECK:         hir.launch_kernel @past_a_matmul_segment_0 ins(%g, %b, %a : {{.*}}) outs(%[[GA:[^ ,]+]], %[[Y:[^ ]+]] : {{.*}})
+// CHECK:         hir.matmul ins(%[[GA]], %w : {{.*}}) outs(%[[P:[^ ]+]] : {{.*}})
+// CHECK:         hir.launch_kernel @past_a_matmul_segment_1 ins(%[[P]], %g : {{.*}}) outs(%[[Z:[^ ]+]] : {{.*}})
+// CHECK:         func.return %[[Z]], %[[Y]]
+
+// A communication ends a run: the pointwise op after the allgather stays after it, in a
+// segment of its own, though it reads nothing the allgather makes. Once a run has passed
+// over an op, it takes no op of a stream axis, which belongs in the stream loop of its
+// neighbours.
+
+!sharded = !fusion.tensor<[2, 8], f32, mesh = [0, 1], axes = [didx, _]>
+!whole = !fusion.tensor<[2, 8], f32, mesh = [0, 1]>
+!chunks = !fusion.tensor<[2, 8], f32, mesh = [0, 1], axes = [stream, _]>
+!square = !fusion.tensor<[8, 8], f32, mesh = [0, 1]>
+
+func.func @not_past_a_communication(%x: !sharded, %u: !whole, %c: !chunks, %w: !square) -> (!whole, !whole, !whole, !chunks) {
+  %e = fusion.exp %u : !whole -> !whole
+  %p = fusion.matmul %e, %w : (!whole, !square) -> !whole
+  %t = fusion.tanh %c : !chunks -> !chunks
+  %g = fusion.set %x : !sharded -> !whole
+  %n = fusion.neg %u : !whole -> !whole
+  func.return %g, %n, %p, %t : !whole, !whole, !whole, !chunks
+}
+
+// CHECK-LABEL: func.func private @not_past_a_communication_segment_0(
+// CHECK-NEXT:    %e = fusion.exp %u
+// CHECK-NEXT:    func.return %e
+// CHECK-LABEL: func.func private @not_past_a_communication_segment_1(
+// CHECK-NEXT:    %t = fusion.tanh %c
+// CHECK-NEXT:    func.return %t
+// CHECK-LABEL: func.func private @not_past_a_communication_segment_2(
+// CHECK-NEXT:    %n = fusion.neg %u
+// CHECK-NEXT:    func.return %n
+// CHECK-LABEL: func.func @not_past_a_communication(
+// CHECK:         hir.launch_kernel @not_past_a_communication_segment_0
+// CHECK:         hir.matmul
+// CHECK:         hir.launch_kernel @not_past_a_communication_segment_1
+// CHECK:         hir.allgather
+// CHECK:         hir.launch_kernel @not_past_a_communication_segment_2
