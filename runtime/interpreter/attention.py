@@ -161,14 +161,19 @@ def _batch(*tensors: torch.Tensor | None, trailing: int = 2) -> tuple[int, ...]:
 
 
 def _folded(tensor: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
-    """`tensor [*b, rows, width]` expanded to `batch` and folded to `[1, prod(batch), rows, width]`.
+    """`tensor [*b, rows, width]` expanded to `batch` and folded to the kernels' `[B, H, rows,
+    width]`: the last batch axis is the heads', those before it fold into the kernels' batch.
 
-    The batch is folded into the heads' axis, not the kernels' batch: the kernels make their
-    results with the heads inside the rows (`[B, rows, H, width]` in memory), so an output
-    transposed to `[rows, H * width]` (a model's next projection) is a view, not a copy,
-    and they read queries laid out that way (a projection's output transposed) as they are.
+    The kernels make their results with the heads inside the rows and the batch outside them
+    (`[B, rows, H, width]` in memory), so an output transposed to `[B, rows, H * width]` (a
+    model's next projection) is a view, not a copy, and they read queries laid out that way
+    (a projection's output transposed) as they are. The heads stay an axis of their own: folded
+    into the kernels' batch they would come outside the rows, and the batch folded into the
+    heads would put the rows of several sequences side by side (`[rows, B, H, width]`), which
+    a projection reads back only through a copy.
     """
-    return tensor.expand(*batch, *tensor.shape[-2:]).reshape(1, -1, *tensor.shape[-2:])
+    heads = batch[-1] if batch else 1
+    return tensor.expand(*batch, *tensor.shape[-2:]).reshape(-1, heads, *tensor.shape[-2:])
 
 
 def _folded_mask(mask: Mask, batch: tuple[int, ...], dtype: torch.dtype) -> Mask:
@@ -206,7 +211,7 @@ def attention_backward(dout, q, k, v, out, lse, mask: Mask) -> tuple[torch.Tenso
     batch = _batch(q, k, v, mask.tensor)
     folded = [_folded(t, batch) for t in (dout, q, k, v, out)]
     # The kernels' log-sum-exp of a row that sees no key (whose gradients are 0 either way).
-    lse = lse.masked_fill(lse.isneginf(), 0.0).expand(*batch, q.shape[-2]).reshape(1, -1, q.shape[-2])
+    lse = lse.masked_fill(lse.isneginf(), 0.0).expand(*batch, q.shape[-2]).reshape(-1, batch[-1] if batch else 1, q.shape[-2])
     grads = _backward_kernel(*folded, lse, _folded_mask(mask, batch, q.dtype))
     return tuple(g.reshape(*batch, *g.shape[-2:]) for g in grads)
 

@@ -119,15 +119,17 @@ def _mask(kind: str, dtype: torch.dtype, generator: torch.Generator) -> tuple[st
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))],
 )
-def test_the_kernels_lay_out_their_results_with_the_heads_inside_the_rows(device):
-    """Queries, keys and values as a projection makes them (`[1, L, H, E]` in memory, read as
-    `[1, H, L, E]`): the gradients (and on the GPU the output too, whose CPU kernel writes
-    `[1, H, L, E]`) come with the heads inside the rows, so that turning them back into the
-    projection's rows `[L, H * E]` is a view, not a copy; and they are SDPA's and autograd's."""
+@pytest.mark.parametrize("batch", [1, 2], ids=["one_sequence", "two_sequences"])
+def test_the_kernels_lay_out_their_results_with_the_heads_inside_the_rows(device, batch):
+    """Queries, keys and values as a projection makes them (`[B, L, H, E]` in memory, read as
+    `[B, H, L, E]`): the gradients (and on the GPU the output too, whose CPU kernel writes
+    `[B, H, L, E]`) come with the heads inside the rows and the sequences outside them, so
+    that turning them back into the projection's rows `[B L, H * E]` is a view, not a copy;
+    and they are SDPA's and autograd's."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     generator = torch.Generator().manual_seed(7)
     q, k, v, dout = (
-        torch.randn(1, 64, 4, 32, generator=generator).to(device, dtype).transpose(1, 2) for _ in range(4)
+        torch.randn(batch, 64, 4, 32, generator=generator).to(device, dtype).transpose(1, 2) for _ in range(4)
     )
     mask = Mask(None, True, None)
     out, lse = attention(q, k, v, mask)
@@ -138,7 +140,7 @@ def test_the_kernels_lay_out_their_results_with_the_heads_inside_the_rows(device
         torch.testing.assert_close(result.cpu().float(), reference, **tolerance)
     for name, result in zip(["dq", "dk", "dv", "out"], [*grads, out]):
         if name != "out" or device == "cuda":
-            rows = result.transpose(1, 2).view(64, 4 * 32)  # raises where it is not a view
+            rows = result.transpose(1, 2).view(batch * 64, 4 * 32)  # raises where it is not a view
             assert rows.data_ptr() == result.data_ptr(), name
 
 
