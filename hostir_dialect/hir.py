@@ -14,6 +14,7 @@ P2PCommunication, Wait, LaunchKernel, PostOnStream, ...), lower-cased.
 
 from __future__ import annotations
 
+import ast
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
@@ -143,24 +144,44 @@ class AllocateOp(IRDLOperation):
     would hand out the same memory twice, hence symmetric ones sit in the function body.
 
     `%b = hir.allocate(%m) symmetric : !fusion.tensor<[?, 8], bf16, mesh = [0, 1], axes = [_, didx]>`
+
+    In memory a buffer's stream axis, if any, is its outermost axis, then the others in
+    order: each slice of a pipelined loop is one block, which a collective takes as it is. An
+    `order` lists the axes from the outermost in memory to the innermost instead
+    (`buffer-layouts` gives one to a buffer that a later permute reads as one block).
+
+    `%b = hir.allocate() order [1, 0, 2] : !fusion.tensor<[2, 4, 8], f32, axes = [stream, _, _]>`
     """
 
     name = "hir.allocate"
 
     dynamic_sizes = var_operand_def(IndexType)
     symmetric = opt_prop_def(UnitAttr)
+    order = opt_prop_def(DenseArrayBase[I64])
     result = result_def(TensorType)
 
-    assembly_format = "`(` $dynamic_sizes `)` (`symmetric` $symmetric^)? attr-dict `:` type($result)"
+    assembly_format = (
+        "`(` $dynamic_sizes `)` (`symmetric` $symmetric^)? (`order` $order^)? attr-dict `:` type($result)"
+    )
 
     def __init__(
-        self, result_type: TensorType, dynamic_sizes: Sequence[SSAValue] = (), symmetric: bool = False
+        self,
+        result_type: TensorType,
+        dynamic_sizes: Sequence[SSAValue] = (),
+        symmetric: bool = False,
+        order: Sequence[int] | None = None,
     ):
-        super().__init__(
-            operands=[dynamic_sizes],
-            properties={"symmetric": UnitAttr()} if symmetric else {},
-            result_types=[result_type],
-        )
+        properties: dict[str, Attribute] = {"symmetric": UnitAttr()} if symmetric else {}
+        if order is not None:
+            properties["order"] = DenseArrayBase.from_list(i64, order)
+        super().__init__(operands=[dynamic_sizes], properties=properties, result_types=[result_type])
+
+    def memory_order(self) -> tuple[int, ...]:
+        """The buffer's axes from the outermost in memory to the innermost."""
+        if self.order is not None:
+            return tuple(self.order.get_values())
+        rank, stream = tensor_type(self.result).rank, tensor_type(self.result).stream_axis
+        return tuple(range(rank)) if stream is None else (stream, *(a for a in range(rank) if a != stream))
 
     def size_of(self, axis: int) -> SSAValue | None:
         """The size operand of `axis` of the buffer: the logical extent of a dynamic axis
@@ -183,6 +204,16 @@ class AllocateOp(IRDLOperation):
                 "a symmetric buffer is allocated once per program and reused by every run, so "
                 f"its allocation must sit in the function body, not in '{self.parent_op().name}'"
             )
+        if self.order is not None:
+            order = list(self.order.get_values())
+            if sorted(order) != list(range(len(shape))):
+                raise VerifyException(
+                    f"order {order} must list each of the buffer's {len(shape)} axes once, from the outermost in memory"
+                )
+            if self.symmetric is not None:
+                raise VerifyException(
+                    "a symmetric buffer has no order: its peers read it as one block, axes in order"
+                )
 
 
 SYMMETRIC_INPUT = "hir.symmetric"
@@ -1361,6 +1392,15 @@ class AtenOp(ComputeOp):
         if adopted is not None:
             properties["adopted"] = adopted
         super().__init__(ins, outs, properties)
+
+    def permuted_axes(self) -> tuple[int, ...] | None:
+        """The axes of a permute (`aten.permute.default`), of its operand's local piece, in
+        the order of its result's; None for any other op."""
+        if self.target.data != "aten.permute.default":
+            return None
+        args, _ = ast.literal_eval(self.call.data)
+        rank = len(args[1])
+        return tuple(axis % rank for axis in args[1])
 
     @classmethod
     def parse(cls, parser: Parser) -> AtenOp:

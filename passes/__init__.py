@@ -75,6 +75,12 @@ def _forward_buffers() -> type[ModulePass]:
     return ForwardBuffers
 
 
+def _buffer_layouts() -> type[ModulePass]:
+    from hostir.passes.hir.buffer_layouts import BufferLayouts
+
+    return BufferLayouts
+
+
 def _auto_stream_parallel() -> type[ModulePass]:
     from hostir.passes.fusion.auto_stream_parallel import AutoStreamParallel
 
@@ -99,6 +105,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,
     "forward-buffers": _forward_buffers,
+    "buffer-layouts": _buffer_layouts,
     "hir-lowering": _hir_lowering,
 }
 

@@ -24,6 +24,7 @@ from xdsl.transforms.common_subexpression_elimination import (
 from hostir.passes.driver import Pipeline
 from hostir.passes.fusion.insert_reshardings import InsertReshardings
 from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
+from hostir.passes.hir.buffer_layouts import BufferLayouts
 from hostir.passes.hir.copy_engine_pipelining import CopyEnginePipelining
 from hostir.passes.hir.forward_buffers import ForwardBuffers
 from hostir.passes.hir.insert_deallocations import InsertDeallocations
@@ -53,6 +54,8 @@ class HirLowering(Pipeline):
     copy-engine allreduce of a matmul's product does too. `forward_buffers=false` leaves
     out `forward-buffers`, so that every copy of the program moves its bytes and every
     ATen result is copied into its out, as the reference programs print.
+    `buffer_layouts=false` leaves out `buffer-layouts`, so that every buffer has its stream
+    axis outermost in memory and a permute that reads one as a block copies.
     """
 
     name = "hir-lowering"
@@ -67,6 +70,7 @@ class HirLowering(Pipeline):
     reduce_scatter_in_matmul: bool = True
     allreduce_in_matmul: bool = True
     forward_buffers: bool = True
+    buffer_layouts: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
@@ -83,6 +87,7 @@ class HirLowering(Pipeline):
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),
             *([ForwardBuffers()] if self.forward_buffers else []),
+            *([BufferLayouts()] if self.buffer_layouts else []),
             CanonicalizePass(),
             CommonSubexpressionElimination(),
         )

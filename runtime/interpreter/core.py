@@ -342,7 +342,7 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     mesh = mesh_of(op.result)
     result = prep.slot(op.result)
     symmetric = SymmetricAllocation.of(op, buffer_type.mesh.ids, dtype) if op.symmetric else None
-    stream_axis = buffer_type.stream_axis
+    order = op.memory_order()
     # The local shape, its dynamic extents filled in each run from the size operands;
     # a didx axis is 1 whatever its logical size.
     shape = list(buffer_type.local_shape())
@@ -360,29 +360,21 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
         for axis, slot in dynamic:
             local_shape[axis] = env[slot]
         if symmetric is None:
-            env[result] = streamed_empty(local_shape, stream_axis, dtype, context.device)
+            env[result] = empty_in_order(local_shape, order, dtype, context.device)
         else:
             env[result] = symmetric(context.communicator, local_shape)
 
     return step
 
 
-def streamed_empty(
-    shape: Sequence[int], stream_axis: int | None, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """An uninitialised buffer whose stream axis, if any, is its outermost in memory.
-
-    A pipelined loop reads and writes the buffer one slice of the stream axis at a time:
-    so laid out, each slice is one contiguous block, which a collective takes as it is
-    and a GEMM writes directly. (A reduce-scatter's chunk of a product cut by destination
-    first, `[D, chunks, rows, N]`, would otherwise be D strided blocks, copied for NCCL.)
-    """
+def empty_in_order(shape: Sequence[int], order: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised buffer of `shape` whose axes lie in memory in `order`, the outermost
+    first (`hir.AllocateOp.memory_order`: a stream axis outermost, so that each slice a
+    pipelined loop reads or writes is one block)."""
     # torch.empty rather than torch.empty_permuted: one allocator entry point, which tests
     # poison to show unwritten values.
-    if stream_axis is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    outer_first = [shape[stream_axis], *shape[:stream_axis], *shape[stream_axis + 1 :]]
-    return torch.empty(outer_first, dtype=dtype, device=device).movedim(0, stream_axis)
+    laid_out = torch.empty([shape[axis] for axis in order], dtype=dtype, device=device)
+    return laid_out.permute([order.index(axis) for axis in range(len(order))])
 
 
 @handles(hir.DeallocateOp)

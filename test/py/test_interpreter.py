@@ -23,12 +23,13 @@ from xdsl.dialects.builtin import DenseArrayBase, i64
 
 from hostir_dialect import hir, hostir_context
 from hostir_dialect.text import HostirError, parse_module, print_module
+from hostir.passes.hir.buffer_layouts import BufferLayouts
 from hostir.passes.hir.forward_buffers import ForwardBuffers
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.streams import stream_pool
 from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext, compute, fusion_eval
 from hostir.runtime.interpreter.aten_calls import picker
-from hostir.runtime.interpreter.core import streamed_empty
+from hostir.runtime.interpreter.core import empty_in_order
 
 # --------------------------------------------------------------------------- #
 # Helpers shared with the other runtime tests                                  #
@@ -399,11 +400,14 @@ func.func @main() -> {tensor([2, 3, 4], axes="_ stream _")} {{
 
 
 def test_a_buffer_with_a_stream_axis_has_it_outermost_in_memory():
-    """Each slice that a pipelined loop reads or writes is one contiguous block."""
+    """Each slice that a pipelined loop reads or writes is one contiguous block; a buffer of
+    an `order` has its axes in memory in that order, the outermost first."""
     (buffer,) = run_host(STREAMED, [])
     assert buffer.shape == (2, 3, 4)
     assert all(buffer.select(1, i).is_contiguous() for i in range(3))
-    assert streamed_empty([2, 3], None, torch.float32, CPU).is_contiguous()
+    (ordered,) = run_host(STREAMED.replace("hir.allocate()", "hir.allocate() order [2, 0, 1]"), [])
+    assert ordered.shape == (2, 3, 4) and ordered.permute(2, 0, 1).is_contiguous()
+    assert empty_in_order([2, 3], [0, 1], torch.float32, CPU).is_contiguous()
 
 
 def test_atens_results_that_do_not_fit_the_op_are_named():
@@ -455,6 +459,53 @@ def test_a_copy_of_a_buffer_that_dies_there_is_the_buffer_itself(monkeypatch, rn
     torch.testing.assert_close(kept, x.abs())
     assert copy.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
     assert whole.untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()  # %streamed's
+
+
+PERMUTED_PRODUCT = f"""
+func.func @main(%x: {tensor([2, 3, 4])}, %w: {tensor([4, 5])}) -> {tensor([2, 6, 5])} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %s = hir.allocate() : {tensor([2, 2, 3, 5], axes="stream _ _ _")}
+  scf.for %i = %c0 to %c2 step %c1 {{
+    %chunk = hir.alias_select %s[0 = %i] : {tensor([2, 2, 3, 5], axes="stream _ _ _")} -> {tensor([2, 3, 5])}
+    %xi = hir.allocate() : {tensor([2, 3, 4])}
+    hir.pointwise "mul" ins(%x, %x : {tensor([2, 3, 4])}, {tensor([2, 3, 4])}) outs(%xi : {tensor([2, 3, 4])})
+    hir.matmul ins(%xi, %w : {tensor([2, 3, 4])}, {tensor([4, 5])}) outs(%chunk : {tensor([2, 3, 5])})
+    hir.deallocate %xi : {tensor([2, 3, 4])}
+  }}
+  %whole = hir.allocate() : {tensor([2, 2, 3, 5])}
+  hir.copy ins(%s : {tensor([2, 2, 3, 5], axes="stream _ _ _")}) outs(%whole : {tensor([2, 2, 3, 5])}) forwards_source
+  hir.deallocate %s : {tensor([2, 2, 3, 5], axes="stream _ _ _")}
+  %p = hir.allocate() : {tensor([2, 2, 3, 5])}
+  hir.aten "aten.permute.default"(%whole, [1, 0, 2, 3]) ins(%whole : {tensor([2, 2, 3, 5])}) outs(%p : {tensor([2, 2, 3, 5])}) adopted [0]
+  hir.deallocate %whole : {tensor([2, 2, 3, 5])}
+  %r = hir.allocate() : {tensor([2, 6, 5])}
+  hir.aten "aten.reshape.default"(%p, [2, 6, 5]) ins(%p : {tensor([2, 2, 3, 5])}) outs(%r : {tensor([2, 6, 5])}) adopted [0]
+  hir.deallocate %p : {tensor([2, 2, 3, 5])}
+  func.return %r : {tensor([2, 6, 5])}
+}}
+"""
+
+
+@pytest.mark.parametrize("laid_out", [True, False], ids=["buffer_layouts", "in_order"])
+def test_a_product_read_through_a_permute_is_written_in_its_order(monkeypatch, rng, laid_out):
+    """A pipelined loop's GEMMs, read back through a permute and a reshape: buffer-layouts
+    allocates their buffer in the permute's order, the GEMMs write their chunks as strided
+    views, and the reshape's result is that buffer's memory, not a copy; in order (the pass
+    left out), the same values through a copy."""
+    module = parse_module(PERMUTED_PRODUCT)
+    if laid_out:
+        BufferLayouts().apply(hostir_context(), module)
+    made: list[torch.Tensor] = []
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: made.append(empty(*args, **kwargs)) or made[-1])
+    x, w = torch.randn(2, 3, 4, generator=rng), torch.randn(4, 5, generator=rng)
+    (result,) = run_host(print_module(module), [x, w])
+    chunk = (x * x) @ w
+    torch.testing.assert_close(result, torch.stack([chunk, chunk]).permute(1, 0, 2, 3).reshape(2, 6, 5))
+    gemms_buffer = made[0].untyped_storage().data_ptr()  # %s's
+    assert (result.untyped_storage().data_ptr() == gemms_buffer) == laid_out
 
 
 DEALLOCATION = f"""

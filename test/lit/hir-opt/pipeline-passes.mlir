@@ -17,6 +17,7 @@
 // AFTER-NOT: IR Dump After per-stream-buffers
 // AFTER: // -----// IR Dump After insert-deallocations //----- //
 // AFTER: // -----// IR Dump After forward-buffers //----- //
+// AFTER: // -----// IR Dump After buffer-layouts //----- //
 // AFTER: // -----// IR Dump After canonicalize //----- //
 // AFTER: // -----// IR Dump After cse //----- //
 // AFTER-NOT: IR Dump
@@ -33,6 +34,7 @@
 // TIME: {{^}}Pass per-stream-buffers took
 // TIME: {{^}}Pass insert-deallocations took
 // TIME-NEXT: {{^}}Pass forward-buffers took
+// TIME-NEXT: {{^}}Pass buffer-layouts took
 // TIME-NEXT: {{^}}Pass canonicalize took
 // TIME-NEXT: {{^}}Pass cse took
 // TIME-EMPTY:

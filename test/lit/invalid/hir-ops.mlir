@@ -17,6 +17,22 @@ func.func @allocate_too_many_sizes(%n: index) {
 
 // -----
 
+func.func @allocate_order_not_a_permutation() {
+  // expected-error@+1 {{order [0, 0] must list each of the buffer's 2 axes once, from the outermost in memory}}
+  %b = hir.allocate() order [0, 0] : !fusion.tensor<[2, 4], f32>
+  func.return
+}
+
+// -----
+
+func.func @symmetric_allocate_with_order() {
+  // expected-error@+1 {{a symmetric buffer has no order: its peers read it as one block, axes in order}}
+  %b = hir.allocate() symmetric order [1, 0] : !fusion.tensor<[2, 4], f32, mesh = [0, 1], axes = [didx, _]>
+  func.return
+}
+
+// -----
+
 func.func @symmetric_allocate_in_loop(%n: index) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

@@ -42,6 +42,7 @@ func.func @attributes(%stream: !hir.stream, %work: !hir.work) attributes {
 // CHECK-NEXT: %static = hir.allocate() {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
 // CHECK-NEXT: %peers_read = hir.allocate(%rows, %cols) symmetric : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
 // CHECK-NEXT: %tagged = hir.allocate() symmetric {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
+// CHECK-NEXT: %ordered = hir.allocate(%rows, %cols) order [2, 0, 1] : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [stream, _, _]>
 // CHECK-NEXT: %row = hir.alias_select %in[0 = %shards] : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]> -> !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
 // CHECK-NEXT: %shard = hir.alias_select %row[0 = %shards] {tag} : !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]> -> !fusion.tensor<[?], f32, mesh = [0, 1]>
 // CHECK-NEXT: hir.deallocate %dynamic : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
@@ -54,6 +55,7 @@ func.func @attributes(%stream: !hir.stream, %work: !hir.work) attributes {
 // GENERIC-NEXT: %static = "hir.allocate"() {tag} : () -> !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
 // GENERIC-NEXT: %peers_read = "hir.allocate"(%rows, %cols) <{symmetric}> : (index, index) -> !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
 // GENERIC-NEXT: %tagged = "hir.allocate"() <{symmetric}> {tag} : () -> !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
+// GENERIC-NEXT: %ordered = "hir.allocate"(%rows, %cols) <{order = array<i64: 2, 0, 1>}> : (index, index) -> !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [stream, _, _]>
 // GENERIC-NEXT: %row = "hir.alias_select"(%in, %shards) <{axis = #builtin.int<0>}> : (!fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>, index) -> !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
 // GENERIC-NEXT: %shard = "hir.alias_select"(%row, %shards) <{axis = #builtin.int<0>}> {tag} : (!fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>, index) -> !fusion.tensor<[?], f32, mesh = [0, 1]>
 // GENERIC-NEXT: "hir.deallocate"(%dynamic) : (!fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>) -> ()
@@ -66,6 +68,7 @@ func.func @buffers(%in: !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_,
   %static = hir.allocate() {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
   %peers_read = hir.allocate(%rows, %cols) symmetric : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]>
   %tagged = hir.allocate() symmetric {tag} : !fusion.tensor<[4, 2], i64, mesh = [0, 1], axes = [_, didx]>
+  %ordered = hir.allocate(%rows, %cols) order [2, 0, 1] : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [stream, _, _]>
   %row = hir.alias_select %in[0 = %shards] : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1], axes = [_, didx, _]> -> !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]>
   %shard = hir.alias_select %row[0 = %shards] {tag} : !fusion.tensor<[2, ?], f32, mesh = [0, 1], axes = [didx, _]> -> !fusion.tensor<[?], f32, mesh = [0, 1]>
   hir.deallocate %dynamic : !fusion.tensor<[?, 2, ?], f32, mesh = [0, 1]>
