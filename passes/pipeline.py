@@ -30,6 +30,7 @@ from hostir.passes.hir.forward_buffers import ForwardBuffers
 from hostir.passes.hir.insert_deallocations import InsertDeallocations
 from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
 from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
+from hostir.passes.hir.sum_in_matmul import SumInMatmul
 from hostir.passes.lowering.attention_ring import AttentionRing
 from hostir.passes.lowering.fusion_to_hir import FusionToHir
 from hostir.passes.lowering.stream_parallel import StreamParallelLowering
@@ -51,7 +52,8 @@ class HirLowering(Pipeline):
     leaves out `reduce-scatter-in-matmul`, so that a pairwise copy-engine reduce-scatter
     of a matmul's product sums its pieces in a pass of its own, and
     `allreduce_in_matmul=false` leaves out `allreduce-in-matmul`, so that a pairwise
-    copy-engine allreduce of a matmul's product does too. `forward_buffers=false` leaves
+    copy-engine allreduce of a matmul's product does too. `sum_in_matmul=false` leaves out
+    `sum-in-matmul`, so that a kernel adds two GEMMs' products. `forward_buffers=false` leaves
     out `forward-buffers`, so that every copy of the program moves its bytes and every
     ATen result is copied into its out, as the reference programs print.
     `buffer_layouts=false` leaves out `buffer-layouts`, so that every buffer has its stream
@@ -69,6 +71,7 @@ class HirLowering(Pipeline):
     copy_engine_pipelining: bool = True
     reduce_scatter_in_matmul: bool = True
     allreduce_in_matmul: bool = True
+    sum_in_matmul: bool = True
     forward_buffers: bool = True
     buffer_layouts: bool = True
 
@@ -83,6 +86,7 @@ class HirLowering(Pipeline):
             AttentionRing(),
             *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),
             *([AllreduceInMatmul()] if self.allreduce_in_matmul else []),
+            *([SumInMatmul()] if self.sum_in_matmul else []),
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
             InsertDeallocations(),

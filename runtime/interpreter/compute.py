@@ -127,18 +127,30 @@ def matmul_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None
 
 
 def matmul_accumulate_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None:
-    """`out += torch.matmul(lhs, rhs)`, in the GEMM's epilogue where the product is one
-    matrix product or a batch of them with the same batch (`addmm_`, `baddbmm_`, beta = 1:
-    no pass of its own over `out`); anywhere else, the product is added after it."""
-    if lhs.dim() == rhs.dim() == out.dim() >= 2 and lhs.shape[:-2] == rhs.shape[:-2] == out.shape[:-2]:
-        batch = math.prod(out.shape[:-2])
-        if batch == 1:
-            out.view(out.shape[-2:]).addmm_(lhs.view(lhs.shape[-2:]), rhs.view(rhs.shape[-2:]))
-            return
-        if lhs.dim() == 3:
-            out.baddbmm_(lhs, rhs)
+    """`out += torch.matmul(lhs, rhs)`, in the GEMM's epilogue (beta = 1: no pass of its own
+    over `out`) where the product is one matrix product (`addmm_`: a batch of matrices times
+    one matrix, its rows folded into one) or one batch of them (`baddbmm_`, a matrix of
+    either side broadcast along the batch); anywhere else, the product is added after it."""
+    if min(lhs.dim(), rhs.dim(), out.dim()) >= 2:
+        batch = out.shape[:-2]
+        if lhs.shape[:-2] == batch and math.prod(rhs.shape[:-2]) == 1:
+            rows, out_rows = _as_rows(lhs), _as_rows(out)
+            if rows is not None and out_rows is not None:
+                out_rows.addmm_(rows, rhs.reshape(rhs.shape[-2:]))
+                return
+        if len(batch) == 1 and torch.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2]) == batch:
+            out.baddbmm_(lhs.expand(*batch, *lhs.shape[-2:]), rhs.expand(*batch, *rhs.shape[-2:]))
             return
     out.add_(torch.matmul(lhs, rhs))
+
+
+def _as_rows(tensor: torch.Tensor) -> torch.Tensor | None:
+    """`tensor [*b, rows, columns]` viewed as one matrix `[b rows, columns]`; None where its
+    strides do not allow a view."""
+    try:
+        return tensor.view(-1, tensor.shape[-1])
+    except RuntimeError:
+        return None
 
 
 @handles(hir.MatmulOp)

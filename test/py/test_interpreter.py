@@ -25,6 +25,7 @@ from hostir_dialect import hir, hostir_context
 from hostir_dialect.text import HostirError, parse_module, print_module
 from hostir.passes.hir.buffer_layouts import BufferLayouts
 from hostir.passes.hir.forward_buffers import ForwardBuffers
+from hostir.passes.hir.sum_in_matmul import SumInMatmul
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.streams import stream_pool
 from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext, compute, fusion_eval
@@ -508,6 +509,36 @@ def test_a_product_read_through_a_permute_is_written_in_its_order(monkeypatch, r
     assert (result.untyped_storage().data_ptr() == gemms_buffer) == laid_out
 
 
+SUMMED_PRODUCTS = f"""
+func.func private @add(%a: {tensor([6, 5])}, %b: {tensor([6, 5])}) -> {tensor([6, 5])} {{
+  %sum = fusion.add %a, %b : ({tensor([6, 5])}, {tensor([6, 5])}) -> {tensor([6, 5])}
+  func.return %sum : {tensor([6, 5])}
+}}
+func.func @main(%dq: {tensor([6, 4])}, %wq: {tensor([4, 5])}, %dk: {tensor([6, 4])}, %wk: {tensor([4, 5])}) -> {tensor([6, 5])} {{
+  %p = hir.allocate() : {tensor([6, 5])}
+  hir.matmul ins(%dq, %wq : {tensor([6, 4])}, {tensor([4, 5])}) outs(%p : {tensor([6, 5])})
+  %q = hir.allocate() : {tensor([6, 5])}
+  hir.matmul ins(%dk, %wk : {tensor([6, 4])}, {tensor([4, 5])}) outs(%q : {tensor([6, 5])})
+  %s = hir.allocate() : {tensor([6, 5])}
+  hir.launch_kernel @add ins(%p, %q : {tensor([6, 5])}, {tensor([6, 5])}) outs(%s : {tensor([6, 5])})
+  func.return %s : {tensor([6, 5])}
+}}
+"""
+
+
+def test_a_sum_of_two_products_made_in_the_second_gemm_is_the_sum(rng):
+    """sum-in-matmul: the second GEMM adds its product into the first's, and the program's
+    result is still the sum of the two products, the kernel that added them gone."""
+    module = parse_module(SUMMED_PRODUCTS)
+    SumInMatmul().apply(hostir_context(), module)
+    text = print_module(module)
+    assert "hir.matmul accumulate" in text and "hir.launch_kernel" not in text
+    dq, dk = (torch.randn(6, 4, generator=rng) for _ in range(2))
+    wq, wk = (torch.randn(4, 5, generator=rng) for _ in range(2))
+    (result,) = run_host(text, [dq, wq, dk, wk])
+    torch.testing.assert_close(result, dq @ wq + dk @ wk)
+
+
 DEALLOCATION = f"""
 func.func @main(%x: {tensor([64])}) -> {tensor([64])} {{
   %c0 = arith.constant 0 : index
@@ -806,12 +837,16 @@ def test_a_matmul_with_a_bias_rounds_once(lhs, rhs, bias, axis, rng):
         ([3, 4], [4, 5], [3, 5], "addmm_"),
         ([1, 3, 4], [1, 4, 5], [1, 3, 5], "addmm_"),
         ([2, 3, 4], [2, 4, 5], [2, 3, 5], "baddbmm_"),
-        ([2, 3, 4], [4, 5], [2, 3, 5], "add_"),
+        ([2, 3, 4], [4, 5], [2, 3, 5], "addmm_"),  # the batch folded into the rows
+        ([2, 3, 4], [1, 4, 5], [2, 3, 5], "addmm_"),
+        ([1, 3, 4], [2, 4, 5], [2, 3, 5], "baddbmm_"),  # the lhs broadcast along the batch
+        ([2, 2, 3, 4], [2, 2, 4, 5], [2, 2, 3, 5], "add_"),
     ],
 )
 def test_an_accumulating_matmul_sums_in_the_gemm_where_torch_can(lhs, rhs, out, gemm, rng):
-    """One matrix product, or a batch of them with the same batch, adds in the GEMM's epilogue
-    (`addmm_`, `baddbmm_`: no pass of its own over the output); a broadcast batch adds after."""
+    """One matrix product (a batch of matrices times one matrix, its rows folded), or one batch
+    of them (either side broadcast), adds in the GEMM's epilogue (`addmm_`, `baddbmm_`: no pass
+    of its own over the output); a batch of several axes adds after. The sum is the product's."""
 
     class Calls(TorchFunctionMode):
         def __init__(self):
@@ -823,9 +858,11 @@ def test_an_accumulating_matmul_sums_in_the_gemm_where_torch_can(lhs, rhs, out, 
             return func(*args, **(kwargs or {}))
 
     a, b, c = (torch.randn(shape, generator=rng) for shape in (lhs, rhs, out))
+    expected = c + torch.matmul(a, b)
     with Calls() as calls:
         compute.matmul_accumulate_into(a, b, c)
     assert gemm in calls.names and not ({"addmm_", "baddbmm_", "add_"} - {gemm}) & set(calls.names)
+    torch.testing.assert_close(c, expected)
 
 
 @pytest.mark.parametrize("x_shape", [[5], [3, 5], [2, 3, 5], [2, 2, 3, 5]])

@@ -203,7 +203,7 @@ outside the kernels."""
 
 @needs_ranks(2)
 @pytest.mark.parametrize("batch", [1, 2], ids=["one_sequence", "two_sequences"])
-@pytest.mark.parametrize(("dtype", "kernels"), [(torch.float32, [4, 6]), (torch.bfloat16, [4, 8])], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("dtype", "kernels"), [(torch.float32, [4, 3]), (torch.bfloat16, [4, 5])], ids=["f32", "bf16"])
 def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     """The TP decoder layer of examples/ on 2 ranks: each RMSNorm with the residual add before
     it is one kernel in the forward, each norm's backward one kernel and a column sum; no part
@@ -214,7 +214,8 @@ def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     gradient with the batch axis put back: before that reshape was a `fusion.broadcast` (and
     the kernels' spaces local), it cut the backward into 11 (15) kernels; before a run of
     pointwise ops passed over the GEMMs between its ops, SwiGLU's backward was two kernels
-    (the backward 7 (9))."""
+    (the backward 7 (9)); before the sums of the projections' input gradients were made in
+    their GEMMs (`sum-in-matmul`), three kernels more made them (6 (8))."""
     text = run_on_hostir(_layer_programs_on_rank, 2, dtype, batch, timeout_s=300)[0]
     programs = [p.split("func.func @", 1)[1] for p in text.split("// hostir: the host program")[1:]]
     assert [p.count("hir.launch_kernel") for p in programs] == kernels

@@ -1,0 +1,171 @@
+"""`sum-in-matmul`: a kernel that only adds two products, one of them a GEMM's made for that
+sum alone, becomes that GEMM adding its product into the other (`hir.matmul accumulate`,
+cuBLAS's beta = 1).
+
+A backward sums the gradients of an activation that several projections read: the input
+of attention's q, k and v projections, of the MLP's gate and up projections. In the
+program each projection's GEMM writes a product of its own, and a kernel adds two of them
+into a third buffer, reading both and writing the sum: three passes over a tensor as large
+as the activation, per sum. Instead the later GEMM adds into the earlier product in its
+epilogue (one more read of that product inside the GEMM), and the kernel, the later
+product's buffer and the sum's buffer are gone. The sum is rounded once where the kernel
+rounded the later product and then the sum, as torch's own `addmm` rounds.
+
+The operands may be whole buffers or one slice of each (a pipelined loop's iteration,
+which `auto-stream-parallel` makes of the sum and the reduce-scatter after it). Rewritten
+only where that changes nothing else: the kernel's segment is one `fusion.add` of two
+operands of the out's type; the three are whole buffers that this device allocates
+(`hir.allocate`, not symmetric) of one type, or the same slice of such buffers; the GEMM
+is a plain one (no bias, not accumulating), before the kernel in its block, into such a
+buffer (or the slice) that nothing but the GEMM and the kernel uses; the other operand's
+buffer is used by nothing but the kernel after the GEMM begins, and the GEMM does not read
+it; the out's buffer is used by nothing before the kernel. The pass runs before
+`insert-deallocations`.
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects import builtin, func
+from xdsl.ir import Operation, OpResult, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
+from xdsl.rewriter import InsertPoint
+
+from hostir_dialect import fusion, hir
+from hostir.passes.analysis.buffers import buffer_users, is_private_allocation
+
+Taken = tuple[SSAValue, tuple[int, SSAValue] | None]
+"""A buffer operand as `(buffer, (axis, index))`: the slice `[axis = index]` of a whole
+buffer, or `(buffer, None)`: the whole buffer."""
+
+
+def taken(value: SSAValue) -> Taken | None:
+    """How `value` takes a whole private buffer: whole, or as one slice of it; None where it
+    is neither."""
+    owner = value.owner
+    if isinstance(owner, hir.AliasSelectOp) and is_private_allocation(owner.input.owner):
+        return owner.input, (owner.axis.data, owner.index)
+    if is_private_allocation(owner):
+        return value, None
+    return None
+
+
+def adds_two(op: hir.LaunchKernelOp) -> bool:
+    """Whether `op`'s segment only adds its two inputs, all three of one type."""
+    body = op.callee_function().body.block
+    ops = list(body.ops)
+    return (
+        len(op.ins) == 2
+        and len(op.outs) == 1
+        and len(ops) == 2
+        and isinstance(ops[0], fusion.AddOp)
+        and tuple(ops[0].operands) == tuple(body.args)
+        and isinstance(ops[1], func.ReturnOp)
+        and op.ins[0].type == op.ins[1].type == op.outs[0].type
+    )
+
+
+def precedes(a: Operation, b: Operation) -> bool:
+    """Whether `a`, or the op around it in the block of `b` or of an op around `b`, comes
+    first in program order."""
+    for outer in _around(b):
+        for inner in _around(a):
+            if inner.parent_block() is outer.parent_block() and inner is not outer:
+                block = inner.parent_block()
+                assert block is not None
+                return block.get_operation_index(inner) < block.get_operation_index(outer)
+    return False
+
+
+def _around(op: Operation) -> list[Operation]:
+    """`op` and the ops around it, innermost first."""
+    chain = [op]
+    while (parent := chain[-1].parent_op()) is not None and not isinstance(parent, func.FuncOp):
+        chain.append(parent)
+    return chain
+
+
+def sole_gemm(product: Taken, launch: hir.LaunchKernelOp) -> hir.MatmulOp | None:
+    """The plain GEMM before `launch` in its block that writes `product` for `launch` alone."""
+    buffer, _ = product
+    users = set(buffer_users(buffer))
+    gemms = [user for user in users if isinstance(user, hir.MatmulOp)]
+    if users != {launch, *gemms} or len(gemms) != 1:
+        return None
+    (gemm,) = gemms
+    plain = gemm.accumulate is None and len(gemm.ins) == 2 and taken(gemm.outs[0]) == product
+    if not plain or gemm.parent_block() is not launch.parent_block() or not precedes(gemm, launch):
+        return None
+    return gemm
+
+
+def may_add_into(addend: Taken, gemm: hir.MatmulOp, launch: hir.LaunchKernelOp) -> bool:
+    """Whether `gemm` may add its product into `addend`'s buffer, which `launch` alone uses
+    once `gemm` begins, and which `gemm` does not read."""
+    buffer, _ = addend
+    reads = {taken(value)[0] for value in gemm.ins if taken(value) is not None}
+    return buffer not in reads and all(user is launch or precedes(user, gemm) for user in buffer_users(buffer))
+
+
+def defined_before(value: SSAValue, op: Operation) -> bool:
+    """Whether `value` is defined before `op`: an op's result before it, or an argument of a
+    block that holds it."""
+    if isinstance(value, OpResult):
+        return precedes(value.op, op)
+    return any(outer.parent_block() is value.owner for outer in _around(op))
+
+
+class SumIntoMatmul(RewritePattern):
+    """`matmul(a, b) -> p; launch add(q, p) -> s` becomes `matmul accumulate(a, b) -> q`, `s` read as `q`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: hir.LaunchKernelOp, rewriter: PatternRewriter, /) -> None:
+        if not adds_two(op):
+            return
+        operands = [taken(value) for value in (*op.ins, op.outs[0])]
+        if any(t is None for t in operands) or len({t[1] for t in operands}) != 1:
+            return
+        if len({t[0].type for t in operands}) != 1:
+            return
+        (first, second, out) = operands
+        if any(user is not op and precedes(user, op) for user in buffer_users(out[0])):
+            return
+        for product, addend in ((second, first), (first, second)):
+            gemm = sole_gemm(product, op)
+            if gemm is not None and may_add_into(addend, gemm, op):
+                break
+        else:
+            return
+        buffer, slice_taken = addend
+        into = buffer
+        if slice_taken is not None:
+            if not defined_before(slice_taken[1], gemm):
+                return
+            select = hir.AliasSelectOp(buffer, *slice_taken)
+            rewriter.insert(select, InsertPoint.before(gemm))
+            into = select.result
+        segment = op.callee_function()
+        views = [value.owner for value in (*gemm.outs, *op.ins, *op.outs) if isinstance(value.owner, hir.AliasSelectOp)]
+        rewriter.replace(gemm, hir.MatmulOp(gemm.ins, [into], accumulate=True), [])
+        rewriter.erase(op)
+        for view in dict.fromkeys(views):
+            if not view.result.uses:
+                rewriter.erase(view)
+        rewriter.replace_all_uses_with(out[0], buffer)
+        for allocation in (out[0].owner, product[0].owner):
+            if not allocation.results[0].uses:
+                rewriter.erase(allocation)
+        symbol = builtin.SymbolRefAttr(segment.sym_name)
+        module = segment.parent_op()
+        if not any(isinstance(user, hir.SegmentCallOp) and user.callee == symbol for user in module.walk()):
+            rewriter.erase(segment)
+
+
+class SumInMatmul(ModulePass):
+    """Makes the GEMM whose product a kernel only adds to another add it in its epilogue."""
+
+    name = "sum-in-matmul"
+
+    def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
+        PatternRewriteWalker(SumIntoMatmul(), apply_recursively=False).rewrite_module(op)
