@@ -130,7 +130,8 @@ def matmul_accumulate_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tens
     """`out += torch.matmul(lhs, rhs)`, in the GEMM's epilogue (beta = 1: no pass of its own
     over `out`) where the product is one matrix product (`addmm_`: a batch of matrices times
     one matrix, its rows folded into one) or one batch of them (`baddbmm_`, a matrix of
-    either side broadcast along the batch); anywhere else, the product is added after it."""
+    either side broadcast along the batch), one per slice of the outermost of several batch
+    axes; a vector's product is added after it."""
     if min(lhs.dim(), rhs.dim(), out.dim()) >= 2:
         batch = out.shape[:-2]
         if lhs.shape[:-2] == batch and math.prod(rhs.shape[:-2]) == 1:
@@ -138,8 +139,13 @@ def matmul_accumulate_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tens
             if rows is not None and out_rows is not None:
                 out_rows.addmm_(rows, rhs.reshape(rhs.shape[-2:]))
                 return
-        if len(batch) == 1 and torch.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2]) == batch:
-            out.baddbmm_(lhs.expand(*batch, *lhs.shape[-2:]), rhs.expand(*batch, *rhs.shape[-2:]))
+        if torch.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2]) == batch:
+            lhs, rhs = lhs.expand(*batch, *lhs.shape[-2:]), rhs.expand(*batch, *rhs.shape[-2:])
+            if len(batch) == 1:
+                out.baddbmm_(lhs, rhs)
+            else:  # a GEMM per slice of the outermost axis, where the batch axes do not merge
+                for index in range(batch[0]):
+                    matmul_accumulate_into(lhs[index], rhs[index], out[index])
             return
     out.add_(torch.matmul(lhs, rhs))
 

@@ -840,13 +840,16 @@ def test_a_matmul_with_a_bias_rounds_once(lhs, rhs, bias, axis, rng):
         ([2, 3, 4], [4, 5], [2, 3, 5], "addmm_"),  # the batch folded into the rows
         ([2, 3, 4], [1, 4, 5], [2, 3, 5], "addmm_"),
         ([1, 3, 4], [2, 4, 5], [2, 3, 5], "baddbmm_"),  # the lhs broadcast along the batch
-        ([2, 2, 3, 4], [2, 2, 4, 5], [2, 2, 3, 5], "add_"),
+        ([2, 2, 3, 4], [2, 2, 4, 5], [2, 2, 3, 5], "baddbmm_"),  # one batch per outermost slice
+        ([2, 2, 3, 4], [1, 1, 4, 5], [2, 2, 3, 5], "addmm_"),
+        ([3, 4], [4], [3], "add_"),  # a vector's product
     ],
 )
 def test_an_accumulating_matmul_sums_in_the_gemm_where_torch_can(lhs, rhs, out, gemm, rng):
     """One matrix product (a batch of matrices times one matrix, its rows folded), or one batch
     of them (either side broadcast), adds in the GEMM's epilogue (`addmm_`, `baddbmm_`: no pass
-    of its own over the output); a batch of several axes adds after. The sum is the product's."""
+    of its own over the output), several batch axes one outermost slice at a time; a vector's
+    product adds after. The sum is the product's."""
 
     class Calls(TorchFunctionMode):
         def __init__(self):
