@@ -146,9 +146,10 @@ class AllocateOp(IRDLOperation):
     `%b = hir.allocate(%m) symmetric : !fusion.tensor<[?, 8], bf16, mesh = [0, 1], axes = [_, didx]>`
 
     In memory a buffer's stream axis, if any, is its outermost axis, then the others in
-    order: each slice of a pipelined loop is one block, which a collective takes as it is. An
-    `order` lists the axes from the outermost in memory to the innermost instead
-    (`buffer-layouts` gives one to a buffer that a later permute reads as one block).
+    order: each slice of a pipelined loop is one block, which a collective takes as it is (a
+    symmetric buffer has its axes in order, as its peers map it). An `order` lists the axes
+    from the outermost in memory to the innermost instead (`buffer-layouts` gives one to a
+    buffer that a later permute reads as one block).
 
     `%b = hir.allocate() order [1, 0, 2] : !fusion.tensor<[2, 4, 8], f32, axes = [stream, _, _]>`
     """
@@ -165,23 +166,22 @@ class AllocateOp(IRDLOperation):
     )
 
     def __init__(
-        self,
-        result_type: TensorType,
-        dynamic_sizes: Sequence[SSAValue] = (),
-        symmetric: bool = False,
-        order: Sequence[int] | None = None,
+        self, result_type: TensorType, dynamic_sizes: Sequence[SSAValue] = (), symmetric: bool = False
     ):
-        properties: dict[str, Attribute] = {"symmetric": UnitAttr()} if symmetric else {}
-        if order is not None:
-            properties["order"] = DenseArrayBase.from_list(i64, order)
-        super().__init__(operands=[dynamic_sizes], properties=properties, result_types=[result_type])
+        super().__init__(
+            operands=[dynamic_sizes],
+            properties={"symmetric": UnitAttr()} if symmetric else {},
+            result_types=[result_type],
+        )
 
     def memory_order(self) -> tuple[int, ...]:
         """The buffer's axes from the outermost in memory to the innermost."""
         if self.order is not None:
             return tuple(self.order.get_values())
         rank, stream = tensor_type(self.result).rank, tensor_type(self.result).stream_axis
-        return tuple(range(rank)) if stream is None else (stream, *(a for a in range(rank) if a != stream))
+        if stream is None or self.symmetric is not None:
+            return tuple(range(rank))
+        return (stream, *(axis for axis in range(rank) if axis != stream))
 
     def size_of(self, axis: int) -> SSAValue | None:
         """The size operand of `axis` of the buffer: the logical extent of a dynamic axis

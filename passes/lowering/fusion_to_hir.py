@@ -338,9 +338,9 @@ def _ends_runs(op: Operation) -> bool:
 
 def _stays_put(op: Operation) -> bool:
     """A pointwise op that no run takes from beyond a GEMM (or any op but a pointwise op or a
-    reduction) that it passed over: one of a stream axis,
-    which belongs in the stream loop of its neighbours, or a broadcast, which only moves data
-    and is best read where its readers are than written whole where the run is."""
+    reduction) that it passed over: one of a stream axis, which belongs in the stream loop of
+    its neighbours, or a broadcast, which only moves data and is best read where its readers
+    are than written whole where the run is."""
     return isinstance(op, fusion.BroadcastOp | fusion.ExpandOp) or any(
         isinstance(result.type, TensorType) and result.type.stream_axis is not None for result in op.results
     )

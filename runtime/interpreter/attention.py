@@ -172,8 +172,12 @@ def _folded(tensor: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
     heads would put the rows of several sequences side by side (`[rows, B, H, width]`), which
     a projection reads back only through a copy.
     """
-    heads = batch[-1] if batch else 1
-    return tensor.expand(*batch, *tensor.shape[-2:]).reshape(-1, heads, *tensor.shape[-2:])
+    return tensor.expand(*batch, *tensor.shape[-2:]).reshape(-1, _heads(batch), *tensor.shape[-2:])
+
+
+def _heads(batch: tuple[int, ...]) -> int:
+    """The kernels' heads of an attention of `batch`: its last axis (`_folded`)."""
+    return batch[-1] if batch else 1
 
 
 def _folded_mask(mask: Mask, batch: tuple[int, ...], dtype: torch.dtype) -> Mask:
@@ -211,7 +215,7 @@ def attention_backward(dout, q, k, v, out, lse, mask: Mask) -> tuple[torch.Tenso
     batch = _batch(q, k, v, mask.tensor)
     folded = [_folded(t, batch) for t in (dout, q, k, v, out)]
     # The kernels' log-sum-exp of a row that sees no key (whose gradients are 0 either way).
-    lse = lse.masked_fill(lse.isneginf(), 0.0).expand(*batch, q.shape[-2]).reshape(-1, batch[-1] if batch else 1, q.shape[-2])
+    lse = lse.masked_fill(lse.isneginf(), 0.0).expand(*batch, q.shape[-2]).reshape(-1, _heads(batch), q.shape[-2])
     grads = _backward_kernel(*folded, lse, _folded_mask(mask, batch, q.dtype))
     return tuple(g.reshape(*batch, *g.shape[-2:]) for g in grads)
 
