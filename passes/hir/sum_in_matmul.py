@@ -19,8 +19,8 @@ operands of the out's type; the three are whole buffers that this device allocat
 is a plain one (no bias, not accumulating), before the kernel in its block, into such a
 buffer (or the slice) that nothing but the GEMM and the kernel uses; the other operand's
 buffer is used by nothing but the kernel after the GEMM begins, and the GEMM does not read
-it; the out's buffer is used by nothing before the kernel. The pass runs before
-`insert-deallocations`.
+it (taken as a slice, no op of the kernel's block takes it otherwise); the out's buffer is
+used by nothing before the kernel. The pass runs before `insert-deallocations`.
 """
 
 from __future__ import annotations
@@ -102,9 +102,17 @@ def sole_gemm(product: Taken, launch: hir.LaunchKernelOp) -> hir.MatmulOp | None
 
 def may_add_into(addend: Taken, gemm: hir.MatmulOp, launch: hir.LaunchKernelOp) -> bool:
     """Whether `gemm` may add its product into `addend`'s buffer, which `launch` alone uses
-    once `gemm` begins, and which `gemm` does not read."""
-    buffer, _ = addend
+    once `gemm` begins, and which `gemm` does not read; taken as a slice, no op of the
+    kernel's block takes it otherwise (a later iteration would read the sums of the earlier)."""
+    buffer, key = addend
     reads = {taken(value)[0] for value in gemm.ins if taken(value) is not None}
+    if key is not None and any(
+        use.operation.parent_block() is launch.parent_block() and taken(use.operation.results[0]) != addend
+        if isinstance(use.operation, hir.AliasSelectOp)
+        else use.operation.parent_block() is launch.parent_block()
+        for use in buffer.uses
+    ):
+        return False
     return buffer not in reads and all(user is launch or precedes(user, gemm) for user in buffer_users(buffer))
 
 

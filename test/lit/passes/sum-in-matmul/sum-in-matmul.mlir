@@ -108,3 +108,34 @@ func.func @kept(%dq: !x, %wq: !w, %dk: !x, %wk: !w) -> (!y, !y, !y, !y) {
   hir.launch_kernel @add_kept ins(%t, %u : !y, !y) outs(%v : !y)
   func.return %s, %p, %v, %u : !y, !y, !y, !y
 }
+
+// Kept: in a loop, an op reads the other product's buffer whole (a later iteration would
+// read the sums of the earlier ones where it read their products).
+// CHECK-LABEL: func.func @read_whole_in_a_loop(
+// CHECK-NOT:     accumulate
+// CHECK:         func.return
+func.func @read_whole_in_a_loop(%x: !xs, %z: !xs, %w: !wm) -> (!rss, !ys) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %p = hir.allocate() : !ys
+  %q = hir.allocate() : !ys
+  %s = hir.allocate() : !ys
+  %r = hir.allocate() : !rss
+  %seen = hir.allocate() : !ys
+  scf.for %i = %c0 to %c2 step %c1 {
+    %a = hir.alias_select %x[0 = %i] : !xs -> !xc
+    %p_i = hir.alias_select %p[0 = %i] : !ys -> !yc
+    hir.matmul ins(%a, %w : !xc, !wm) outs(%p_i : !yc)
+    hir.copy ins(%p : !ys) outs(%seen : !ys)
+    %b = hir.alias_select %z[0 = %i] : !xs -> !xc
+    %q_i = hir.alias_select %q[0 = %i] : !ys -> !yc
+    hir.matmul ins(%b, %w : !xc, !wm) outs(%q_i : !yc)
+    %s_i = hir.alias_select %s[0 = %i] : !ys -> !yc
+    hir.launch_kernel @add_chunk ins(%p_i, %q_i : !yc, !yc) outs(%s_i : !yc)
+    %r_i = hir.alias_select %r[0 = %i] : !rss -> !rs
+    %work = hir.reduce_scatter %s_i into %r_i team [0, 1] op sum backend nccl : !yc, !rs
+    hir.wait %work
+  }
+  func.return %r, %seen : !rss, !ys
+}
