@@ -1,7 +1,6 @@
 """Fixtures shared by the pytest suites, and how the suite spreads over pytest-xdist's workers."""
 
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 
 import pytest
@@ -37,19 +36,6 @@ SHARED_PER_PROCESS = {
 """Modules whose tests share work done once per process, and what it is. Under pytest-xdist
 (`--dist loadgroup`) each of them runs on one worker, which does that work once."""
 
-STARTED_FIRST = {
-    "test_package.py": "installs hostir and runs its scripts and an example beside the install",
-    "test_host_overhead_benchmark.py": "a smoke run of benchmarks/host_overhead.py on 1 and 2 ranks",
-    "test_tp_layer_benchmark.py": "a smoke run of benchmarks/tp_layer.py",
-    "test_cp_attention_benchmark.py": "a smoke run of benchmarks/cp_attention.py",
-    "test_bf16_against_eager.py": "compiles models with hostir and with inductor on every rank",
-    "test_torch_backend.py": "compiles decoder layers on every rank",
-    "test_explain.py": "runs torch.compile in fresh interpreters",
-}
-"""Modules of tests that each run for many seconds, and why. Under `--dist loadgroup` their tests
-are sent to the workers before the other single tests: one of them sent last would keep a
-worker busy while the others, done, leave their cores idle."""
-
 
 def pytest_configure(config: pytest.Config) -> None:
     """In a process that runs tests (not xdist's controller, which runs none and need not
@@ -79,9 +65,7 @@ def _rotate_gpus(worker: str | None) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Under `--dist loadgroup`: xdist's load scheduling, each module of SHARED_PER_PROCESS one
-    unit of work, sent to one worker whole, every other test a unit of its own. The modules
-    of SHARED_PER_PROCESS go first, largest first (xdist's order), then the tests of
-    STARTED_FIRST's modules, then the others in the order they were collected.
+    unit of work, sent to one worker whole, every other test a unit of its own.
 
     xdist's own loadgroup scheduler reads `xdist_group` marks from suffixes it writes into
     the node ids, which pytest 9.2 no longer lets it change (pytest-dev/pytest-xdist#1386):
@@ -91,26 +75,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedModulesScheduling(LoadScopeScheduling):
-        ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if os.path.basename(module) in SHARED_PER_PROCESS else nodeid
 
-        def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # the queue as xdist filled it, before the first unit is sent
-                self.workqueue = OrderedDict(sorted(self.workqueue.items(), key=lambda unit: _sent_before(unit[0])))
-                self.ordered = True
-            super()._assign_work_unit(node)
-
     return SharedModulesScheduling(config, log)
-
-
-def _sent_before(scope: str) -> int:
-    """The rank of a unit of work in the order the workers get them: a whole module (of
-    SHARED_PER_PROCESS), then a test of STARTED_FIRST's modules, then any other test."""
-    module, _, test = scope.partition("::")
-    return 0 if not test else 1 if os.path.basename(module) in STARTED_FIRST else 2
 
 
 def _check_round_trip(module: Operation | str) -> str:
