@@ -61,7 +61,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -146,7 +146,7 @@ class CapturedRun:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
         replay that a caller still holds (a replay would overwrite it), or an input
         handed over by another replay that is not where the graph reads it."""
-        if self._kept_memory():
+        if next(self._kept_memory(), None) is not None:
             return (
                 "an output of its previous replay is still in use (a gradient accumulated over "
                 "steps, say), and a replay would overwrite it"
@@ -156,15 +156,15 @@ class CapturedRun:
                 return f"input #{i} is not the output of the replay that it was when the graph was captured"
         return None
 
-    def _kept_memory(self) -> set[int]:
+    def _kept_memory(self) -> Iterator[int]:
         """The memory of the lent outputs that a caller still holds."""
-        return {memory for memory, (storage, unused) in self.unused.items() if _use_count(storage) > unused}
+        return (memory for memory, (storage, unused) in self.unused.items() if _use_count(storage) > unused)
 
     def copy_kept_loans(self) -> None:
         """Makes the replays copy the outputs on loan that a caller kept past a run (a gradient
         that AccumulateGrad accumulates into over steps): once the caller lets go of them,
         the graph replays again, and the caller keeps what it gets."""
-        kept = self._kept_memory()
+        kept = set(self._kept_memory())
         returned = frozenset(i for i in self.on_loan if self.outputs[i].untyped_storage().data_ptr() in kept)
         self.lent -= returned
         self.on_loan -= returned

@@ -68,7 +68,7 @@ def reads_any_layout(op: Operation, chain: list[SSAValue]) -> bool:
     return isinstance(op, hir.MatmulOp | hir.LinearOp | hir.AtenOp | hir.DimOp | hir.DeallocateOp)
 
 
-def memory_order(permute: hir.AtenOp, axes: tuple[int, ...]) -> list[int] | None:
+def permuted_order(permute: hir.AtenOp, axes: tuple[int, ...]) -> list[int] | None:
     """The order of the axes of the permute's buffer (its type's, the device axis first where
     it varies) that lays the permute's result out in one block; None where the type has a
     device axis elsewhere."""
@@ -90,7 +90,7 @@ class LayOutPermutedBuffer(RewritePattern):
         if held is None:
             return
         allocation, chain = held
-        order = memory_order(op, axes)
+        order = permuted_order(op, axes)
         if order is None or allocation.order is not None or tuple(order) == allocation.memory_order():
             return
         if tensor_type(allocation.result).rank != len(order):

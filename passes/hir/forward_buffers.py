@@ -119,8 +119,7 @@ def only_read_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
     def reads(user: Operation) -> bool:
         if isinstance(user, hir.DeallocateOp):
             return True
-        ins, outs = getattr(user, "ins", None), getattr(user, "outs", None)
-        return ins is not None and outs is not None and all(hir.view_root(out) is not buffer for out in outs)
+        return isinstance(user, hir.ComputeOp) and all(hir.view_root(out) is not buffer for out in user.outs)
 
     return all(
         user is op or order.position(user, block) < position or reads(user) for user in buffer_users(buffer)

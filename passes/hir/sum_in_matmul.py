@@ -67,23 +67,15 @@ def adds_two(op: hir.LaunchKernelOp) -> bool:
 
 
 def precedes(a: Operation, b: Operation) -> bool:
-    """Whether `a`, or the op around it in the block of `b` or of an op around `b`, comes
-    first in program order."""
-    for outer in _around(b):
-        for inner in _around(a):
-            if inner.parent_block() is outer.parent_block() and inner is not outer:
-                block = inner.parent_block()
-                assert block is not None
-                return block.get_operation_index(inner) < block.get_operation_index(outer)
+    """Whether `a` comes first in program order: `a`, or the op around it in the innermost
+    block that holds both, is before `b`'s there."""
+    block = b.parent_block()
+    while block is not None:
+        if (outer_a := block.find_ancestor_op_in_block(a)) is not None:
+            outer_b = block.find_ancestor_op_in_block(b)
+            return outer_b is not None and outer_a is not outer_b and outer_a.is_before_in_block(outer_b)
+        block = block.parent_block()
     return False
-
-
-def _around(op: Operation) -> list[Operation]:
-    """`op` and the ops around it, innermost first."""
-    chain = [op]
-    while (parent := chain[-1].parent_op()) is not None and not isinstance(parent, func.FuncOp):
-        chain.append(parent)
-    return chain
 
 
 def sole_gemm(product: Taken, launch: hir.LaunchKernelOp) -> hir.MatmulOp | None:
@@ -95,7 +87,7 @@ def sole_gemm(product: Taken, launch: hir.LaunchKernelOp) -> hir.MatmulOp | None
         return None
     (gemm,) = gemms
     plain = gemm.accumulate is None and len(gemm.ins) == 2 and taken(gemm.outs[0]) == product
-    if not plain or gemm.parent_block() is not launch.parent_block() or not precedes(gemm, launch):
+    if not plain or gemm.parent_block() is not launch.parent_block() or not gemm.is_before_in_block(launch):
         return None
     return gemm
 
@@ -105,7 +97,7 @@ def may_add_into(addend: Taken, gemm: hir.MatmulOp, launch: hir.LaunchKernelOp) 
     once `gemm` begins, and which `gemm` does not read; taken as a slice, no op of the
     kernel's block takes it otherwise (a later iteration would read the sums of the earlier)."""
     buffer, key = addend
-    reads = {taken(value)[0] for value in gemm.ins if taken(value) is not None}
+    reads = {read[0] for value in gemm.ins if (read := taken(value)) is not None}
     if key is not None and any(
         use.operation.parent_block() is launch.parent_block() and taken(use.operation.results[0]) != addend
         if isinstance(use.operation, hir.AliasSelectOp)
@@ -121,7 +113,7 @@ def defined_before(value: SSAValue, op: Operation) -> bool:
     block that holds it."""
     if isinstance(value, OpResult):
         return precedes(value.op, op)
-    return any(outer.parent_block() is value.owner for outer in _around(op))
+    return value.owner.find_ancestor_op_in_block(op) is not None
 
 
 class SumIntoMatmul(RewritePattern):

@@ -343,6 +343,8 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
     result = prep.slot(op.result)
     symmetric = SymmetricAllocation.of(op, buffer_type.mesh.ids, dtype) if op.symmetric else None
     order = op.memory_order()
+    if order == tuple(range(len(order))):
+        order = None  # row-major: torch.empty's own layout, no view to make at every run
     # The local shape, its dynamic extents filled in each run from the size operands;
     # a didx axis is 1 whatever its logical size.
     shape = list(buffer_type.local_shape())
@@ -359,7 +361,9 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
         local_shape = shape.copy()
         for axis, slot in dynamic:
             local_shape[axis] = env[slot]
-        if symmetric is None:
+        if symmetric is None and order is None:
+            env[result] = torch.empty(local_shape, dtype=dtype, device=context.device)
+        elif symmetric is None:
             env[result] = empty_in_order(local_shape, order, dtype, context.device)
         else:
             env[result] = symmetric(context.communicator, local_shape)
