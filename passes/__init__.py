@@ -51,6 +51,12 @@ def _allreduce_in_matmul() -> type[ModulePass]:
     return AllreduceInMatmul
 
 
+def _allreduce_in_place() -> type[ModulePass]:
+    from hostir.passes.hir.allreduce_in_place import AllreduceInPlace
+
+    return AllreduceInPlace
+
+
 def _sum_in_matmul() -> type[ModulePass]:
     from hostir.passes.hir.sum_in_matmul import SumInMatmul
 
@@ -107,6 +113,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "attention-ring": _attention_ring,
     "reduce-scatter-in-matmul": _reduce_scatter_in_matmul,
     "allreduce-in-matmul": _allreduce_in_matmul,
+    "allreduce-in-place": _allreduce_in_place,
     "sum-in-matmul": _sum_in_matmul,
     "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,

@@ -1,9 +1,9 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
 insert-reshardings, fusion-to-hir, stream-parallel, attention-ring, reduce-scatter-in-matmul,
-allreduce-in-matmul, copy-engine-pipelining, per-stream-buffers, insert-deallocations,
-forward-buffers, then xDSL's `canonicalize` and `cse` to fold the index arithmetic and share what the
-loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
+allreduce-in-matmul, allreduce-in-place, sum-in-matmul, copy-engine-pipelining,
+per-stream-buffers, insert-deallocations, forward-buffers, buffer-layouts, then xDSL's
+`canonicalize` and `cse` to fold the index arithmetic and share what the loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
 the hir ops marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`,
 `hir.stream`); every other hir op has effects they leave alone.
 
@@ -24,6 +24,7 @@ from xdsl.transforms.common_subexpression_elimination import (
 from hostir.passes.driver import Pipeline
 from hostir.passes.fusion.insert_reshardings import InsertReshardings
 from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
+from hostir.passes.hir.allreduce_in_place import AllreduceInPlace
 from hostir.passes.hir.buffer_layouts import BufferLayouts
 from hostir.passes.hir.copy_engine_pipelining import CopyEnginePipelining
 from hostir.passes.hir.forward_buffers import ForwardBuffers
@@ -52,7 +53,9 @@ class HirLowering(Pipeline):
     leaves out `reduce-scatter-in-matmul`, so that a pairwise copy-engine reduce-scatter
     of a matmul's product sums its pieces in a pass of its own, and
     `allreduce_in_matmul=false` leaves out `allreduce-in-matmul`, so that a pairwise
-    copy-engine allreduce of a matmul's product does too. `sum_in_matmul=false` leaves out
+    copy-engine allreduce of a matmul's product does too. `allreduce_in_place=false` leaves
+    out `allreduce-in-place`, so that an NCCL allreduce of a matmul's product copies it
+    into its output before summing it there. `sum_in_matmul=false` leaves out
     `sum-in-matmul`, so that a kernel adds two GEMMs' products. `forward_buffers=false` leaves
     out `forward-buffers`, so that every copy of the program moves its bytes and every
     ATen result is copied into its out, as the reference programs print.
@@ -71,6 +74,7 @@ class HirLowering(Pipeline):
     copy_engine_pipelining: bool = True
     reduce_scatter_in_matmul: bool = True
     allreduce_in_matmul: bool = True
+    allreduce_in_place: bool = True
     sum_in_matmul: bool = True
     forward_buffers: bool = True
     buffer_layouts: bool = True
@@ -86,6 +90,7 @@ class HirLowering(Pipeline):
             AttentionRing(),
             *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),
             *([AllreduceInMatmul()] if self.allreduce_in_matmul else []),
+            *([AllreduceInPlace()] if self.allreduce_in_place else []),
             *([SumInMatmul()] if self.sum_in_matmul else []),
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),

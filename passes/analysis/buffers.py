@@ -69,7 +69,7 @@ def buffer_users(buffer: SSAValue) -> list[Operation]:
     return users
 
 
-def _extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:
+def allocated_extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:
     """The extent of `axis` of the allocated buffer: a size operand, or a new constant."""
     size = allocation.size_of(axis)
     if size is not None:
@@ -92,7 +92,7 @@ def fewer_slices(op: hir.AllocateOp, count: SSAValue, rewriter: PatternRewriter)
     their index, which the caller maps onto the fewer slices."""
     buffer_type = tensor_type(op.result)
     axis = buffer_type.stream_axis
-    extent_ops, extent = _extent(op, axis)
+    extent_ops, extent = allocated_extent(op, axis)
     slots = arith.MinUIOp(extent, count)
     slots.result.name_hint = "stream_slots"
     sizes, shape = list(op.dynamic_sizes), list(buffer_type.get_shape())

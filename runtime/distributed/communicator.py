@@ -270,6 +270,8 @@ class Communicator:
         if backend == CommunicatorBackend.CUDA:
             return Work(*self.copy_engine.allreduce(input, output, team, op))
         target, finishes = writable(output)
+        # NCCL sums in place. An input that is already the output's memory (the GEMM wrote
+        # it there: allreduce-in-place) moves no byte: copy_ onto its own elements returns.
         target.copy_(input.reshape(target.shape))
         work = dist.all_reduce(target, op, group=self.group(team), async_op=True)
         return Work([work], finishes)

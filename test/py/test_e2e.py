@@ -421,6 +421,30 @@ def test_end_to_end(case: Case):
         )
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["allreduce_in_place", "left_out"])
+def test_an_allreduce_sums_its_matmuls_product_where_the_gemm_wrote_it(monkeypatch, in_place):
+    """allreduce-in-place: each chunk's GEMM writes into the output's slice and the allreduce
+    sums it there, its input the output's memory, so that nothing is copied before the
+    collective; with the pass left out, the product has a buffer of its own, which the
+    allreduce copies into the output first. The same values either way."""
+    case = next(c for c in CASES if c.id == "matmul_ar-f32-odd-D1-w1")
+    pipeline = DEFAULT_PIPELINE if in_place else f"{DEFAULT_PIPELINE}{{allreduce_in_place=false}}"
+    program = Program.compile(build("matmul_ar", **case.build_arguments), pipeline)
+    allreduce, in_output = Communicator.allreduce, []
+
+    def recorded(communicator, input, output, *arguments, **options):
+        in_output.append(input.data_ptr() == output.data_ptr())
+        return allreduce(communicator, input, output, *arguments, **options)
+
+    monkeypatch.setattr(Communicator, "allreduce", recorded)
+    communicator = Communicator.single(torch.device("cpu") if DEVICE == "cpu" else None)
+    inputs = [x.to(communicator.device) for x in case.inputs()]
+    with poisoned_allocations():
+        (output,) = program.run(inputs, communicator)
+    torch.testing.assert_close(output.cpu(), case.fusion.expected(*case.inputs()))
+    assert len(in_output) == inputs[0].shape[0] and set(in_output) == {in_place}
+
+
 def test_every_segment_launched_on_one_device_has_a_kernel_on_its_buffers(monkeypatch):
     """What a GPU does at each `hir.launch_kernel`, planned on the CPU: the kernel's iteration
     space from the buffers the launch gets (`SegmentKernel.plan`). A segment that joined

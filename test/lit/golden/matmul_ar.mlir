@@ -1,7 +1,8 @@
-// RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false}' | filecheck %s --check-prefixes=CHECK,NCCL
+// RUN: hir-opt %s -p 'hir-lowering{per_stream_buffers=false allreduce_in_place=false}' | filecheck %s --check-prefixes=CHECK,NCCL
 // RUN: hir-opt %s -p 'hir-lowering{backend=cuda per_stream_buffers=false copy_engine_pipelining=false}' | filecheck %s --check-prefixes=CHECK,CUDA
 // RUN: hir-opt %s -p 'hir-lowering{backend=cuda}' | filecheck %s --check-prefixes=NOCOPY,PIPE
-// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=PER
+// RUN: hir-opt %s -p 'hir-lowering{allreduce_in_place=false}' | filecheck %s --check-prefix=PER
+// RUN: hir-opt %s -p hir-lowering | filecheck %s --check-prefix=INPLACE
 
 // pr4387's matmul_AR on a mesh of 8: a matmul sharded along K whose partial sums are
 // allreduced chunk by chunk. Both run in one loop: the allreduce of chunk i reads
@@ -12,6 +13,10 @@
 // default (copy-engine-pipelining) that loop runs on the caller's stream: iteration i
 // computes chunk i and issues its allreduce, then waits for chunk i - 1's (PIPE), so
 // the GEMMs run one after the other while the previous chunk is in flight.
+// By default (allreduce-in-place, INPLACE) the NCCL program has no partial-sums buffer:
+// each chunk's GEMM writes into the output's slice, seen as the partial sums, and the
+// allreduce sums it there in place (NCCL sums in the buffer it is given: a separate
+// input would be copied into the output first).
 // A [S, DIDx(8), M, K/8] @ B [DIDx(8), K/8, N] -> [Stream(S), DIDx(8), M, N]
 // -> sum(1) -> [Stream(S), M, N].
 
@@ -62,6 +67,25 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // PER:           %[[BUF_I:[^ ]+]] = hir.alias_select %[[BUF]][0 = %[[SI]]]
 // PER-NEXT:      hir.matmul ins({{.*}}) outs(%[[BUF_I]] :
 // PER:           hir.allreduce %[[BUF_I]] into
+
+// INPLACE-LABEL: func.func @matmul_ar(
+// INPLACE-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
+// INPLACE-NOT:     hir.copy
+// INPLACE:         %[[OUT:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[?, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, _, _]>
+// INPLACE:         scf.for
+// INPLACE:           hir.synchronize_stream %{{.*}}
+// INPLACE-NEXT:    }
+// INPLACE-NEXT:    scf.for %[[I:[^ ]+]] =
+// INPLACE:           %[[A_I:[^ ]+]] = hir.alias_select %[[A]][0 = %[[I]]]
+// INPLACE-NEXT:      %[[OUT_I:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[I]]]
+// INPLACE-NEXT:      %[[P_I:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>
+// INPLACE-NEXT:      hir.aten "aten.alias.default"(%[[OUT_I]]) ins(%[[OUT_I]] : {{.*}}) outs(%[[P_I]] : {{.*}}) adopted [0]
+// INPLACE-NEXT:      hir.matmul ins(%[[A_I]], %[[B]] : {{.*}}) outs(%[[P_I]] :
+// INPLACE-NEXT:      %[[W:[^ ]+]] = hir.allreduce %[[P_I]] into %[[OUT_I]] team [0, 1, 2, 3, 4, 5, 6, 7] op sum backend nccl
+// INPLACE-NEXT:      hir.wait %[[W]]
+// INPLACE-NEXT:      hir.deallocate %[[P_I]]
+// INPLACE-NOT:     hir.allocate
+// INPLACE:         func.return %[[OUT]]
 
 // PIPE-LABEL: func.func @matmul_ar(
 // PIPE-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
