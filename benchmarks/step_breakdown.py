@@ -202,12 +202,12 @@ class Breakdown:
 
 
 def table(rows: Sequence[tuple[str, Breakdown, float | None]]) -> str:
-    """A Markdown table of breakdowns, a row per (label, breakdown, the time the GPU waited for
-    the host in an unprofiled step, or None where it was not measured): ms, the other
-    kernels' count in brackets."""
-    columns = [*Breakdown.COLUMNS.values(), "GPU waited for host, unprofiled"]
+    """A Markdown table of breakdowns, a row per (label, breakdown, what starting an unprofiled
+    step from an idle GPU cost, or None where it was not measured): ms, the other kernels'
+    count in brackets."""
+    columns = [*Breakdown.COLUMNS.values(), "idle start, unprofiled"]
     lines = ["| contender, rank | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for label, breakdown, waited in rows:
-        cells = [*breakdown.cells(), "" if waited is None else f"{waited:.3f}"]
+    for label, breakdown, idle_start in rows:
+        cells = [*breakdown.cells(), "" if idle_start is None else f"{idle_start:.3f}"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -152,7 +152,7 @@ class Result:
     status: str = "ok"
     """ok, or why there is no time: `unavailable: ...`, `failed: ...`."""
     ms: float | None = None
-    """The slowest rank's median step time."""
+    """The slowest rank's median step time, each step started from an idle GPU (`median_ms`)."""
     rank_ms: list[float] = field(default_factory=list)
     """Each rank's median."""
     errors: dict[str, float] = field(default_factory=dict)
@@ -164,8 +164,14 @@ class Result:
     breakdown: list[dict] = field(default_factory=list)
     """With --breakdown: each rank's `Breakdown` of one profiled step, in rank order."""
     host_ahead_ms: list[float] = field(default_factory=list)
-    """With --breakdown on GPUs: each rank's median step time with the host ahead of the GPU
-    (`median_ms`): `rank_ms` minus it is the time the GPU waited for the host, unprofiled."""
+    """With --breakdown on GPUs: each rank's median step time with the GPU held before each
+    step until the host has issued it (`median_ms`'s `host_ahead`): `rank_ms` minus it is what
+    starting from an idle GPU costs (`idle_start_cost`)."""
+    loop_ms: float | None = None
+    """The slowest rank's median step time with the steps back to back, as a training loop
+    runs them (`back_to_back_ms`)."""
+    loop_rank_ms: list[float] = field(default_factory=list)
+    """Each rank's median back to back."""
 
     @property
     def check_ok(self) -> bool | None:
@@ -373,6 +379,28 @@ def median_ms(
     return statistics.median(times)
 
 
+def back_to_back_ms(step: Callable[[], object], device: torch.device, reps: int) -> float:
+    """This rank's median time of `step` over `reps` runs issued back to back, as a training
+    loop issues its steps: the host issues a step while the GPU runs the one before, so a
+    step's time is the GPU's unless the host falls behind. The ranks start together, once."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    if device.type != "cuda":
+        marks = [time.perf_counter()]
+        for _ in range(reps):
+            step()
+            marks.append(time.perf_counter())
+        return statistics.median((b - a) * 1e3 for a, b in zip(marks, marks[1:]))
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    events[0].record()
+    for event in events[1:]:
+        step()
+        event.record()
+    events[-1].synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+
+
 def gathered(value):
     """Every rank's `value`, in rank order."""
     values = [None] * dist.get_world_size()
@@ -426,9 +454,12 @@ def measure_size(
 
 
 Measured = tuple[
-    dict[str, list[float]], dict[str, dict[str, float]], "float | None", dict[str, tuple[list[dict], list[float]]]
+    dict[str, tuple[list[float], list[float]]],
+    dict[str, dict[str, float]],
+    "float | None",
+    dict[str, tuple[list[dict], list[float]]],
 ]
-"""A contender's every rank's median of each step, the slowest rank's error of each checked
+"""A contender's every rank's medians of each step (`step_times`), the slowest rank's error of each checked
 tensor, the slowest rank's time of the first (checked) steps, and each step's breakdowns
 (`measure_layer`)."""
 
@@ -465,8 +496,8 @@ def contender_results(
     for step in STEPS:
         result = Result(size, step, contender, tolerance=tolerance, status=status)
         if status == "ok":
-            result.rank_ms, result.errors, result.first_s = times[step], errors.get(step, {}), first_s
-            result.ms = max(result.rank_ms)
+            (result.rank_ms, result.loop_rank_ms), result.errors = times[step], errors.get(step, {})
+            result.ms, result.loop_ms, result.first_s = max(result.rank_ms), max(result.loop_rank_ms), first_s
             result.breakdown, result.host_ahead_ms = breakdowns.get(step, ([], []))
         results.append(result)
     return results
@@ -474,9 +505,12 @@ def contender_results(
 
 def step_times(
     steps: dict[str, Callable[[], object]], device: torch.device, warmup: int, reps: int
-) -> dict[str, list[float]]:
-    """Every rank's median of each step."""
-    return {step: gathered(median_ms(run, device, warmup, reps)) for step, run in steps.items()}
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Every rank's median of each step, started from an idle GPU and back to back."""
+    return {
+        step: (gathered(median_ms(run, device, warmup, reps)), gathered(back_to_back_ms(run, device, reps)))
+        for step, run in steps.items()
+    }
 
 
 def slowest_errors(errors: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -565,7 +599,10 @@ def progress(outcome: list[Result]) -> str:
     line = f"# {first.size.label}: {first.contender}: "
     if first.status != "ok":
         return line + first.status
-    line += ", ".join(f"{r.step} {r.ms:.3f} ms" + ("" if r.check_ok is not False else " WRONG") for r in outcome)
+    line += ", ".join(
+        f"{r.step} {r.ms:.3f} ms ({r.loop_ms:.3f} back to back)" + ("" if r.check_ok is not False else " WRONG")
+        for r in outcome
+    )
     return line + ("" if first.first_s is None else f" (first steps {first.first_s:.1f} s)")
 
 
@@ -641,9 +678,11 @@ def run_sizes(
 # --------------------------------------------------------------------------- #
 
 
-def ratio(result: Result, results: list[Result]) -> float | None:
-    limit = next((r.ms for r in results if (r.size, r.step, r.contender) == (result.size, result.step, LIMIT)), None)
-    return None if result.ms is None or not limit else result.ms / limit
+def ratio(result: Result, results: list[Result], back_to_back: bool = False) -> float | None:
+    """`result`'s time over the limit's at its size and step (its steps back to back, or not)."""
+    time_of = (lambda r: r.loop_ms) if back_to_back else (lambda r: r.ms)
+    limit = next((time_of(r) for r in results if (r.size, r.step, r.contender) == (result.size, result.step, LIMIT)), None)
+    return None if time_of(result) is None or not limit else time_of(result) / limit
 
 
 def describe_machine(info: dict) -> str:
@@ -670,26 +709,36 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
     sections = [
         f"Machine: {describe_machine(info)}",
         f"Command: `{command}`",
-        f"{config['dtype']}, median of {config['reps']} steps after {config['warmup']}, the slowest rank's",
+        f"{config['dtype']}, median of {config['reps']} steps after {config['warmup']}, the slowest rank's: each "
+        "step from an idle GPU (synchronized, the ranks met at a barrier), and the same steps "
+        "issued back to back",
     ]
+    timings = {False: "each from an idle GPU", True: "back to back, as a training loop runs them"}
+    if not any(r.loop_ms is not None for r in results):
+        del timings[True]
     for step, title in STEPS.items():
-        rows = [f"### {title} (median ms, ratio to the limit)", "", "| size | " + " | ".join(contenders) + " |"]
-        rows.append("|---" * (len(contenders) + 1) + "|")
-        for size in sizes:
-            cells = []
-            for contender in contenders:
-                result = find(size, step, contender)
-                if result is None:
-                    cells.append("")
-                    continue
-                if result.ms is None:
-                    cells.append(note(result.status))
-                    continue
-                r = ratio(result, results)
-                text = f"{result.ms:.3f}" + (f" ({r:.2f}x)" if r is not None and contender != LIMIT else "")
-                cells.append(text + (" WRONG" if result.check_ok is False else ""))
-            rows.append(f"| {size.label} | " + " | ".join(cells) + " |")
-        sections.append("\n".join(rows))
+        for back_to_back, how in timings.items():
+            rows = [f"### {title}, {how} (median ms, ratio to the limit)", "", "| size | " + " | ".join(contenders) + " |"]
+            rows.append("|---" * (len(contenders) + 1) + "|")
+            for size in sizes:
+                cells = []
+                for contender in contenders:
+                    result = find(size, step, contender)
+                    if result is None:
+                        cells.append("")
+                        continue
+                    if result.ms is None:
+                        cells.append(note(result.status))
+                        continue
+                    ms = result.loop_ms if back_to_back else result.ms
+                    if ms is None:
+                        cells.append("")
+                        continue
+                    r = ratio(result, results, back_to_back)
+                    text = f"{ms:.3f}" + (f" ({r:.2f}x)" if r is not None and contender != LIMIT else "")
+                    cells.append(text + (" WRONG" if result.check_ok is False else ""))
+                rows.append(f"| {size.label} | " + " | ".join(cells) + " |")
+            sections.append("\n".join(rows))
     checked = [c for c in contenders if c != LIMIT]
     rows = [
         f"### Checks against {config.get('reference', EAGER)} (largest error relative to its largest |value|)",
@@ -720,9 +769,10 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
     return "\n\n".join(sections) + "\n"
 
 
-def waited(result: Result, rank: int) -> float | None:
-    """How long `rank`'s GPU waited for its host in a timed step: its median from an idle GPU
-    minus its median with the host ahead (GPUs; None on CPU ranks)."""
+def idle_start_cost(result: Result, rank: int) -> float | None:
+    """What starting a step from an idle GPU cost `rank`: its median from an idle GPU minus its
+    median with the GPU held until the host had issued the step (GPUs; None on CPU ranks).
+    Not only the host's issuing: a hold longer than the host takes still shortens the step."""
     if not result.host_ahead_ms:
         return None
     return result.rank_ms[rank] - result.host_ahead_ms[rank]
@@ -738,7 +788,7 @@ def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[st
             if not measured:
                 continue
             rows = [
-                (f"{r.contender}, {rank}", Breakdown(**b), waited(r, rank))
+                (f"{r.contender}, {rank}", Breakdown(**b), idle_start_cost(r, rank))
                 for r in measured
                 for rank, b in enumerate(r.breakdown)
             ]
@@ -807,7 +857,15 @@ def report(
         "machine": info,
         "command": command,
         "config": config,
-        "results": [{**asdict(r), "ratio_to_limit": ratio(r, results), "check_ok": r.check_ok} for r in results],
+        "results": [
+            {
+                **asdict(r),
+                "ratio_to_limit": ratio(r, results),
+                "loop_ratio_to_limit": ratio(r, results, back_to_back=True),
+                "check_ok": r.check_ok,
+            }
+            for r in results
+        ],
     }
     (output / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
     plot(results, info, output / f"{name}.png")

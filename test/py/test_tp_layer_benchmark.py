@@ -59,6 +59,9 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
             result = results[step, contender]
             assert result["status"] == "ok" and result["ms"] == max(result["rank_ms"])
             assert result["ratio_to_limit"] == pytest.approx(result["ms"] / limit["ms"])
+            # The same steps back to back, as a training loop runs them.
+            assert result["loop_ms"] == max(result["loop_rank_ms"]) and len(result["loop_rank_ms"]) == 2
+            assert result["loop_ratio_to_limit"] == pytest.approx(result["loop_ms"] / limit["loop_ms"])
             assert result["check_ok"] and max(result["errors"].values()) <= F32_TOLERANCE
             # --breakdown: each rank's profiled step, split; its trace kept for Perfetto.
             assert len(result["breakdown"]) == 2
@@ -82,6 +85,8 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert "| dim 64, 2 x 16 tokens |" in table and "WRONG" not in table
     assert tp_layer.CPU_INDUCTOR_SKIP in table and "unavailable: the copy engines are CUDA's" in table
     for title in tp_layer.STEPS.values():
+        assert f"### {title}, each from an idle GPU (median ms, ratio to the limit)" in table
+        assert f"### {title}, back to back, as a training loop runs them (median ms, ratio to the limit)" in table
         assert f"### Where the time goes: {title}, dim 64, 2 x 16 tokens (ms)" in table
     assert "| hostir (nccl), 1 |" in table
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
@@ -162,9 +167,13 @@ def test_the_limit_at_d_ranks_is_one_rank_share_of_the_work(world):
         assert attention and all(shapes[:3] == (heads,) * 3 for shapes in attention)
 
 
-def _result(contender: str, step: str, ms: float | None, error: float = 0.0, status: str = "ok") -> tp_layer.Result:
+def _result(
+    contender: str, step: str, ms: float | None, error: float = 0.0, status: str = "ok", loop_ms: float | None = None
+) -> tp_layer.Result:
     errors = {"output": error} if ms is not None and contender != tp_layer.LIMIT else {}
-    return tp_layer.Result(SIZE, step, contender, status, ms, [ms] if ms else [], errors, 1e-4)
+    result = tp_layer.Result(SIZE, step, contender, status, ms, [ms] if ms else [], errors, 1e-4)
+    result.loop_ms, result.loop_rank_ms = loop_ms, [loop_ms] if loop_ms else []
+    return result
 
 
 def test_the_table_marks_wrong_results_and_notes_why_a_contender_did_not_run():
@@ -183,9 +192,27 @@ def test_the_table_marks_wrong_results_and_notes_why_a_contender_did_not_run():
     assert "| dim 64, 2 x 16 tokens | 4.000 (2.00x) | 3.000 (1.50x) WRONG | failed [1] | 2.000 |" in text
     assert "| dim 64, 2 x 16 tokens | train | 0.0e+00 ok | 5.0e-01 WRONG | failed [1] |" in text
     assert "[1] failed: RuntimeError: out of copy engines" in text
+    assert "back to back, as a training loop" not in text  # none measured
     assert tp_layer.exit_status(results) == 1
     good = [r for r in results if r.contender in (tp_layer.EAGER, tp_layer.LIMIT)]
     assert tp_layer.exit_status(good) == 0
+
+
+def test_the_steps_back_to_back_have_a_table_of_their_own():
+    results = [
+        result
+        for step in tp_layer.STEPS
+        for result in (
+            _result(tp_layer.EAGER, step, 4.0, loop_ms=3.0),
+            _result(tp_layer.HOSTIR, step, 3.0, loop_ms=2.5),
+            _result(tp_layer.LIMIT, step, 2.0, loop_ms=2.0),
+        )
+    ]
+    info = {"ranks": 2, "backend": "gloo", "torch": torch.__version__}
+    text = tp_layer.tables(results, info, {"dtype": "float32", "reps": 20, "warmup": 3}, "python tp_layer.py")
+    idle, loop = (text.split(f"### Forward, {how}")[1].split("###")[0] for how in ("each from an idle GPU", "back to back"))
+    assert "| dim 64, 2 x 16 tokens | 4.000 (2.00x) | 3.000 (1.50x) | 2.000 |" in idle
+    assert "| dim 64, 2 x 16 tokens | 3.000 (1.50x) | 2.500 (1.25x) | 2.000 |" in loop
 
 
 @pytest.mark.parametrize(
