@@ -11,6 +11,7 @@ multiprocessing resource tracker). Whatever happens, the group is killed at the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -216,16 +217,25 @@ def test_a_stopped_rank_fails_the_run_within_the_timeout(fusion):
 
 def rank_environment() -> tuple[int, str, list[str]]:
     """This rank's torch threads, its OMP_NUM_THREADS, and the local addresses (hex, as
-    /proc/net/tcp writes them) on which the rendezvous store's port listens."""
+    /proc/net/tcp writes them) on which the launcher's sockets listen at the rendezvous
+    store's port. Only the launcher's: another process of the machine (an NCCL bootstrap of
+    a test running beside this one) may listen on the same port number at another address."""
+    import multiprocessing
+
     import torch
 
     port = f"{int(os.environ['MASTER_PORT']):04X}"
+    sockets = set()
+    for fd in Path(f"/proc/{multiprocessing.parent_process().pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed since it was listed
+            sockets.add(os.readlink(fd))
     listening = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
-            local, _remote, state = line.split()[1:4]
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
             address, local_port = local.rsplit(":", 1)
-            if local_port == port and state == "0A":  # TCP_LISTEN
+            if local_port == port and state == "0A" and f"socket:[{inode}]" in sockets:  # TCP_LISTEN
                 listening.append(address)
     return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], listening
 
