@@ -202,12 +202,12 @@ class Breakdown:
 
 
 def table(rows: Sequence[tuple[str, Breakdown, float | None]]) -> str:
-    """A Markdown table of breakdowns, a row per (label, breakdown, what starting an unprofiled
-    step from an idle GPU cost, or None where it was not measured): ms, the other kernels'
-    count in brackets."""
-    columns = [*Breakdown.COLUMNS.values(), "idle start, unprofiled"]
+    """A Markdown table of breakdowns, a row per (label, breakdown, how much shorter an
+    unprofiled step was with the GPU held 30 ms first, or None where it was not measured): ms,
+    the other kernels' count in brackets."""
+    columns = [*Breakdown.COLUMNS.values(), "30 ms hold saves, unprofiled"]
     lines = ["| contender, rank | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for label, breakdown, idle_start in rows:
-        cells = [*breakdown.cells(), "" if idle_start is None else f"{idle_start:.3f}"]
+    for label, breakdown, saved in rows:
+        cells = [*breakdown.cells(), "" if saved is None else f"{saved:.3f}"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

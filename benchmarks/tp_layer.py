@@ -165,8 +165,8 @@ class Result:
     """With --breakdown: each rank's `Breakdown` of one profiled step, in rank order."""
     host_ahead_ms: list[float] = field(default_factory=list)
     """With --breakdown on GPUs: each rank's median step time with the GPU held before each
-    step until the host has issued it (`median_ms`'s `host_ahead`): `rank_ms` minus it is what
-    starting from an idle GPU costs (`idle_start_cost`)."""
+    step until the host has issued it (`median_ms`'s `host_ahead`): `rank_ms` minus it is
+    `hold_gain`."""
     loop_ms: float | None = None
     """The slowest rank's median step time with the steps back to back, as a training loop
     runs them (`back_to_back_ms`)."""
@@ -769,10 +769,11 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
     return "\n\n".join(sections) + "\n"
 
 
-def idle_start_cost(result: Result, rank: int) -> float | None:
-    """What starting a step from an idle GPU cost `rank`: its median from an idle GPU minus its
-    median with the GPU held until the host had issued the step (GPUs; None on CPU ranks).
-    Not only the host's issuing: a hold longer than the host takes still shortens the step."""
+def hold_gain(result: Result, rank: int) -> float | None:
+    """How much shorter `rank`'s step was with its GPU held 30 ms first, until the host had
+    issued the step: its median from an idle GPU minus its median held (GPUs; None on CPU
+    ranks). Not the GPU waiting for the host: a hold longer than the host takes to issue the
+    step still shortens it, and the steps back to back are no shorter than from idle."""
     if not result.host_ahead_ms:
         return None
     return result.rank_ms[rank] - result.host_ahead_ms[rank]
@@ -788,7 +789,7 @@ def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[st
             if not measured:
                 continue
             rows = [
-                (f"{r.contender}, {rank}", Breakdown(**b), idle_start_cost(r, rank))
+                (f"{r.contender}, {rank}", Breakdown(**b), hold_gain(r, rank))
                 for r in measured
                 for rank, b in enumerate(r.breakdown)
             ]

@@ -94,6 +94,6 @@ def test_the_table_has_a_row_per_breakdown_with_the_count_of_other_kernels():
     b = Breakdown.of_trace([event(STEP, 0, 10, cat="user_annotation"), event("k", 2, 3)], "cuda")
     text = table([("hostir (cuda), 0", b, 0.25), ("hostir (nccl), 0", b, None)])
     assert text.splitlines()[0].startswith("| contender, rank | step | GEMM |")
-    assert text.splitlines()[0].endswith("| idle start, unprofiled |")
+    assert text.splitlines()[0].endswith("| 30 ms hold saves, unprofiled |")
     assert "| hostir (cuda), 0 | 0.010 | 0.000 | 0.000 | 0.000 | 0.003 (1) | 0.002 | 0.000 | 0.250 |" in text
     assert "| hostir (nccl), 0 | 0.010 | 0.000 | 0.000 | 0.000 | 0.003 (1) | 0.002 | 0.000 |  |" in text
