@@ -681,7 +681,8 @@ def run_sizes(
 def ratio(result: Result, results: list[Result], back_to_back: bool = False) -> float | None:
     """`result`'s time over the limit's at its size and step (its steps back to back, or not)."""
     time_of = (lambda r: r.loop_ms) if back_to_back else (lambda r: r.ms)
-    limit = next((time_of(r) for r in results if (r.size, r.step, r.contender) == (result.size, result.step, LIMIT)), None)
+    same = (result.size, result.step, LIMIT)
+    limit = next((time_of(r) for r in results if (r.size, r.step, r.contender) == same), None)
     return None if time_of(result) is None or not limit else time_of(result) / limit
 
 
@@ -718,7 +719,8 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
         del timings[True]
     for step, title in STEPS.items():
         for back_to_back, how in timings.items():
-            rows = [f"### {title}, {how} (median ms, ratio to the limit)", "", "| size | " + " | ".join(contenders) + " |"]
+            header = "| size | " + " | ".join(contenders) + " |"
+            rows = [f"### {title}, {how} (median ms, ratio to the limit)", "", header]
             rows.append("|---" * (len(contenders) + 1) + "|")
             for size in sizes:
                 cells = []

@@ -210,7 +210,9 @@ def test_the_steps_back_to_back_have_a_table_of_their_own():
     ]
     info = {"ranks": 2, "backend": "gloo", "torch": torch.__version__}
     text = tp_layer.tables(results, info, {"dtype": "float32", "reps": 20, "warmup": 3}, "python tp_layer.py")
-    idle, loop = (text.split(f"### Forward, {how}")[1].split("###")[0] for how in ("each from an idle GPU", "back to back"))
+    idle, loop = (
+        text.split(f"### Forward, {how}")[1].split("###")[0] for how in ("each from an idle GPU", "back to back")
+    )
     assert "| dim 64, 2 x 16 tokens | 4.000 (2.00x) | 3.000 (1.50x) | 2.000 |" in idle
     assert "| dim 64, 2 x 16 tokens | 3.000 (1.50x) | 2.500 (1.25x) | 2.000 |" in loop
 
