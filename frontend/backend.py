@@ -63,7 +63,7 @@ from hostir.passes.analysis.cost_model import ChunksOf, one_chunk
 from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
-from hostir.runtime.graphs import GraphReplayer
+from hostir.runtime.graphs import GraphReplayer, release_captured_graphs
 from hostir.runtime.interpreter import RunContext
 from hostir.runtime.interpreter.attention import layout_mask, positions, whole_sequence
 from hostir.runtime.program import Program
@@ -745,6 +745,10 @@ class HostirBackend:
         while it may call them), in the order it made them."""
         return [graph for reference in self._graphs if (graph := reference()) is not None]
 
+    def reset(self) -> None:
+        """What `torch._dynamo.reset()` calls on every backend torch compiled with (`reset_backend`)."""
+        reset_backend()
+
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **given: Any) -> Callable[..., Any]:
         if given:
             raise ValueError(
@@ -773,6 +777,14 @@ class HostirBackend:
         )(gm, example_inputs)
 
 
+def reset_backend() -> None:
+    """Frees the CUDA graphs that hostir's programs captured, as `torch._dynamo.reset()` frees
+    inductor's: dynamo drops its compiled code, but torch's autograd wrappers keep the graphs
+    they called alive, and with them each replay's captured graphs and the memory pools that
+    hold their buffers. A graph still called later captures again."""
+    release_captured_graphs()
+
+
 def backend(mode: str | None = None, **options: Any) -> HostirBackend:
     """The hostir backend with `options` (the module docstring's), checked here:
     `torch.compile(model, backend=hostir.backend(chunks=2))` refuses an unknown option or
@@ -793,3 +805,6 @@ def hostir(
             "backend=hostir.backend(...) checks them at the torch.compile line)"
         ) from None
     return HostirBackend(backend_options)(gm, example_inputs)
+
+
+hostir.reset = reset_backend  # what torch._dynamo.reset() calls on the backend named "hostir"

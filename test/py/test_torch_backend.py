@@ -1102,6 +1102,48 @@ def test_the_backward_lends_the_gradients_of_parameters_alone():
     assert forward._parameter_gradients(next(iter(forward.compiled.values())).imported) == set()
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["backend_named_hostir", "hostir.backend()"])
+def test_dynamo_reset_resets_the_backend(monkeypatch, named):
+    """torch._dynamo.reset() calls `reset` on every backend torch compiled with; hostir's frees
+    the CUDA graphs its replays captured (`reset_backend`), which torch's autograd wrappers
+    would otherwise keep alive, with their memory pools, after dynamo dropped its code."""
+    import hostir
+    from hostir.frontend import backend as hostir_backend
+
+    released = []
+    monkeypatch.setattr(hostir_backend, "release_captured_graphs", lambda: released.append(True))
+    torch._dynamo.reset()
+    released.clear()
+    compiled = torch.compile(torch.nn.Linear(4, 3), backend="hostir" if named else hostir.backend())
+    compiled(torch.randn(2, 4)).sum().backward()
+    assert not released
+    torch._dynamo.reset()
+    assert released
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
+def test_gpu_dynamo_reset_frees_the_graphs_the_replays_captured():
+    """After torch._dynamo.reset() no replay of the graphs compiled before holds a captured
+    CUDA graph (nor the memory its pool keeps), although torch still holds the replays."""
+    from hostir.frontend.backend import compiled_graphs
+
+    torch._dynamo.reset()
+    earlier_graphs = set(compiled_graphs())
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).cuda()
+    compiled = torch.compile(model, backend="hostir")
+    for _ in range(3):
+        compiled(torch.randn(8, 16, device="cuda")).square().mean().backward()
+    replayers = [
+        shapes.replayer
+        for graph in compiled_graphs()
+        if graph not in earlier_graphs
+        for shapes in graph.compiled.values()
+    ]
+    assert len(replayers) == 2 and all(replayer.captured for replayer in replayers)
+    torch._dynamo.reset()
+    assert not any(replayer.captured for replayer in replayers)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
 def test_gpu_gradients_accumulated_over_steps_are_those_of_eager():
     """Gradient accumulation against a replayed backward that lends the parameters'
