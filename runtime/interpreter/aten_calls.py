@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +30,45 @@ def aten_overload(target: str) -> torch._ops.OpOverload:
         raise HostirError(f"'{target}' names no ATen operator overload of this torch") from None
 
 
+RUN_BYTES = 1 << 20
+"""The shortest contiguous run that `contiguous_in_runs` copies on its own."""
+MAX_RUNS = 64
+"""The most runs it copies one by one: each is an op the host issues."""
+
+
+def contiguous_in_runs(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `tensor`, made one contiguous run at a time where its innermost
+    axes already lie in memory as in the copy, in a few long runs: a permute of whole
+    blocks, such as the gradient of an activation put in the ranks' order for its weight's
+    GEMM. Each run is then one contiguous copy, where ATen copies a permuted tensor with its
+    strided kernel: on an H200, 0.2 ms for 128 MB, against 0.06 ms as runs. Else ATen's copy."""
+    shape, strides = tensor.shape, tensor.stride()
+    run, axis = 1, tensor.dim()
+    while axis > 0 and (shape[axis - 1] == 1 or strides[axis - 1] == run):
+        run *= shape[axis - 1]
+        axis -= 1
+    outer = shape[:axis]
+    if axis == 0 or run * tensor.element_size() < RUN_BYTES or math.prod(outer) > MAX_RUNS:
+        return tensor.contiguous()
+    copy = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    for index in itertools.product(*map(range, outer)):
+        copy[index].copy_(tensor[index])
+    return copy
+
+
+def reshape(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """`aten.reshape`: a view where the strides allow one, else a copy (`contiguous_in_runs`)
+    viewed in `shape`."""
+    try:
+        return tensor.view(shape)
+    except RuntimeError:  # no view of these strides has that shape
+        return contiguous_in_runs(tensor).view(shape)
+
+
+IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {"aten.reshape.default": reshape}
+"""ATen overloads called through an implementation of hostir's own, with the same results."""
+
+
 AtenCall = Callable[[Sequence[torch.Tensor], torch.device], Any]
 """`call(operands, device)`: the overload's result on these operand tensors."""
 
@@ -36,7 +77,7 @@ AtenCall = Callable[[Sequence[torch.Tensor], torch.device], Any]
 def prepare_call(target: str, call: str) -> AtenCall:
     """Resolves the overload and decodes the arguments once (per text: the reference
     evaluator asks at every evaluation); the result makes the call."""
-    overload = aten_overload(target)
+    overload = IMPLEMENTATIONS.get(target) or aten_overload(target)
     try:
         args, kwargs = ast.literal_eval(call)
     except (ValueError, SyntaxError) as error:

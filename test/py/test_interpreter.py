@@ -18,6 +18,7 @@ from unittest import mock
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, i64
 
@@ -29,7 +30,7 @@ from hostir.passes.hir.sum_in_matmul import SumInMatmul
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.streams import stream_pool
 from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext, compute, fusion_eval
-from hostir.runtime.interpreter.aten_calls import picker
+from hostir.runtime.interpreter.aten_calls import RUN_BYTES, picker, prepare_call
 from hostir.runtime.interpreter.core import empty_in_order
 
 # --------------------------------------------------------------------------- #
@@ -1063,3 +1064,44 @@ func.func @all(%x: {m}, %y: {m}, %b: {v}, %wt: {tensor([4, 5])}, %w: {w}, %c: {t
     }
     for name in names:
         torch.testing.assert_close(results[name], expected[name], msg=name, equal_nan=True)
+
+
+class CopiesSeen(TorchDispatchMode):
+    """The shapes that `aten.copy_` writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.copy_.default:
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "shape, order, runs",
+    [
+        # The ranks' order of two sequences' gradient: 4 runs of a whole [rows, width] block.
+        ((2, 2, RUN_BYTES // (4 * 256), 256), (1, 0, 2, 3), 4),
+        # Heads put between rows: runs of one row, too short to copy one by one.
+        ((2, 64, 4, 32), (0, 2, 1, 3), 0),
+    ],
+    ids=["blocks", "rows"],
+)
+def test_a_reshape_that_copies_copies_long_runs_one_by_one(rng, shape, order, runs):
+    """`aten.reshape` of a permute that no view reshapes: where the permute moves whole blocks
+    that lie in memory as in the copy (a few runs of a MiB or more), each block is one
+    contiguous copy; else ATen's copy. ATen's values either way, and a view stays a view."""
+    reshape = prepare_call("aten.reshape.default", repr([[{"operand": 0}, [-1, shape[-1]]], {}]))
+    permuted = torch.randn(shape, generator=rng).permute(order)
+    with CopiesSeen() as seen:
+        result = reshape([permuted], torch.device("cpu"))
+    torch.testing.assert_close(result, permuted.reshape(-1, shape[-1]), rtol=0, atol=0)
+    if runs:
+        assert seen.shapes == [permuted.shape[2:]] * runs
+    else:
+        assert len(seen.shapes) <= 1 and permuted.shape[2:] not in seen.shapes
+    whole = torch.randn(shape, generator=rng)
+    with CopiesSeen() as seen:
+        assert reshape([whole], torch.device("cpu")).data_ptr() == whole.data_ptr() and not seen.shapes
