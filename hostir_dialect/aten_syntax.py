@@ -56,9 +56,17 @@ def _float_text(value: float) -> str:
     return text if "." in mantissa else f"{mantissa}.0{e}{exponent}"
 
 
+def decode_call(call: str) -> tuple[list[Any], dict[str, Any]]:
+    """The `[args, kwargs]` of a `call` text, as `hostir_dialect.aten_call.encode_call` wrote
+    them (the encodings of operands, dtypes and the like left as they are); ValueError or
+    SyntaxError where the text is no literal."""
+    args, kwargs = ast.literal_eval(call)
+    return args, kwargs
+
+
 def print_call(printer: Printer, call: str, operands: Sequence[SSAValue]) -> None:
     """Prints `(args, name = value)` of the `call` literal, operand `i` as `operands[i]`'s name."""
-    args, kwargs = ast.literal_eval(call)
+    args, kwargs = decode_call(call)
 
     def value(item: Any) -> None:
         if isinstance(item, dict) and "operand" in item:
@@ -105,7 +113,7 @@ def call_operands(call: str) -> list[int]:
             for inner in item.values():
                 visit(inner)
 
-    visit(ast.literal_eval(call))
+    visit(decode_call(call))
     return named
 
 

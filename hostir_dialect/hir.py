@@ -14,7 +14,6 @@ P2PCommunication, Wait, LaunchKernel, PostOnStream, ...), lower-cased.
 
 from __future__ import annotations
 
-import ast
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
@@ -65,6 +64,7 @@ from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
 from hostir_dialect import fusion
+from hostir_dialect.aten_syntax import decode_call
 from hostir_dialect.fusion import (
     DYNAMIC,
     BinaryOp,
@@ -1398,7 +1398,7 @@ class AtenOp(ComputeOp):
         the order of its result's; None for any other op."""
         if self.target.data != "aten.permute.default":
             return None
-        args, _ = ast.literal_eval(self.call.data)
+        args, _ = decode_call(self.call.data)
         rank = len(args[1])
         return tuple(axis % rank for axis in args[1])
 

@@ -6,7 +6,6 @@ once per op and called on the operand tensors of each run.
 
 from __future__ import annotations
 
-import ast
 import functools
 import itertools
 import math
@@ -17,6 +16,7 @@ import torch
 from xdsl.dialects.builtin import DenseArrayBase
 
 from hostir_dialect.aten_call import CARRIERS, NAMED_KINDS
+from hostir_dialect.aten_syntax import decode_call
 from hostir_dialect.text import HostirError
 
 
@@ -80,7 +80,7 @@ def prepare_call(target: str, call: str) -> AtenCall:
     evaluator asks at every evaluation); the result makes the call."""
     overload = IMPLEMENTATIONS.get(target) or aten_overload(target)
     try:
-        args, kwargs = ast.literal_eval(call)
+        args, kwargs = decode_call(call)
     except (ValueError, SyntaxError) as error:
         raise HostirError(f"the arguments of {target} are not a literal [args, kwargs]: {error}") from None
 

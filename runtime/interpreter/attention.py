@@ -30,7 +30,7 @@ from xdsl.ir import SSAValue
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import Causal, tensor_type
-from hostir.runtime.interpreter.core import Environment, Preparation, RunContext, Step, handles, mesh_of
+from hostir.runtime.interpreter.core import Environment, Preparation, RunContext, Step, fill_outs, handles, mesh_of
 
 aten = torch.ops.aten
 
@@ -366,7 +366,7 @@ def _attention_step(op: hir.AttentionComputeOp, prep: Preparation, queries: SSAV
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
-    adopted = set() if op.adopted is None else set(op.adopted.get_values())
+    adopted = frozenset(() if op.adopted is None else op.adopted.get_values())
     block = None if op.block is None else prep.slot(op.block)
     mesh = mesh_of(op.outs[0])
     query_mesh = tensor_type(queries).mesh.ids
@@ -377,11 +377,8 @@ def _attention_step(op: hir.AttentionComputeOp, prep: Preparation, queries: SSAV
         position = query_mesh.index(context.rank) if context.rank in query_mesh else 0
         targets = [env[s] for s in outs]
         results = compute([env[s] for s in ins], targets, position, None if block is None else env[block])
-        for index, (slot, target, result) in enumerate(zip(outs, targets, results or ())):
-            if index in adopted:
-                env[slot] = result.view(target.shape)
-            else:
-                target.copy_(result)
+        if results is not None:
+            fill_outs(env, outs, results, adopted)
 
     return step
 

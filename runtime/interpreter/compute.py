@@ -18,7 +18,7 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.text import HostirError
 from hostir.runtime.codegen import kernels
 from hostir.runtime.interpreter import aten_calls, fusion_eval
-from hostir.runtime.interpreter.core import Environment, Preparation, RunContext, Step, handles, mesh_of
+from hostir.runtime.interpreter.core import Environment, Preparation, RunContext, Step, fill_outs, handles, mesh_of
 
 
 SegmentRun = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
@@ -284,8 +284,7 @@ def _adopting_step(
     A `piece` operand or result is given or taken without its device axis (ATen sees
     local pieces); a None result is one the op leaves undefined, which no op reads.
     """
-    marked = set() if op.adopted is None else set(op.adopted.get_values())
-    adopted = [index in marked for index in range(len(op.outs))]
+    adopted = frozenset(() if op.adopted is None else op.adopted.get_values())
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
@@ -295,14 +294,7 @@ def _adopting_step(
         if context.rank not in mesh:
             return
         operands = [env[s][0] if piece else env[s] for s, piece in zip(ins, piece_ins)]
-        for slot, result, piece, adopt in zip(outs, results(operands, context.device), piece_outs, adopted, strict=True):
-            if result is None:
-                continue
-            result = aten_calls.carried(result, env[slot])
-            if adopt:
-                env[slot] = result.unsqueeze(0) if piece else result
-            else:
-                (env[slot][0] if piece else env[slot]).copy_(result)
+        fill_outs(env, outs, results(operands, context.device), adopted)
 
     return step
 

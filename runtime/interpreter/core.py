@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +40,7 @@ from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import SymmetricAllocation
 from hostir.runtime.distributed.streams import StreamPool, stream_pool
 from hostir.runtime.distributed.work import Work
+from hostir.runtime.interpreter.aten_calls import carried
 
 Environment = list
 """The values of one run, indexed by slot."""
@@ -369,6 +370,26 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
             env[result] = symmetric(context.communicator, local_shape)
 
     return step
+
+
+def fill_outs(
+    env: Environment, slots: Sequence[int], results: Sequence[torch.Tensor | None], adopted: Collection[int]
+) -> None:
+    """The outs in `slots` get an op's `results`: an out that `adopted` names becomes its
+    result (a view stays a view, the kernel's strides stay), seen in the out's local shape (a
+    varying out's device axis of one put back), and the others get their result copied in;
+    a None result is one the op leaves undefined, which no op reads."""
+    for index, (slot, result) in enumerate(zip(slots, results, strict=True)):
+        if result is None:
+            continue
+        target = env[slot]
+        result = carried(result, target)
+        if result.shape != target.shape:
+            result = result.view(target.shape)
+        if index in adopted:
+            env[slot] = result
+        else:
+            target.copy_(result)
 
 
 def empty_in_order(shape: Sequence[int], order: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
