@@ -11,8 +11,9 @@ works here works unchanged under torchrun. The rendezvous store listens on the
 loopback interface only.
 
 The ranks start from multiprocessing's forkserver, which imports torch and hostir once
-(`PRELOAD`) and forks a rank per request: a spawned rank would import them again, seconds
-of CPU per rank. The server is started from the launcher the first time it launches,
+(`PRELOAD`, and torch.compile's hostir backend where the launcher has imported it) and forks
+a rank per request: a spawned rank would import them again, seconds of CPU per rank. The
+server is started from the launcher the first time it launches,
 and serves every later launch of the process. It imports torch without initialising
 CUDA, so its ranks may use the GPU. A forked rank starts with the server's environment,
 as it was when the server started, and imports the launcher's main module with it; it
@@ -77,6 +78,11 @@ PRELOAD = ["torch", "torch.distributed", f"{__package__}.program", __name__]
 """What the forkserver imports before it forks any rank: torch, and hostir's compiler and runtime
 (through `program`). Not the main module, which may use CUDA as it is imported (multiprocessing's
 default): each rank imports it, as a spawned rank does."""
+PRELOAD_WHERE_IMPORTED = ["hostir.frontend.backend"]
+"""What the forkserver imports too where the launcher has imported it when the server starts:
+torch.compile's hostir backend, which brings torch's compiler (1.7 s of CPU). A launcher that
+imported it most likely starts ranks that compile with it; one that did not spares the
+server the import, which every rank of a program run without torch.compile would carry."""
 STOP_GRACE_S = 3.0
 """How long a rank sent SIGTERM may take to end before it gets SIGKILL."""
 POLL_S = 0.1
@@ -336,7 +342,8 @@ def run_on_local_ranks(
     """
     output.prepare(nproc)
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)  # for the server, once: the first launch starts it
+    preload = PRELOAD + [name for name in PRELOAD_WHERE_IMPORTED if name in sys.modules]
+    context.set_forkserver_preload(preload)  # for the server, once: the first launch starts it
     results = context.Queue()
     store = _loopback_store()
     processes: list = []

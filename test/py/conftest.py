@@ -38,16 +38,10 @@ SHARED_PER_PROCESS = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In a process that runs tests (not xdist's controller, which runs none and need not
-    import torch): the suite's torch.compile tests compile in their ranks, so the
-    forkserver imports torch's compiler (through hostir's backend) once, where each rank
-    would import it anew (1.7 s of CPU a rank)."""
+    """In a process that runs tests (not xdist's controller, which runs none)."""
     if config.getoption("numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
         return
     _rotate_gpus(os.environ.get("PYTEST_XDIST_WORKER"))
-    from hostir.runtime import launch
-
-    launch.PRELOAD.append("hostir.frontend.backend")
 
 
 def _rotate_gpus(worker: str | None) -> None:

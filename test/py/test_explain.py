@@ -240,39 +240,56 @@ def test_what_hostir_did_is_said_once_on_the_first_rank_and_hir_opt_reproduces_i
 # --------------------------------------------------------------------------- #
 
 SCRIPT = """
+import os, sys
 import torch
 import torch.nn.functional as F
-torch.compile(lambda x, w: F.silu(x @ w), backend="hostir")(torch.randn(4, 8), torch.randn(8, 5))
+
+for dump in sys.argv[1:]:
+    os.environ["HOSTIR_DUMP"] = dump
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda x, w: F.silu(x @ w), backend="hostir")(torch.randn(4, 8), torch.randn(8, 5))
+    except Exception as error:
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+    print("--- end of the step", file=sys.stderr, flush=True)
 """
+"""Compiles a graph with hostir once per argument, with HOSTIR_DUMP set to it (hostir reads
+the variable when it dumps, torch TORCH_LOGS as it is imported), and ends what each step
+printed on stderr with a line of its own."""
 
 
-def _stderr_of(tmp_path: Path, **variables: str) -> str:
+def _stderr_of(tmp_path: Path, *dumps: str, **variables: str) -> list[str]:
+    """What each step of SCRIPT printed on stderr, in a fresh process with `variables`."""
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env={**config.environment(), **variables}
-    )
+        [sys.executable, "-c", SCRIPT, *dumps], capture_output=True, text=True, cwd=tmp_path,
+        env={**config.environment(), **variables},
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return result.stderr
+    *steps, rest = result.stderr.split("--- end of the step\n")
+    assert len(steps) == len(dumps) and rest == "", result.stderr
+    return steps
 
 
 def test_torch_logs_shows_what_hostir_did(tmp_path):
-    everything = _stderr_of(tmp_path, TORCH_LOGS="+hostir", HOSTIR_DUMP="")
+    [everything] = _stderr_of(tmp_path, "", TORCH_LOGS="+hostir")
     assert re.search(r"^V\d{4} .*\] // hostir: the fusion of graph forward_1$", everything, re.M), everything
     assert re.search(r"^V\d{4} .*\] // hostir: the host program of graph forward_1, which its fusion lowers to with\nV\d{4} .*\] // hir-opt -p '", everything, re.M)
     assert re.search(r"^I\d{4} .*\] graph forward_1 \(f32\[4, 8\], f32\[8, 5\]\): a host program on one device$", everything, re.M)
-    summary = _stderr_of(tmp_path, TORCH_LOGS="hostir", HOSTIR_DUMP="")
+    [summary] = _stderr_of(tmp_path, "", TORCH_LOGS="hostir")
     assert "graph forward_1 (f32[4, 8], f32[8, 5]): a host program on one device" in summary
     assert "// hostir: the fusion" not in summary
-    assert _stderr_of(tmp_path, HOSTIR_DUMP="") == ""
 
 
 def test_every_kind_of_hostir_dump_is_taken_by_torch_compile(tmp_path):
-    printed = _stderr_of(tmp_path, HOSTIR_DUMP="explain,pipelining,fusion,host_ir,cuda_kernel")
-    assert printed.startswith("// hostir: the fusion of graph forward_1\n")
-    assert "// hostir: the host program of graph forward_1" in printed
-    assert "\ngraph forward_1 (f32[4, 8], f32[8, 5]): a host program on one device\n" in printed
-    assert "HOSTIR_DUMP: names ['kernels']" in subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env={**config.environment(), "HOSTIR_DUMP": "kernels"}
-    ).stderr  # fmt: skip
+    """In one fresh process: without HOSTIR_DUMP (or TORCH_LOGS) nothing is said, from the
+    start of the process on; then every kind is dumped, of the second graph (so the first
+    was hostir's); then a kind that is none is refused."""
+    nothing, printed, refused = _stderr_of(tmp_path, "", "explain,pipelining,fusion,host_ir,cuda_kernel", "kernels")
+    assert nothing == ""
+    assert printed.startswith("// hostir: the fusion of graph forward_2\n")
+    assert "// hostir: the host program of graph forward_2" in printed
+    assert "\ngraph forward_2 (f32[4, 8], f32[8, 5]): a host program on one device\n" in printed
+    assert "HOSTIR_DUMP: names ['kernels']" in refused
 
 
 def test_pipelining_decisions_are_said_by_hir_opt_too(tmp_path, capsys):

@@ -1,8 +1,14 @@
 """hir-run, the launcher: local ranks and torchrun's, inputs random or from .pt files, --check,
 saved outputs, and the messages and exit status of every kind of mistake.
 
-The runs that start ranks call the script a user calls (`tools/hir-run.py`) in a
-subprocess; the mistakes found before any rank starts call `main` in this process.
+The mistakes found before any rank starts call `main` in this process, and so do runs on
+local ranks whose report (the launcher's stdout and stderr, files the ranks write) is what
+they assert (`run_local_ranks`): the ranks start from this process's forkserver, which has
+imported torch and hostir already, where a fresh `hir-run` would import them twice more,
+seconds of CPU. What the ranks print on the console reaches the console of the process
+that started the forkserver, not this test's: the runs that assert it, or assert that
+the ranks print nothing, call the script a user calls (`tools/hir-run.py`) in a
+subprocess, and so do those that fault or run under torchrun.
 """
 
 from __future__ import annotations
@@ -79,6 +85,19 @@ def run_main(capsys, *arguments: str) -> tuple[int, str, str]:
     return status, captured.out, captured.err
 
 
+def run_local_ranks(capsys, monkeypatch, *arguments: str) -> tuple[int, str, str]:
+    """`main` in this process, in the environment `run_script` gives its subprocess: no
+    torchrun, gloo on CPU ranks. The ranks, forked from a server that has not initialised
+    CUDA, take CUDA_VISIBLE_DEVICES from this process; this process, which may have
+    initialised CUDA already (on a GPU machine), is told that no GPU is there."""
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOSTIR_TIMEOUT_S", "30")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return run_main(capsys, *arguments)
+
+
 # --------------------------------------------------------------------------- #
 # Runs                                                                         #
 # --------------------------------------------------------------------------- #
@@ -111,14 +130,14 @@ def test_check_on_two_local_ranks_with_pt_inputs(files, tmp_path):
     torch.testing.assert_close(output.double(), expected, rtol=0, atol=2e-2 * expected.abs().max())
 
 
-def test_default_nproc_and_sizes_of_random_inputs(files, tmp_path):
-    result = run_script(
-        str(files["allgather_p2p"]), "--check", "--seed", "7", "--dim", "0:1=5",
+def test_default_nproc_and_sizes_of_random_inputs(files, tmp_path, capsys, monkeypatch):
+    status, out, err = run_local_ranks(
+        capsys, monkeypatch, str(files["allgather_p2p"]), "--check", "--seed", "7", "--dim", "0:1=5",
         "--save-outputs", str(tmp_path),
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("@allgather_p2p: 4 rank(s), ")
-    assert "output #0 f32 [4, 5]: max relative error" in result.stdout and "rank 3: " in result.stdout
+    assert status == 0, err
+    assert out.startswith("@allgather_p2p: 4 rank(s), gloo on cpu, ")
+    assert "output #0 f32 [4, 5]: max relative error" in out and "rank 3: " in out
     assert torch.load(tmp_path / "output0.pt").shape == (4, 5)
 
 
@@ -128,7 +147,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path):
+def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path, capsys, monkeypatch):
     """hir-run gives an input marked `hir.symmetric` to the program in symmetric memory, which
     the copy engines read in place."""
     path = tmp_path / "allgather_p2p_symmetric.mlir"
@@ -136,9 +155,9 @@ def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path)
     path.write_text(text.replace("axes = [didx, _]>)", "axes = [didx, _]> {hir.symmetric})", 1))
     assert "{hir.symmetric}" in path.read_text()
     pipeline = "hir-lowering{p2p_backend=cuda}"
-    result = run_script(str(path), "--nproc", "4", "--check", "--repeat", "2", "-p", pipeline)
-    assert result.returncode == 0, result.stderr
-    assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", result.stdout, re.MULTILINE)
+    status, out, err = run_local_ranks(capsys, monkeypatch, str(path), "--nproc", "4", "--check", "--repeat", "2", "-p", pipeline)
+    assert status == 0, err
+    assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", out, re.MULTILINE)
 
 
 def torchrun_pair(arguments_of_ranks: tuple[list[str], list[str]]) -> list[tuple[int, str, str]]:
@@ -389,11 +408,11 @@ def test_progress_says_each_event_once_for_every_rank(files):
     assert lines[-1] == "hir-run: run 3 of 3" and set(lines[5:-1]) <= {"hir-run: run 2 of 3"}
 
 
-def test_log_dir_and_tee_send_each_ranks_output_as_torchrun_does(files, tmp_path):
+def test_log_dir_and_tee_send_each_ranks_output_as_torchrun_does(files, tmp_path, capsys, monkeypatch):
     logs = tmp_path / "logs"
-    result = run_script(str(files["ag_linear"]), "--nproc", "2", "--progress", "--log-dir", str(logs))
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines() == ["hir-run: compiling", "hir-run: starting 2 local ranks"]
+    status, _, err = run_local_ranks(capsys, monkeypatch, str(files["ag_linear"]), "--nproc", "2", "--progress", "--log-dir", str(logs))
+    assert status == 0, err
+    assert err.splitlines() == ["hir-run: compiling", "hir-run: starting 2 local ranks"]
     assert (logs / "rank0" / "stderr.log").read_text().splitlines() == [
         "hir-run: compiling on every rank", "hir-run: warming up", "hir-run: run 1 of 1"
     ]  # fmt: skip

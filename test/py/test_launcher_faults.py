@@ -267,6 +267,16 @@ def test_ranks_import_the_function_in_the_launchers_environment(monkeypatch):
     assert run_on_local_ranks(variable_at_import, 2, join_group=False) == ["set by the launcher"] * 2
 
 
+def test_ranks_have_the_backend_the_launcher_imported_before_their_function_is():
+    """This process imported torch.compile's hostir backend before its first launch (pytest's
+    warning filters name its warning): its ranks find it imported as they start, before they
+    import the module of `fn` (a builtin here, whose unpickling imports nothing)."""
+    import hostir.frontend.backend  # noqa: F401  (imported already)
+
+    imported = "'hostir.frontend.backend' in __import__('sys').modules"
+    assert run_on_local_ranks(eval, 2, imported, join_group=False) == [True, True]
+
+
 def wait_in_rank_1() -> int:
     """Rank 0 returns at once; rank 1 waits in a function whose name its stack shows."""
     if os.environ["RANK"] == "1":

@@ -24,13 +24,17 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 WHAT_A_PROCESS_SEES = """
 import sys
 import hostir, hostir.config, hostir.passes, hostir.frontend.backend
+from torch._dynamo.backends.registry import lookup_backend
 print(hostir.__version__)
 print(hostir.__file__)
 print(hostir.passes.__file__)
 print(hostir.Program.__module__, hostir.explain.__module__)
 print(len(hostir.passes.HOSTIR_PASSES))
 print(all(m.__file__.startswith(hostir.__file__.rpartition("hostir")[0]) for n, m in sys.modules.items() if n.startswith("hostir")))
+print(lookup_backend("hostir") is hostir.frontend.backend.hostir)
 """
+"""What a fresh process finds: which hostir, and torch.compile's backend "hostir" (the
+`torch_dynamo_backends` entry point, as torch.compile looks it up) in that same copy."""
 
 
 def test_the_version_is_the_distributions():
@@ -71,9 +75,9 @@ def _run(python: list[str], cwd: Path, **environment: str) -> list[str]:
 
 
 def test_an_editable_install_is_the_checkout(tmp_path):
-    version, init, passes, api, count, frontend = _run([sys.executable], tmp_path)
+    version, init, passes, api, count, frontend, backend = _run([sys.executable], tmp_path)
     assert (version, init, passes) == (hostir.__version__, str(REPOSITORY / "hostir" / "__init__.py"), str(REPOSITORY / "passes" / "__init__.py"))
-    assert api == "hostir.runtime.program hostir.frontend.explain" and int(count) > 5 and frontend == "True"
+    assert api == "hostir.runtime.program hostir.frontend.explain" and int(count) > 5 and frontend == backend == "True"
 
 
 def _copy_of_the_checkout(destination: Path) -> Path:
@@ -103,9 +107,9 @@ def test_a_non_editable_install_is_one_package(tmp_path):
     assert (target / "hostir_dialect" / "py.typed").is_file()
     # -P: not this folder; PYTHONPATH first: the installed copy, not the editable one.
     environment = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
-    version, init, passes, api, count, frontend = _run([sys.executable, "-P"], tmp_path, **environment)
+    version, init, passes, api, count, frontend, backend = _run([sys.executable, "-P"], tmp_path, **environment)
     assert (version, init, passes) == (hostir.__version__, str(target / "hostir" / "__init__.py"), str(target / "hostir" / "passes" / "__init__.py"))
-    assert api == "hostir.runtime.program hostir.frontend.explain" and frontend == "True"
+    assert api == "hostir.runtime.program hostir.frontend.explain" and frontend == backend == "True"
     printed = subprocess.run(
         [sys.executable, "-P", str(target / "bin" / "hir-opt"), "--version"], capture_output=True, text=True, env=environment
     )
@@ -113,13 +117,13 @@ def test_a_non_editable_install_is_one_package(tmp_path):
     # The checkout's scripts beside that install, run from the checkout's root (as on a
     # machine with hostir installed by `pip install --target`): the installed package, not
     # the checkout's hostir/ folder, which holds none of the rooms, in the scripts and in
-    # the local ranks they start. -S: no editable install's finder.
+    # the local ranks they start (hir-run's, from a forkserver started in the checkout's
+    # root). -S: no editable install's finder.
     beside = {"PYTHONPATH": f"{target}:{site.getsitepackages()[0]}", "PATH": "/usr/bin:/bin"}
     for script, arguments, printed in (
         ("tools/hir-opt.py", ["--help"], "usage"),
-        ("tools/hir-run.py", ["--help"], "usage"),
+        ("tools/hir-run.py", ["examples/ag_linear.mlir", "--check"], "ok"),
         ("benchmarks/tp_layer.py", ["--help"], "usage"),
-        ("examples/cp_decoder_layer.py", [], "step 4: loss"),
     ):
         ran = subprocess.run(
             [sys.executable, "-S", str(source / script), *arguments], capture_output=True, text=True, cwd=source, env=beside
