@@ -3,9 +3,10 @@
 insert-reshardings, fusion-to-hir, stream-parallel, attention-ring, reduce-scatter-in-matmul,
 allreduce-in-matmul, allreduce-in-place, sum-in-matmul, copy-engine-pipelining,
 per-stream-buffers, insert-deallocations, forward-buffers, buffer-layouts, then xDSL's
-`canonicalize` and `cse` to fold the index arithmetic and share what the loops compute twice. Those two only touch ops whose effects are known: arith, scf, and
-the hir ops marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`,
-`hir.stream`); every other hir op has effects they leave alone.
+`canonicalize` and `cse` to fold the index arithmetic and share what the loops compute
+twice. Those two only touch ops whose effects are known: arith, scf, and the hir ops
+marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`, `hir.stream`);
+every other hir op has effects they leave alone.
 
 It is a `Pipeline`: hir-opt, `Program.compile` and hir-run run, print, time and verify
 each of its passes by name.
