@@ -103,7 +103,7 @@ def _post_on_stream(op: hir.PostOnStreamOp, prep: Preparation) -> Step:
     reads through a broadcast stays the weight, where a copy would move every byte of it
     every step."""
     evaluate = fusion_eval.compile_function(op.callee_function())
-    return _adopting_step(op, prep, evaluate, [False] * len(op.ins), [False] * len(op.outs))
+    return _adopting_step(op, prep, evaluate, [False] * len(op.ins))
 
 
 def matmul_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tensor) -> None:
@@ -258,9 +258,7 @@ def _aten(op: hir.AtenOp, prep: Preparation) -> Step:
     any other)."""
     call = aten_calls.prepare_call(op.target.data, op.call.data)
     pick = aten_calls.picker(op.target.data, op.returns, len(op.outs))
-    return _adopting_step(
-        op, prep, lambda operands, device: pick(call(operands, device)), local_pieces(op.ins), local_pieces(op.outs)
-    )
+    return _adopting_step(op, prep, lambda operands, device: pick(call(operands, device)), local_pieces(op.ins))
 
 
 Results = Callable[[list[torch.Tensor], torch.device], Sequence[torch.Tensor | None]]
@@ -272,7 +270,6 @@ def _adopting_step(
     prep: Preparation,
     results: Results,
     piece_ins: list[bool],
-    piece_outs: list[bool],
 ) -> Step:
     """The step of an op whose results are tensors it makes (ATen's, or views of its
     operands). An out that the op's `adopted` names (`forward-buffers` marks the whole
@@ -281,8 +278,9 @@ def _adopting_step(
     a buffer write it, so a result that aliases an operand is never written through. The
     buffer the program allocated for an adopted out is dropped unused.
 
-    A `piece` operand or result is given or taken without its device axis (ATen sees
-    local pieces); a None result is one the op leaves undefined, which no op reads.
+    A `piece` operand is given without its device axis (ATen sees local pieces), and a
+    result of a varying out gets it back (`fill_outs`); a None result is one the op leaves
+    undefined, which no op reads.
     """
     adopted = frozenset(() if op.adopted is None else op.adopted.get_values())
     for out in op.outs:
