@@ -3,6 +3,7 @@
 
     torchrun --nproc-per-node 4 benchmarks/cp_attention.py                # 32k, 64k, 128k tokens, bf16
     torchrun --nproc-per-node 2 benchmarks/cp_attention.py --sizes 4096,1,32768
+    torchrun --nproc-per-node 2 benchmarks/cp_attention.py --sizes 4096,1,32768 --breakdown
     python benchmarks/cp_attention.py --smoke                              # 2 local CPU ranks, gloo, f32
 
 The layer is examples/cp_decoder_layer.py's (RMSNorm, attention with rotary embeddings,
@@ -36,8 +37,10 @@ gradient (each rank's rows) and parameter gradients (summed over the ranks) are 
 with the layer run eagerly on the whole sequence, which every rank computes once
 (`--no-check` skips it where one GPU cannot hold the whole layer's activations). A hostir
 contender fails if a graph of it runs as torch eager ops. Timing, the report
-(cp_attention.md, .json and .png in `--output`, default build/cp_attention) and the exit
-status are benchmarks/tp_layer.py's.
+(cp_attention.md, .json and .png in `--output`, default build/cp_attention), `--breakdown`
+(a profiled step of each kind per contender, split into GEMM, attention, communication not
+hidden, other kernels and host, its traces kept in `--output`) and the exit status are
+benchmarks/tp_layer.py's.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ from tp_layer import (  # noqa: E402
     run_config,
     run_sizes,
     slowest_errors,
+    step_breakdowns,
     step_times,
 )
 from tp_layer import Limit as TensorParallelLimit  # noqa: E402
@@ -271,16 +275,25 @@ def measure_size(size: SequenceSize, contenders: list[str], config: dict, device
             limit = functools.partial(Limit.of, size, world, dtype, device)
             measure = functools.partial(measure_limit, limit, device, warmup, reps)
         else:
-            measure = functools.partial(measure_layer, contender, base, mesh, inputs, expected, warmup, reps)
+            traces = Path(config["output"]) if config["breakdown"] else None
+            measure = functools.partial(measure_layer, contender, base, mesh, inputs, expected, warmup, reps, traces)
         results += contender_results(size, contender, status, measure, TOLERANCES[dtype], device)
         measured()
 
 
 def measure_layer(
-    contender: str, base: DecoderLayer, mesh, inputs: Inputs, expected: dict, warmup: int, reps: int
+    contender: str,
+    base: DecoderLayer,
+    mesh,
+    inputs: Inputs,
+    expected: dict,
+    warmup: int,
+    reps: int,
+    traces: Path | None = None,
 ) -> Measured:
-    """Every rank's median of each step, the slowest rank's error of each checked tensor, and the
-    slowest rank's time of the first (checked) steps."""
+    """Every rank's median of each step, the slowest rank's error of each checked tensor, the
+    slowest rank's time of the first (checked) steps, and with `traces` (a folder for the
+    trace files) every rank's breakdown of each step (`step_breakdowns`)."""
     earlier = set(compiled_graphs())
     runner = Contender(contender, base, mesh, inputs)
     with runner.context:
@@ -298,8 +311,14 @@ def measure_layer(
                 for step, tensors in actual.items()
             }
         steps = {"forward": runner.forward, "train": runner.train}
-        times = step_times(steps, inputs.local[0].device, warmup, reps)
-    return times, slowest_errors(errors), first_s, {}
+        device = inputs.local[0].device
+        times = step_times(steps, device, warmup, reps)
+        breakdowns = {}
+        if traces is not None:
+            batch, sequence, dim = inputs.whole_grad_output.shape
+            key = next(k for k, c in KEYS.items() if c == contender)
+            breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-d{dim}-b{batch}-s{sequence}-{key}")
+    return times, slowest_errors(errors), first_s, breakdowns
 
 
 def run_rank(sizes: list[SequenceSize], contenders: list[str], config: dict, output: Path, command: str) -> int:

@@ -551,11 +551,21 @@ def measure_layer(
     if traces is not None:
         size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}"
         key = next(k for k, c in KEYS.items() if c == contender)
-        for step, run in steps.items():
-            path = traces / f"trace-{size}-{key}-{step}-rank{dist.get_rank()}.json"
-            ahead = median_ms(run, device, 0, reps, host_ahead=True) if device.type == "cuda" else None
-            breakdowns[step] = (gathered(asdict(profiled(run, device, path))), [] if ahead is None else gathered(ahead))
+        breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-{size}-{key}")
     return times, errors, first_s, breakdowns
+
+
+def step_breakdowns(
+    steps: dict[str, Callable[[], object]], device: torch.device, reps: int, stem: Path
+) -> dict[str, tuple[list[dict], list[float]]]:
+    """Each step's breakdown on every rank (`profiled`, its trace `stem`-`step`-rank`r`.json),
+    and on GPUs every rank's median with the GPU held first (`median_ms`'s `host_ahead`)."""
+    breakdowns = {}
+    for step, run in steps.items():
+        path = stem.with_name(f"{stem.name}-{step}-rank{dist.get_rank()}.json")
+        ahead = median_ms(run, device, 0, reps, host_ahead=True) if device.type == "cuda" else None
+        breakdowns[step] = (gathered(asdict(profiled(run, device, path))), [] if ahead is None else gathered(ahead))
+    return breakdowns
 
 
 def layer_dim(layer: nn.Module) -> int:
@@ -907,6 +917,12 @@ def layer_parser(
     parser.add_argument("--nproc", type=int, help="local ranks to start without torchrun (default: GPUs, or 2 on CPU)")
     parser.add_argument("--output", type=Path, default=REPOSITORY / "build" / name)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="profile one step of each kind per contender and split its time (GEMM, attention, "
+        "communication not hidden, other kernels, host); the traces go to --output for Perfetto",
+    )
     return parser
 
 
@@ -938,12 +954,6 @@ def parsed(
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     sizes = "the four of DEFAULT_SIZES; --smoke: 64,2,16"
     parser = layer_parser(__doc__, "tp_layer", KEYS, 20, sizes, "; eager always runs")
-    parser.add_argument(
-        "--breakdown",
-        action="store_true",
-        help="profile one step of each kind per contender and split its time (GEMM, attention, "
-        "communication not hidden, other kernels, host); the traces go to --output for Perfetto",
-    )
     args, chosen = parsed(parser, argv, DEFAULT_SIZES, SMOKE_SIZES, KEYS)
     args.contenders_given = bool(args.contenders)
     # Eager DTensor runs first whatever is chosen: every check compares with it.
@@ -964,12 +974,20 @@ def run_config(args: argparse.Namespace, **more: Any) -> dict:
     if args.smoke:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
-    return {"dtype": dtype, "warmup": args.warmup, "reps": args.reps, "seed": args.seed, **more, "output": str(args.output)}
+    return {
+        "dtype": dtype,
+        "warmup": args.warmup,
+        "reps": args.reps,
+        "seed": args.seed,
+        "breakdown": args.breakdown,
+        **more,
+        "output": str(args.output),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
-    config = run_config(args, skip={}, breakdown=args.breakdown)
+    config = run_config(args, skip={})
     cuda = torch.cuda.is_available()
     if not cuda and INDUCTOR in args.contenders and not args.inductor_chosen:
         config["skip"][INDUCTOR] = CPU_INDUCTOR_SKIP

@@ -36,7 +36,7 @@ COMMAND_TIMEOUT_S = 600
 
 
 def test_smoke_run_checks_hostir_against_the_whole_layer_and_writes_its_report(tmp_path):
-    command = [sys.executable, str(BENCHMARKS / "cp_attention.py"), "--smoke", "--warmup=1", "--reps=3"]
+    command = [sys.executable, str(BENCHMARKS / "cp_attention.py"), "--smoke", "--breakdown", "--warmup=1", "--reps=3"]
     completed = subprocess.run(
         [*command, f"--output={tmp_path}"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
     )
@@ -54,6 +54,11 @@ def test_smoke_run_checks_hostir_against_the_whole_layer_and_writes_its_report(t
         assert hostir["status"] == "ok" and hostir["ms"] == max(hostir["rank_ms"])
         assert hostir["ratio_to_limit"] == pytest.approx(hostir["ms"] / limit["ms"])
         assert hostir["check_ok"] and max(hostir["errors"].values()) <= F32_TOLERANCE
+        # --breakdown: each rank's profiled step, split; its trace kept for Perfetto.
+        assert len(hostir["breakdown"]) == 2
+        for rank, breakdown in enumerate(hostir["breakdown"]):
+            assert breakdown["step_ms"] > 0 and breakdown["gemm_ms"] > 0 and breakdown["attention_ms"] > 0
+            assert (tmp_path / f"trace-d64-b2-s32-hostir-{step}-rank{rank}.json").is_file()
         # What cannot run on CPU ranks says why, in the table too.
         for contender in (cp_attention.TORCH_ALLGATHER, cp_attention.TORCH_ALLTOALL):
             assert results[step, contender]["status"].startswith("unavailable: torch's context parallel")
@@ -68,6 +73,8 @@ def test_smoke_run_checks_hostir_against_the_whole_layer_and_writes_its_report(t
     assert table in completed.stdout
     assert "| dim 64, 2 x 32 tokens |" in table and "WRONG" not in table
     assert f"### Checks against {cp_attention.REFERENCE}" in table and "the ranks' shares summed" in table
+    for title in tp_layer.STEPS.values():
+        assert f"### Where the time goes: {title}, dim 64, 2 x 32 tokens (ms)" in table
     assert (tmp_path / "cp_attention.png").read_bytes().startswith(b"\x89PNG")
 
 
