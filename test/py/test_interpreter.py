@@ -17,6 +17,8 @@ from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from xdsl.dialects import func
@@ -30,8 +32,9 @@ from hostir.passes.hir.sum_in_matmul import SumInMatmul
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.streams import stream_pool
 from hostir.runtime.interpreter import HANDLERS, Interpreter, RunContext, compute, fusion_eval
+from hostir.runtime.interpreter import aten_calls
 from hostir.runtime.interpreter.aten_calls import RUN_BYTES, picker, prepare_call
-from hostir.runtime.interpreter.core import empty_in_order
+from hostir.runtime.interpreter.core import Preparation, empty_in_order
 
 # --------------------------------------------------------------------------- #
 # Helpers shared with the other runtime tests                                  #
@@ -1105,3 +1108,18 @@ def test_a_reshape_that_copies_copies_long_runs_one_by_one(rng, shape, order, ru
     whole = torch.randn(shape, generator=rng)
     with CopiesSeen() as seen:
         assert reshape([whole], torch.device("cpu")).data_ptr() == whole.data_ptr() and not seen.shapes
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=5).flatmap(
+        lambda shape: st.tuples(st.just(shape), st.permutations(range(len(shape))), st.integers(0, 2**31 - 1))
+    )
+)
+def test_a_copy_in_runs_is_atens_copy_whatever_the_permute(case):
+    """`contiguous_in_runs` on any permute, with runs of any length copied one by one (the
+    shortest run lowered to one element): ATen's contiguous copy, to the bit."""
+    shape, order, seed = case
+    permuted = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).permute(order)
+    with mock.patch.object(aten_calls, "RUN_BYTES", 1):
+        copy = aten_calls.contiguous_in_runs(permuted)
+    assert copy.is_contiguous() and torch.equal(copy, permuted.contiguous())
