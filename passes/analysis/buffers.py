@@ -115,27 +115,43 @@ def fewer_slices(op: hir.AllocateOp, count: SSAValue, rewriter: PatternRewriter)
     return allocation.result
 
 
-def product_of(op: hir.CommunicationOp) -> hir.MatmulOp | None:
-    """The plain matmul (no bias, not accumulating) that writes the collective's whole
-    input, before it in its block, if the input is (a view of) a buffer the program
-    allocates and nothing else reads or writes it, through any view of that buffer
-    (extents and deallocation aside): the rewrite leaves the buffer holding other values.
-    A bias would be added by both devices' GEMMs of a chunk."""
-    root = hir.view_root(op.input)
+def same_memory(a: SSAValue, b: SSAValue) -> bool:
+    """Whether `a` and `b` are the same memory: one value, or views that the same selections
+    (`hir.alias_select` of one axis at one index) make of one buffer."""
+    if a is b:
+        return True
+    view_a, view_b = a.owner, b.owner
+    return (
+        isinstance(view_a, hir.AliasSelectOp)
+        and isinstance(view_b, hir.AliasSelectOp)
+        and view_a.axis.data == view_b.axis.data
+        and view_a.index is view_b.index
+        and same_memory(view_a.input, view_b.input)
+    )
+
+
+def product_of(reader: Operation, value: SSAValue) -> hir.MatmulOp | None:
+    """The plain matmul (no bias, not accumulating) before `reader` in its block that writes
+    `value`, which `reader` reads, where `value` is (a view of) a buffer the program
+    allocates and nothing but the two reads or writes that buffer, through any view of it
+    (extents, waits and deallocation aside): a rewrite may then leave the buffer holding
+    other values, or drop it. A bias would be added by both devices' GEMMs of a chunk."""
+    root = hir.view_root(value)
     if not isinstance(root.owner, hir.AllocateOp):
         return None
     users = {
         user for user in buffer_users(root) if not isinstance(user, hir.DimOp | hir.DeallocateOp | hir.WaitOp)
     }
     matmuls = [user for user in users if isinstance(user, hir.MatmulOp)]
-    if users != {op, *matmuls} or len(matmuls) != 1:
+    if users != {reader, *matmuls} or len(matmuls) != 1:
         return None
     (matmul,) = matmuls
     if (
         matmul.accumulate is not None
         or len(matmul.ins) != 2
-        or matmul.outs[0] is not op.input
-        or not matmul.is_before_in_block(op)
+        or not same_memory(matmul.outs[0], value)
+        or matmul.parent_block() is not reader.parent_block()
+        or not matmul.is_before_in_block(reader)
     ):
         return None
     return matmul

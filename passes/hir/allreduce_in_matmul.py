@@ -120,7 +120,7 @@ def _match(op: hir.AllreduceOp) -> _Chunked | str:
         return f"its team has {len(team)} members; the schedule is one of a pair"
     if sorted(tensor_type(op.input).mesh.ids) != sorted(team):
         return "its team is not the mesh of its input, so a device of the product would have no peer"
-    matmul = product_of(op)
+    matmul = product_of(op, op.input)
     if matmul is None:
         return (
             "its input is not the whole product of one plain matmul before it, into a buffer "

@@ -62,7 +62,7 @@ class ProductIntoAllreduceOutput(RewritePattern):
     def match_and_rewrite(self, op: hir.AllreduceOp, rewriter: PatternRewriter, /) -> None:
         if hir.uses_copy_engines(op) or not partial_of_output(op):
             return
-        matmul = product_of(op)
+        matmul = product_of(op, op.input)
         if matmul is None or not nothing_writes_between(matmul, op, op):
             return
         partial = op.input

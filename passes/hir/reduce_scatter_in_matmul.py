@@ -123,7 +123,7 @@ class ReduceScatterIntoMatmul(RewritePattern):
             or len(team) != 2
             or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
             or (axis := op.scattered_axis()) is None
-            or (matmul := product_of(op)) is None
+            or (matmul := product_of(op, op.input)) is None
             or (axes := _operand_axes(matmul, axis)) is None
             or (anchor := in_function_body(matmul)) is None
         ):

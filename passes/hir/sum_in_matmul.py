@@ -33,7 +33,7 @@ from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, Rewrite
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import fusion, hir
-from hostir.passes.analysis.buffers import buffer_users, is_private_allocation
+from hostir.passes.analysis.buffers import buffer_users, is_private_allocation, product_of
 
 Taken = tuple[SSAValue, tuple[int, SSAValue] | None]
 """A buffer operand as `(buffer, (axis, index))`: the slice `[axis = index]` of a whole
@@ -78,20 +78,6 @@ def precedes(a: Operation, b: Operation) -> bool:
     return False
 
 
-def sole_gemm(product: Taken, launch: hir.LaunchKernelOp) -> hir.MatmulOp | None:
-    """The plain GEMM before `launch` in its block that writes `product` for `launch` alone."""
-    buffer, _ = product
-    users = set(buffer_users(buffer))
-    gemms = [user for user in users if isinstance(user, hir.MatmulOp)]
-    if users != {launch, *gemms} or len(gemms) != 1:
-        return None
-    (gemm,) = gemms
-    plain = gemm.accumulate is None and len(gemm.ins) == 2 and taken(gemm.outs[0]) == product
-    if not plain or gemm.parent_block() is not launch.parent_block() or not gemm.is_before_in_block(launch):
-        return None
-    return gemm
-
-
 def may_add_into(addend: Taken, gemm: hir.MatmulOp, launch: hir.LaunchKernelOp) -> bool:
     """Whether `gemm` may add its product into `addend`'s buffer, which `launch` alone uses
     once `gemm` begins, and which `gemm` does not read; taken as a slice, no op of the
@@ -131,8 +117,8 @@ class SumIntoMatmul(RewritePattern):
         (first, second, out) = operands
         if any(user is not op and precedes(user, op) for user in buffer_users(out[0])):
             return
-        for product, addend in ((second, first), (first, second)):
-            gemm = sole_gemm(product, op)
+        for read, product, addend in ((op.ins[1], second, first), (op.ins[0], first, second)):
+            gemm = product_of(op, read)
             if gemm is not None and may_add_into(addend, gemm, op):
                 break
         else:
