@@ -25,8 +25,8 @@ and the partial's buffer is gone. Rewritten only where the allreduce is NCCL's (
 engines read a symmetric input in place on the peer), its input is the whole product of
 one plain matmul into a buffer of the program that nothing else uses (`product_of`), only
 views and index arithmetic lie between the two, and the input's one device axis is its
-first, with the output's type on the others (a device's partial sums are the output's
-shape with a device axis of one in front). The pass runs before `insert-deallocations`.
+first, of a known extent, with the output's type on the others (a device's partial sums
+are the output's shape with a device axis of one in front). The pass runs before `insert-deallocations`.
 """
 
 from __future__ import annotations
@@ -39,15 +39,17 @@ from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, Rewrite
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import DYNAMIC, ParallelType, tensor_type
+from hostir_dialect.fusion import DYNAMIC, tensor_type
 from hostir.passes.analysis.buffers import allocated_extent, nothing_writes_between, product_of
 
 
 def partial_of_output(op: hir.AllreduceOp) -> bool:
-    """Whether the allreduce's input is its output's type with a device axis in front."""
+    """Whether the allreduce's input is its output's type with a device axis in front, of a
+    known extent (the output's extents then give the input's)."""
     source, target = tensor_type(op.input), tensor_type(op.output)
     return (
         source.didx_axis == 0
+        and source.get_shape()[0] != DYNAMIC
         and target.didx_axis is None
         and source.element_type == target.element_type
         and source.without_axis(0).get_shape() == target.get_shape()
@@ -92,11 +94,7 @@ def output_as_partial(op: hir.AllreduceOp, rewriter: PatternRewriter) -> SSAValu
     """A buffer of `op`'s input type that is its output's memory (`partial_of_output`), made
     just before `op`."""
     output, partial_type = op.output, tensor_type(op.input)
-    extents = [
-        extent_of(output, axis - 1)
-        for axis, (extent, parallel_type) in enumerate(zip(partial_type.get_shape(), partial_type.parallel_types()))
-        if extent == DYNAMIC and parallel_type != ParallelType.DIDX
-    ]
+    extents = [extent_of(output, axis - 1) for axis, extent in enumerate(partial_type.get_shape()) if extent == DYNAMIC]
     allocation = hir.AllocateOp(partial_type, [size for _, size in extents])
     allocation.result.name_hint = "in_out"
     view = hir.AtenOp(

@@ -121,3 +121,16 @@ func.func @device_axis_inside(%x: !xt, %w: !w) -> !y {
   hir.wait %work
   func.return %y : !y
 }
+
+!pd = !fusion.tensor<[?, 6, 5], f32, mesh = [0, 1], axes = [didx, _, _]>
+
+// CHECK-LABEL: func.func @device_axis_of_unknown_extent(
+// CHECK:         hir.allreduce %p into %y
+func.func @device_axis_of_unknown_extent(%x: !x, %w: !w, %n: index) -> !y {
+  %p = hir.allocate(%n) : !pd
+  hir.matmul ins(%x, %w : !x, !w) outs(%p : !pd)
+  %y = hir.allocate() : !y
+  %work = hir.allreduce %p into %y team [0, 1] op sum backend nccl : !pd, !y
+  hir.wait %work
+  func.return %y : !y
+}
