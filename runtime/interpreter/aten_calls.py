@@ -30,39 +30,52 @@ def aten_overload(target: str) -> torch._ops.OpOverload:
         raise HostirError(f"'{target}' names no ATen operator overload of this torch") from None
 
 
+aten = torch.ops.aten
+
 RUN_BYTES = 1 << 20
 """The shortest contiguous run that `contiguous_in_runs` copies on its own."""
 MAX_RUNS = 64
 """The most runs it copies one by one: each is an op the host issues."""
 
 
-def contiguous_in_runs(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of `tensor`, made one contiguous run at a time where its innermost
-    axes already lie in memory as in the copy, in a few long runs: a permute of whole
-    blocks, such as the gradient of an activation put in the ranks' order for its weight's
-    GEMM. Each run is then one contiguous copy, where ATen copies a permuted tensor with its
-    strided kernel: on an H200, 0.169 ms for 128 MB, against 0.075 ms as runs
-    (docs/benchmarks.md). Else ATen's copy."""
+def long_runs(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The outer axes of `tensor` over whose indices its innermost axes lie in memory as in a
+    contiguous copy, in a few runs of at least `RUN_BYTES` each (a permute of whole blocks);
+    None where they are many or short, or where the tensor is one run (contiguous)."""
     shape, strides = tensor.shape, tensor.stride()
     run, axis = 1, tensor.dim()
     while axis > 0 and (shape[axis - 1] == 1 or strides[axis - 1] == run):
         run *= shape[axis - 1]
         axis -= 1
-    outer = shape[:axis]
+    outer = tuple(shape[:axis])
     if axis == 0 or run * tensor.element_size() < RUN_BYTES or math.prod(outer) > MAX_RUNS:
+        return None
+    return outer
+
+
+def contiguous_in_runs(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `tensor`, made one contiguous run at a time where it has a few long
+    ones (`long_runs`): the gradient of an activation put in the ranks' order for its weight's
+    GEMM, say. Each run is then one contiguous copy, where ATen copies a permuted tensor with
+    its strided kernel: on an H200, 0.169 ms for 128 MB, against 0.075 ms as runs
+    (docs/benchmarks.md). Else ATen's copy."""
+    outer = long_runs(tensor)
+    if outer is None:
         return tensor.contiguous()
-    copy = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    copy = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     for index in itertools.product(*map(range, outer)):
         copy[index].copy_(tensor[index])
     return copy
 
 
 def reshape(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """`aten.reshape`: a view where the strides allow one, else a copy (`contiguous_in_runs`)
-    viewed in `shape`."""
+    """`aten.reshape`: ATen's (a view where the strides allow one, else a copy), except that a
+    tensor with a few long runs (`long_runs`) that no view reshapes is copied run by run."""
+    if tensor.is_contiguous() or long_runs(tensor) is None:
+        return aten.reshape.default(tensor, shape)
     try:
         return tensor.view(shape)
-    except RuntimeError:  # no view of these strides has that shape
+    except RuntimeError:  # no view of these strides has that shape; the copy is megabytes
         return contiguous_in_runs(tensor).view(shape)
 
 

@@ -152,11 +152,11 @@ def matmul_accumulate_into(lhs: torch.Tensor, rhs: torch.Tensor, out: torch.Tens
 
 def _as_rows(tensor: torch.Tensor) -> torch.Tensor | None:
     """`tensor [*b, rows, columns]` viewed as one matrix `[b rows, columns]`; None where its
-    strides do not allow a view."""
-    try:
-        return tensor.view(-1, tensor.shape[-1])
-    except RuntimeError:
+    strides do not allow a view (each axis but the last must step over the next whole)."""
+    shape, strides = tensor.shape, tensor.stride()
+    if any(shape[i] != 1 and strides[i] != strides[i + 1] * shape[i + 1] for i in range(tensor.dim() - 2)):
         return None
+    return tensor.view(-1, shape[-1])
 
 
 @handles(hir.MatmulOp)
