@@ -191,6 +191,17 @@ class AllocateOp(IRDLOperation):
             return None
         return self.dynamic_sizes[shape[:axis].count(DYNAMIC)]
 
+    def is_adopted(self) -> bool:
+        """Whether an op adopts the buffer: an out of an op that makes its own tensors, named
+        in its `adopted`, becomes that tensor, so the buffer's own memory is never used
+        (`forward-buffers` marks only an op that uses the buffer first)."""
+        return any(
+            isinstance(user := use.operation, AdoptingOp)
+            and user.adopted is not None
+            and any(user.outs[index] is self.result for index in user.adopted.get_values())
+            for use in self.result.uses
+        )
+
     def verify_(self) -> None:
         shape = tensor_type(self.result).get_shape()
         dynamic = shape.count(DYNAMIC)

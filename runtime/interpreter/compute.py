@@ -276,7 +276,7 @@ def _adopting_step(
     buffers of the program that the op fills first) becomes the result itself; any other
     out gets the result copied in. The host-program contract lets only the op that fills
     a buffer write it, so a result that aliases an operand is never written through. The
-    buffer the program allocated for an adopted out is dropped unused.
+    program's allocation of an adopted out holds no memory (`hir.AllocateOp.is_adopted`).
 
     A `piece` operand is given without its device axis (ATen sees local pieces), and a
     result of a varying out gets it back (`fill_outs`); a None result is one the op leaves

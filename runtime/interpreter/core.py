@@ -355,6 +355,8 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
         if extent == DYNAMIC and parallel_type != ParallelType.DIDX
     ]
 
+    adopted = op.is_adopted()
+
     def step(env: Environment, context: RunContext) -> None:
         if context.rank not in mesh:
             env[result] = torch.empty(0, dtype=dtype, device=context.device)
@@ -362,7 +364,12 @@ def _allocate(op: hir.AllocateOp, prep: Preparation) -> Step:
         local_shape = shape.copy()
         for axis, slot in dynamic:
             local_shape[axis] = env[slot]
-        if symmetric is None and order is None:
+        if adopted:
+            # The op that adopts the buffer reads only its shape and element type (`fill_outs`):
+            # one element seen at every index, which no op can write, in place of memory that
+            # would be dropped unused.
+            env[result] = torch.empty((), dtype=dtype, device=context.device).expand(local_shape)
+        elif symmetric is None and order is None:
             env[result] = torch.empty(local_shape, dtype=dtype, device=context.device)
         elif symmetric is None:
             env[result] = empty_in_order(local_shape, order, dtype, context.device)

@@ -350,6 +350,27 @@ def test_an_aten_result_keeps_atens_layout_and_a_slice_out_gets_a_copy(rng):
     torch.testing.assert_close(clone, x.t())
 
 
+def test_an_adopted_buffer_gets_no_memory(rng, monkeypatch):
+    """The allocation of an out that its op adopts holds no memory: the op's result replaces
+    it, so memory there would be allocated at every run and dropped unused."""
+    allocated = []
+    empty = torch.empty
+
+    def recording_empty(*args, **kwargs):
+        tensor = empty(*args, **kwargs)
+        allocated.append(tensor.numel())
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    x = torch.randn(3, 5, generator=rng)
+    t, clone, both = run_host(ATEN_RESULTS, [x])
+    assert 15 not in allocated and 30 in allocated  # only the buffer whose slice gets a copy
+    torch.testing.assert_close(clone, x.t())
+    allocated.clear()
+    run_host(ATEN_RESULTS.replace(" adopted [0]", ""), [x])
+    assert allocated.count(15) == 2
+
+
 ATEN_INTO_A_VIEWED_BUFFER = f"""
 func.func @main(%x: {tensor([3, 5])}) -> ({tensor([5, 3])}, {tensor([3])}) {{
   %c1 = arith.constant 1 : index
