@@ -25,9 +25,10 @@ it once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import reduce
+from typing import NamedTuple
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
@@ -220,7 +221,7 @@ class OutlinePointwiseRun(RewritePattern):
     after it. A constant that only pointwise ops use stays where it is and each
     segment that reads it recomputes it, so no kernel exists to compute a scalar; it
     goes when the last of them has been outlined. The ops the run passes over stay where
-    they are, after the call.
+    they are; the call goes before those that read it (`KernelRun.after`).
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
@@ -233,7 +234,7 @@ class OutlinePointwiseRun(RewritePattern):
             or (is_pointwise(op.prev_op) and not is_recomputed(op.prev_op))
         ):
             return
-        run = kernel_run(op)
+        run, after = kernel_run(op)
         moved = [o for o in run if not is_recomputed(o)]
         if not any(is_pointwise(o) for o in moved):
             return
@@ -266,7 +267,8 @@ class OutlinePointwiseRun(RewritePattern):
         )
         rewriter.insert(segment, InsertPoint.before(function))
 
-        call = rewriter.insert(func.CallOp(name, inputs, [value.type for value in outputs]))
+        call = func.CallOp(name, inputs, [value.type for value in outputs])
+        rewriter.insert(call, InsertPoint.before(op) if after is None else InsertPoint.after(after))
         call.location = op.location
         for value, result in zip(outputs, call.results):
             rewriter.replace_all_uses_with(value, result)
@@ -287,19 +289,35 @@ def is_local_reduction(op: Operation | None) -> bool:
     return isinstance(op, fusion.ReductionOp) and not reduces_didx_axis(op)
 
 
-def kernel_run(first: Operation) -> list[Operation]:
+class KernelRun(NamedTuple):
+    """The ops one kernel computes (`kernel_run`) and where its call goes."""
+
+    ops: list[Operation]
+    after: Operation | None
+    """The last op the run passed over that its ops read, after which the call goes; None:
+    at the run's first op."""
+
+
+def kernel_run(first: Operation) -> KernelRun:
     """The pointwise ops and row reductions from `first` that one kernel computes.
 
     The run takes the ops that follow `first` up to the next communication, passing over
-    the ops it cannot hold and those that read them: local reductions it cannot compute (a
-    column sum, a weight's gradient), GEMMs, attention, ATen calls, and pointwise ops whose
-    results do not broadcast with the run's (two independent computations side by side, say
-    a weight's broadcast next to an activation's backward). Those stay after the segment,
-    which computes nothing they do not already follow: so the two halves of SwiGLU's
-    backward, which the GEMMs of a weight's gradient stand between in the program, are one
-    kernel. Once it has passed over an op that is neither pointwise nor a reduction, it takes
-    no op of a stream axis, which would leave the stream loop that `stream-parallel` makes
-    of its neighbours, and no broadcast (`_stays_put`). Where
+    the ops it cannot hold: local reductions it cannot compute (a column sum, a weight's
+    gradient), GEMMs, attention, ATen calls, and pointwise ops whose results do not
+    broadcast with the run's (two independent computations side by side, say a weight's
+    broadcast next to an activation's backward). Those that read the run (or read those)
+    stay after the kernel, which computes nothing they do not already follow: so the two
+    halves of SwiGLU's backward, which the GEMMs of a weight's gradient stand between in the
+    program, are one kernel. The run also takes an op that reads one it passed over and
+    none that reads the run, where every op it passed over and reads comes before every op
+    that reads the run, and none is a GEMM (a sum of GEMMs' products is theirs to make:
+    `sum-in-matmul`): the kernel then goes after the last of those it reads (the activation
+    that aot_autograd's partitioner recomputes at the start of a backward joins the ops that
+    need the incoming gradient, after the view that reads the gradient in).
+    Once it has passed over an op that is neither pointwise nor a reduction, it takes no
+    op of a stream axis, which would leave the stream loop that `stream-parallel` makes
+    of its neighbours, and no broadcast but of a value of the run to pointwise ops
+    (`_stays_put`). Where
     their extents are dynamic, their types say nothing of their values, so it also ends
     before the first op unconnected to the first op's computation (no chain of reads
     within the run joins them, which would make their verifiers hold the extents alike)
@@ -311,23 +329,45 @@ def kernel_run(first: Operation) -> list[Operation]:
     only a kernel of its own can write whole, unless it has one value per row of a run
     that reduces rows: such a kernel writes it once per row.
     """
-    run, space, passed, crossed = [first], _iterated_shape(first), set(), False
+    run, space, crossed = [first], _iterated_shape(first), False
+    position = {first: 0}
+    passed: set[Operation] = set()
+    readers: set[Operation] = set()  # the ops passed over that read the run, or read those
+    first_reader: int | None = None
     following = first
     while (following := following.next_op) is not None and not _ends_runs(following):
-        if any(operand.owner in passed for operand in following.operands):
-            passed.add(following)
-        elif (is_pointwise(following) or _reduces_rows(following, space)) and not (crossed and _stays_put(following)):
-            try:
-                space = broadcast_shapes(space, _iterated_shape(following))
-                run.append(following)
-            except VerifyException:
-                passed.add(following)
-        else:
-            passed.add(following)
-        crossed = crossed or (following in passed and not (is_pointwise(following) or is_local_reduction(following)))
+        position[following] = len(position)
+        owners = {operand.owner for operand in following.operands}
+        waits_for = owners & passed
+        if (
+            not owners & readers
+            and not any(isinstance(o, fusion.MatmulOp | fusion.LinearOp) for o in waits_for)
+            and (first_reader is None or all(position[o] < first_reader for o in waits_for))
+            and (is_pointwise(following) or _reduces_rows(following, space))
+            and not (crossed and _stays_put(following, run))
+            and (joined := _joined_space(space, following)) is not None
+        ):
+            run.append(following)
+            space = joined
+            continue
+        passed.add(following)
+        if owners & readers or owners.intersection(run):
+            readers.add(following)
+            first_reader = position[following] if first_reader is None else first_reader
+        crossed = crossed or not (is_pointwise(following) or is_local_reduction(following))
     while run and (cut := _first_cut(run)) is not None:
         run = run[:cut]
-    return run
+    waited_for = [operand.owner for o in run for operand in o.operands if operand.owner in passed]
+    return KernelRun(run, max(waited_for, key=position.__getitem__, default=None))
+
+
+def _joined_space(space: Sequence[int], op: Operation) -> tuple[int, ...] | None:
+    """The iteration space of a run of space `space` that takes `op`; None where their shapes
+    do not broadcast together."""
+    try:
+        return broadcast_shapes(space, _iterated_shape(op))
+    except VerifyException:
+        return None
 
 
 def _ends_runs(op: Operation) -> bool:
@@ -336,14 +376,18 @@ def _ends_runs(op: Operation) -> bool:
     return moves_data(op) or not isinstance(op, FusionOp)
 
 
-def _stays_put(op: Operation) -> bool:
+def _stays_put(op: Operation, run: Collection[Operation]) -> bool:
     """A pointwise op that no run takes from beyond a GEMM (or any op but a pointwise op or a
     reduction) that it passed over: one of a stream axis, which belongs in the stream loop of
     its neighbours, or a broadcast, which only moves data and is best read where its readers
-    are than written whole where the run is."""
-    return isinstance(op, fusion.BroadcastOp | fusion.ExpandOp) or any(
-        isinstance(result.type, TensorType) and result.type.stream_axis is not None for result in op.results
-    )
+    are than written whole where the run is, unless it broadcasts a value of the run to
+    pointwise ops and reductions alone (SwiGLU's backward reading its recomputed
+    activation with the batch axis put back)."""
+    if isinstance(op, fusion.BroadcastOp | fusion.ExpandOp):
+        return op.input.owner not in run or not all(
+            is_pointwise(use.operation) or is_local_reduction(use.operation) for use in op.result.uses
+        )
+    return any(isinstance(result.type, TensorType) and result.type.stream_axis is not None for result in op.results)
 
 
 def _first_cut(run: list[Operation]) -> int | None:

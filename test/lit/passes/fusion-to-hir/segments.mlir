@@ -229,6 +229,43 @@ func.func @past_a_matmul(%g: !h, %a: !h, %b: !h, %w: !w) -> (!h, !h) {
 // CHECK:         hir.launch_kernel @past_a_matmul_segment_1 ins(%[[P]], %g : {{.*}}) outs(%[[Z:[^ ]+]] : {{.*}})
 // CHECK:         func.return %[[Z]], %[[Y]]
 
+// A run takes an op that reads one it passed over, and goes after that op: the silu that
+// the min-cut partitioner recomputes at the start of a backward, then the view of the
+// incoming gradient, then their product, are one kernel after the view. Not an op that
+// reads a GEMM it passed over: an add of a product stays a kernel of its own after the
+// GEMM (a sum of two products is the later GEMM's to make in its epilogue,
+// `sum-in-matmul`).
+
+!g3 = !fusion.tensor<[1, 4, 8], f32>
+
+func.func @after_what_it_reads(%a: !h, %up: !g3, %w: !w) -> (!h, !h, !h) {
+  %s = fusion.sigmoid %a : !h -> !h
+  %silu = fusion.mul %a, %s : (!h, !h) -> !h
+  %g = fusion.aten "aten.reshape.default"(%up, [4, 8]) : (!g3) -> !h
+  %y = fusion.mul %g, %silu : (!h, !h) -> !h
+  %q = fusion.matmul %a, %w : (!h, !w) -> !h
+  %z = fusion.add %q, %a : (!h, !h) -> !h
+  %p = fusion.matmul %y, %w : (!h, !w) -> !h
+  func.return %y, %z, %p : !h, !h, !h
+}
+
+// CHECK-LABEL: func.func private @after_what_it_reads_segment_0(
+// CHECK-SAME:      %a: !fusion.tensor<[4, 8], f32>, %g: !fusion.tensor<[4, 8], f32>) -> !fusion.tensor<[4, 8], f32> {
+// CHECK-NEXT:    %s = fusion.sigmoid %a
+// CHECK-NEXT:    %silu = fusion.mul %a, %s
+// CHECK-NEXT:    %y = fusion.mul %g, %silu
+// CHECK-NEXT:    func.return %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func private @after_what_it_reads_segment_1(
+// CHECK-NEXT:    %z = fusion.add %q, %a
+// CHECK-LABEL: func.func @after_what_it_reads(
+// CHECK:         hir.aten "aten.reshape.default"(%up, [4, 8]) ins(%up : {{.*}}) outs(%[[G:[^ ]+]] : {{.*}})
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate() : !fusion.tensor<[4, 8], f32>
+// CHECK-NEXT:    hir.launch_kernel @after_what_it_reads_segment_0 ins(%a, %[[G]] : {{.*}}) outs(%[[Y]] : {{.*}})
+// CHECK:         hir.matmul ins(%a, %w : {{.*}}) outs(%[[Q:[^ ]+]] : {{.*}})
+// CHECK:         hir.launch_kernel @after_what_it_reads_segment_1 ins(%[[Q]], %a : {{.*}})
+// CHECK:         hir.matmul ins(%[[Y]], %w : {{.*}})
+
 // A communication ends a run: the pointwise op after the allgather stays after it, in a
 // segment of its own, though it reads nothing the allgather makes. Once a run has passed
 // over an op, it takes no op of a stream axis, which belongs in the stream loop of its
