@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
@@ -773,7 +774,10 @@ class HostirBackend:
             return compile_graph
 
         return aot_autograd(
-            fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), decompositions=KERNEL_DECOMPOSITIONS
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            partition_fn=min_cut_rematerialization_partition,
+            decompositions=KERNEL_DECOMPOSITIONS,
         )(gm, example_inputs)
 
 
