@@ -45,7 +45,6 @@ import torch.distributed as dist
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
@@ -58,6 +57,7 @@ from hostir import config, logs
 from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
 from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, LayoutValue, UnsupportedGraph, import_graph
+from hostir.frontend.partitioning import partition
 from hostir.frontend.rules.attention import hides_keys
 from hostir.frontend.rules.pointwise import KERNEL_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, one_chunk
@@ -776,7 +776,7 @@ class HostirBackend:
         return aot_autograd(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
-            partition_fn=min_cut_rematerialization_partition,
+            partition_fn=partition,
             decompositions=KERNEL_DECOMPOSITIONS,
         )(gm, example_inputs)
 

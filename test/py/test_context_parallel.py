@@ -290,10 +290,11 @@ def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
     assert "hir.reduce_scatter" not in programs["backward"]
     plain = results_of_world(world)[0]["plain plan"]["dump"]
     assert "= fusion.attention " in plain and " mask %" in plain and "block %" not in plain
-    # The layout fixes the mask that the forward saves for the backward: the ring's forward
-    # does not compute it (the backend hands the backward a tensor it made once).
+    # The backward recomputes the mask from the positions rather than the forward saving it
+    # (frontend/partitioning.py), and no ring reads it: neither program of the ring has it.
     mask = f"[{world}, {SEQUENCE // world}, {SEQUENCE}]"
-    assert mask in _host_programs(plain)["forward"] and mask not in programs["forward"]
+    assert mask in _host_programs(plain)["forward"] and mask in _host_programs(plain)["backward"]
+    assert mask not in programs["forward"] and mask not in programs["backward"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
