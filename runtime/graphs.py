@@ -8,7 +8,8 @@ graph launches the kernels and NCCL calls of a whole run with one call. For each
 input *signature* (the shape, strides, dtype and device of every input) the replayer
 
 1. copies the inputs into static input buffers that it owns (from `Program.symmetric_empty`
-   for the inputs marked `hir.symmetric`, so a caller's input need not be symmetric);
+   for the inputs marked `hir.symmetric`, so a caller's input need not be symmetric), but
+   those that no op of the program reads (`Program.unread_inputs`);
 2. runs the program eagerly `warmup_runs` times on a side stream (torch's rule before
    capture: lazy initialisations, cuBLAS workspaces, NCCL communicators, the process
    groups and the stream pool, the CuPy kernels' compilation all happen here);
@@ -243,16 +244,20 @@ def input_kinds(
     static: Collection[int],
     symmetric: Collection[int],
     handed_out: set[int],
+    unread: Collection[int] = (),
 ) -> tuple[frozenset[int], frozenset[int]]:
     """How a graph captured on `inputs` takes each: (handed over, copied). The handed-over
     inputs are in the memory `handed_out` of another replay's lent outputs, and read in
-    place; the `static` ones (parameters) are read in place too; every other input is
-    copied into a static buffer of the graph's own, a `symmetric` one (marked
-    `hir.symmetric`) always, into symmetric memory."""
-    handed_over = frozenset(
-        i for i, x in enumerate(inputs) if i not in symmetric and x.untyped_storage().data_ptr() in handed_out
-    ) - frozenset(static)
-    copied = frozenset(range(len(inputs))) - frozenset(static) - handed_over
+    place; the `static` ones (parameters) are read in place too, and the `unread` ones
+    (that no op of the program reads) not at all; every other input is copied into a
+    static buffer of the graph's own, a `symmetric` one (marked `hir.symmetric`) always,
+    into symmetric memory."""
+    not_copied = frozenset(static) | (frozenset(unread) - frozenset(symmetric))
+    handed_over = (
+        frozenset(i for i, x in enumerate(inputs) if i not in symmetric and x.untyped_storage().data_ptr() in handed_out)
+        - not_copied
+    )
+    copied = frozenset(range(len(inputs))) - not_copied - handed_over
     return handed_over, copied
 
 
@@ -372,7 +377,9 @@ class GraphReplayer:
             self._run_eagerly(f"input #{on_cpu} is on the CPU, and a CUDA graph would keep its value from the capture")
             return None
         program, device = self.program, self.communicator.device
-        handed_over, copied = input_kinds(inputs, self.static_inputs, program.symmetric_inputs, _handed_out_memory())
+        handed_over, copied = input_kinds(
+            inputs, self.static_inputs, program.symmetric_inputs, _handed_out_memory(), program.unread_inputs
+        )
         static_inputs = program.with_symmetric_inputs(
             [x.clone() if i in copied else x for i, x in enumerate(inputs)], self.communicator
         )

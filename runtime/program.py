@@ -145,6 +145,9 @@ class Program:
         self.symmetric_inputs = [i for i, argument in enumerate(host.args) if hir.is_symmetric_input(argument)]
         """The inputs marked `hir.symmetric`, which the caller passes in symmetric memory of their
         mesh (`symmetric_empty`)."""
+        self.unread_inputs = frozenset(i for i, argument in enumerate(host.args) if not argument.uses)
+        """The inputs no op reads (a value a graph takes and lowering left unused), which a CUDA
+        graph's replay need not copy in."""
         self.aten_inputs = aten_only_inputs(host)
         """The inputs that only ATen calls read: one that gives them a 0-dim tensor may be a CPU
         tensor beside a GPU program, as ATen's own kernels return some (an attention kernel's

@@ -334,10 +334,15 @@ def test_a_replay_copies_its_inputs_in_one_batched_op_and_not_those_already_in_p
 def test_a_capture_copies_the_inputs_it_does_not_read_in_place():
     """How a capture takes its inputs, on plain tensors: a parameter (static) and an output
     another replay hands over are read in place, unless the input is marked symmetric
-    (always copied, into symmetric memory); the others are copied."""
+    (always copied, into symmetric memory); one the program does not read is not copied,
+    handed over or not (a replay never reads it); the others are copied."""
     weight, saved, marked, fresh = torch.zeros(3), torch.zeros(4), torch.zeros(5), torch.zeros(6)
     handed_out = {saved.untyped_storage().data_ptr(), marked.untyped_storage().data_ptr()}
     handed_over, copied = input_kinds([weight, saved[1:], marked, fresh], [0], [2], handed_out)
+    assert handed_over == {1} and copied == {2, 3}
+    unread, unread_saved = torch.zeros(7), torch.zeros(8)
+    handed_out.add(unread_saved.untyped_storage().data_ptr())
+    handed_over, copied = input_kinds([weight, saved[1:], marked, fresh, unread, unread_saved], [0], [2], handed_out, [4, 5])
     assert handed_over == {1} and copied == {2, 3}
 
 

@@ -445,6 +445,21 @@ func.func @seeded(%seed: {seed}, %x: {x}) -> {x} {{
 """
 
 
+def test_the_inputs_no_op_reads_are_known():
+    """A graph's input that lowering left unread (the mask a ring never reads) is one a CUDA
+    graph's replay need not copy in (`Program.unread_inputs`)."""
+    x = "!fusion.tensor<[4], f32>"
+    program = Program.compile(
+        f"""
+func.func @unread(%x: {x}, %mask: !fusion.tensor<[4, 4], f32>, %y: {x}) -> {x} {{
+  %z = fusion.add %x, %y : ({x}, {x}) -> {x}
+  func.return %z : {x}
+}}
+"""
+    )
+    assert program.unread_inputs == {1}
+
+
 SEEDED = _seeded("!fusion.tensor<[], i64>")
 """An attention kernel's random seed as its backward takes it back: a 0-dim input that only
 an ATen call reads."""
