@@ -460,6 +460,30 @@ func.func @unread(%x: {x}, %mask: !fusion.tensor<[4, 4], f32>, %y: {x}) -> {x} {
     assert program.unread_inputs == {1}
 
 
+def test_a_promised_value_is_compared_until_a_tensor_keeps_it_unwritten(monkeypatch):
+    """An input whose values are promised (`Program.expect`) is compared at every run, but
+    the tensor that kept the promise is not again until it is written (its version): a
+    comparison reads the values back, which waits for the GPU."""
+    x = "!fusion.tensor<[4], i64>"
+    program = Program.compile(f"func.func @p(%x: {x}) -> {x} {{\n  func.return %x : {x}\n}}")
+    program.expect(0, torch.arange(4), "the positions")
+    compared = []
+    equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(a) or equal(a, b))
+    communicator = Communicator.single(torch.device("cpu"))
+    positions = torch.arange(4)
+    program.check([positions], communicator)
+    program.check([positions], communicator)
+    assert len(compared) == 1
+    program.check([torch.arange(4)], communicator)  # another tensor: compared
+    positions.add_(0)  # written: compared again
+    program.check([positions], communicator)
+    assert len(compared) == 3
+    positions[0] = 7
+    with pytest.raises(HostirError, match="its values are not the positions"):
+        program.check([positions], communicator)
+
+
 SEEDED = _seeded("!fusion.tensor<[], i64>")
 """An attention kernel's random seed as its backward takes it back: a 0-dim input that only
 an ATen call reads."""
