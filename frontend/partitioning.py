@@ -28,7 +28,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 MASK_ARGUMENTS = frozenset({"attn_mask", "attn_bias"})
 """The names of an attention's mask in the schemas of SDPA and its kernels."""
 
-CHEAP_FACTORIES = frozenset(
+MASK_MAKING_OPS = frozenset(
     {
         torch.ops.aten.scalar_tensor.default,
         torch.ops.aten.full.default,
@@ -49,12 +49,13 @@ def recompute_attention_masks(graph: fx.Graph) -> None:
     """Marks every op that computes an attention's mask from the graph's inputs or from a
     collective's result (pointwise ops, views, scalar tensors: `_cheap`) to be recomputed
     in the backward (`CheckpointPolicy.MUST_RECOMPUTE`, which the min-cut partitioner
-    honours as it does activation checkpointing's); the inputs of those it stops at are
-    saved instead."""
+    honours as it does activation checkpointing's), but those that activation
+    checkpointing gave a policy; the inputs of those it stops at are saved instead."""
     pending = [mask for node in graph.nodes for mask in _masks(node)]
     while pending:
         node = pending.pop()
-        if not _cheap(node) or node.meta.get("recompute") is CheckpointPolicy.MUST_RECOMPUTE:
+        # A node with a policy already (activation checkpointing's, or one marked here) keeps it.
+        if not _cheap(node) or "recompute" in node.meta:
             continue
         node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
         pending.extend(node.all_input_nodes)
@@ -79,4 +80,4 @@ def _cheap(node: fx.Node) -> bool:
         return False
     if torch.Tag.nondeterministic_seeded in target.tags:
         return False
-    return torch.Tag.pointwise in target.tags or target.is_view or target in CHEAP_FACTORIES
+    return torch.Tag.pointwise in target.tags or target.is_view or target in MASK_MAKING_OPS
