@@ -183,8 +183,8 @@ class ImportedGraph:
     input_varying: list[bool]
     outputs: list[tuple[str, Any]]
     """For each graph output: ("fusion", (index, FX shape, dtype)), ("input", index), ("constant",
-    value), or ("layout", (LayoutValue, dtype)): a mask that the layout fixes, which the program
-    does not compute (the backend makes it once)."""
+    value), or ("layout", (LayoutValue, dtype)): a value that the layout fixes (the causal mask,
+    the key positions), which the program does not compute (the backend makes it once)."""
     mesh: tuple[int, ...]
     group: dist.ProcessGroup | None = None
     """The process group the graph's collectives name, whose ranks are the mesh; None without collectives."""
@@ -245,8 +245,9 @@ class Importer:
         """How a sequence is laid out over the mesh, by the backend's option: an attention whose
         mask is the causal mask of its tokens' positions then has that layout's causal mask."""
         self.layout_inputs: list[tuple[int, LayoutValue]] = []
-        self.layout_masks: dict[torch.fx.Node, LayoutValue] = {}
-        """The masks computed in the graph that are the layout's causal mask (`sequence_layout`)."""
+        self.layout_values: dict[torch.fx.Node, LayoutValue] = {}
+        """The values computed in the graph that the layout fixes (`sequence_layout`): its causal
+        mask, and the key positions gathered from the queries'."""
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.collective_chunks: dict[torch.fx.Node, tuple[OverlapProblem, int]] = {}
         """The problem and the chunk count of each reduce-scatter or all-reduce that reads
@@ -379,8 +380,8 @@ class Importer:
             if isinstance(item, torch.fx.Node) and item.op == "placeholder":
                 plan.append(("input", placeholders.index(item)))
                 continue
-            if item in self.layout_masks:  # a mask the forward saves for the backward
-                plan.append(("layout", (self.layout_masks[item], item.meta["val"].dtype)))
+            if item in self.layout_values:  # a mask or the key positions, saved for the backward
+                plan.append(("layout", (self.layout_values[item], item.meta["val"].dtype)))
                 continue
             value = self.values[item] if isinstance(item, torch.fx.Node) else item
             if isinstance(value, Value):

@@ -200,7 +200,9 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
     SDPA makes the mask for cuDNN; the keys' positions all-gathered from the queries' or a graph
     input; or a graph input itself, a mask the forward saved for the backward). Records the
     graph inputs it is made of, whose values every run checks, and, computed in the graph,
-    the mask (a graph output that the program then does not compute: the layout fixes it).
+    the mask and the gathered key positions (graph outputs, saved for the backward, that the
+    program then does not compute: the layout fixes them, and the backend hands the backward
+    the tensor it made, which its check need not read back).
     The mask may be broadcast to leading axes (`aten.expand`, as SDPA hands its bias to
     efficient attention on GPUs)."""
     layout, mask = importer.sequence_layout, node
@@ -233,8 +235,22 @@ def layout_mask_inputs(importer: Importer, node: torch.fx.Node) -> bool:
         (importer.placeholders.index(placeholder), LayoutValue(kind, rows, layout)) for placeholder, kind in found
     ]
     for computed in {mask, unexpanded}:  # either may be the one the forward saves
-        importer.layout_masks[computed] = LayoutValue("mask", rows, layout, tuple(computed.meta["val"].shape[:-2]), hidden)
+        importer.layout_values[computed] = LayoutValue("mask", rows, layout, tuple(computed.meta["val"].shape[:-2]), hidden)
+    if keys is None:
+        for gathered in _position_vectors(node.args[1]):
+            importer.layout_values[gathered] = LayoutValue("keys", rows, layout)
     return True
+
+
+def _position_vectors(node: Any) -> list[torch.fx.Node]:
+    """The nodes from a row of gathered positions down to their all-gather (through views and
+    the wait) that hold them as a vector: the wait's result, which the forward saves."""
+    vectors = []
+    while isinstance(node, torch.fx.Node) and node.target in (*_ROWS_AND_COLUMNS, c10d.wait_tensor.default):
+        if node.meta["val"].dim() == 1:
+            vectors.append(node)
+        node = node.args[0]
+    return vectors
 
 
 def _supported(node: torch.fx.Node, arguments: dict[str, Any]) -> bool:

@@ -295,6 +295,10 @@ def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
     mask = f"[{world}, {SEQUENCE // world}, {SEQUENCE}]"
     assert mask in _host_programs(plain)["forward"] and mask in _host_programs(plain)["backward"]
     assert mask not in programs["forward"] and mask not in programs["backward"]
+    # Nor does the ring's forward gather the positions that it saves for the backward: the
+    # layout fixes them too, and the backend hands the backward the tensor it made.
+    gathered = f"<[{SEQUENCE}], i64"
+    assert gathered in _host_programs(plain)["forward"] and gathered not in programs["forward"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
