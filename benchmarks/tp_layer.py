@@ -717,6 +717,19 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
         """None for a contender not measured yet at `size` (in a report written during the run)."""
         return next((r for r in results if (r.size, r.step, r.contender) == (size, step, contender)), None)
 
+    def time_cell(result: Result | None, back_to_back: bool) -> str:
+        """`ms (ratio to the limit)` of one timing, or why there is none."""
+        if result is None:
+            return ""
+        if result.ms is None:
+            return note(result.status)
+        ms = result.loop_ms if back_to_back else result.ms
+        if ms is None:
+            return ""
+        r = ratio(result, results, back_to_back)
+        text = f"{ms:.3f}" + (f" ({r:.2f}x)" if r is not None and result.contender != LIMIT else "")
+        return text + (" WRONG" if result.check_ok is False else "")
+
     sections = [
         f"Machine: {describe_machine(info)}",
         f"Command: `{command}`",
@@ -733,22 +746,7 @@ def tables(results: list[Result], info: dict, config: dict, command: str) -> str
             rows = [f"### {title}, {how} (median ms, ratio to the limit)", "", header]
             rows.append("|---" * (len(contenders) + 1) + "|")
             for size in sizes:
-                cells = []
-                for contender in contenders:
-                    result = find(size, step, contender)
-                    if result is None:
-                        cells.append("")
-                        continue
-                    if result.ms is None:
-                        cells.append(note(result.status))
-                        continue
-                    ms = result.loop_ms if back_to_back else result.ms
-                    if ms is None:
-                        cells.append("")
-                        continue
-                    r = ratio(result, results, back_to_back)
-                    text = f"{ms:.3f}" + (f" ({r:.2f}x)" if r is not None and contender != LIMIT else "")
-                    cells.append(text + (" WRONG" if result.check_ok is False else ""))
+                cells = [time_cell(find(size, step, contender), back_to_back) for contender in contenders]
                 rows.append(f"| {size.label} | " + " | ".join(cells) + " |")
             sections.append("\n".join(rows))
     checked = [c for c in contenders if c != LIMIT]

@@ -197,8 +197,7 @@ class AllocateOp(IRDLOperation):
         (`forward-buffers` marks only an op that uses the buffer first)."""
         return any(
             isinstance(user := use.operation, AdoptingOp)
-            and user.adopted is not None
-            and any(user.outs[index] is self.result for index in user.adopted.get_values())
+            and any(user.outs[index] is self.result for index in adopted_outs(user))
             for use in self.result.uses
         )
 
@@ -1487,6 +1486,11 @@ def print_adopted(printer: Printer, adopted: DenseArrayBase | None) -> None:
         printer.print_string(f" adopted [{', '.join(map(str, adopted.get_values()))}]")
 
 
+def adopted_outs(op: AdoptingOp) -> tuple[int, ...]:
+    """The indices of the outs that `op`'s `adopted` names (none without it)."""
+    return () if op.adopted is None else tuple(op.adopted.get_values())
+
+
 def verify_adopted(op: AdoptingOp) -> None:
     """The outs an op's `adopted` names (`hir.aten ... outs(%a, %b : T, U) adopted [1]`) become
     the tensors the op makes (ATen's results, which keep their strides and stay views where
@@ -1495,7 +1499,7 @@ def verify_adopted(op: AdoptingOp) -> None:
     only this device uses, which the op fills first (`forward-buffers` marks those)."""
     if op.adopted is None:
         return
-    indices = list(op.adopted.get_values())
+    indices = list(adopted_outs(op))
     if not indices or indices != sorted(set(indices)):
         raise VerifyException(
             f"adopted names the outs that become the tensors {op.name} makes, each once and in "

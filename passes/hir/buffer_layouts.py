@@ -64,7 +64,7 @@ def reads_any_layout(op: Operation, chain: list[SSAValue]) -> bool:
     if isinstance(op, hir.CopyOp):
         return op.forwards_source is not None and op.ins[0] in chain and op.outs[0] in chain
     if isinstance(op, hir.AtenOp) and op.adopted is not None:
-        return not any(op.outs[index] in chain for index in op.adopted.get_values())
+        return not any(op.outs[index] in chain for index in hir.adopted_outs(op))
     return isinstance(op, hir.MatmulOp | hir.LinearOp | hir.AtenOp | hir.DimOp | hir.DeallocateOp)
 
 

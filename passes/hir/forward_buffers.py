@@ -184,7 +184,7 @@ class AdoptResults(RewritePattern):
         if not isinstance(op, hir.AdoptingOp):
             return
         adopted = [index for index in range(len(op.outs)) if adoptable(op, index, self.order)]
-        marked = [] if op.adopted is None else list(op.adopted.get_values())
+        marked = list(hir.adopted_outs(op))
         if adopted != marked:
             op.adopted = DenseArrayBase.from_list(i64, adopted) if adopted else None
             rewriter.notify_op_modified(op)

@@ -84,11 +84,9 @@ def may_add_into(addend: Taken, gemm: hir.MatmulOp, launch: hir.LaunchKernelOp) 
     kernel's block takes it otherwise (a later iteration would read the sums of the earlier)."""
     buffer, key = addend
     reads = {read[0] for value in gemm.ins if (read := taken(value)) is not None}
+    in_block = [use.operation for use in buffer.uses if use.operation.parent_block() is launch.parent_block()]
     if key is not None and any(
-        use.operation.parent_block() is launch.parent_block() and taken(use.operation.results[0]) != addend
-        if isinstance(use.operation, hir.AliasSelectOp)
-        else use.operation.parent_block() is launch.parent_block()
-        for use in buffer.uses
+        not isinstance(user, hir.AliasSelectOp) or taken(user.result) != addend for user in in_block
     ):
         return False
     return buffer not in reads and all(user is launch or precedes(user, gemm) for user in buffer_users(buffer))

@@ -366,7 +366,7 @@ def _attention_step(op: hir.AttentionComputeOp, prep: Preparation, queries: SSAV
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
-    adopted = frozenset(() if op.adopted is None else op.adopted.get_values())
+    adopted = frozenset(hir.adopted_outs(op))
     block = None if op.block is None else prep.slot(op.block)
     mesh = mesh_of(op.outs[0])
     query_mesh = tensor_type(queries).mesh.ids

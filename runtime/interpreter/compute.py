@@ -282,7 +282,7 @@ def _adopting_step(
     result of a varying out gets it back (`fill_outs`); a None result is one the op leaves
     undefined, which no op reads.
     """
-    adopted = frozenset(() if op.adopted is None else op.adopted.get_values())
+    adopted = frozenset(hir.adopted_outs(op))
     for out in op.outs:
         prep.check_writable(op, out)
     ins, outs = prep.slots_of(op.ins), prep.slots_of(op.outs)
