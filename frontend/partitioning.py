@@ -21,11 +21,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-
-# The partitioner imports inductor's pattern matcher at its first call (its CSE does), 0.7 s of
-# CPU: imported with the backend, it is imported once in the launcher's forkserver
-# (runtime/launch.py) rather than once per rank.
-import torch._inductor.pattern_matcher  # noqa: F401
 from torch import fx
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.utils.checkpoint import CheckpointPolicy
