@@ -299,3 +299,17 @@ def test_a_rank_killed_for_its_timeout_prints_where_it_was_first(tmp_path):
         run_on_local_ranks(wait_in_rank_1, 2, timeout_s=2.0, join_group=False, output=RankOutput(tmp_path))
     stack = (tmp_path / "rank1" / "stderr.log").read_text()
     assert "_waiting_for_a_peer_that_never_comes" in stack and "wait_in_rank_1" in stack, stack
+
+
+def test_what_the_forkserver_imports_leaves_cuda_uninitialised():
+    """A rank forked from a server that initialised CUDA cannot use CUDA ("Cannot re-initialize
+    CUDA in forked subprocess"): what the server imports before it forks, the backend included,
+    must not initialise it. Fails only where CUDA exists (the GPU suite), as the fault does; an
+    import of inductor's pattern matcher with the backend once did this."""
+    from hostir.runtime.launch import PRELOAD, PRELOAD_WHERE_IMPORTED
+
+    imports = "; ".join(f"import {name}" for name in PRELOAD + PRELOAD_WHERE_IMPORTED)
+    probe = f"{imports}; import torch; print(torch.cuda.is_initialized())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=START_S)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
