@@ -383,16 +383,27 @@ def _attention_step(op: hir.AttentionComputeOp, prep: Preparation, queries: SSAV
     return step
 
 
+def _fill_outside(t: torch.Tensor, selected: slice, value: float, axis: int) -> None:
+    """Fills `t` with `value` outside rows `selected` of `axis`, which a kernel writes: each
+    element is written once (a fill of the whole tensor first would write the rows twice)."""
+    rows = t.shape[axis]
+    start, stop, _ = selected.indices(rows)
+    for piece in (slice(0, start), slice(max(start, stop), rows)):
+        if piece.stop > piece.start:
+            t.narrow(axis % t.dim(), piece.start, piece.stop - piece.start).fill_(value)
+
+
 def block_attention(q, k, v, out, lse, causal: Causal, scale: float | None, position: int, source: int) -> None:
     """The attention of the queries of the device at `position` against the block of keys of
     the device at `source` under a causal layout, into `out` and `lse`: the rows that meet
     (`meeting_rows`), and output 0 and log-sum-exp -inf for a row that meets no key."""
-    out.zero_()
-    lse.fill_(-math.inf)
     meeting = meeting_rows(position, source, causal, q.shape[-2])
+    rows = slice(0, 0) if meeting is None else meeting.queries
+    _fill_outside(out, rows, 0.0, -2)
+    _fill_outside(lse, rows, -math.inf, -1)
     if meeting is None:
         return
-    rows, keys = meeting.queries, meeting.keys
+    keys = meeting.keys
     mask = Mask(None, meeting.top_left, scale)
     result, result_lse = attention(q[..., rows, :], k[..., keys, :], v[..., keys, :], mask)
     out[..., rows, :] = result
@@ -405,12 +416,13 @@ def block_attention_backward(
 ) -> None:
     """The gradients of `block_attention` into `grads` (dq, dk, dv): the queries' share of the
     block, and the block's keys' and values' (zeros where no row meets)."""
-    for grad in grads:
-        grad.zero_()
     meeting = meeting_rows(position, source, causal, q.shape[-2])
+    none = slice(0, 0)
+    rows, keys = (none, none) if meeting is None else (meeting.queries, meeting.keys)
+    for grad, selected in zip(grads, (rows, keys, keys)):
+        _fill_outside(grad, selected, 0.0, -2)
     if meeting is None:
         return
-    rows, keys = meeting.queries, meeting.keys
     shares = attention_backward(
         dout[..., rows, :], q[..., rows, :], k[..., keys, :], v[..., keys, :], out[..., rows, :], lse[..., rows],
         Mask(None, meeting.top_left, scale),
