@@ -10,6 +10,15 @@ batch, for a coalesced send or receive), so that wait is a use too, where an `sc
 carries the work to it (copy-engine-pipelining waits for a transfer in the next
 iteration, or after the loop). A buffer that
 the function returns, directly or through a view, is not freed.
+
+A buffer allocated on the caller's stream that an op uses on a pool stream (after a
+`hir.set_current_stream` of a stream that is not the caller's) is in use until the caller's
+stream has waited for that stream: where
+its last use in the allocation's block is followed there by a `hir.synchronize_stream` on the
+caller's stream, the buffer is freed after the first such one. (A loop of `stream-parallel`
+waits for each iteration's stream inside the loop; the backward attention ring waits for its
+last transfers after the loop, while the own block's gradients are computed.) Freed earlier,
+its memory could be handed to the caller's stream while the pool stream still reads it.
 """
 
 from __future__ import annotations
@@ -39,6 +48,30 @@ def _last_in_block(block: Block, users: list[Operation]) -> Operation:
     )
 
 
+def _on_pool_stream(op: Operation) -> bool:
+    """Whether `op` is issued on a pool stream: after a `hir.set_current_stream` of a stream
+    other than the caller's (`hir.get_current_stream`), in its block or a block around it."""
+    current: Operation | None = op
+    while current is not None and not isinstance(current, func.FuncOp):
+        previous = current.prev_op
+        while previous is not None:
+            if isinstance(previous, hir.SetCurrentStreamOp):
+                return not isinstance(previous.stream.owner, hir.GetCurrentStreamOp)
+            previous = previous.prev_op
+        current = current.parent_op()
+    return False
+
+
+def _caller_waits_after(op: Operation) -> hir.SynchronizeStreamOp | None:
+    """The first `hir.synchronize_stream` after `op` in its block issued on the caller's stream."""
+    following = op.next_op
+    while following is not None:
+        if isinstance(following, hir.SynchronizeStreamOp) and not _on_pool_stream(following):
+            return following
+        following = following.next_op
+    return None
+
+
 class DeallocateAfterLastUse(RewritePattern):
     """Inserts `hir.deallocate` after the last use of an allocated buffer that is not returned."""
 
@@ -50,6 +83,8 @@ class DeallocateAfterLastUse(RewritePattern):
         block = op.parent_block()
         assert block is not None
         last = _last_in_block(block, users) if users else op
+        if not _on_pool_stream(op) and any(_on_pool_stream(user) for user in users):
+            last = _caller_waits_after(last) or last
         rewriter.insert(hir.DeallocateOp(op.result), InsertPoint.after(last))
 
 

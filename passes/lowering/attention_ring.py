@@ -35,25 +35,38 @@ block per step on every device.
 The backward. Its keys and values are the forward's, whole on every device (aot_autograd
 saves them), and the gradients of the keys and values, each device's share, are
 reduce-scattered back to their owners by blocks: those blocks are the `stream` axis of
-the gradients. This pass replaces the attention backward and the two reduce-scatters by
-one loop on the caller's stream, in ring order, that computes the shares of block `s`
-and sends them straight to its owner, which adds them to its own as they arrive (the
-mirror of the forward's exchange: at iteration `i`, device `p` sends to `s = (p + i) mod
-D` and receives from `(p - i) mod D` the share of its own block):
+the gradients. This pass replaces the attention backward and the two reduce-scatters by a
+loop over the other devices' blocks, in ring order, that computes the shares of block `s`
+and sends them straight to its owner on a pool stream, then the own block's gradients
+(device `p` at step `i` sends to `s = (p + 1 + i) mod D` and receives from `(p - 1 - i) mod
+D` its shares of its own block):
 
-    scf.for %i = 0 to D {
+    scf.for %i = 0 to D - 1 {
+      hir.synchronize_stream %t                        slot i mod 2 is free again
       scf.if (%i == 0) {
-        hir.attention_backward block %s ins(...) outs(%dq, %dk, %dv)     the own block writes
+        hir.attention_backward block %s ins(...) outs(%dq_sum, %dk_share[i mod 2], %dv_share[..])
       } else {
-        hir.attention_backward block %s ins(...) outs(%dq_share, %dk_share, %dv_share)
-        hir.pointwise "add" ins(%dq, %dq_share) outs(%dq)
-        batch: hir.recv %dk_arrived from (p - i) mod D, hir.send %dk_share to s; hir.wait
-        batch: the values' alike
-        hir.pointwise "add" ins(%dk, %dk_arrived) outs(%dk); the values' alike
+        hir.attention_backward block %s ins(...) outs(%dq_share, %dk_share[..], %dv_share[..])
+        @sum(%dq_sum, %dq_share) -> %dq_sum
+        hir.synchronize_stream %t'                     the previous step's transfers
+        %dk_sum = the shares they brought (step 1), or @sum(%dk_sum, them); the values' alike
       }
+      on pool stream %t (i mod 2), once the attention is done:
+        batch: hir.recv %dk_arrived[i mod 2] from (p - 1 - i) mod D, hir.send %dk_share[..] to s
+        batch: the values' alike; hir.wait both
     }
+    hir.attention_backward block %p ins(...) outs(%dq, %dk, %dv)      while the last shares travel
+    hir.synchronize_stream %t_last
+    @sum(%dk_sum, %dk_arrived) -> %dk_sum; @sum(%dk, %dk_sum) -> %dk   the values' alike
+    @sum(%dq, %dq_sum) -> %dq
 
-Sums are kept in f32, and the shares travel in f32, as torch's ring sums them. The
+Each step's transfers run while the next step's attention is computed, and the last ones
+while the own block's is: two slots of shares and two pool streams, so that a step writes
+a slot only once the transfers that read it two steps before are done. At 2 devices the
+loop has one step and no sums of keys and values: the shares received are added to the
+own block's gradients directly. The shares travel in the gradients' type, which is what
+the attention kernel computes them in (bf16 on GPUs); sums are kept in f32, and each
+`@sum` is one generated kernel that adds in f32 and rounds once into its output. The
 transfers move the bytes of the reduce-scatters they replace (NCCL, or the copy engines,
 whose shares are then symmetric buffers the peers read).
 """
@@ -366,21 +379,48 @@ class _RingBackward:
     def __init__(self, op: hir.AttentionBackwardOp, scatters: Sequence[Scatter], mesh: tuple[int, ...], rewriter):
         self.op, self.scatters, self.mesh, self.rewriter = op, scatters, mesh, rewriter
         self.backend = scatters[0].collective.backend.data
+        self.host = op.parent_op()
+        self.steps = len(mesh) - 1
+        """The loop's steps: one per other device's block; the own block comes after the loop."""
+        self.slots = min(2, self.steps)
+        """The slots of the shares sent and received: a step's transfer overlaps the next step's attention."""
         self.before: list[Operation] = []
         """Ops inserted before the loop."""
-        self.after: list[Operation] = []
-        """Ops inserted after it: the casts of the sums kept in f32."""
+        self.sum_segments: dict[tuple[TensorType, ...], func.FuncOp] = {}
 
-    def _sum(self, buffer: SSAValue, name: str) -> SSAValue:
-        running, ops, cast = _accumulator(buffer, name)
-        self.before += ops
-        self.after += [cast] if cast is not None else []
-        return running
-
-    def _buffer(self, like: SSAValue, name: str, symmetric: bool = False) -> SSAValue:
-        allocation = _like(like, F32, name, symmetric)
+    def _buffer(self, like: SSAValue, element_type, name: str) -> SSAValue:
+        allocation = _like(like, element_type, name)
         self.before.append(allocation)
         return allocation.result
+
+    def _slotted(self, like: SSAValue, name: str, symmetric: bool = False) -> SSAValue:
+        """A buffer of `self.slots` tensors like `like`, one per slot along axis 0."""
+        allocation = _allocation(like)
+        assert allocation is not None
+        one = tensor_type(like)
+        slotted = one.with_(shape=[self.slots, *one.get_shape()], axes=[fusion.SERIAL, *one.axes.data])
+        new = hir.AllocateOp(slotted, allocation.dynamic_sizes, symmetric)
+        new.result.name_hint = name
+        self.before.append(new)
+        return new.result
+
+    def _sum(self, a: SSAValue, b: SSAValue, out: SSAValue) -> hir.LaunchKernelOp:
+        """`out = a + b`, summed in f32 and rounded once into `out`: one kernel."""
+        types = (tensor_type(a), tensor_type(b), tensor_type(out))
+        segment = self.sum_segments.get(types)
+        if segment is None:
+            build = _SegmentBuilder(types[:2], ["a", "b"])
+            wide = [
+                x if t.element_type == F32 else build(fusion.CastOp, x, type=t.with_(element_type=F32))
+                for x, t in zip(build.block.args, types)
+            ]
+            total = build(fusion.AddOp, *wide)
+            if types[2].element_type != F32:
+                total = build(fusion.CastOp, total, type=types[2])
+            build.block.add_op(func.ReturnOp(total))
+            segment = self.sum_segments[types] = _segment(self.host, "sum", build.block)
+            self.rewriter.insert(segment, InsertPoint.before(self.host))
+        return hir.LaunchKernelOp(segment.sym_name.data, [a, b], [out])
 
     def rewrite(self) -> None:
         op, rewriter = self.op, self.rewriter
@@ -388,63 +428,149 @@ class _RingBackward:
         owners = [scatter.collective.output for scatter in self.scatters]
         for buffer in (grad_query, *owners):
             _move_before(_allocation(buffer), op, rewriter)
-        sums = [self._sum(grad_query, "dq_sum"), *(self._sum(o, f"{o.name_hint or 'grad'}_sum") for o in owners)]
         copy_engines = self.backend == hir.CommunicatorBackend.CUDA
-        query_share = self._buffer(grad_query, "dq_share")
-        shares = [self._buffer(o, f"{what}_share", symmetric=copy_engines) for o, what in zip(owners, KINDS)]
-        arrived = [self._buffer(o, f"{what}_arrived") for o, what in zip(owners, KINDS)]
+        self.query_sum = self._buffer(grad_query, F32, "dq_sum")
+        shares = [self._slotted(o, f"{what}_share", copy_engines) for o, what in zip(owners, KINDS)]
+        arrived = [self._slotted(o, f"{what}_arrived") for o, what in zip(owners, KINDS)]
+        several = self.steps > 1
+        query_share = self._buffer(grad_query, tensor_type(grad_query).element_type, "dq_share") if several else None
+        self.key_sums = [self._buffer(o, F32, f"{what}_sum") for o, what in zip(owners, KINDS)] if several else []
         rewriter.insert(self.before, InsertPoint.before(op))
 
         position, size, first_device = self._positions()
-        # (p - i) mod D as (p + D - i) mod D: index arithmetic is unsigned.
-        plus_size = _named(arith.AddiOp(position, size), "position_plus_size")
-        rewriter.insert(plus_size, InsertPoint.before(op))
+        self.main = runtime_value(rewriter, op, hir.GetCurrentStreamOp, "main_stream")
         zero, one = index_constant(rewriter, op, 0), index_constant(rewriter, op, 1)
+        self.zero, self.slot_count = zero, index_constant(rewriter, op, self.slots)
+        streams: list[Operation] = []
+        if several:  # slot k's transfers go on pool stream k (one stream where the pool has one)
+            pool = runtime_value(rewriter, op, hir.NumberOfStreamsOp, "streams")
+            streams.append(_named(arith.MinUIOp(pool, self.slot_count), "transfer_streams"))
+            self.transfer_streams = streams[0].results[0]
+        # Step i sends the shares of block (p + 1 + i) mod D and receives from (p - 1 - i) mod D,
+        # as (p + D - 1 - i) mod D: index arithmetic is unsigned.
+        next_position = _named(arith.AddiOp(position, one), "next_position")
+        last_position = _named(arith.AddiOp(position, index_constant(rewriter, op, len(self.mesh) - 1)), "last_position")
+        rewriter.insert([*streams, next_position, last_position], InsertPoint.before(op))
+
         body = Block(arg_types=[IndexType()])
-        iteration = body.args[0]
-        iteration.name_hint = "i"
-        ahead = _named(arith.AddiOp(position, iteration), "ahead")
-        slot = _named(arith.RemUIOp(ahead.results[0], size), "slot")
-        keys = [
-            _named(hir.AliasSelectOp(x, key_block_axis(tensor_type(x)), slot.results[0]), f"{what}_block")
-            for x, what in zip(op.ins[2:4], KINDS)
-        ]
-        ins = [*op.ins[:2], *(view.result for view in keys), *op.ins[4:]]
+        step = body.args[0]
+        step.name_hint = "i"
+        ahead = _named(arith.AddiOp(next_position.results[0], step), "ahead")
+        block = _named(arith.RemUIOp(ahead.results[0], size), "block")
+        behind = _named(arith.SubiOp(last_position.results[0], step), "behind")
+        from_block = _named(arith.RemUIOp(behind.results[0], size), "from_block")
+        ops: list[Operation] = [ahead, block, behind, from_block]
+        send_peer = self._device(block.results[0], first_device, "send_peer", ops)
+        recv_peer = self._device(from_block.results[0], first_device, "recv_peer", ops)
+        slot, stream = self._slot_and_stream(step, ops)
+        ins = self._block_ins(block.results[0], ops)
+        share_views = self._views(shares, slot, ops)
+        arrived_views = self._views(arrived, slot, ops)
+        ops.append(hir.SynchronizeStreamOp(stream))  # the slot's last transfer is over
+        source = [block.results[0]] if op.causal_mask is not None else []
         properties = _block_properties(op)
-        source = [slot.results[0]] if op.causal_mask is not None else []
-        is_own = _named(arith.CmpiOp(iteration, zero, "eq"), "is_own")
-        own = hir.AttentionBackwardOp(ins, sums, properties, *source)
-        other = hir.AttentionBackwardOp(ins, [query_share, *shares], properties, *source)
-        behind = _named(arith.SubiOp(plus_size.results[0], iteration), "behind")
-        from_slot = _named(arith.RemUIOp(behind.results[0], size), "from_slot")
-        peers: list[Operation] = [behind, from_slot]
-        send_peer = self._device(slot.results[0], first_device, "send_peer", peers)
-        recv_peer = self._device(from_slot.results[0], first_device, "recv_peer", peers)
-        exchange: list[Operation] = [hir.PointwiseOp("add", [sums[0], query_share], [sums[0]])]
-        for share, landing, running in zip(shares, arrived, sums[1:]):
-            batch = hir.EndCoalescingOp()
-            exchange += [
-                hir.StartCoalescingOp(),
-                hir.RecvOp(landing, recv_peer, self.backend),
-                hir.SendOp(share, send_peer, self.backend),
-                batch,
-                hir.WaitOp(batch.work),
-                hir.PointwiseOp("add", [running, landing], [running]),
-            ]
-        branches = scf.IfOp(is_own.results[0], [], [own, scf.YieldOp()], [other, *peers, *exchange, scf.YieldOp()])
-        body.add_ops([ahead, slot, *keys, is_own, branches, scf.YieldOp()])
-        loop = scf.ForOp(zero, size, one, [], body)
-        for new_op in loop.walk():
-            new_op.location = op.location
-        rewriter.insert(loop, InsertPoint.before(op))
+        first = hir.AttentionBackwardOp(ins, [self.query_sum, *share_views], properties, *source)
+        if several:
+            is_first = _named(arith.CmpiOp(step, zero, "eq"), "is_first")
+            later = hir.AttentionBackwardOp(ins, [query_share, *share_views], properties, *source)
+            added = self._sum(self.query_sum, query_share, self.query_sum)
+            previous = self._add_previous_arrival(step, arrived, one)
+            ops += [is_first, scf.IfOp(is_first.results[0], [], [first, scf.YieldOp()], [later, added, *previous, scf.YieldOp()])]
+        else:
+            ops.append(first)
+        ops += self._transfers(stream, share_views, arrived_views, send_peer, recv_peer)
+        body.add_ops([*ops, scf.YieldOp()])
+        loop = scf.ForOp(zero, index_constant(rewriter, op, self.steps), one, [], body)
+        own = self._own_block(position, owners, arrived)
+        for new_op in (loop, *own):
+            for inner in new_op.walk():
+                inner.location = op.location
+        rewriter.insert([loop, *own], InsertPoint.before(op))
         for scatter in self.scatters:
             rewriter.erase(scatter.wait)
             rewriter.erase(scatter.collective)
         gradients = [_allocation(grad) for grad in op.outs[1:]]
-        rewriter.replace(op, self.after, [])
+        rewriter.erase(op)
         for allocation in gradients:  # computed block by block now, never whole
             if allocation is not None and not allocation.result.uses:
                 rewriter.erase(allocation)
+
+    def _slot_and_stream(self, step: SSAValue, ops: list[Operation]) -> tuple[SSAValue, SSAValue]:
+        """The slot of step `step` and the pool stream of its transfers, by ops appended to `ops`."""
+        if self.slots == 1:
+            stream = _named(hir.StreamOp(self.zero), "transfer_stream")
+            ops.append(stream)
+            return self.zero, stream.result
+        slot = _named(arith.RemUIOp(step, self.slot_count), "slot")
+        index = _named(arith.RemUIOp(step, self.transfer_streams), "stream_index")
+        stream = _named(hir.StreamOp(index.results[0]), "transfer_stream")
+        ops += [slot, index, stream]
+        return slot.results[0], stream.result
+
+    def _block_ins(self, block: SSAValue, ops: list[Operation]) -> list[SSAValue]:
+        """The attention backward's operands with the keys and values of `block`."""
+        keys = [
+            _named(hir.AliasSelectOp(x, key_block_axis(tensor_type(x)), block), f"{what}_block")
+            for x, what in zip(self.op.ins[2:4], KINDS)
+        ]
+        ops += keys
+        return [*self.op.ins[:2], *(view.result for view in keys), *self.op.ins[4:]]
+
+    @staticmethod
+    def _views(buffers: Sequence[SSAValue], slot: SSAValue, ops: list[Operation]) -> list[SSAValue]:
+        views = [_named(hir.AliasSelectOp(b, 0, slot), f"{b.name_hint}_slot") for b in buffers]
+        ops += views
+        return [view.result for view in views]
+
+    def _add_previous_arrival(self, step: SSAValue, arrived: Sequence[SSAValue], one: SSAValue) -> list[Operation]:
+        """At step `step` > 0, after its attention: the caller's stream waits for the previous
+        step's transfers and adds the shares they brought to the sums (the first ones written)."""
+        previous = _named(arith.SubiOp(step, one), "previous")
+        ops: list[Operation] = [previous]
+        slot, stream = self._slot_and_stream(previous.results[0], ops)
+        views = self._views(arrived, slot, ops)
+        ops.append(hir.SynchronizeStreamOp(stream))
+        is_second = _named(arith.CmpiOp(step, one, "eq"), "is_second")
+        writes = [hir.PointwiseOp("cast", [view], [total]) for view, total in zip(views, self.key_sums)]
+        adds = [self._sum(total, view, total) for view, total in zip(views, self.key_sums)]
+        ops += [is_second, scf.IfOp(is_second.results[0], [], [*writes, scf.YieldOp()], [*adds, scf.YieldOp()])]
+        return ops
+
+    def _transfers(
+        self, stream: SSAValue, shares: Sequence[SSAValue], arrived: Sequence[SSAValue], send_peer, recv_peer
+    ) -> list[Operation]:
+        """On `stream`, once the step's attention is done: each share sent to its block's owner and
+        the own block's share received from the device behind, in a batch each."""
+        batches = [hir.EndCoalescingOp() for _ in shares]
+        ops: list[Operation] = [hir.SetCurrentStreamOp(stream), hir.SynchronizeStreamOp(self.main)]
+        for share, landing, batch in zip(shares, arrived, batches):
+            ops += [
+                hir.StartCoalescingOp(),
+                hir.RecvOp(landing, recv_peer, self.backend),
+                hir.SendOp(share, send_peer, self.backend),
+                batch,
+            ]
+        return [*ops, *(hir.WaitOp(batch.work) for batch in batches), hir.SetCurrentStreamOp(self.main)]
+
+    def _own_block(self, position: SSAValue, owners: Sequence[SSAValue], arrived: Sequence[SSAValue]) -> list[Operation]:
+        """After the loop, while the last step's shares travel: the own block's gradients, written
+        into the outputs, to which the shares received are then added."""
+        op = self.op
+        ops: list[Operation] = []
+        ins = self._block_ins(position, ops)
+        source = [position] if op.causal_mask is not None else []
+        grad_query = op.outs[0]
+        ops.append(hir.AttentionBackwardOp(ins, [grad_query, *owners], _block_properties(op), *source))
+        last = index_constant(self.rewriter, op, self.steps - 1)
+        slot, stream = self._slot_and_stream(last, ops)
+        views = self._views(arrived, slot, ops)
+        ops.append(hir.SynchronizeStreamOp(stream))
+        for owner, view, total in zip(owners, views, self.key_sums or views):
+            if total is not view:
+                ops.append(self._sum(total, view, total))
+            ops.append(self._sum(owner, total, owner))
+        ops.append(self._sum(grad_query, self.query_sum, grad_query))
+        return ops
 
     def _positions(self) -> tuple[SSAValue, SSAValue, SSAValue | None]:
         """This device's position in the mesh, the mesh's size, and its first device (None: 0),

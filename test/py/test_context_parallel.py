@@ -285,9 +285,13 @@ def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
     assert set(programs) == {"forward", "backward"}
     forward_rings = [body for body in programs["forward"].split("scf.for ")[1:] if "hir.recv" in body]
     assert any("hir.attention causal head_tail block %" in body for body in forward_rings), programs["forward"]
-    backward_rings = [body for body in programs["backward"].split("scf.for ")[1:] if "hir.send %keys_share" in body]
-    assert any("hir.attention_backward causal head_tail block %" in body for body in backward_rings), programs["backward"]
-    assert "hir.reduce_scatter" not in programs["backward"]
+    # The backward: the other ranks' blocks (a loop, unrolled at 2 ranks; its first step writes
+    # the sums), each one's shares sent to its owner, then the own block's gradients.
+    backward, block = programs["backward"], "hir.attention_backward causal head_tail block %"
+    sent, own = backward.find("hir.send %keys_share"), backward.rfind(block)
+    assert -1 < sent < own and backward.count(block) == (2 if world == 2 else 3), backward
+    assert ("scf.for " in backward[:sent]) == (world > 2), backward
+    assert "hir.reduce_scatter" not in backward
     plain = results_of_world(world)[0]["plain plan"]["dump"]
     assert "= fusion.attention " in plain and " mask %" in plain and "block %" not in plain
     # The backward recomputes the mask from the positions rather than the forward saving it

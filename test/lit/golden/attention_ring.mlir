@@ -15,9 +15,13 @@
 //
 // The backward: the gradients of the keys and values (whole on every device, saved) go to
 // their blocks' owners. attention-ring replaces the attention backward and the two
-// reduce-scatters by one loop that computes the shares of block s, sends them to device s
-// and adds what device (p - i) mod 2 sends of its own block; sums in f32. With the copy
-// engines the shares are symmetric buffers, which the peers read.
+// reduce-scatters by a step per other device's block (a loop, of one step here, which
+// canonicalize unrolls) that computes the block's shares and sends them to their owner on a
+// pool stream, receiving from device (p - 1 - i) mod 2 its shares of this device's block;
+// then the own block's gradients, computed while the last shares travel, into the outputs,
+// to which the shares received are added (in f32, rounded once). The shares travel in the
+// gradients' type (bf16), as the attention kernel computes them. With the copy engines the
+// shares are symmetric buffers, which the peers read.
 
 !q = !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [didx, _, _, _, _]>
 !blocks = !fusion.tensor<[2, 1, 2, 8, 16], bf16, mesh = [0, 1]>
@@ -110,52 +114,72 @@ func.func @attention_ring_backward(%dout: !q, %q: !q, %k: !saved, %v: !saved, %o
 // CHECK:         hir.pointwise "cast" ins(%[[RUNNING]] : {{.*}}) outs(%[[RESULT]] :
 // CHECK:         func.return %[[RESULT]], %[[RESULT_LSE]]
 
+// The sum of a share and a gradient, in f32, rounded once: one kernel each.
+// CUDA-LABEL: func.func private @attention_ring_backward_sum_0(
+// CUDA-SAME:      %[[A:[^:]+]]: !fusion.tensor<[2, 1, 2, 8, 16], bf16, {{.*}}, %[[B:[^:]+]]: !fusion.tensor<[2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     %[[WA:[^ ]+]] = fusion.cast %[[A]]
+// CUDA-NEXT:     %[[WB:[^ ]+]] = fusion.cast %[[B]]
+// CUDA-NEXT:     %[[S:[^ ]+]] = fusion.add %[[WA]], %[[WB]]
+// CUDA-NEXT:     %[[R:[^ ]+]] = fusion.cast %[[S]] {{.*}} -> !fusion.tensor<[2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     func.return %[[R]]
+// CUDA-LABEL: func.func private @attention_ring_backward_sum_1(
+// CUDA-SAME:      !fusion.tensor<[2, 1, 2, 8, 16], bf16, {{.*}}, %{{[^:]+}}: !fusion.tensor<[2, 1, 2, 8, 16], f32,
+
 // CUDA-LABEL: func.func @attention_ring_backward(
 // CUDA-SAME:      %[[DOUT:[^:]+]]: {{.*}}, %[[Q:[^:]+]]: {{.*}}, %[[K:[^:]+]]: {{.*}}, %[[V:[^:]+]]: {{.*}}, %[[OUT:[^:]+]]: {{.*}}, %[[LSE:[^:]+]]: !fusion.tensor<[2, 1, 2, 8], f32,
 // CUDA-DAG:      %[[RANK:[^ ]+]] = hir.device_index
 // CUDA-DAG:      %[[C2:[^ ]+]] = arith.constant 2 : index
+// CUDA-DAG:      %[[MAIN:[^ ]+]] = hir.get_current_stream
 // CUDA-DAG:      %[[C0:[^ ]+]] = arith.constant 0 : index
+// CUDA-DAG:      %[[C1:[^ ]+]] = arith.constant 1 : index
 // CUDA:          %[[DQ:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16,
 // CUDA-NEXT:     %[[DK:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16,
 // CUDA-NEXT:     %[[DV:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], bf16,
 // CUDA-NEXT:     %[[DQ_SUM:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[DK_SUM:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[DV_SUM:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[DQ_SHARE:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[K_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[V_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[K_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[V_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[2, 1, 2, 8, 16], f32,
-// CUDA-NEXT:     %[[WRAPPED:[^ ]+]] = arith.addi %[[RANK]], %[[C2]] : index
-// CUDA-NEXT:     scf.for %[[I:[^ ]+]] = %[[C0]] to %[[C2]]
-// CUDA-NEXT:       %[[AHEAD:[^ ]+]] = arith.addi %[[RANK]], %[[I]] : index
-// CUDA-NEXT:       %[[SLOT:[^ ]+]] = arith.remui %[[AHEAD]], %[[C2]] : index
-// CUDA-NEXT:       %[[K_S:[^ ]+]] = hir.alias_select %[[K]][1 = %[[SLOT]]]
-// CUDA-NEXT:       %[[V_S:[^ ]+]] = hir.alias_select %[[V]][1 = %[[SLOT]]]
-// CUDA-NEXT:       %[[OWN:[^ ]+]] = arith.cmpi eq, %[[I]], %[[C0]] : index
-// CUDA-NEXT:       scf.if %[[OWN]] {
-// CUDA-NEXT:         hir.attention_backward causal head_tail block %[[SLOT]] ins(%[[DOUT]], %[[Q]], %[[K_S]], %[[V_S]], %[[OUT]], %[[LSE]] : {{.*}}) outs(%[[DQ_SUM]], %[[DK_SUM]], %[[DV_SUM]] :
-// CUDA-NEXT:       } else {
-// CUDA-NEXT:         hir.attention_backward causal head_tail block %[[SLOT]] ins(%[[DOUT]], %[[Q]], %[[K_S]], %[[V_S]], %[[OUT]], %[[LSE]] : {{.*}}) outs(%[[DQ_SHARE]], %[[K_SHARE]], %[[V_SHARE]] :
-// CUDA-NEXT:         %[[BEHIND:[^ ]+]] = arith.subi %[[WRAPPED]], %[[I]] : index
-// CUDA-NEXT:         %[[FROM:[^ ]+]] = arith.remui %[[BEHIND]], %[[C2]] : index
-// CUDA-NEXT:         hir.pointwise "add" ins(%[[DQ_SUM]], %[[DQ_SHARE]] : {{.*}}) outs(%[[DQ_SUM]] :
-// CUDA-NEXT:         hir.start_coalescing
-// CUDA-NEXT:         hir.recv %[[K_ARRIVED]] from %[[FROM]] backend cuda
-// CUDA-NEXT:         hir.send %[[K_SHARE]] to %[[SLOT]] backend cuda
-// CUDA-NEXT:         %[[KB:[^ ]+]] = hir.end_coalescing
-// CUDA-NEXT:         hir.wait %[[KB]]
-// CUDA-NEXT:         hir.pointwise "add" ins(%[[DK_SUM]], %[[K_ARRIVED]] : {{.*}}) outs(%[[DK_SUM]] :
-// CUDA-NEXT:         hir.start_coalescing
-// CUDA-NEXT:         hir.recv %[[V_ARRIVED]] from %[[FROM]] backend cuda
-// CUDA-NEXT:         hir.send %[[V_SHARE]] to %[[SLOT]] backend cuda
-// CUDA-NEXT:         %[[VB:[^ ]+]] = hir.end_coalescing
-// CUDA-NEXT:         hir.wait %[[VB]]
-// CUDA-NEXT:         hir.pointwise "add" ins(%[[DV_SUM]], %[[V_ARRIVED]] : {{.*}}) outs(%[[DV_SUM]] :
-// CUDA-NEXT:       }
-// CUDA-NEXT:     }
-// CUDA:          hir.pointwise "cast" ins(%[[DQ_SUM]] : {{.*}}) outs(%[[DQ]] :
-// CUDA:          hir.pointwise "cast" ins(%[[DK_SUM]] : {{.*}}) outs(%[[DK]] :
-// CUDA:          hir.pointwise "cast" ins(%[[DV_SUM]] : {{.*}}) outs(%[[DV]] :
+// CUDA-NEXT:     %[[K_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16, mesh = [0, 1], axes = [_, didx, _, _, _, _]>
+// CUDA-NEXT:     %[[V_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     %[[K_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16,
+// CUDA-NEXT:     %[[V_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16,
+// The one other block's step (the loop of one step, unrolled): its shares, sent on a pool stream.
+// CUDA-NEXT:     %[[NEXT:[^ ]+]] = arith.addi %[[RANK]], %[[C1]] : index
+// CUDA-NEXT:     %[[BLOCK:[^ ]+]] = arith.remui %[[NEXT]], %[[C2]] : index
+// CUDA-NEXT:     %[[FROM:[^ ]+]] = arith.remui %[[NEXT]], %[[C2]] : index
+// CUDA-NEXT:     %[[STREAM:[^ ]+]] = hir.stream %[[C0]]
+// CUDA-NEXT:     %[[K_B:[^ ]+]] = hir.alias_select %[[K]][1 = %[[BLOCK]]]
+// CUDA-NEXT:     %[[V_B:[^ ]+]] = hir.alias_select %[[V]][1 = %[[BLOCK]]]
+// CUDA-NEXT:     %[[K_S:[^ ]+]] = hir.alias_select %[[K_SHARE]][0 = %[[C0]]]
+// CUDA-NEXT:     %[[V_S:[^ ]+]] = hir.alias_select %[[V_SHARE]][0 = %[[C0]]]
+// CUDA-NEXT:     %[[K_A:[^ ]+]] = hir.alias_select %[[K_ARRIVED]][0 = %[[C0]]]
+// CUDA-NEXT:     %[[V_A:[^ ]+]] = hir.alias_select %[[V_ARRIVED]][0 = %[[C0]]]
+// CUDA-NEXT:     hir.synchronize_stream %[[STREAM]]
+// CUDA-NEXT:     hir.attention_backward causal head_tail block %[[BLOCK]] ins(%[[DOUT]], %[[Q]], %[[K_B]], %[[V_B]], %[[OUT]], %[[LSE]] : {{.*}}) outs(%[[DQ_SUM]], %[[K_S]], %[[V_S]] :
+// CUDA-NEXT:     hir.set_current_stream %[[STREAM]]
+// CUDA-NEXT:     hir.synchronize_stream %[[MAIN]]
+// CUDA-NEXT:     hir.start_coalescing
+// CUDA-NEXT:     hir.recv %[[K_A]] from %[[FROM]] backend cuda
+// CUDA-NEXT:     hir.send %[[K_S]] to %[[BLOCK]] backend cuda
+// CUDA-NEXT:     %[[KB:[^ ]+]] = hir.end_coalescing
+// CUDA-NEXT:     hir.start_coalescing
+// CUDA-NEXT:     hir.recv %[[V_A]] from %[[FROM]] backend cuda
+// CUDA-NEXT:     hir.send %[[V_S]] to %[[BLOCK]] backend cuda
+// CUDA-NEXT:     %[[VB:[^ ]+]] = hir.end_coalescing
+// CUDA-NEXT:     hir.wait %[[KB]]
+// CUDA-NEXT:     hir.wait %[[VB]]
+// CUDA-NEXT:     hir.set_current_stream %[[MAIN]]
+// The own block, while the shares travel, into the outputs; then the shares that arrived.
+// CUDA-NEXT:     %[[K_OWN:[^ ]+]] = hir.alias_select %[[K]][1 = %[[RANK]]]
+// CUDA-NEXT:     %[[V_OWN:[^ ]+]] = hir.alias_select %[[V]][1 = %[[RANK]]]
+// CUDA-NEXT:     hir.attention_backward causal head_tail block %[[RANK]] ins(%[[DOUT]], %[[Q]], %[[K_OWN]], %[[V_OWN]], %[[OUT]], %[[LSE]] : {{.*}}) outs(%[[DQ]], %[[DK]], %[[DV]] :
+// CUDA-NEXT:     %[[K_IN:[^ ]+]] = hir.alias_select %[[K_ARRIVED]][0 = %[[C0]]]
+// CUDA-NEXT:     %[[V_IN:[^ ]+]] = hir.alias_select %[[V_ARRIVED]][0 = %[[C0]]]
+// CUDA-NEXT:     hir.synchronize_stream %[[STREAM]]
+// CUDA-NEXT:     hir.deallocate %[[V_SHARE]]
+// CUDA-NEXT:     hir.deallocate %[[K_SHARE]]
+// CUDA-NEXT:     hir.launch_kernel @attention_ring_backward_sum_0 ins(%[[DK]], %[[K_IN]] : {{.*}}) outs(%[[DK]] :
+// CUDA-NEXT:     hir.deallocate %[[K_ARRIVED]]
+// CUDA-NEXT:     hir.launch_kernel @attention_ring_backward_sum_0 ins(%[[DV]], %[[V_IN]] : {{.*}}) outs(%[[DV]] :
+// CUDA-NEXT:     hir.deallocate %[[V_ARRIVED]]
+// CUDA-NEXT:     hir.launch_kernel @attention_ring_backward_sum_1 ins(%[[DQ]], %[[DQ_SUM]] : {{.*}}) outs(%[[DQ]] :
+// CUDA-NEXT:     hir.deallocate %[[DQ_SUM]]
 // CUDA-NOT:      hir.reduce_scatter
 // CUDA:          func.return %[[DQ]], %[[DK]], %[[DV]]
