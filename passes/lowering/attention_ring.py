@@ -450,7 +450,7 @@ class _RingBackward:
         # as (p + D - 1 - i) mod D: index arithmetic is unsigned.
         next_position = _named(arith.AddiOp(position, one), "next_position")
         last_position = _named(arith.AddiOp(position, index_constant(rewriter, op, len(self.mesh) - 1)), "last_position")
-        rewriter.insert([*streams, next_position, last_position], InsertPoint.before(op))
+        rewriter.insert([*streams, next_position, last_position, *self._join_transfer_streams()], InsertPoint.before(op))
 
         body = Block(arg_types=[IndexType()])
         step = body.args[0]
@@ -506,6 +506,16 @@ class _RingBackward:
         stream = _named(hir.StreamOp(index.results[0]), "transfer_stream")
         ops += [slot, index, stream]
         return slot.results[0], stream.result
+
+    def _join_transfer_streams(self) -> list[Operation]:
+        """Each transfer stream waits for the caller's before the loop: the caller's stream waits
+        for a slot's stream before the slot's first use, and a stream it waits for must have
+        waited for it first while a CUDA graph is captured (else the capture fails)."""
+        ops: list[Operation] = []
+        for slot in range(self.slots):
+            _, stream = self._slot_and_stream(index_constant(self.rewriter, self.op, slot), ops)
+            ops += [hir.SetCurrentStreamOp(stream), hir.SynchronizeStreamOp(self.main)]
+        return [*ops, hir.SetCurrentStreamOp(self.main)]
 
     def _block_ins(self, block: SSAValue, ops: list[Operation]) -> list[SSAValue]:
         """The attention backward's operands with the keys and values of `block`."""

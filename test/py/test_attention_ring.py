@@ -10,6 +10,7 @@ Every case of a world runs in one launch of its ranks (`results_of_world`).
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from hostir_dialect.fusion import Causal
 from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.graphs import GraphReplayer, GraphReplayFallback
 from hostir.runtime.interpreter.attention import whole_sequence
 from hostir.runtime.launch import run_on_local_ranks
 from hostir.runtime.program import Program
@@ -139,8 +141,9 @@ def cases(devices: int) -> list[Case]:
     return found
 
 
-def _run_cases(devices: int) -> dict[str, tuple[list[torch.Tensor], str]]:
-    """On a rank: every case's outputs (this rank's pieces) and its host program."""
+def _run_cases(devices: int) -> dict[str, tuple[list[torch.Tensor], str, list[torch.Tensor] | None]]:
+    """On a rank: every case's outputs (this rank's pieces), its host program, and on GPUs its
+    outputs replayed from a CUDA graph (the last of a few runs; a run outside the graph raises)."""
     communicator = Communicator.from_env()
     results = {}
     for case in cases(devices):
@@ -149,7 +152,14 @@ def _run_cases(devices: int) -> dict[str, tuple[list[torch.Tensor], str]]:
             shard(t, type, communicator.rank).to(communicator.device) for t, type in zip(case.inputs, program.input_types)
         ]
         outputs = [output.cpu() for output in program.run(local, communicator)]  # compared with the CPU's SDPA
-        results[case.name] = (outputs, str(program.module))
+        replayed = None
+        if communicator.device.type == "cuda":
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", GraphReplayFallback)
+                replayer = GraphReplayer(program, communicator)
+                for _ in range(replayer.warmup_runs + 2):
+                    replayed = [output.cpu() for output in replayer.run(local)]
+        results[case.name] = (outputs, str(program.module), replayed)
     return results
 
 
@@ -176,6 +186,19 @@ def test_the_ring_is_one_attention_over_the_whole_sequence(devices, name):
         torch.testing.assert_close(reference.float(), expected, **tolerance)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA GPUs")
+@pytest.mark.parametrize("devices", WORLDS)
+@pytest.mark.parametrize("name", [case.name for case in cases(2)])
+def test_on_gpus_each_ring_replays_in_a_cuda_graph(devices, name):
+    """Captured in a CUDA graph, its pool streams and copy-engine signals included, each ring
+    replays with no run outside the graph and gives what it gives eagerly."""
+    (case,) = [c for c in cases(devices) if c.name == name]
+    for rank in results_of_world(devices):
+        eager, _, replayed = rank[name]
+        for output, again in zip(eager, replayed, strict=True):
+            torch.testing.assert_close(again, output, **TOLERANCES[case.dtype])
+
+
 @pytest.mark.parametrize("devices", WORLDS)
 def test_each_ring_is_a_loop_of_blocks(devices):
     """The forward: one loop that receives the keys' and values' blocks and computes each one's
@@ -184,7 +207,7 @@ def test_each_ring_is_a_loop_of_blocks(devices):
     unrolled) that computes the block's shares and sends them to its owner on a pool stream,
     then the own block's gradients, computed while the last shares travel: the caller's stream
     waits for those only after it."""
-    for name, (_, program) in results_of_world(devices)[0].items():
+    for name, (_, program, _) in results_of_world(devices)[0].items():
         if name.startswith("forward"):
             loops = program.split("scf.for ")[1:]
             ring = [body for body in loops if "hir.recv" in body and "hir.attention" in body]

@@ -301,7 +301,7 @@ def test_a_rank_killed_for_its_timeout_prints_where_it_was_first(tmp_path):
     assert "_waiting_for_a_peer_that_never_comes" in stack and "wait_in_rank_1" in stack, stack
 
 
-def test_what_the_forkserver_imports_leaves_cuda_uninitialised():
+def test_what_the_forkserver_imports_leaves_cuda_uninitialised(tmp_path):
     """A rank forked from a server that initialised CUDA cannot use CUDA ("Cannot re-initialize
     CUDA in forked subprocess"): what the server imports before it forks, the backend included,
     must not initialise it. Fails only where CUDA exists (the GPU suite), as the fault does; an
@@ -310,6 +310,7 @@ def test_what_the_forkserver_imports_leaves_cuda_uninitialised():
 
     imports = "; ".join(f"import {name}" for name in PRELOAD + PRELOAD_WHERE_IMPORTED)
     probe = f"{imports}; import torch; print(torch.cuda.is_initialized())"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=START_S)
+    # Run elsewhere than the checkout, whose hostir/ folder would hide hostir as installed.
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=START_S, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False"]

@@ -140,11 +140,15 @@ func.func @attention_ring_backward(%dout: !q, %q: !q, %k: !saved, %v: !saved, %o
 // CUDA-NEXT:     %[[V_SHARE:[^ ]+]] = hir.allocate() symmetric : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16,
 // CUDA-NEXT:     %[[K_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16,
 // CUDA-NEXT:     %[[V_ARRIVED:[^ ]+]] = hir.allocate() : !fusion.tensor<[1, 2, 1, 2, 8, 16], bf16,
-// The one other block's step (the loop of one step, unrolled): its shares, sent on a pool stream.
+// The transfers' pool stream first waits for the caller's (a CUDA graph's capture needs it).
 // CUDA-NEXT:     %[[NEXT:[^ ]+]] = arith.addi %[[RANK]], %[[C1]] : index
+// CUDA-NEXT:     %[[STREAM:[^ ]+]] = hir.stream %[[C0]]
+// CUDA-NEXT:     hir.set_current_stream %[[STREAM]]
+// CUDA-NEXT:     hir.synchronize_stream %[[MAIN]]
+// CUDA-NEXT:     hir.set_current_stream %[[MAIN]]
+// The one other block's step (the loop of one step, unrolled): its shares, sent on the pool stream.
 // CUDA-NEXT:     %[[BLOCK:[^ ]+]] = arith.remui %[[NEXT]], %[[C2]] : index
 // CUDA-NEXT:     %[[FROM:[^ ]+]] = arith.remui %[[NEXT]], %[[C2]] : index
-// CUDA-NEXT:     %[[STREAM:[^ ]+]] = hir.stream %[[C0]]
 // CUDA-NEXT:     %[[K_B:[^ ]+]] = hir.alias_select %[[K]][1 = %[[BLOCK]]]
 // CUDA-NEXT:     %[[V_B:[^ ]+]] = hir.alias_select %[[V]][1 = %[[BLOCK]]]
 // CUDA-NEXT:     %[[K_S:[^ ]+]] = hir.alias_select %[[K_SHARE]][0 = %[[C0]]]
