@@ -63,8 +63,8 @@ D` its shares of its own block):
 Each step's transfers run while the next step's attention is computed, and the last ones
 while the own block's is: two slots of shares and two pool streams, so that a step writes
 a slot only once the transfers that read it two steps before are done. At 2 devices the
-loop has one step and no sums of keys and values: the shares received are added to the
-own block's gradients directly. The shares travel in the gradients' type, which is what
+loop has one step and no sums: the shares computed and received are added to the own
+block's gradients directly. The shares travel in the gradients' type, which is what
 the attention kernel computes them in (bf16 on GPUs); sums are kept in f32, and each
 `@sum` is one generated kernel that adds in f32 and rounds once into its output. The
 transfers move the bytes of the reduce-scatters they replace (NCCL, or the copy engines,
@@ -429,11 +429,14 @@ class _RingBackward:
         for buffer in (grad_query, *owners):
             _move_before(_allocation(buffer), op, rewriter)
         copy_engines = self.backend == hir.CommunicatorBackend.CUDA
-        self.query_sum = self._buffer(grad_query, F32, "dq_sum")
+        several = self.steps > 1
+        gradients = tensor_type(grad_query).element_type
+        # With one step, the queries' share of the other block is added to the own block's
+        # once, and needs no more precision than the kernel gave it.
+        self.query_sum = self._buffer(grad_query, F32 if several else gradients, "dq_sum" if several else "dq_share")
         shares = [self._slotted(o, f"{what}_share", copy_engines) for o, what in zip(owners, KINDS)]
         arrived = [self._slotted(o, f"{what}_arrived") for o, what in zip(owners, KINDS)]
-        several = self.steps > 1
-        query_share = self._buffer(grad_query, tensor_type(grad_query).element_type, "dq_share") if several else None
+        query_share = self._buffer(grad_query, gradients, "dq_share") if several else None
         self.key_sums = [self._buffer(o, F32, f"{what}_sum") for o, what in zip(owners, KINDS)] if several else []
         rewriter.insert(self.before, InsertPoint.before(op))
 
