@@ -77,6 +77,7 @@ from tp_layer import (  # noqa: E402
     check_ran_on_hostir,
     contender_results,
     gathered,
+    key_of,
     launch,
     layer_parser,
     measure_limit,
@@ -316,8 +317,8 @@ def measure_layer(
         breakdowns = {}
         if traces is not None:
             batch, sequence, dim = inputs.whole_grad_output.shape
-            key = next(k for k, c in KEYS.items() if c == contender)
-            breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-d{dim}-b{batch}-s{sequence}-{key}")
+            stem = f"trace-d{dim}-b{batch}-s{sequence}-{key_of(KEYS, contender)}"
+            breakdowns = step_breakdowns(steps, device, reps, traces / stem)
     return times, slowest_errors(errors), first_s, breakdowns
 
 

@@ -550,9 +550,13 @@ def measure_layer(
     breakdowns = {}
     if traces is not None:
         size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}"
-        key = next(k for k, c in KEYS.items() if c == contender)
-        breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-{size}-{key}")
+        breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-{size}-{key_of(KEYS, contender)}")
     return times, errors, first_s, breakdowns
+
+
+def key_of(keys: dict[str, str], contender: str) -> str:
+    """The command-line key of `contender` in `keys` (key -> contender), which its trace files are named by."""
+    return next(key for key, named in keys.items() if named == contender)
 
 
 def step_breakdowns(
