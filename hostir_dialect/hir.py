@@ -308,6 +308,17 @@ class DimOp(IRDLOperation):
             operands=[buffer], properties={"axis": IntAttr(axis)}, result_types=[IndexType()]
         )
 
+    def static_extent(self) -> int | None:
+        """The extent where the buffer's type states it: a static axis's, or a `didx` axis's
+        (the mesh's size); None where only the running program knows it."""
+        buffer_type = tensor_type(self.buffer)
+        extent = buffer_type.get_shape()[self.axis.data]
+        if extent != DYNAMIC:
+            return extent
+        if buffer_type.parallel_types()[self.axis.data] == fusion.ParallelType.DIDX:
+            return buffer_type.mesh.size
+        return None
+
     def verify_(self) -> None:
         rank = _buffer(self.buffer, "operand").rank
         if not 0 <= self.axis.data < rank:

@@ -25,7 +25,9 @@ stream gets to the attentions, so the next blocks travel while a block is comput
 attentions and merges run on the caller's stream, one after the other, since they all
 write one running result. The first iteration writes it; each later one merges its
 block's output and log-sum-exp into it (online softmax), in f32 (a running output of
-bf16 is kept in an f32 buffer, cast into the output after the loop). The merge is two
+bf16 is kept in an f32 buffer; where the number of blocks is known, the last block's
+merge writes the output in its own type, else the buffer is cast into it after the
+loop). The merge is two
 pointwise segments, one kernel each on GPUs: the output's, which recomputes the weights
 from both log-sum-exps, then the log-sum-exp's (a kernel writes every output at every
 point of its iteration space, and the log-sum-exp has one axis less). A causal layout
@@ -171,10 +173,16 @@ def _weights(
 
 
 def _merge_output_segment(
-    host: func.FuncOp, out: SSAValue, lse: SSAValue, block_out: SSAValue, block_lse: SSAValue
+    host: func.FuncOp,
+    out: SSAValue,
+    lse: SSAValue,
+    block_out: SSAValue,
+    block_lse: SSAValue,
+    result_type: TensorType | None = None,
 ) -> func.FuncOp:
     """`(out, lse, block_out, block_lse) -> out`: the output over the keys of both, `(w out + w'
-    block_out) / (w + w')` with the weights of `_weights` (their rows broadcast along the output's)."""
+    block_out) / (w + w')` with the weights of `_weights` (their rows broadcast along the output's),
+    rounded into `result_type` where it is given (the last block's merge writes the output)."""
     out_type, lse_type = tensor_type(out), tensor_type(lse)
     build = _SegmentBuilder(
         [out_type, lse_type, tensor_type(block_out), tensor_type(block_lse)], ["out", "lse", "block_out", "block_lse"]
@@ -196,6 +204,8 @@ def _merge_output_segment(
         build(fusion.MulOp, theirs, arrived, type=out_type),
     )
     merged = build(fusion.DivOp, numerator, divisor, type=out_type)
+    if result_type is not None and result_type.element_type != out_type.element_type:
+        merged = build(fusion.CastOp, merged, type=result_type)
     build.block.add_op(func.ReturnOp(merged))
     return _segment(host, "merge_output", build.block)
 
@@ -285,9 +295,19 @@ class RingAttention(RewritePattern):
         block_out = _like(out, tensor_type(op.ins[0]).element_type, "block_out")
         block_lse = _like(lse, F32, "block_lse")
         rewriter.insert([*running_ops, block_out, block_lse], InsertPoint.before(start))
-        merge_output = _merge_output_segment(host, running, lse, block_out.result, block_lse.result)
+        merge_ins = [running, lse, block_out.result, block_lse.result]
+        steps = _constant_extent(loop.loop)
+        # With a known number of blocks, the last one's merge writes the output in its own type:
+        # no cast after the loop. At 2 blocks it is the only merge.
+        last_writes_out = cast is not None and steps is not None and steps > 1
+        if not last_writes_out or steps > 2:
+            merge_running = _merge_output_segment(host, *merge_ins)
+            rewriter.insert(merge_running, InsertPoint.before(host))  # named before the next segment is
+        if last_writes_out:
+            merge_last = _merge_output_segment(host, *merge_ins, result_type=tensor_type(out))
+            rewriter.insert(merge_last, InsertPoint.before(host))
         merge_lse = _merge_lse_segment(host, lse, block_lse.result)
-        rewriter.insert([merge_output, merge_lse], InsertPoint.before(host))
+        rewriter.insert(merge_lse, InsertPoint.before(host))
 
         q, k, v = op.ins[:3]
         k_block, v_block = _views(loop, [k, v], slot)
@@ -297,18 +317,39 @@ class RingAttention(RewritePattern):
         first = _named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, 0), "eq"), "first_block")
         write = hir.AttentionOp([q, k_block, v_block], [running, lse], properties, *source)
         compute = hir.AttentionOp([q, k_block, v_block], [block_out.result, block_lse.result], properties, *source)
-        merges = [
-            hir.LaunchKernelOp(
-                merge_output.sym_name.data, [running, lse, block_out.result, block_lse.result], [running]
-            ),
-            hir.LaunchKernelOp(merge_lse.sym_name.data, [lse, block_lse.result], [lse]),
-        ]
+        if not last_writes_out:
+            merges: list[Operation] = [hir.LaunchKernelOp(merge_running.sym_name.data, merge_ins, [running])]
+        elif steps == 2:
+            merges = [hir.LaunchKernelOp(merge_last.sym_name.data, merge_ins, [out])]
+        else:
+            last = _named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, steps - 1), "eq"), "last_block")
+            into_out = hir.LaunchKernelOp(merge_last.sym_name.data, merge_ins, [out])
+            into_running = hir.LaunchKernelOp(merge_running.sym_name.data, merge_ins, [running])
+            merges = [last, scf.IfOp(last.result, [], [into_out, scf.YieldOp()], [into_running, scf.YieldOp()])]
+        after = [cast] if cast is not None and not last_writes_out else []
+        merges.append(hir.LaunchKernelOp(merge_lse.sym_name.data, [lse, block_lse.result], [lse]))
         branches = scf.IfOp(first.result, [], [write, scf.YieldOp()], [compute, *merges, scf.YieldOp()])
-        for new_op in (first, write, compute, *merges, branches):
+        for new_op in (first, *branches.walk()):
             new_op.location = op.location
         rewriter.insert([first, branches], InsertPoint.before(loop.loop.body.block.last_op))
-        after = [cast] if cast is not None else []
         rewriter.replace(op, after, [])
+
+
+def _known_index(value: SSAValue) -> int | None:
+    """The value of an index that the program states: a constant, or a buffer's static extent."""
+    if isinstance(value.owner, arith.ConstantOp):
+        return value.owner.value.value.data
+    if isinstance(value.owner, hir.DimOp):
+        return value.owner.static_extent()
+    return None
+
+
+def _constant_extent(loop: scf.ForOp) -> int | None:
+    """How many iterations `loop` runs where the program states its bounds and step, else None."""
+    lower, upper, step = (_known_index(value) for value in (loop.lb, loop.ub, loop.step))
+    if lower is None or upper is None or not step:
+        return None
+    return max(0, -(-(upper - lower) // step))
 
 
 def _declined(op: Operation, reason: str) -> None:

@@ -430,15 +430,11 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
     input's is its tensor's on ranks in its mesh and the exchanged `input_extents`
     elsewhere; any other buffer's is its tensor's, known in its mesh only.
     """
-    buffer_type = fusion.tensor_type(op.buffer)
-    axis = op.axis.data
-    extent = buffer_type.get_shape()[axis]
-    if extent != DYNAMIC:
+    extent = op.static_extent()
+    if extent is not None:
         prep.constant(op.result, extent)
         return None
-    if buffer_type.parallel_types()[axis] == ParallelType.DIDX:
-        prep.constant(op.result, buffer_type.mesh.size)
-        return None
+    axis = op.axis.data
     result = prep.slot(op.result)
     root, root_axis = hir.root_axis(op.buffer, axis)
     if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):

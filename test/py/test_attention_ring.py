@@ -202,7 +202,8 @@ def test_on_gpus_each_ring_replays_in_a_cuda_graph(devices, name):
 @pytest.mark.parametrize("devices", WORLDS)
 def test_each_ring_is_a_loop_of_blocks(devices):
     """The forward: one loop that receives the keys' and values' blocks and computes each one's
-    attention (a block of a causal layout names its device), merged by two fused segments. The
+    attention (a block of a causal layout names its device), merged by two fused segments (the
+    last block's output merge writes the output in its type, nothing cast after the loop). The
     backward: a step per other device's block (a loop; at 2 devices its one step is the loop
     unrolled) that computes the block's shares and sends them to its owner on a pool stream,
     then the own block's gradients, computed while the last shares travel: the caller's stream
@@ -213,7 +214,10 @@ def test_each_ring_is_a_loop_of_blocks(devices):
             ring = [body for body in loops if "hir.recv" in body and "hir.attention" in body]
             assert len(ring) == 1, f"{name}: {program}"
             assert ("block %" in ring[0]) == ("none" not in name), name
-            assert ring[0].count("hir.launch_kernel") == 2 and "merge_output" in program and "merge_lse" in program, name
+            # In bf16 the last block's merge writes the output (at 2 devices the only merge): no cast after.
+            merges = 3 if "bf16" in name and devices > 2 else 2
+            assert ring[0].count("hir.launch_kernel") == merges and "merge_output" in program and "merge_lse" in program, name
+            assert 'hir.pointwise "cast"' not in program, name
             assert "hir.allgather" not in program, name
         else:
             host = program[program.index("func.func @ring_backward") :]
