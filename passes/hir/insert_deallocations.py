@@ -13,12 +13,12 @@ the function returns, directly or through a view, is not freed.
 
 A buffer allocated on the caller's stream that an op uses on a pool stream (after a
 `hir.set_current_stream` of a stream that is not the caller's) is in use until the caller's
-stream has waited for that stream: where
-its last use in the allocation's block is followed there by a `hir.synchronize_stream` on the
-caller's stream, the buffer is freed after the first such one. (A loop of `stream-parallel`
-waits for each iteration's stream inside the loop; the backward attention ring waits for its
-last transfers after the loop, while the own block's gradients are computed.) Freed earlier,
-its memory could be handed to the caller's stream while the pool stream still reads it.
+stream has waited for that stream: where its last use in the allocation's block is
+followed there by a `hir.synchronize_stream` on the caller's stream, the buffer is freed
+after the first such one. (A loop of `stream-parallel` waits for each iteration's stream
+inside the loop; the backward attention ring waits for its last transfers after the loop,
+while the own block's gradients are computed.) Freed earlier, its memory could be handed
+to the caller's stream while the pool stream still reads it.
 """
 
 from __future__ import annotations
