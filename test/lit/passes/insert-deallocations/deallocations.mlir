@@ -176,3 +176,43 @@ func.func @carried_work(%x: !s) -> !o {
 // CHECK-NEXT:    hir.wait
 // CHECK-NEXT:    hir.deallocate %[[SHARDS]]
 // CHECK-NEXT:    func.return
+
+// A buffer the caller's stream allocated and a pool stream used is freed only once the
+// caller's stream has waited for that stream: after its next hir.synchronize_stream, not
+// after its last use (the pool stream may still read it). One the pool stream allocated
+// itself is freed after its last use, as any other.
+
+func.func @pool_stream(%a: !t) -> !t {
+  %c0 = arith.constant 0 : index
+  %main = hir.get_current_stream
+  %d0 = hir.dim %a, 0 : !t
+  %d1 = hir.dim %a, 1 : !t
+  %x = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "neg" ins(%a : !t) outs(%x : !t)
+  %s = hir.stream %c0
+  hir.set_current_stream %s
+  hir.synchronize_stream %main
+  %y = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "exp" ins(%x : !t) outs(%y : !t)
+  %z = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "exp" ins(%y : !t) outs(%z : !t)
+  hir.set_current_stream %main
+  %w = hir.allocate(%d0, %d1) : !t
+  hir.pointwise "relu" ins(%a : !t) outs(%w : !t)
+  hir.synchronize_stream %s
+  hir.pointwise "add" ins(%w, %z : !t, !t) outs(%w : !t)
+  func.return %w : !t
+}
+
+// CHECK-LABEL: func.func @pool_stream(
+// CHECK:         hir.pointwise "exp" ins(%[[X:[^ ]+]] :
+// CHECK-SAME:      outs(%[[Y:[^ ]+]] :
+// CHECK-NEXT:    %[[Z:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.pointwise "exp" ins(%[[Y]] : {{.*}}) outs(%[[Z]] :
+// CHECK-NEXT:    hir.deallocate %[[Y]]
+// CHECK-NEXT:    hir.set_current_stream
+// CHECK-NEXT:    %[[W:[^ ]+]] = hir.allocate
+// CHECK-NEXT:    hir.pointwise "relu"
+// CHECK-NEXT:    hir.synchronize_stream
+// CHECK-NEXT:    hir.deallocate %[[X]]
+// CHECK-NEXT:    hir.pointwise "add"
