@@ -25,6 +25,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     IndexType,
     IntAttr,
+    IntegerAttr,
     StringAttr,
     SymbolRefAttr,
     UnitAttr,
@@ -58,8 +59,9 @@ from xdsl.irdl import (
 )
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
-from xdsl.dialects import func
-from xdsl.traits import Pure, SymbolTable, SymbolUserOpInterface
+from xdsl.dialects import arith, func
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+from xdsl.traits import HasCanonicalizationPatternsTrait, Pure, SymbolTable, SymbolUserOpInterface
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
@@ -289,15 +291,24 @@ class DeallocateOp(IRDLOperation):
         super().__init__(operands=[buffer])
 
 
+class DimOpHasCanonicalizationPatterns(HasCanonicalizationPatternsTrait):
+    @classmethod
+    def get_canonicalization_patterns(cls) -> tuple[RewritePattern, ...]:
+        return (FoldStatedDim(),)
+
+
 @irdl_op_definition
 class DimOp(IRDLOperation):
     """The logical extent of one axis of a buffer (a `didx` axis spans the mesh).
 
     `%n = hir.dim %b, 0 : !fusion.tensor<[?, 4], f32>`
+
+    Canonicalization folds the extents the program states: a static or `didx` axis's into a
+    constant, an allocated buffer's dynamic axis into its allocation's size operand.
     """
 
     name = "hir.dim"
-    traits = traits_def(Pure())
+    traits = traits_def(Pure(), DimOpHasCanonicalizationPatterns())
 
     buffer = operand_def(TensorType)
     axis = prop_def(IntAttr)
@@ -317,6 +328,14 @@ class DimOp(IRDLOperation):
             return extent
         if buffer_type.parallel_types()[self.axis.data] == fusion.ParallelType.DIDX:
             return buffer_type.mesh.size
+        return None
+
+    def allocated_extent(self) -> SSAValue | None:
+        """The size operand that the allocation of the buffer (or of the buffer it is a view of)
+        gives this axis, where it is an allocation's dynamic axis."""
+        root, axis = root_axis(self.buffer, self.axis.data)
+        if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
+            return root.op.size_of(axis)
         return None
 
     def verify_(self) -> None:
@@ -342,6 +361,19 @@ class DimOp(IRDLOperation):
         op = cls(parser.resolve_operand(buffer, parser.parse_type()), axis)
         op.attributes |= attributes
         return op
+
+
+class FoldStatedDim(RewritePattern):
+    """`hir.dim` of an axis whose extent the program states -> that extent."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: DimOp, rewriter: PatternRewriter, /) -> None:
+        extent = op.static_extent()
+        if extent is not None:
+            constant = arith.ConstantOp(IntegerAttr(extent, IndexType()))
+            rewriter.replace(op, [constant], [constant.result])
+        elif (size := op.allocated_extent()) is not None:
+            rewriter.replace(op, [], [size])
 
 
 @irdl_op_definition

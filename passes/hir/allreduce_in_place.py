@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from xdsl.context import Context
 from xdsl.dialects import builtin
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 from xdsl.rewriter import InsertPoint
@@ -94,8 +94,9 @@ def output_as_partial(op: hir.AllreduceOp, rewriter: PatternRewriter) -> SSAValu
     """A buffer of `op`'s input type that is its output's memory (`partial_of_output`), made
     just before `op`."""
     output, partial_type = op.output, tensor_type(op.input)
-    extents = [extent_of(output, axis - 1) for axis, extent in enumerate(partial_type.get_shape()) if extent == DYNAMIC]
-    allocation = hir.AllocateOp(partial_type, [size for _, size in extents])
+    # The output's extents, which canonicalize folds into its allocation's sizes where it has one.
+    extents = [hir.DimOp(output, axis - 1) for axis, extent in enumerate(partial_type.get_shape()) if extent == DYNAMIC]
+    allocation = hir.AllocateOp(partial_type, [dim.result for dim in extents])
     allocation.result.name_hint = "in_out"
     view = hir.AtenOp(
         builtin.StringAttr("aten.alias.default"),
@@ -104,21 +105,11 @@ def output_as_partial(op: hir.AllreduceOp, rewriter: PatternRewriter) -> SSAValu
         [allocation.result],
         adopted=builtin.DenseArrayBase.from_list(builtin.i64, [0]),
     )
-    new_ops = [*(new_op for extent_ops, _ in extents for new_op in extent_ops), allocation, view]
+    new_ops = [*extents, allocation, view]
     for new_op in new_ops:
         new_op.location = op.location
     rewriter.insert(new_ops, InsertPoint.before(op))
     return allocation.result
-
-
-def extent_of(buffer: SSAValue, axis: int) -> tuple[list[Operation], SSAValue]:
-    """The extent of `axis` of `buffer`: its allocation's, where it is (a view of) one, else
-    its `hir.dim`; with the ops that make it."""
-    root, root_axis = hir.root_axis(buffer, axis)
-    if isinstance(root.owner, hir.AllocateOp):
-        return allocated_extent(root.owner, root_axis)
-    dim = hir.DimOp(buffer, axis)
-    return [dim], dim.result
 
 
 class AllreduceInPlace(ModulePass):

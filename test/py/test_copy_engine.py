@@ -205,8 +205,12 @@ def results_of_world(world: int) -> dict[str, list]:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=needs_world(c.world)) for c in CASES])
 def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
     program = Program.compile(case.module(), pipeline=case.pipeline)
-    assert copy_engine_transfers(program.host), "the lowering chose no copy-engine transfer"
     (output_type,) = program.output_types
+    # A mesh of one device (ag_matmul_p2p_upper at world 2) moves nothing: canonicalize
+    # drops its ring's transfers, whose single iteration is the device's own slice.
+    moves = output_type.mesh.size > 1
+    transfers = copy_engine_transfers(program.host)
+    assert bool(transfers) == moves, f"copy-engine transfers {transfers} on a mesh of {output_type.mesh.size}"
     dtype = DTYPES[case.dtype]
     for run, inputs in enumerate(case.inputs()):
         expected = case.fusion.expected(*(x.double() for x in inputs))

@@ -24,8 +24,7 @@ func.func @ag_linear(%in: !in, %w: !w, %b: !b) -> !out {
 // PER:           %[[N:[^ ]+]] = hir.dim %[[IN]], 0
 // PER:           %[[SLOTS:[^ ]+]] = arith.minui %[[N]], %{{[^ ]+}} : index
 // PER-NEXT:      %[[G:[^ ]+]] = hir.allocate(%[[SLOTS]], {{.*}}) : !fusion.tensor<[?, 8, ?, ?], bf16, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, _, _, _]>
-// REF:           %[[G:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[?, 8, ?, ?], bf16, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, _, _, _]>
-// REF-NEXT:      %[[N:[^ ]+]] = hir.dim %[[G]], 0
+// REF:           %[[G:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK:         %[[OUT:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK-NEXT:      arith.remui

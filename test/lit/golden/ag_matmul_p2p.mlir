@@ -30,12 +30,11 @@ func.func @ag_matmul_p2p(%a: !a, %b: !b) -> !out {
 // CUDA-NEXT:     %[[STAGED:[^ ]+]] = hir.allocate({{.*}}) symmetric : !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>
 // CUDA-NEXT:     hir.copy ins(%[[A]] : {{.*}}) outs(%[[STAGED]] :
 // CHECK-NEXT:    %[[WRAPPED:[^ ]+]] = arith.addi %[[RANK]], %[[C8]] : index
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[G]], 0
 // CHECK-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    scf.for {{.*}} to %[[N]]
+// CHECK-NEXT:    scf.for {{.*}} to %[[C8]]
 // CHECK:           hir.synchronize_stream
 // CHECK-NEXT:    }
-// CHECK-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
+// CHECK-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[C8]]
 // CHECK:           %[[AHEAD:[^ ]+]] = arith.addi %[[RANK]], %[[I]] : index
 // CHECK-NEXT:      %[[SLOT:[^ ]+]] = arith.remui %[[AHEAD]], %[[C8]] : index
 // CHECK-NEXT:      %[[G_S:[^ ]+]] = hir.alias_select %[[G]][0 = %[[SLOT]]]
@@ -70,13 +69,13 @@ func.func @ag_matmul_p2p(%a: !a, %b: !b) -> !out {
 // DEVICE-LABEL: func.func @ag_matmul_p2p(
 // DEVICE-SAME:      %[[A:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7]>)
 // DEVICE-DAG:     %[[RANK:[^ ]+]] = hir.device_index
-// DEVICE:         %[[G:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, _, _]>
-// DEVICE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[G]], 0
+// DEVICE:         %[[G:[^ ]+]] = hir.allocate
+// DEVICE-NEXT:    %[[C8:[^ ]+]] = arith.constant 8 : index
 // DEVICE-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
-// DEVICE-NEXT:    scf.for {{.*}} to %[[N]]
+// DEVICE-NEXT:    scf.for {{.*}} to %[[C8]]
 // DEVICE:           hir.synchronize_stream
 // DEVICE-NEXT:    }
-// DEVICE-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
+// DEVICE-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[C8]]
 // DEVICE-NEXT:      arith.remui %[[I]]
 // DEVICE-NEXT:      hir.stream
 // DEVICE-NEXT:      hir.set_current_stream

@@ -14,8 +14,7 @@ func.func @allgather(%in: !in) -> !out {
 // CHECK-LABEL: func.func @allgather(
 // CHECK-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, 8], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx]>)
 // CHECK:         %[[MAIN:[^ ]+]] = hir.get_current_stream
-// CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// CHECK:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK-NEXT:      arith.remui
 // CHECK-NEXT:      hir.stream

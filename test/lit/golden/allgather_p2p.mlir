@@ -29,14 +29,13 @@ func.func @allgather_p2p(%in: !in) -> !out {
 // CUDA-NEXT:     %[[STAGED:[^ ]+]] = hir.allocate({{.*}}) symmetric : !fusion.tensor<[8, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _]>
 // CUDA-NEXT:     hir.copy ins(%[[IN]] : {{.*}}) outs(%[[STAGED]] :
 // CHECK-NEXT:    %[[WRAPPED:[^ ]+]] = arith.addi %[[RANK]], %[[C8]] : index
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
-// CHECK-NEXT:    scf.for {{.*}} to %[[N]]
+// CHECK-NEXT:    scf.for {{.*}} to %[[C8]]
 // CHECK-NEXT:      arith.remui
 // CHECK-NEXT:      hir.stream
 // CHECK-NEXT:      hir.set_current_stream
 // CHECK-NEXT:      hir.synchronize_stream %[[MAIN]]
 // CHECK-NEXT:    }
-// CHECK-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
+// CHECK-NEXT:    scf.for %[[I:[^ ]+]] = {{.*}} to %[[C8]]
 // CHECK-NEXT:      arith.remui %[[I]]
 // CHECK-NEXT:      %[[S:[^ ]+]] = hir.stream
 // CHECK-NEXT:      hir.set_current_stream %[[S]]
@@ -77,15 +76,15 @@ func.func @allgather_p2p(%in: !in) -> !out {
 // DEVICE-NEXT:    %[[STREAMS:[^ ]+]] = hir.number_of_streams
 // DEVICE-NEXT:    %[[RANK:[^ ]+]] = hir.device_index
 // DEVICE-NEXT:    %[[M:[^ ]+]] = hir.dim %[[IN]], 1
-// DEVICE-NEXT:    %[[OUT:[^ ]+]] = hir.allocate(%[[M]]) : !fusion.tensor<[8, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, _]>
-// DEVICE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
-// DEVICE-NEXT:    scf.for %[[J:[^ ]+]] = %[[C0]] to %[[N]] step %[[C1]] {
+// DEVICE-NEXT:    %[[OUT:[^ ]+]] = hir.allocate(%[[M]])
+// DEVICE-NEXT:    %[[C8:[^ ]+]] = arith.constant 8 : index
+// DEVICE-NEXT:    scf.for %[[J:[^ ]+]] = %[[C0]] to %[[C8]] step %[[C1]] {
 // DEVICE-NEXT:      %[[JS:[^ ]+]] = arith.remui %[[J]], %[[STREAMS]] : index
 // DEVICE-NEXT:      %[[SJ:[^ ]+]] = hir.stream %[[JS]]
 // DEVICE-NEXT:      hir.set_current_stream %[[SJ]]
 // DEVICE-NEXT:      hir.synchronize_stream %[[MAIN]]
 // DEVICE-NEXT:    }
-// DEVICE-NEXT:    scf.for %[[I:[^ ]+]] = %[[C0]] to %[[N]] step %[[C1]] {
+// DEVICE-NEXT:    scf.for %[[I:[^ ]+]] = %[[C0]] to %[[C8]] step %[[C1]] {
 // DEVICE-NEXT:      %[[IS:[^ ]+]] = arith.remui %[[I]], %[[STREAMS]] : index
 // DEVICE-NEXT:      %[[S:[^ ]+]] = hir.stream %[[IS]]
 // DEVICE-NEXT:      hir.set_current_stream %[[S]]

@@ -13,8 +13,7 @@ func.func @allreduce(%in: !in) -> !out {
 
 // CHECK-LABEL: func.func @allreduce(
 // CHECK-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, 8, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _]>)
-// CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// CHECK:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK:           hir.synchronize_stream
 // CHECK-NEXT:    }

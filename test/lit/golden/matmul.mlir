@@ -6,8 +6,7 @@
 
 // ROWS-LABEL: func.func @matmul_m(
 // ROWS-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, ?], f32>, %[[B:[^:]+]]: !fusion.tensor<[?, ?], f32>)
-// ROWS:         %[[C:[^ ]+]] = hir.allocate
-// ROWS-NEXT:    %[[N:[^ ]+]] = hir.dim %[[C]], 0
+// ROWS:         %[[C:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // ROWS-NEXT:    scf.for {{.*}} to %[[N]]
 // ROWS:         scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
 // ROWS:           %[[A_I:[^ ]+]] = hir.alias_select %[[A]][0 = %[[I]]]
@@ -19,8 +18,7 @@
 
 // COLUMNS-LABEL: func.func @matmul_n(
 // COLUMNS-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, ?], f32>, %[[B:[^:]+]]: !fusion.tensor<[?, ?], f32>)
-// COLUMNS:         %[[C:[^ ]+]] = hir.allocate
-// COLUMNS-NEXT:    %[[N:[^ ]+]] = hir.dim %[[C]], 1
+// COLUMNS:         %[[C:[^ ]+]] = hir.allocate(%{{[^,]+}}, %[[N:[^,)]+]])
 // COLUMNS-NEXT:    scf.for {{.*}} to %[[N]]
 // COLUMNS:         scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
 // COLUMNS:           %[[B_I:[^ ]+]] = hir.alias_select %[[B]][1 = %[[I]]]

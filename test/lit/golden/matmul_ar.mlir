@@ -34,9 +34,8 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // NOCOPY-NOT:   hir.copy
 // CHECK-LABEL: func.func @matmul_ar(
 // CHECK-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
-// NCCL:          %[[P:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _, _]>
-// CUDA:          %[[P:[^ ]+]] = hir.allocate({{.*}}) symmetric : !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _, _]>
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[P]], 0
+// NCCL:          %[[P:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}) : !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [stream, didx, _, _]>
+// CUDA:          %[[P:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK:           hir.synchronize_stream
@@ -91,8 +90,7 @@ func.func @matmul_ar(%a: !a, %b: !b) -> !out {
 // PIPE-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, 8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>, %[[B:[^:]+]]: !fusion.tensor<[8, ?, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [didx, _, _]>)
 // PIPE-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
 // PIPE-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
-// PIPE:         %[[P:[^ ]+]] = hir.allocate({{.*}}) symmetric
-// PIPE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[P]], 0
+// PIPE:         %[[P:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // PIPE-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
 // PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0]] : index
 // PIPE-NEXT:    scf.if %[[NONEMPTY]] {

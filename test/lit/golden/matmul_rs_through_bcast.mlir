@@ -31,8 +31,7 @@ func.func @matmul_rs_through_bcast(%a: !a, %b: !b) -> !out {
 // CHECK:         %[[BB:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    hir.post_on_stream @matmul_rs_through_bcast_segment_0 ins(%[[B]] : {{.*}}) outs(%[[BB]] :
 // REF-NOT:       adopted
-// CHECK-NEXT:    %[[P:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[P]], 0
+// CHECK-NEXT:    %[[P:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    %[[OUT:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK:           hir.synchronize_stream

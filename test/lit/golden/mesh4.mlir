@@ -11,9 +11,8 @@
 // P2P-DAG:     %[[C4:[^ ]+]] = arith.constant 4 : index
 // P2P:         %[[OUT:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[4, ?], f32, mesh = [0, 1, 2, 3], axes = [stream, _]>
 // P2P-NEXT:    %[[WRAPPED:[^ ]+]] = arith.addi %[[RANK]], %[[C4]] : index
-// P2P-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
-// P2P-NEXT:    scf.for {{.*}} to %[[N]]
-// P2P:         scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
+// P2P-NEXT:    scf.for {{.*}} to %[[C4]]
+// P2P:         scf.for %[[I:[^ ]+]] = {{.*}} to %[[C4]]
 // P2P:           %[[AHEAD:[^ ]+]] = arith.addi %[[RANK]], %[[I]] : index
 // P2P-NEXT:      %[[SLOT:[^ ]+]] = arith.remui %[[AHEAD]], %[[C4]] : index
 // P2P-NEXT:      %[[OUT_S:[^ ]+]] = hir.alias_select %[[OUT]][0 = %[[SLOT]]]

@@ -22,8 +22,7 @@ func.func @reduce_scatter(%in: !in) -> !out {
 // CHECK-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, 8, 8, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>)
 // CUDA:          %[[STAGED:[^ ]+]] = hir.allocate({{.*}}) symmetric : !fusion.tensor<[?, 8, 8, ?], f32, mesh = [0, 1, 2, 3, 4, 5, 6, 7], axes = [_, didx, _, _]>
 // CUDA-NEXT:     hir.copy ins(%[[IN]] : {{.*}}) outs(%[[STAGED]] :
-// CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// CHECK:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK:           hir.synchronize_stream
 // CHECK-NEXT:    }
@@ -45,8 +44,7 @@ func.func @reduce_scatter(%in: !in) -> !out {
 // PIPE-DAG:     %[[C0:[^ ]+]] = arith.constant 0 : index
 // PIPE-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
 // PIPE:         %[[STAGED:[^ ]+]] = hir.allocate({{.*}}) symmetric
-// PIPE:         %[[OUT:[^ ]+]] = hir.allocate
-// PIPE-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// PIPE:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // PIPE-NEXT:    %[[NONEMPTY:[^ ]+]] = arith.cmpi ugt, %[[N]], %[[C0]] : index
 // PIPE-NEXT:    scf.if %[[NONEMPTY]] {
 // PIPE-NEXT:      %[[IN_0:[^ ]+]] = hir.alias_select %[[STAGED]][0 = %[[C0]]]

@@ -5,8 +5,7 @@
 
 // CHECK-LABEL: func.func @reduction(
 // CHECK-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, ?, ?], f32>)
-// CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// CHECK:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK:         scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
 // CHECK:           %[[IN_I:[^ ]+]] = hir.alias_select %[[IN]][0 = %[[I]]] : !fusion.tensor<[?, ?, ?], f32> -> !fusion.tensor<[?, ?], f32>

@@ -13,8 +13,7 @@
 
 // CHECK-LABEL: func.func @single_binary(
 // CHECK-SAME:      %[[A:[^:]+]]: !fusion.tensor<[?, ?], f32>, %[[B:[^:]+]]: !fusion.tensor<[?, ?], f32>)
-// CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// CHECK:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N]]
 // CHECK:         scf.for %[[I:[^ ]+]] = {{.*}} to %[[N]]
 // CHECK:           %[[A_I:[^ ]+]] = hir.alias_select %[[A]][0 = %[[I]]]

@@ -11,8 +11,7 @@
 // CHECK-DAG:     %[[C1:[^ ]+]] = arith.constant 1 : index
 // CHECK-DAG:     %[[MAIN:[^ ]+]] = hir.get_current_stream
 // CHECK-DAG:     %[[NS:[^ ]+]] = hir.number_of_streams
-// CHECK:         %[[OUT:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 0
+// CHECK:         %[[OUT:[^ ]+]] = hir.allocate(%[[N:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for %[[I:[^ ]+]] = %[[C0]] to %[[N]] step %[[C1]] {
 // CHECK-NEXT:      %[[J:[^ ]+]] = arith.remui %[[I]], %[[NS]] : index
 // CHECK-NEXT:      %[[S:[^ ]+]] = hir.stream %[[J]]
@@ -35,8 +34,7 @@
 
 // INNER-LABEL: func.func @single_set_non_outermost(
 // INNER-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, ?], f32>)
-// INNER:         %[[OUT:[^ ]+]] = hir.allocate
-// INNER-NEXT:    %[[N:[^ ]+]] = hir.dim %[[OUT]], 1
+// INNER:         %[[OUT:[^ ]+]] = hir.allocate(%{{[^,]+}}, %[[N:[^,)]+]])
 // INNER-NEXT:    scf.for {{.*}} to %[[N]]
 // INNER:         scf.for %[[K:[^ ]+]] = {{.*}} to %[[N]]
 // INNER:           %[[IN_K:[^ ]+]] = hir.alias_select %[[IN]][1 = %[[K]]]

@@ -9,8 +9,7 @@
 
 // CHECK-LABEL: func.func @three_sets(
 // CHECK-SAME:      %[[IN:[^:]+]]: !fusion.tensor<[?, ?], f32>)
-// CHECK:         %[[T1:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N1:[^ ]+]] = hir.dim %[[T1]], 0
+// CHECK:         %[[T1:[^ ]+]] = hir.allocate(%[[N1:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N1]]
 // CHECK:           hir.synchronize_stream
 // CHECK-NEXT:    }
@@ -25,8 +24,7 @@
 // FWD-NEXT:      hir.copy ins(%[[T1]] : !fusion.tensor<[?, ?], f32, axes = [stream, _]>) outs(%[[T2]] : !fusion.tensor<[?, ?], f32>) forwards_source{{$}}
 // REF-NEXT:      hir.copy ins(%[[T1]] : !fusion.tensor<[?, ?], f32, axes = [stream, _]>) outs(%[[T2]] : !fusion.tensor<[?, ?], f32>){{$}}
 // CHECK-NEXT:    hir.deallocate %[[T1]]
-// CHECK-NEXT:    %[[T3:[^ ]+]] = hir.allocate
-// CHECK-NEXT:    %[[N3:[^ ]+]] = hir.dim %[[T3]], 0
+// CHECK-NEXT:    %[[T3:[^ ]+]] = hir.allocate(%[[N3:[^,)]+]]{{.*}}
 // CHECK-NEXT:    scf.for {{.*}} to %[[N3]]
 // CHECK:           hir.synchronize_stream
 // CHECK-NEXT:    }

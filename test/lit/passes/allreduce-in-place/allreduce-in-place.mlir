@@ -1,5 +1,6 @@
 // RUN: hir-opt %s -p allreduce-in-place | filecheck %s
 // RUN: hir-opt %s -p allreduce-in-place > %t && hir-opt %t -p allreduce-in-place | diff %t -
+// RUN: hir-opt %s -p allreduce-in-place,canonicalize | filecheck %s --check-prefix=FOLDED
 
 // allreduce-in-place: the matmul whose product an NCCL allreduce sums writes it into the
 // allreduce's output, seen with the product's type (an adopted `aten.alias`: a view), and
@@ -27,8 +28,9 @@ func.func @whole(%x: !x, %w: !w) -> !y {
   func.return %y : !y
 }
 
-// A stream loop's chunk, with dynamic extents (the output's allocation's): the output's
-// slice is made before the GEMM, which writes into it; the partial sums' buffer is gone.
+// A stream loop's chunk, with dynamic extents (the output's `hir.dim`, which canonicalize
+// folds into its allocation's size): the output's slice is made before the GEMM, which
+// writes into it; the partial sums' buffer is gone.
 
 !xs = !fusion.tensor<[?, 2, ?, 4], f32, mesh = [0, 1], axes = [_, didx, _, _]>
 !xc = !fusion.tensor<[2, ?, 4], f32, mesh = [0, 1], axes = [didx, _, _]>
@@ -42,7 +44,10 @@ func.func @whole(%x: !x, %w: !w) -> !y {
 // CHECK-NEXT:    scf.for %i = %c0 to %n step %c1 {
 // CHECK-NEXT:      %x_i = hir.alias_select %x[0 = %i]
 // CHECK-NEXT:      %y_i = hir.alias_select %y[0 = %i]
-// CHECK-NEXT:      %in_out = hir.allocate(%m) : !fusion.tensor<[2, ?, 5], f32, mesh = [0, 1], axes = [didx, _, _]>
+// CHECK-NEXT:      %[[M:[^ ]+]] = hir.dim %y_i, 0
+// CHECK-NEXT:      %in_out = hir.allocate(%[[M]]) : !fusion.tensor<[2, ?, 5], f32, mesh = [0, 1], axes = [didx, _, _]>
+// FOLDED-LABEL: func.func @chunks(
+// FOLDED:           %in_out = hir.allocate(%m) : !fusion.tensor<[2, ?, 5], f32, mesh = [0, 1], axes = [didx, _, _]>
 // CHECK-NEXT:      hir.aten "aten.alias.default"(%y_i) ins(%y_i : {{.*}}) outs(%in_out : {{.*}}) adopted [0]
 // CHECK-NEXT:      hir.matmul ins(%x_i, %w : {{.*}}) outs(%in_out : {{.*}})
 // CHECK-NEXT:      %work = hir.allreduce %in_out into %y_i team [0, 1] op sum backend nccl
