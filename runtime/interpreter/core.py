@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import IntegerAttr, IntegerType
-from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.builder import torch_dtype
@@ -436,14 +436,15 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
         return None
     axis = op.axis.data
     result = prep.slot(op.result)
-    root, root_axis = hir.root_axis(op.buffer, axis)
-    if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):
-        size = prep.slot(root.op.size_of(root_axis))
+    allocated_size = op.allocated_extent()
+    if allocated_size is not None:
+        size = prep.slot(allocated_size)
 
         def allocated(env: Environment, context: RunContext) -> None:
             env[result] = env[size]
 
         return allocated
+    root, root_axis = hir.root_axis(op.buffer, axis)
     buffer, mesh = prep.slot(op.buffer), mesh_of(root)
     input_index = root.index if prep.is_input(root) else None
 
