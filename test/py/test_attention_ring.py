@@ -2,7 +2,8 @@
 values are all-gathered along the sequence, their blocks streamed, and the backward whose
 gradients of keys and values go back to their owners by blocks, each lowered to a ring and
 run at 2 and 4 ranks, with the NCCL lowering (gloo here) and the copy engines', against
-one attention over the whole sequence (SDPA, autograd) in f32.
+one attention over the whole sequence (SDPA, autograd) in f32, on inputs in f32 and in bf16.
+On GPUs (NCCL ranks) each ring is also replayed from a CUDA graph.
 
 Every case of a world runs in one launch of its ranks (`results_of_world`).
 """
