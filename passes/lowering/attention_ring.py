@@ -27,7 +27,8 @@ write one running result. The first iteration writes it; each later one merges i
 block's output and log-sum-exp into it (online softmax), in f32 (a running output of
 bf16 is kept in an f32 buffer; where the number of blocks is known, the last block's
 merge writes the output in its own type, else the buffer is cast into it after the
-loop). The merge is two
+loop; with 2 blocks the one merge reads the first block's output as the kernel gave it,
+and there is no f32 buffer). The merge is two
 pointwise segments, one kernel each on GPUs: the output's, which recomputes the weights
 from both log-sum-exps, then the log-sum-exp's (a kernel writes every output at every
 point of its iteration space, and the log-sum-exp has one axis less). A causal layout
@@ -182,8 +183,9 @@ def _merge_output_segment(
 ) -> func.FuncOp:
     """`(out, lse, block_out, block_lse) -> out`: the output over the keys of both, `(w out + w'
     block_out) / (w + w')` with the weights of `_weights` (their rows broadcast along the output's),
-    rounded into `result_type` where it is given (the last block's merge writes the output)."""
+    computed in f32 and rounded into `result_type` (default: `out`'s type)."""
     out_type, lse_type = tensor_type(out), tensor_type(lse)
+    wide = out_type.with_(element_type=F32)
     build = _SegmentBuilder(
         [out_type, lse_type, tensor_type(block_out), tensor_type(block_lse)], ["out", "lse", "block_out", "block_lse"]
     )
@@ -195,16 +197,18 @@ def _merge_output_segment(
         build(fusion.BroadcastOp, running_lse, [rows], type=column),
         build(fusion.BroadcastOp, arrived_lse, [rows], type=column),
     )
-    if tensor_type(arrived).element_type != F32:
-        arrived = build(fusion.CastOp, arrived, type=out_type)
-    divisor = build(fusion.MaximumOp, total, build.constant(TINY_F32, out_type))
+    running, arrived = (
+        x if tensor_type(x).element_type == F32 else build(fusion.CastOp, x, type=wide) for x in (running, arrived)
+    )
+    divisor = build(fusion.MaximumOp, total, build.constant(TINY_F32, wide))
     numerator = build(
         fusion.AddOp,
-        build(fusion.MulOp, ours, running, type=out_type),
-        build(fusion.MulOp, theirs, arrived, type=out_type),
+        build(fusion.MulOp, ours, running, type=wide),
+        build(fusion.MulOp, theirs, arrived, type=wide),
     )
-    merged = build(fusion.DivOp, numerator, divisor, type=out_type)
-    if result_type is not None and result_type.element_type != out_type.element_type:
+    merged = build(fusion.DivOp, numerator, divisor, type=wide)
+    result_type = result_type or out_type
+    if result_type.element_type != F32:
         merged = build(fusion.CastOp, merged, type=result_type)
     build.block.add_op(func.ReturnOp(merged))
     return _segment(host, "merge_output", build.block)
@@ -291,18 +295,22 @@ class RingAttention(RewritePattern):
         start = loop.start
         for buffer in (out, lse):
             _move_before(_allocation(buffer), start, rewriter)
-        running, running_ops, cast = _accumulator(out, f"{out.name_hint or 'out'}_running")
+        steps = _constant_extent(loop.loop)
+        if steps == 2:
+            # One merge, of two kernel outputs: the first block's, in the output's own type as
+            # the kernel gives it, is merged with the second's in f32 and rounded once.
+            running, running_ops, cast = out, [], None
+        else:
+            running, running_ops, cast = _accumulator(out, f"{out.name_hint or 'out'}_running")
         block_out = _like(out, tensor_type(op.ins[0]).element_type, "block_out")
         block_lse = _like(lse, F32, "block_lse")
         rewriter.insert([*running_ops, block_out, block_lse], InsertPoint.before(start))
         merge_ins = [running, lse, block_out.result, block_lse.result]
-        steps = _constant_extent(loop.loop)
         # With a known number of blocks, the last one's merge writes the output in its own type:
-        # no cast after the loop. At 2 blocks it is the only merge.
-        last_writes_out = cast is not None and steps is not None and steps > 1
-        if not last_writes_out or steps > 2:
-            merge_running = _merge_output_segment(host, *merge_ins)
-            rewriter.insert(merge_running, InsertPoint.before(host))  # named before the next segment is
+        # no cast after the loop.
+        last_writes_out = cast is not None and steps is not None and steps > 2
+        merge_running = _merge_output_segment(host, *merge_ins)
+        rewriter.insert(merge_running, InsertPoint.before(host))  # named before the next segment is
         if last_writes_out:
             merge_last = _merge_output_segment(host, *merge_ins, result_type=tensor_type(out))
             rewriter.insert(merge_last, InsertPoint.before(host))
@@ -317,14 +325,11 @@ class RingAttention(RewritePattern):
         first = _named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, 0), "eq"), "first_block")
         write = hir.AttentionOp([q, k_block, v_block], [running, lse], properties, *source)
         compute = hir.AttentionOp([q, k_block, v_block], [block_out.result, block_lse.result], properties, *source)
-        if not last_writes_out:
-            merges: list[Operation] = [hir.LaunchKernelOp(merge_running.sym_name.data, merge_ins, [running])]
-        elif steps == 2:
-            merges = [hir.LaunchKernelOp(merge_last.sym_name.data, merge_ins, [out])]
-        else:
+        into_running = hir.LaunchKernelOp(merge_running.sym_name.data, merge_ins, [running])
+        merges: list[Operation] = [into_running]
+        if last_writes_out:
             last = _named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, steps - 1), "eq"), "last_block")
             into_out = hir.LaunchKernelOp(merge_last.sym_name.data, merge_ins, [out])
-            into_running = hir.LaunchKernelOp(merge_running.sym_name.data, merge_ins, [running])
             merges = [last, scf.IfOp(last.result, [], [into_out, scf.YieldOp()], [into_running, scf.YieldOp()])]
         after = [cast] if cast is not None and not last_writes_out else []
         merges.append(hir.LaunchKernelOp(merge_lse.sym_name.data, [lse, block_lse.result], [lse]))
