@@ -318,7 +318,7 @@ def test_positions_of_another_layout_fail_on_every_rank_before_any_communication
         assert re.search(r"\d+ of \d+ elements differ; at \[[\d, ]+\]: \d+, expected \d+", messages[-1]), messages[-1]
         assert f"on rank {world - 1}" in messages[-1]
         for rank, message in enumerate(messages[:-1]):
-            assert f"wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
+            assert "wrong on another rank" in message and f"rank {world - 1}" in message, f"rank {rank}: {message}"
     assert [rank_outcomes[1] for rank_outcomes in outcomes] == ["ran"] * world
 
 
