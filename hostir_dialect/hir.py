@@ -319,17 +319,6 @@ class DimOp(IRDLOperation):
             operands=[buffer], properties={"axis": IntAttr(axis)}, result_types=[IndexType()]
         )
 
-    def static_extent(self) -> int | None:
-        """The extent where the buffer's type states it: a static axis's, or a `didx` axis's
-        (the mesh's size); None where only the running program knows it."""
-        buffer_type = tensor_type(self.buffer)
-        extent = buffer_type.get_shape()[self.axis.data]
-        if extent != DYNAMIC:
-            return extent
-        if buffer_type.parallel_types()[self.axis.data] == fusion.ParallelType.DIDX:
-            return buffer_type.mesh.size
-        return None
-
     def allocated_extent(self) -> SSAValue | None:
         """The size operand that the allocation of the buffer (or of the buffer it is a view of)
         gives this axis, where it is an allocation's dynamic axis."""
@@ -368,7 +357,7 @@ class FoldStatedDim(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: DimOp, rewriter: PatternRewriter, /) -> None:
-        extent = op.static_extent()
+        extent = type_extent(op.buffer, op.axis.data)
         if extent is not None:
             constant = arith.ConstantOp(IntegerAttr(extent, IndexType()))
             rewriter.replace(op, [constant], [constant.result])

@@ -23,6 +23,8 @@ to the caller's stream while the pool stream still reads it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xdsl.context import Context
 from xdsl.dialects import builtin, func
 from xdsl.ir import Block, Operation
@@ -48,32 +50,31 @@ def _last_in_block(block: Block, users: list[Operation]) -> Operation:
     )
 
 
-def _on_pool_stream(op: Operation) -> bool:
-    """Whether `op` is issued on a pool stream: after a `hir.set_current_stream` of a stream
-    other than the caller's (`hir.get_current_stream`), in its block or a block around it."""
-    current: Operation | None = op
-    while current is not None and not isinstance(current, func.FuncOp):
-        previous = current.prev_op
-        while previous is not None:
-            if isinstance(previous, hir.SetCurrentStreamOp):
-                return not isinstance(previous.stream.owner, hir.GetCurrentStreamOp)
-            previous = previous.prev_op
-        current = current.parent_op()
-    return False
+def ops_on_pool_streams(module: builtin.ModuleOp) -> frozenset[Operation]:
+    """The ops issued on a pool stream: after a `hir.set_current_stream` of a stream other
+    than the caller's (`hir.get_current_stream`), in their block or a block around them."""
+    found: set[Operation] = set()
+
+    def visit(block: Block, on_pool: bool) -> None:
+        for op in block.ops:
+            if on_pool:
+                found.add(op)
+            for region in op.regions:
+                for inner in region.blocks:
+                    visit(inner, on_pool and not isinstance(op, func.FuncOp))
+            if isinstance(op, hir.SetCurrentStreamOp):
+                on_pool = not isinstance(op.stream.owner, hir.GetCurrentStreamOp)
+
+    visit(module.body.block, False)
+    return frozenset(found)
 
 
-def _caller_waits_after(op: Operation) -> hir.SynchronizeStreamOp | None:
-    """The first `hir.synchronize_stream` after `op` in its block issued on the caller's stream."""
-    following = op.next_op
-    while following is not None:
-        if isinstance(following, hir.SynchronizeStreamOp) and not _on_pool_stream(following):
-            return following
-        following = following.next_op
-    return None
-
-
+@dataclass(frozen=True)
 class DeallocateAfterLastUse(RewritePattern):
     """Inserts `hir.deallocate` after the last use of an allocated buffer that is not returned."""
+
+    on_pool_streams: frozenset[Operation]
+    """The ops of the module issued on a pool stream (`ops_on_pool_streams`)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.AllocateOp, rewriter: PatternRewriter, /) -> None:
@@ -83,9 +84,18 @@ class DeallocateAfterLastUse(RewritePattern):
         block = op.parent_block()
         assert block is not None
         last = _last_in_block(block, users) if users else op
-        if not _on_pool_stream(op) and any(_on_pool_stream(user) for user in users):
-            last = _caller_waits_after(last) or last
+        if op not in self.on_pool_streams and not self.on_pool_streams.isdisjoint(users):
+            last = self._caller_waits_after(last) or last
         rewriter.insert(hir.DeallocateOp(op.result), InsertPoint.after(last))
+
+    def _caller_waits_after(self, op: Operation) -> hir.SynchronizeStreamOp | None:
+        """The first `hir.synchronize_stream` after `op` in its block issued on the caller's stream."""
+        following = op.next_op
+        while following is not None:
+            if isinstance(following, hir.SynchronizeStreamOp) and following not in self.on_pool_streams:
+                return following
+            following = following.next_op
+        return None
 
 
 class InsertDeallocations(ModulePass):
@@ -94,4 +104,5 @@ class InsertDeallocations(ModulePass):
     name = "insert-deallocations"
 
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PatternRewriteWalker(DeallocateAfterLastUse(), apply_recursively=False).rewrite_module(op)
+        rewrite = DeallocateAfterLastUse(ops_on_pool_streams(op))
+        PatternRewriteWalker(rewrite, apply_recursively=False).rewrite_module(op)

@@ -96,6 +96,7 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import TensorType, key_block_axis, tensor_type
+from hostir.passes.analysis.extents import known_extent
 from hostir.passes.analysis.loops import StreamLoop, index_constant, runtime_value
 from hostir.passes.lowering.stream_axis_checks import streamed_key_blocks
 
@@ -340,19 +341,10 @@ class RingAttention(RewritePattern):
         rewriter.replace(op, after, [])
 
 
-def _known_index(value: SSAValue) -> int | None:
-    """The value of an index that the program states: a constant, or a buffer's static extent."""
-    if isinstance(value.owner, arith.ConstantOp):
-        return value.owner.value.value.data
-    if isinstance(value.owner, hir.DimOp):
-        return value.owner.static_extent()
-    return None
-
-
 def _constant_extent(loop: scf.ForOp) -> int | None:
-    """How many iterations `loop` runs where the program states its bounds and step, else None."""
-    lower, upper, step = (_known_index(value) for value in (loop.lb, loop.ub, loop.step))
-    if lower is None or upper is None or not step:
+    """How many iterations `loop` runs where the program fixes its bounds and step, else None."""
+    lower, upper, step = (known_extent(value) for value in (loop.lb, loop.ub, loop.step))
+    if not all(isinstance(bound, int) for bound in (lower, upper, step)) or not step:
         return None
     return max(0, -(-(upper - lower) // step))
 

@@ -430,7 +430,7 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
     input's is its tensor's on ranks in its mesh and the exchanged `input_extents`
     elsewhere; any other buffer's is its tensor's, known in its mesh only.
     """
-    extent = op.static_extent()
+    extent = hir.type_extent(op.buffer, op.axis.data)
     if extent is not None:
         prep.constant(op.result, extent)
         return None

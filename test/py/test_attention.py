@@ -243,7 +243,7 @@ def test_a_block_computes_the_rows_that_meet_as_the_mask_of_the_positions_would(
         q, k, v, dout = (torch.randn(B, H, L, E, generator=generator) for _ in range(4))
         seen = layout_mask(positions(position, devices, L, layout, q.device), positions(source, devices, L, layout, q.device))
         expected_out, expected_lse = attention(q, k, v, Mask(seen))
-        out, lse = torch.empty(B, H, L, E), torch.empty(B, H, L)
+        out, lse = torch.full((B, H, L, E), math.nan), torch.full((B, H, L), math.nan)  # every element written
         block_attention(q, k, v, out, lse, layout, None, position, source)
         torch.testing.assert_close(out, expected_out)
         torch.testing.assert_close(lse, expected_lse)
