@@ -14,8 +14,8 @@
 #   2. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
 #      several runs at once;
 #   3. then, alone, the tests that assert overlap in time (marked gpu_timing).
-# Each step may run HOSTIR_GPU_STEP_TIMEOUT_S seconds (default 300). Exit status 1 if any
-# step failed. docs/hir-run.md describes the suite.
+# Each step may run HOSTIR_GPU_STEP_TIMEOUT_S seconds (default 300, 450 with 4 GPUs or more,
+# where the tests at world 4 run too). Exit status 1 if any step failed. docs/hir-run.md describes the suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -46,8 +46,17 @@ if count < 2:
     sys.exit("the GPU suite needs at least 2 GPUs")
 EOF
 
-STEP_TIMEOUT_S="${HOSTIR_GPU_STEP_TIMEOUT_S:-300}"
 failed=()
+# Every test's ranks put a CUDA context with NCCL's buffers (0.5 to 1 GiB) on each GPU they
+# use, and a worker that runs CUDA itself one more: on 4 H100 (80 GB) pytest's default of a
+# worker per core (64), every rank 0 on GPU 0, ran GPU 0 out of memory. Each worker sees the
+# GPUs rotated (HOSTIR_TEST_GPUS: conftest.py), so rank 0s spread over all of them: one
+# worker per 8 GiB of the GPUs' memory together, at most one per core.
+read -r gpus workers < <("$PYTHON" -c "import os, torch; n = torch.cuda.device_count(); print(n, max(2, min(os.cpu_count(), n * torch.cuda.get_device_properties(0).total_memory // 2**33)))")
+export HOSTIR_TEST_GPUS="$gpus"
+# With 4 GPUs the tests and examples at world 4 run too: on 4 H100 the pytest step took
+# 421 s, on 4 H200 it had run five sixths of the suite at 240 s; on 2 GPUs it takes 4 minutes.
+STEP_TIMEOUT_S="${HOSTIR_GPU_STEP_TIMEOUT_S:-$([ "$gpus" -ge 4 ] && echo 450 || echo 300)}"
 # Each step is bounded: one that runs past STEP_TIMEOUT_S gets SIGINT, on which pytest
 # still prints its failures so far (a kill from outside would lose them), then SIGKILL 30 s
 # later. A step's output is printed whole when it ends, with its time.
@@ -82,13 +91,6 @@ began=$SECONDS
 # runs share the GPUs with pytest's workers: both mostly start processes and compile.
 step "hir-run --check on every example" "$logs/examples" "$PYTHON" test/gpu/hir_run_all.py &
 examples=$!
-# Every test's ranks put a CUDA context with NCCL's buffers (0.5 to 1 GiB) on each GPU they
-# use, and a worker that runs CUDA itself one more: on 4 H100 (80 GB) pytest's default of a
-# worker per core (64), every rank 0 on GPU 0, ran GPU 0 out of memory. Each worker sees the
-# GPUs rotated (HOSTIR_TEST_GPUS: conftest.py), so rank 0s spread over all of them: one
-# worker per 8 GiB of the GPUs' memory together, at most one per core.
-read -r gpus workers < <("$PYTHON" -c "import os, torch; n = torch.cuda.device_count(); print(n, max(2, min(os.cpu_count(), n * torch.cuda.get_device_properties(0).total_memory // 2**33)))")
-export HOSTIR_TEST_GPUS="$gpus"
 echo "pytest workers: $workers"
 # test_package.py checks the checkout's installs (editable, non-editable, none), which CI
 # makes; here hostir is installed in $SITE.
