@@ -165,8 +165,9 @@ class Program:
         self.largest_device = largest_device(host)
         self.expected_values: dict[int, tuple[torch.Tensor, str]] = {}
         """Inputs whose values are promised (`expect`): each one's value on this rank, and what it is."""
-        self._kept_promises: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-        """Per promised input, the tensor whose values last kept the promise and its version then."""
+        self._kept_promises: dict[int, tuple[weakref.ref[torch.Tensor], tuple]] = {}
+        """Per promised input, the tensor whose memory last kept the promise, and where the
+        input viewed it and its version then (`_unwritten_since`)."""
 
     def __repr__(self) -> str:
         """The entry's signature in IR types, the world it needs, its process-group teams, and
@@ -287,16 +288,17 @@ class Program:
         if given != promised:
             return f"{problem} (given {given}, expected {promised})"
         # The very tensor (a mask the caller made once and hands back) needs no comparison, nor
-        # does one that kept the promise and was not written since (its version counter): a
-        # comparison reads the values back, which waits for the GPU to finish its work.
+        # does one that kept the promise and was not written since: a comparison reads the
+        # values back, which waits for the GPU to finish its work, every call.
         if value.data_ptr() == expected.data_ptr() and value.stride() == expected.stride():
             return None
+        owner, state = _unwritten_since(value)
         kept = self._kept_promises.get(index)
-        if kept is not None and kept[0]() is value and kept[1] == value._version:
+        if kept is not None and kept[0]() is owner and kept[1] == state:
             return None
         if torch.equal(value, expected):
             if not value.is_inference():  # an inference tensor counts no versions
-                self._kept_promises[index] = (weakref.ref(value), value._version)
+                self._kept_promises[index] = (weakref.ref(owner), state)
             return None
         differ = (value != expected).nonzero()
         first = tuple(differ[0].tolist())
@@ -523,6 +525,16 @@ def _apart_from(inputs: Sequence[object], outputs: list) -> list:
         y.clone() if isinstance(y, torch.Tensor) and y.numel() and y.untyped_storage().data_ptr() in shared else y
         for y in outputs
     ]
+
+
+def _unwritten_since(value: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """The tensor that owns `value`'s memory, and what tells that `value`'s elements were not
+    written since: where `value` views that memory, and the version counter, which a view
+    shares with its base, so a write through either counts. The caller's tensor is the owner
+    where the compiled graph hands the program a view of it made anew at every call (the
+    device axis in front)."""
+    owner = value if value._base is None else value._base
+    return owner, (value.data_ptr(), value.shape, value.stride(), value._version)
 
 
 def _exchange(row: list[int], communicator: Communicator) -> dict[int, list[int]]:

@@ -482,6 +482,24 @@ def test_a_promised_value_is_compared_until_a_tensor_keeps_it_unwritten(monkeypa
     positions[0] = 7
     with pytest.raises(HostirError, match="its values are not the positions"):
         program.check([positions], communicator)
+    # A view made anew at every call (as a compiled graph hands a varying input over, its
+    # device axis in front) of a tensor that kept the promise is not compared again either,
+    # until the tensor is written, through itself or through a view.
+    whole = torch.arange(4)
+    program.check([whole.reshape(4)[:]], communicator)
+    program.check([whole.view(4)[:]], communicator)
+    assert len(compared) == 5
+    whole.view(2, 2)[1, 1] = 9
+    with pytest.raises(HostirError, match="its values are not the positions"):
+        program.check([whole.view(4)[:]], communicator)
+    assert len(compared) == 6
+    # Another view of the same memory (its elements reversed) is compared: it is not where
+    # the promise was kept.
+    program.expect(0, torch.arange(4).flip(0), "the positions reversed")
+    reversed_ = torch.arange(4)
+    program.check([reversed_.flip(0).clone()], communicator)
+    with pytest.raises(HostirError, match="its values are not the positions reversed"):
+        program.check([reversed_[:]], communicator)
 
 
 SEEDED = _seeded("!fusion.tensor<[], i64>")
