@@ -165,9 +165,9 @@ class Program:
         self.largest_device = largest_device(host)
         self.expected_values: dict[int, tuple[torch.Tensor, str]] = {}
         """Inputs whose values are promised (`expect`): each one's value on this rank, and what it is."""
-        self._kept_promises: dict[int, tuple[weakref.ref[torch.Tensor], tuple]] = {}
-        """Per promised input, the tensor whose memory last kept the promise, and where the
-        input viewed it and its version then (`_unwritten_since`)."""
+        self._kept_promises: dict[int, tuple[weakref.ref[torch.UntypedStorage], tuple]] = {}
+        """Per promised input, the memory that last kept the promise, and where the input
+        viewed it and its version then (`_unwritten_since`)."""
 
     def __repr__(self) -> str:
         """The entry's signature in IR types, the world it needs, its process-group teams, and
@@ -527,14 +527,15 @@ def _apart_from(inputs: Sequence[object], outputs: list) -> list:
     ]
 
 
-def _unwritten_since(value: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-    """The tensor that owns `value`'s memory, and what tells that `value`'s elements were not
-    written since: where `value` views that memory, and the version counter, which a view
-    shares with its base, so a write through either counts. The caller's tensor is the owner
-    where the compiled graph hands the program a view of it made anew at every call (the
-    device axis in front)."""
-    owner = value if value._base is None else value._base
-    return owner, (value.data_ptr(), value.shape, value.stride(), value._version)
+def _unwritten_since(value: torch.Tensor) -> tuple[torch.UntypedStorage, tuple]:
+    """The storage of `value`'s memory, and what tells that `value`'s elements were not written
+    since: where `value` views that memory, and the version counter, which views and detached
+    aliases share with their base, so that a write through any of them counts. The storage,
+    not the tensor, is what lasts from call to call: a compiled graph hands the program a view
+    of a varying input made anew at every call (the device axis in front), and aot_autograd
+    hands the backward a new alias of each saved tensor at every step. Its Python object
+    lives as long as the memory does, so no later tensor in reused memory passes for it."""
+    return value.untyped_storage(), (value.data_ptr(), value.shape, value.stride(), value._version)
 
 
 def _exchange(row: list[int], communicator: Communicator) -> dict[int, list[int]]:

@@ -484,10 +484,12 @@ def test_a_promised_value_is_compared_until_a_tensor_keeps_it_unwritten(monkeypa
         program.check([positions], communicator)
     # A view made anew at every call (as a compiled graph hands a varying input over, its
     # device axis in front) of a tensor that kept the promise is not compared again either,
-    # until the tensor is written, through itself or through a view.
+    # nor a new alias of it (as aot_autograd hands the backward a saved tensor), until the
+    # tensor is written, through itself or through a view.
     whole = torch.arange(4)
     program.check([whole.reshape(4)[:]], communicator)
     program.check([whole.view(4)[:]], communicator)
+    program.check([whole.detach()[:]], communicator)
     assert len(compared) == 5
     whole.view(2, 2)[1, 1] = 9
     with pytest.raises(HostirError, match="its values are not the positions"):
