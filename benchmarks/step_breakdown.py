@@ -15,7 +15,9 @@ A step's time splits into what its device does and what it waits for:
 * other kernels: every other kernel (norms, pointwise, copies, reductions), their count
   and the time during which one runs;
 * host: from the start of the step on the host to its first kernel, and the gaps after
-  it during which the device runs nothing (the host is late, or waits).
+  it during which the device runs nothing (the host is late, or waits), the longest of
+  them named by the kernels around them: a copy to the host before a gap is a host that
+  read a value back and waited for the device.
 
 Kernels of different streams overlap, so each figure is the length of a union of
 intervals, not a sum of durations; the figures add up to more than the step where
@@ -44,6 +46,9 @@ PEER_COPY = re.compile(r"PtoP|Peer", re.I)
 """A copy between devices, as CUPTI names it: the copy engines' transfers."""
 
 Interval = tuple[float, float]
+
+LONGEST_GAPS = 3
+"""How many of the longest idle gaps a breakdown names."""
 
 
 @dataclass
@@ -96,6 +101,22 @@ def minus(intervals: Sequence[Interval], holes: Sequence[Interval]) -> float:
     )
 
 
+def idle_gaps(activities: Sequence[Activity]) -> list[tuple[float, Activity, Activity]]:
+    """Each gap between the first activity's start and the last one's end during which none
+    runs: (its length, the activity that ran last before it, the one that starts it)."""
+    gaps: list[tuple[float, Activity, Activity]] = []
+    ordered = sorted(activities, key=lambda a: a.start)
+    if not ordered:
+        return gaps
+    last = ordered[0]
+    for activity in ordered[1:]:
+        if activity.start > last.end:
+            gaps.append((activity.start - last.end, last, activity))
+        if activity.end > last.end:
+            last = activity
+    return gaps
+
+
 def outermost(events: Sequence[dict]) -> list[dict]:
     """The events that no other event of their thread contains (CPU ranks' top-level calls)."""
     kept: list[dict] = []
@@ -124,6 +145,9 @@ class Breakdown:
     idle_gaps_ms: float
     top_other: list[tuple[str, int, float]] = field(default_factory=list)
     """The other kernels that take the most time: (name, count, ms summed over their runs)."""
+    longest_gaps: list[tuple[float, str, str]] = field(default_factory=list)
+    """The longest idle gaps, longest first: (ms, the kernel that ran last before it, the
+    kernel after it)."""
 
     COLUMNS = {
         "step_ms": "step",
@@ -154,6 +178,7 @@ class Breakdown:
                 others[a.name] += 1
                 other_us[a.name] += a.end - a.start
         top = [(name, others[name], us / 1e3) for name, us in other_us.most_common(8)]
+        gaps = sorted(idle_gaps(activities), key=lambda gap: -gap[0])[:LONGEST_GAPS]
         return cls(
             step_ms=(max(last, step[1]) - step[0]) / 1e3,
             gemm_ms=length(by_kind["gemm"]) / 1e3,
@@ -165,6 +190,7 @@ class Breakdown:
             host_before_first_kernel_ms=max(0.0, first - step[0]) / 1e3,
             idle_gaps_ms=max(0.0, (last - first) - busy) / 1e3 if activities else 0.0,
             top_other=top,
+            longest_gaps=[(us / 1e3, before.name, after.name) for us, before, after in gaps],
         )
 
     @classmethod

@@ -795,7 +795,7 @@ def hold_gain(result: Result, rank: int) -> float | None:
 
 def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[str]:
     """Per size and step with breakdowns (--breakdown): a row per contender and rank, then each
-    contender's other kernels that take the most time on rank 0."""
+    contender's other kernels that take the most time on rank 0, and its longest idle gaps."""
     sections = []
     for size in sizes:
         for step, title in STEPS.items():
@@ -813,6 +813,11 @@ def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[st
                 if top:
                     named = "; ".join(f"{name[:60]} x{count} {ms:.3f}" for name, count, ms in top[:5])
                     lines.append(f"- {r.contender}, rank 0, other kernels: {named}")
+            for r in measured:
+                gaps = Breakdown(**r.breakdown[0]).longest_gaps
+                if gaps:
+                    named = "; ".join(f"{ms:.3f} after {before[:40]}, before {after[:40]}" for ms, before, after in gaps)
+                    lines.append(f"- {r.contender}, rank 0, longest idle gaps: {named}")
             sections.append("\n".join(lines))
     return sections
 

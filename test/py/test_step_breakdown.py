@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from step_breakdown import STEP, Breakdown, kind_of, minus, table, union  # noqa: E402
+from step_breakdown import LONGEST_GAPS, STEP, Breakdown, kind_of, minus, table, union  # noqa: E402
 
 
 def event(name: str, start: float, duration: float, cat: str = "kernel", tid: int = 7) -> dict:
@@ -64,6 +64,24 @@ def test_a_gpu_step_splits_into_compute_hidden_and_exposed_communication_and_hos
     assert b.idle_gaps_ms == pytest.approx(0.06)
     assert b.step_ms == pytest.approx(0.25)
     assert b.top_other == [("hostir_segment", 2, pytest.approx(0.02))]
+    # Named by the kernel that ran last before each (NCCL's, which ends after the GEMM) and
+    # the one after it, the longest first.
+    assert b.longest_gaps == [
+        (pytest.approx(0.05), "ncclDevKernel_AllGather_RING_LL", "hostir_segment"),
+        (pytest.approx(0.01), "hostir_segment", "hostir_segment"),
+    ]
+
+
+def test_the_longest_idle_gaps_are_named_a_few_only_longest_first():
+    """A host that reads a value back (a copy to the host) and then waits: the gap after the
+    copy comes first; only `LONGEST_GAPS` are kept."""
+    kernels = [event("k", 0, 10), event("Memcpy DtoH (Device -> Pinned)", 12, 1, cat="gpu_memcpy")]
+    kernels += [event("multi_tensor_apply_kernel", 300, 5)]
+    kernels += [event("k", 305 + 3 * i, 1) for i in range(4)]  # gaps of 2 us
+    b = Breakdown.of_trace([event(STEP, 0, 400, cat="user_annotation"), *kernels], "cuda")
+    assert len(b.longest_gaps) == LONGEST_GAPS == 3
+    assert b.longest_gaps[0] == (pytest.approx(0.287), "Memcpy DtoH (Device -> Pinned)", "multi_tensor_apply_kernel")
+    assert b.longest_gaps[1][0] == pytest.approx(0.002)
 
 
 def test_cpu_ranks_count_the_outermost_aten_calls_and_collectives():
