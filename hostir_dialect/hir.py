@@ -264,6 +264,15 @@ def root_axis(value: SSAValue, axis: int) -> tuple[SSAValue, int]:
     return value, axis
 
 
+def allocated_size(buffer: SSAValue, axis: int) -> SSAValue | None:
+    """The size operand that the allocation of `buffer` (or of the buffer it is a view of)
+    gives `axis`, where that is an allocation's dynamic axis: what `hir.dim` of it reads."""
+    root, axis = root_axis(buffer, axis)
+    if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
+        return root.op.size_of(axis)
+    return None
+
+
 def in_symmetric_allocation(buffer: SSAValue) -> bool:
     """Whether `buffer` is (a view of) a buffer of `hir.allocate symmetric`, which the runtime
     makes once and gives back to every run."""
@@ -319,14 +328,6 @@ class DimOp(IRDLOperation):
             operands=[buffer], properties={"axis": IntAttr(axis)}, result_types=[IndexType()]
         )
 
-    def allocated_extent(self) -> SSAValue | None:
-        """The size operand that the allocation of the buffer (or of the buffer it is a view of)
-        gives this axis, where it is an allocation's dynamic axis."""
-        root, axis = root_axis(self.buffer, self.axis.data)
-        if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
-            return root.op.size_of(axis)
-        return None
-
     def verify_(self) -> None:
         rank = _buffer(self.buffer, "operand").rank
         if not 0 <= self.axis.data < rank:
@@ -361,7 +362,7 @@ class FoldStatedDim(RewritePattern):
         if extent is not None:
             constant = arith.ConstantOp(IntegerAttr(extent, IndexType()))
             rewriter.replace(op, [constant], [constant.result])
-        elif (size := op.allocated_extent()) is not None:
+        elif (size := allocated_size(op.buffer, op.axis.data)) is not None:
             rewriter.replace(op, [], [size])
 
 

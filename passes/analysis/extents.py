@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import IntegerAttr
-from xdsl.ir import BlockArgument, OpResult, SSAValue
+from xdsl.ir import BlockArgument, SSAValue
 
 from hostir_dialect import hir
 
@@ -49,8 +49,8 @@ def buffer_extent(buffer: SSAValue, axis: int, input_extent: InputExtent = _unkn
     root, root_axis = hir.root_axis(buffer, axis)
     if root is not buffer:
         return buffer_extent(root, root_axis, input_extent)
-    if isinstance(root, OpResult) and isinstance(root.op, hir.AllocateOp):
-        return known_extent(root.op.size_of(axis), input_extent)
+    if (size := hir.allocated_size(root, axis)) is not None:
+        return known_extent(size, input_extent)
     if isinstance(root, BlockArgument) and (extent := input_extent(root, axis)) is not None:
         return extent
     return (root, axis)

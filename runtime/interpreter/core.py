@@ -436,7 +436,7 @@ def _dim(op: hir.DimOp, prep: Preparation) -> Step | None:
         return None
     axis = op.axis.data
     result = prep.slot(op.result)
-    allocated_size = op.allocated_extent()
+    allocated_size = hir.allocated_size(op.buffer, axis)
     if allocated_size is not None:
         size = prep.slot(allocated_size)
 
