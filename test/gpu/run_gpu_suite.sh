@@ -15,7 +15,8 @@
 #      several runs at once;
 #   3. then, alone, the tests that assert overlap in time (marked gpu_timing).
 # Each step may run HOSTIR_GPU_STEP_TIMEOUT_S seconds (default 300, 450 with 4 GPUs or more,
-# where the tests at world 4 run too). Exit status 1 if any step failed. docs/hir-run.md describes the suite.
+# where the tests at world 4 run too). Exit status 1 if any step failed. docs/hir-run.md
+# describes the suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
