@@ -67,6 +67,9 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
             assert len(result["breakdown"]) == 2
             for rank, breakdown in enumerate(result["breakdown"]):
                 assert breakdown["step_ms"] > 0 and breakdown["gemm_ms"] > 0 and breakdown["other_kernels"] > 0
+                # The longest gaps between the ranks' ATen calls, longest first, each named.
+                gaps = [ms for ms, before, after in breakdown["longest_gaps"] if before and after]
+                assert len(gaps) == 3 and gaps == sorted(gaps, reverse=True) and gaps[-1] > 0
                 key = next(k for k, c in tp_layer.KEYS.items() if c == contender)
                 assert (tmp_path / f"trace-d64-b2-s16-{key}-{step}-rank{rank}.json").is_file()
         # Needing CUDA, or C++ builds too slow for a smoke test, is said, not hidden.
@@ -89,6 +92,7 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
         assert f"### {title}, back to back, as a training loop runs them (median ms, ratio to the limit)" in table
         assert f"### Where the time goes: {title}, dim 64, 2 x 16 tokens (ms)" in table
     assert "| hostir (nccl), 1 |" in table
+    assert "- hostir (nccl), rank 0, longest idle gaps: " in table
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
 
 
