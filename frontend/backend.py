@@ -220,9 +220,10 @@ class CompiledShapes:
     made once. The program's check of its inputs across ranks (`Program.check`, which exchanges
     a row with every peer) runs at the first call; later calls, whose arguments have the shapes,
     dtypes and devices of the first (the graph's key, or dynamo's guards for a graph of static
-    shapes), run the checked program directly (`Program.run_checked`), unless the program
+    shapes), run the checked program directly (`Program.run_checked`). Where the program
     checks the values of an input (`Program.value_checked_inputs`), which any call may break
-    on one rank alone.
+    on one rank alone, every call checks those inputs with the peers first
+    (`Program.check_values`).
     """
 
     imported: ImportedGraph
@@ -290,13 +291,15 @@ class CompiledShapes:
                 # Any call may break a promised value on one rank alone, and a replay checks
                 # nothing: every rank checks with its peers, so that all raise, or none
                 # replays to wait for a peer that raised.
-                program.check(inputs, self.communicator)
+                program.check_values(inputs, self.communicator)
             results = self.replayer.run(inputs)
-        elif self.extents is None or self.checks_values:
+        elif self.extents is None:
             context = program.checked_context(inputs, self.communicator)
             self.extents = context.input_extents
             results = program.run_checked(inputs, context, views_of=range(len(inputs)))
         else:
+            if self.checks_values:
+                program.check_values(inputs, self.communicator)
             context = RunContext.of(self.communicator, None, self.extents)
             results = program.run_checked(inputs, context, views_of=range(len(inputs)))
         return self.outputs_of(args, results)

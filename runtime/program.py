@@ -365,7 +365,26 @@ class Program:
                 f"the program uses device {self.largest_device} but the world has only "
                 f"{communicator.world_size} rank(s); run it on at least {self.largest_device + 1}"
             )
-        problem = self._input_problem(inputs, communicator)
+        rows = self._exchanged(inputs, communicator, self._input_problem(inputs, communicator))
+        extents = self._agreed_extents(rows)
+        if extents:
+            self.check_extents([full_shape(t, i, extents, UNKNOWN_EXTENT) for i, t in enumerate(self.input_types)])
+        else:  # every whole shape is static
+            self.check_extents([declared.whole_shape for declared in self.declared_inputs])
+        return extents
+
+    def check_values(self, inputs: Sequence[torch.Tensor], communicator: Communicator) -> None:
+        """`check` of a later call whose inputs have the shapes, dtypes and devices of inputs that
+        `check` accepted (a compiled signature): what such a call can change alone, the values
+        and memory of `value_checked_inputs`, with the same exchange, so that every rank raises
+        alike. The types of the others could only pass again."""
+        self._exchanged(inputs, communicator, self._input_problem(inputs, communicator, values_only=True))
+
+    def _exchanged(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator, problem: tuple[int, str] | None
+    ) -> dict[int, list[int]]:
+        """Every rank's report (`_report`) by rank, once none says its inputs are wrong: this
+        rank raises its own `problem`, or what another rank's report says."""
         row = self._report(inputs, communicator, problem)
         rows = {communicator.rank: row} if len(communicator.ranks) == 1 else _exchange(row, communicator)
         if problem is not None:
@@ -376,12 +395,7 @@ class Program:
                 f"the inputs of @{self.host.sym_name.data} are wrong on another rank, so no rank "
                 f"runs it: {'; '.join(faults)}"
             )
-        extents = self._agreed_extents(rows)
-        if extents:
-            self.check_extents([full_shape(t, i, extents, UNKNOWN_EXTENT) for i, t in enumerate(self.input_types)])
-        else:  # every whole shape is static
-            self.check_extents([declared.whole_shape for declared in self.declared_inputs])
-        return extents
+        return rows
 
     def check_extents(self, shapes: Sequence[Sequence[int]]) -> None:
         """Raises `HostirError` if whole inputs of `shapes` cannot go through the program
@@ -455,14 +469,16 @@ class Program:
         )
 
     def _input_problem(
-        self, inputs: Sequence[torch.Tensor], communicator: Communicator
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator, values_only: bool = False
     ) -> tuple[int, str] | None:
-        """This rank's verdict on its inputs: (WRONG_INPUT_COUNT or the first wrong input's index, why)."""
+        """This rank's verdict on its inputs: (WRONG_INPUT_COUNT or the first wrong input's index,
+        why); with `values_only`, on the values and memory of `value_checked_inputs` alone."""
         name = self.host.sym_name.data
         if len(inputs) != len(self.input_types):
             return WRONG_INPUT_COUNT, f"@{name} takes {len(self.input_types)} input(s), got {len(inputs)}"
-        for i, (value, declared) in enumerate(zip(inputs, self.declared_inputs)):
-            problem = _input_problem(value, declared, communicator, i in self.aten_inputs)
+        for i in sorted(self.value_checked_inputs) if values_only else range(len(inputs)):
+            value, declared = inputs[i], self.declared_inputs[i]
+            problem = None if values_only else _input_problem(value, declared, communicator, i in self.aten_inputs)
             if not problem and i in self.symmetric_inputs:
                 problem = _symmetric_input_problem(value, declared.type, communicator)
             if not problem:

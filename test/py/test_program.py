@@ -503,6 +503,24 @@ def test_a_promised_value_is_compared_until_a_tensor_keeps_it_unwritten(monkeypa
     assert len(compared) == 8
 
 
+def test_a_later_calls_check_reads_the_promised_values_alone():
+    """`check_values`, a later call's check of inputs whose shapes, dtypes and devices a
+    compiled signature vouches for: the promised values are checked (and the count of inputs),
+    the other inputs' types are not read again, which `check` would refuse."""
+    x = "!fusion.tensor<[4], i64>"
+    program = Program.compile(f"func.func @p(%x: {x}, %y: {x}) -> {x} {{\n  func.return %x : {x}\n}}")
+    program.expect(0, torch.arange(4), "the positions")
+    communicator = Communicator.single(torch.device("cpu"))
+    other = torch.zeros(4)  # f32 where the program takes i64
+    program.check_values([torch.arange(4), other], communicator)
+    with pytest.raises(HostirError, match="input #1 of @p"):
+        program.check([torch.arange(4), other], communicator)
+    with pytest.raises(HostirError, match="input #0 of @p on rank 0: its values are not the positions"):
+        program.check_values([torch.arange(4).flip(0), other], communicator)
+    with pytest.raises(HostirError, match="@p takes 2 input"):
+        program.check_values([torch.arange(4)], communicator)
+
+
 SEEDED = _seeded("!fusion.tensor<[], i64>")
 """An attention kernel's random seed as its backward takes it back: a 0-dim input that only
 an ATen call reads."""
