@@ -284,8 +284,8 @@ class Program:
             return None
         expected, what = self.expected_values[index]
         problem = f"its values are not {what}, which the program was compiled for"
-        given, promised = (f"{list(t.shape)} {t.dtype} on {t.device}" for t in (value, expected))
-        if given != promised:
+        if (value.shape, value.dtype, value.device) != (expected.shape, expected.dtype, expected.device):
+            given, promised = (f"{list(t.shape)} {t.dtype} on {t.device}" for t in (value, expected))
             return f"{problem} (given {given}, expected {promised})"
         # The very tensor (a mask the caller made once and hands back) needs no comparison, nor
         # does one that kept the promise and was not written since: a comparison reads the
