@@ -167,10 +167,8 @@ class Breakdown:
         for a in activities:
             by_kind[a.kind].append((a.start, a.end))
         compute = by_kind["gemm"] + by_kind["attention"] + by_kind["other"]
-        everything = [(a.start, a.end) for a in activities]
         first = min((a.start for a in activities), default=step[1])
         last = max((a.end for a in activities), default=step[1])
-        busy = length(everything)
         others = Counter()
         other_us = Counter()
         for a in activities:
@@ -178,7 +176,7 @@ class Breakdown:
                 others[a.name] += 1
                 other_us[a.name] += a.end - a.start
         top = [(name, others[name], us / 1e3) for name, us in other_us.most_common(8)]
-        gaps = sorted(idle_gaps(activities), key=lambda gap: -gap[0])[:LONGEST_GAPS]
+        gaps = sorted(idle_gaps(activities), key=lambda gap: -gap[0])
         return cls(
             step_ms=(max(last, step[1]) - step[0]) / 1e3,
             gemm_ms=length(by_kind["gemm"]) / 1e3,
@@ -188,9 +186,9 @@ class Breakdown:
             other_kernels=len(by_kind["other"]),
             other_ms=length(by_kind["other"]) / 1e3,
             host_before_first_kernel_ms=max(0.0, first - step[0]) / 1e3,
-            idle_gaps_ms=max(0.0, (last - first) - busy) / 1e3 if activities else 0.0,
+            idle_gaps_ms=sum(us for us, _, _ in gaps) / 1e3,
             top_other=top,
-            longest_gaps=[(us / 1e3, before.name, after.name) for us, before, after in gaps],
+            longest_gaps=[(us / 1e3, before.name, after.name) for us, before, after in gaps[:LONGEST_GAPS]],
         )
 
     @classmethod

@@ -808,16 +808,16 @@ def breakdown_sections(results: list[Result], sizes: list[LayerSize]) -> list[st
                 for rank, b in enumerate(r.breakdown)
             ]
             lines = [f"### Where the time goes: {title}, {size.label} (ms)", "", table(rows), ""]
-            for r in measured:
-                top = Breakdown(**r.breakdown[0]).top_other
-                if top:
-                    named = "; ".join(f"{name[:60]} x{count} {ms:.3f}" for name, count, ms in top[:5])
-                    lines.append(f"- {r.contender}, rank 0, other kernels: {named}")
-            for r in measured:
-                gaps = Breakdown(**r.breakdown[0]).longest_gaps
-                if gaps:
+            rank_0 = [(r.contender, Breakdown(**r.breakdown[0])) for r in measured]
+            for contender, breakdown in rank_0:
+                if breakdown.top_other:
+                    named = "; ".join(f"{name[:60]} x{count} {ms:.3f}" for name, count, ms in breakdown.top_other[:5])
+                    lines.append(f"- {contender}, rank 0, other kernels: {named}")
+            for contender, breakdown in rank_0:
+                if breakdown.longest_gaps:
+                    gaps = breakdown.longest_gaps
                     named = "; ".join(f"{ms:.3f} after {before[:40]}, before {after[:40]}" for ms, before, after in gaps)
-                    lines.append(f"- {r.contender}, rank 0, longest idle gaps: {named}")
+                    lines.append(f"- {contender}, rank 0, longest idle gaps: {named}")
             sections.append("\n".join(lines))
     return sections
 

@@ -1370,7 +1370,6 @@ def check_attention_mask(
         broadcast_shapes(batch, shape[:-2])
     if causal is None or not causal.is_layout:
         return
-    devices = q.mesh.size
     if q.didx_axis != 0:
         raise VerifyException(
             f"causal {causal.value} masks by the positions of the queries' rows in a sequence "

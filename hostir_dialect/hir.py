@@ -353,17 +353,27 @@ class DimOp(IRDLOperation):
         return op
 
 
+def stated_extent(buffer: SSAValue, axis: int) -> tuple[list[Operation], SSAValue] | None:
+    """The extent of `axis` of `buffer` where the program states it, with the ops that make it:
+    a new constant where the type gives it (`type_extent`), else its allocation's size operand
+    (`allocated_size`); None where only running the program tells it."""
+    extent = type_extent(buffer, axis)
+    if extent is not None:
+        constant = arith.ConstantOp(IntegerAttr(extent, IndexType()))
+        return [constant], constant.result
+    size = allocated_size(buffer, axis)
+    return None if size is None else ([], size)
+
+
 class FoldStatedDim(RewritePattern):
-    """`hir.dim` of an axis whose extent the program states -> that extent."""
+    """`hir.dim` of an axis whose extent the program states -> that extent (`stated_extent`)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: DimOp, rewriter: PatternRewriter, /) -> None:
-        extent = type_extent(op.buffer, op.axis.data)
-        if extent is not None:
-            constant = arith.ConstantOp(IntegerAttr(extent, IndexType()))
-            rewriter.replace(op, [constant], [constant.result])
-        elif (size := allocated_size(op.buffer, op.axis.data)) is not None:
-            rewriter.replace(op, [], [size])
+        stated = stated_extent(op.buffer, op.axis.data)
+        if stated is not None:
+            ops, extent = stated
+            rewriter.replace(op, ops, [extent])
 
 
 @irdl_op_definition

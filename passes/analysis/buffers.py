@@ -14,7 +14,6 @@ along its stream axis.
 from __future__ import annotations
 
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import IndexType
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import InsertPoint
@@ -69,15 +68,6 @@ def buffer_users(buffer: SSAValue) -> list[Operation]:
     return users
 
 
-def allocated_extent(allocation: hir.AllocateOp, axis: int) -> tuple[list[Operation], SSAValue]:
-    """The extent of `axis` of the allocated buffer: a size operand, or a new constant."""
-    size = allocation.size_of(axis)
-    if size is not None:
-        return [], size
-    constant = arith.ConstantOp.from_int_and_width(tensor_type(allocation.result).get_shape()[axis], IndexType())
-    return [constant], constant.result
-
-
 def is_private_allocation(op: Operation | None) -> bool:
     """Whether `op` allocates, in the function body, a buffer that is not symmetric: one that
     only this device's streams use, in the order of its program (peers read or write a
@@ -92,7 +82,9 @@ def fewer_slices(op: hir.AllocateOp, count: SSAValue, rewriter: PatternRewriter)
     their index, which the caller maps onto the fewer slices."""
     buffer_type = tensor_type(op.result)
     axis = buffer_type.stream_axis
-    extent_ops, extent = allocated_extent(op, axis)
+    stated = hir.stated_extent(op.result, axis)
+    assert stated is not None  # an allocation's axis
+    extent_ops, extent = stated
     slots = arith.MinUIOp(extent, count)
     slots.result.name_hint = "stream_slots"
     sizes, shape = list(op.dynamic_sizes), list(buffer_type.get_shape())

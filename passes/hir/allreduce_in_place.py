@@ -40,7 +40,7 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
-from hostir.passes.analysis.buffers import allocated_extent, nothing_writes_between, product_of
+from hostir.passes.analysis.buffers import nothing_writes_between, product_of
 
 
 def partial_of_output(op: hir.AllreduceOp) -> bool:
@@ -83,11 +83,12 @@ class ProductIntoAllreduceOutput(RewritePattern):
         rewriter.notify_op_modified(op)
         if partial is not root:
             rewriter.erase(partial.owner)
-        allocation = root.owner
-        for use in list(root.uses):
-            extent_ops, extent = allocated_extent(allocation, use.operation.axis.data)
+        for use in list(root.uses):  # its hir.dim, whose extents the allocation states
+            stated = hir.stated_extent(root, use.operation.axis.data)
+            assert stated is not None
+            extent_ops, extent = stated
             rewriter.replace(use.operation, extent_ops, [extent])
-        rewriter.erase(allocation)
+        rewriter.erase(root.owner)
 
 
 def output_as_partial(op: hir.AllreduceOp, rewriter: PatternRewriter) -> SSAValue:

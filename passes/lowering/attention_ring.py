@@ -118,11 +118,17 @@ def _allocation(buffer: SSAValue) -> hir.AllocateOp | None:
     return buffer.op if isinstance(buffer, OpResult) and isinstance(buffer.op, hir.AllocateOp) else None
 
 
-def _like(buffer: SSAValue, element_type, name: str, symmetric: bool = False) -> hir.AllocateOp:
-    """A new buffer of `buffer`'s type in `element_type`, sized as `buffer`'s allocation."""
+def _like(
+    buffer: SSAValue, element_type, name: str, symmetric: bool = False, slots: int | None = None
+) -> hir.AllocateOp:
+    """A new buffer of `buffer`'s type in `element_type`, sized as `buffer`'s allocation; with
+    `slots`, that many such tensors along a new axis 0."""
     allocation = _allocation(buffer)
     assert allocation is not None
-    new = hir.AllocateOp(tensor_type(buffer).with_(element_type=element_type), allocation.dynamic_sizes, symmetric)
+    type = tensor_type(buffer).with_(element_type=element_type)
+    if slots is not None:
+        type = type.with_(shape=[slots, *type.get_shape()], axes=[fusion.SERIAL, *type.axes.data])
+    new = hir.AllocateOp(type, allocation.dynamic_sizes, symmetric)
     new.result.name_hint = name
     return new
 
@@ -154,6 +160,15 @@ class _SegmentBuilder:
         op = op_class(*operands, result_type)
         self.block.add_op(op)
         return op.results[0]
+
+    def widened(self, value: SSAValue) -> SSAValue:
+        """`value` in f32: cast where it has another element type."""
+        type = tensor_type(value)
+        return value if type.element_type == F32 else self(fusion.CastOp, value, type=type.with_(element_type=F32))
+
+    def rounded(self, value: SSAValue, result_type: TensorType) -> SSAValue:
+        """`value` (f32) cast into `result_type` where that is another element type: rounded once."""
+        return value if result_type.element_type == F32 else self(fusion.CastOp, value, type=result_type)
 
     def constant(self, value: float, like: TensorType) -> SSAValue:
         constant = fusion.ConstantOp(FloatAttr(value, F32), TensorType([], F32, like.mesh))
@@ -198,9 +213,7 @@ def _merge_output_segment(
         build(fusion.BroadcastOp, running_lse, [rows], type=column),
         build(fusion.BroadcastOp, arrived_lse, [rows], type=column),
     )
-    running, arrived = (
-        x if tensor_type(x).element_type == F32 else build(fusion.CastOp, x, type=wide) for x in (running, arrived)
-    )
+    running, arrived = build.widened(running), build.widened(arrived)
     divisor = build(fusion.MaximumOp, total, build.constant(TINY_F32, wide))
     numerator = build(
         fusion.AddOp,
@@ -208,10 +221,7 @@ def _merge_output_segment(
         build(fusion.MulOp, theirs, arrived, type=wide),
     )
     merged = build(fusion.DivOp, numerator, divisor, type=wide)
-    result_type = result_type or out_type
-    if result_type.element_type != F32:
-        merged = build(fusion.CastOp, merged, type=result_type)
-    build.block.add_op(func.ReturnOp(merged))
+    build.block.add_op(func.ReturnOp(build.rounded(merged, result_type or out_type)))
     return _segment(host, "merge_output", build.block)
 
 
@@ -426,21 +436,16 @@ class _RingBackward:
         """Ops inserted before the loop."""
         self.sum_segments: dict[tuple[TensorType, ...], func.FuncOp] = {}
 
-    def _buffer(self, like: SSAValue, element_type, name: str) -> SSAValue:
-        allocation = _like(like, element_type, name)
+    def _buffer(
+        self, like: SSAValue, element_type, name: str, symmetric: bool = False, slots: int | None = None
+    ) -> SSAValue:
+        allocation = _like(like, element_type, name, symmetric, slots)
         self.before.append(allocation)
         return allocation.result
 
     def _slotted(self, like: SSAValue, name: str, symmetric: bool = False) -> SSAValue:
         """A buffer of `self.slots` tensors like `like`, one per slot along axis 0."""
-        allocation = _allocation(like)
-        assert allocation is not None
-        one = tensor_type(like)
-        slotted = one.with_(shape=[self.slots, *one.get_shape()], axes=[fusion.SERIAL, *one.axes.data])
-        new = hir.AllocateOp(slotted, allocation.dynamic_sizes, symmetric)
-        new.result.name_hint = name
-        self.before.append(new)
-        return new.result
+        return self._buffer(like, tensor_type(like).element_type, name, symmetric, self.slots)
 
     def _sum(self, a: SSAValue, b: SSAValue, out: SSAValue) -> hir.LaunchKernelOp:
         """`out = a + b`, summed in f32 and rounded once into `out`: one kernel."""
@@ -448,14 +453,8 @@ class _RingBackward:
         segment = self.sum_segments.get(types)
         if segment is None:
             build = _SegmentBuilder(types[:2], ["a", "b"])
-            wide = [
-                x if t.element_type == F32 else build(fusion.CastOp, x, type=t.with_(element_type=F32))
-                for x, t in zip(build.block.args, types)
-            ]
-            total = build(fusion.AddOp, *wide)
-            if types[2].element_type != F32:
-                total = build(fusion.CastOp, total, type=types[2])
-            build.block.add_op(func.ReturnOp(total))
+            total = build(fusion.AddOp, *(build.widened(x) for x in build.block.args))
+            build.block.add_op(func.ReturnOp(build.rounded(total, types[2])))
             segment = self.sum_segments[types] = _segment(self.host, "sum", build.block)
             self.rewriter.insert(segment, InsertPoint.before(self.host))
         return hir.LaunchKernelOp(segment.sym_name.data, [a, b], [out])
