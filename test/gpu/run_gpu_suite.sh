@@ -10,13 +10,13 @@
 #   1. the pytest suite but the lit, docs, fuzz and package tests (which CI runs), the end-to-end
 #      tests on NCCL ranks among them (HOSTIR_TEST_DEVICE=cuda; world 4 needs 4 GPUs), whose
 #      GPU-only tests (CuPy kernels, CUDA streams, NCCL collectives, copy engines) run here
-#      instead of skipping; beside it, on the same GPUs,
+#      instead of skipping;
 #   2. hir-run --check on every example and every reference fusion (test/gpu/hir_run_all.py),
 #      several runs at once;
-#   3. then, alone, the tests that assert overlap in time (marked gpu_timing).
-# Each step may run HOSTIR_GPU_STEP_TIMEOUT_S seconds (default 300, 450 with 4 GPUs or more,
-# where the tests at world 4 run too). Exit status 1 if any step failed. docs/hir-run.md
-# describes the suite.
+#   3. the tests that assert overlap in time (marked gpu_timing), one at a time.
+# One step at a time, each with the machine to itself. Each may run HOSTIR_GPU_STEP_TIMEOUT_S
+# seconds (default 300, 360 with 4 GPUs or more, where the tests at world 4 run too). Exit
+# status 1 if any step failed. docs/hir-run.md describes the suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -55,9 +55,9 @@ failed=()
 # worker per 8 GiB of the GPUs' memory together, at most one per core.
 read -r gpus workers < <("$PYTHON" -c "import os, torch; n = torch.cuda.device_count(); print(n, max(2, min(os.cpu_count(), n * torch.cuda.get_device_properties(0).total_memory // 2**33)))")
 export HOSTIR_TEST_GPUS="$gpus"
-# With 4 GPUs the tests and examples at world 4 run too: on 4 H100 the pytest step took
-# 421 s, on 4 H200 it had run five sixths of the suite at 240 s; on 2 GPUs it takes 4 minutes.
-STEP_TIMEOUT_S="${HOSTIR_GPU_STEP_TIMEOUT_S:-$([ "$gpus" -ge 4 ] && echo 450 || echo 300)}"
+# With 4 GPUs the tests and examples at world 4 run too: on 4 H200 the pytest step alone took
+# 276 s; on 2 GPUs it takes 3 minutes.
+STEP_TIMEOUT_S="${HOSTIR_GPU_STEP_TIMEOUT_S:-$([ "$gpus" -ge 4 ] && echo 360 || echo 300)}"
 # Each step is bounded: one that runs past STEP_TIMEOUT_S gets SIGINT, on which pytest
 # still prints its failures so far (a kill from outside would lose them), then SIGKILL 30 s
 # later. A step's output is printed whole when it ends, with its time.
@@ -77,6 +77,19 @@ report() {
     echo
     echo "=== $name"
     cat "$log"
+    if [ -s "$log.jsonl" ] && [ "$(cat "$log.status")" != passed ]; then
+        echo "--- failures, as pytest-reportlog kept them when each test ended"
+        "$PYTHON" - "$log.jsonl" <<'EOF_FAILURES'
+import json
+import sys
+
+for line in open(sys.argv[1]):
+    report = json.loads(line)
+    if report.get("$report_type") == "TestReport" and report["outcome"] == "failed":
+        crash = (report.get("longrepr") or {}).get("reprcrash") or {}
+        print(f"FAILED {report['nodeid']} ({report['when']}): {crash.get('message', '')[:2000]}")
+EOF_FAILURES
+    fi
     echo "=== $name: $(cat "$log.status") in $(cat "$log.seconds") s"
     if [ "$(cat "$log.status")" != passed ]; then
         failed+=("$name")
@@ -89,21 +102,29 @@ began=$SECONDS
 # an environment (as CI does, `pip install -e .`), not run from a checkout: CI runs it.
 # test_docs.py (the docs' examples, those that need a GPU marked no-ci) and test_fuzz.py
 # (the parsers and passes under Hypothesis) need no GPU: CI runs them too. The examples'
-# runs share the GPUs with pytest's workers: both mostly start processes and compile.
-step "hir-run --check on every example" "$logs/examples" "$PYTHON" test/gpu/hir_run_all.py &
-examples=$!
+# runs come after pytest's, not beside them: both mostly start processes, CUDA contexts
+# and NCCL communicators, and on 4 H200 together they took 450 s where pytest alone took
+# 276 s, with six tests failed that pass alone.
 echo "pytest workers: $workers"
+# pytest prints its failures at the end of the session, after its workers have exited: a
+# worker that does not exit loses them all. pytest-reportlog (the `test` extra) writes each
+# test's report as it ends; `report` prints the failures from it.
+reportlog=()
+if "$PYTHON" -c "import pytest_reportlog" 2>/dev/null; then
+    reportlog=(--report-log "$logs/pytest.jsonl")
+fi
 # test_package.py checks the checkout's installs (editable, non-editable, none), which CI
 # makes; here hostir is installed in $SITE.
 step "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest" \
-    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -n "$workers" -m "not gpu_timing" --durations=25 test/py \
+    env HOSTIR_TEST_DEVICE=cuda "$PYTHON" -P -m pytest -o pythonpath= -q -rfEs -n "$workers" -m "not gpu_timing" --durations=25 "${reportlog[@]}" test/py \
     --ignore=test/py/test_lit.py --ignore=test/py/test_docs.py --ignore=test/py/test_fuzz.py \
     --ignore=test/py/test_package.py
-wait "$examples"
 report "pytest suite on GPUs (end-to-end tests on NCCL included)" "$logs/pytest"
+step "hir-run --check on every example" "$logs/examples" \
+    "$PYTHON" test/gpu/hir_run_all.py --jobs "$(( workers / 4 > 1 ? workers / 4 : 1 ))"
 report "hir-run --check on every example" "$logs/examples"
-# Tests that assert GPU work overlaps in time, alone: beside other tests' processes on the
-# same GPUs, their kernels interleave with others' and the overlap may not show.
+# Tests that assert GPU work overlaps in time, one at a time: beside other tests' processes
+# on the same GPUs, their kernels interleave with others' and the overlap may not show.
 step "GPU timing tests, alone" "$logs/timing" \
     "$PYTHON" -P -m pytest -o pythonpath= -q -rs -n 0 -m gpu_timing test/py/test_copy_engine.py test/py/test_trace.py
 report "GPU timing tests, alone" "$logs/timing"

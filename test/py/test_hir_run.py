@@ -160,12 +160,18 @@ def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path,
     assert re.search(r"^output #0 f32 \[4, \d+\]: max relative error 0 .*: ok$", out, re.MULTILINE)
 
 
+TORCHRUN_TIMEOUT_S = 300
+"""The ranks' `--timeout`, which bounds their rendezvous too: on a GPU machine whose every core
+runs a test's processes, a rank took over 120 s (hir-run's default) to start."""
+
+
 def torchrun_pair(arguments_of_ranks: tuple[list[str], list[str]]) -> list[tuple[int, str, str]]:
-    """hir-run as torchrun's ranks 0 and 1 of a world of 2, each with its arguments: (status, stdout, stderr)."""
+    """hir-run as torchrun's ranks 0 and 1 of a world of 2, each with its arguments and
+    `--timeout TORCHRUN_TIMEOUT_S`: (status, stdout, stderr)."""
     port = str(_free_port())
     processes = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), *arguments_of_ranks[rank]],
+            [sys.executable, str(SCRIPT), *arguments_of_ranks[rank], "--timeout", str(TORCHRUN_TIMEOUT_S)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -176,7 +182,7 @@ def torchrun_pair(arguments_of_ranks: tuple[list[str], list[str]]) -> list[tuple
         )  # fmt: skip
         for rank in (0, 1)
     ]
-    outputs = [p.communicate(timeout=120) for p in processes]
+    outputs = [p.communicate(timeout=TORCHRUN_TIMEOUT_S + 30) for p in processes]
     return [(p.returncode, *output) for p, output in zip(processes, outputs)]
 
 
