@@ -161,8 +161,8 @@ def test_inputs_marked_symmetric_are_placed_in_symmetric_memory(files, tmp_path,
 
 
 TORCHRUN_TIMEOUT_S = 300
-"""The ranks' `--timeout`, which bounds their rendezvous too: on a GPU machine whose every core
-runs a test's processes, a rank took over 120 s (hir-run's default) to start."""
+"""The ranks' `--timeout`, which bounds their join too (at least 120 s, whatever the timeout):
+on a GPU machine whose every core ran a test's processes, a rank took over 120 s to start."""
 
 
 def torchrun_pair(arguments_of_ranks: tuple[list[str], list[str]]) -> list[tuple[int, str, str]]:
