@@ -107,8 +107,8 @@ began=$SECONDS
 # 276 s, with six tests failed that pass alone.
 echo "pytest workers: $workers"
 # pytest prints its failures at the end of the session, after its workers have exited: a
-# worker that does not exit loses them all. pytest-reportlog (the `test` extra) writes each
-# test's report as it ends; `report` prints the failures from it.
+# step cut at its limit before then loses them all. pytest-reportlog (the `test` extra)
+# writes each test's report as it ends; `report` prints the failures from it.
 reportlog=()
 if "$PYTHON" -c "import pytest_reportlog" 2>/dev/null; then
     reportlog=(--report-log "$logs/pytest.jsonl")
