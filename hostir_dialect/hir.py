@@ -264,20 +264,24 @@ def root_axis(value: SSAValue, axis: int) -> tuple[SSAValue, int]:
     return value, axis
 
 
+def allocation_of(buffer: SSAValue) -> AllocateOp | None:
+    """The `hir.allocate` that makes `buffer`; None for a view, an argument or another op's result."""
+    return buffer.op if isinstance(buffer, OpResult) and isinstance(buffer.op, AllocateOp) else None
+
+
 def allocated_size(buffer: SSAValue, axis: int) -> SSAValue | None:
     """The size operand that the allocation of `buffer` (or of the buffer it is a view of)
     gives `axis`, where that is an allocation's dynamic axis: what `hir.dim` of it reads."""
     root, axis = root_axis(buffer, axis)
-    if isinstance(root, OpResult) and isinstance(root.op, AllocateOp):
-        return root.op.size_of(axis)
-    return None
+    allocation = allocation_of(root)
+    return None if allocation is None else allocation.size_of(axis)
 
 
 def in_symmetric_allocation(buffer: SSAValue) -> bool:
     """Whether `buffer` is (a view of) a buffer of `hir.allocate symmetric`, which the runtime
     makes once and gives back to every run."""
-    root = view_root(buffer)
-    return isinstance(root, OpResult) and isinstance(root.op, AllocateOp) and root.op.symmetric is not None
+    allocation = allocation_of(view_root(buffer))
+    return allocation is not None and allocation.symmetric is not None
 
 
 def is_symmetric(buffer: SSAValue) -> bool:
@@ -1068,15 +1072,16 @@ class LinearOp(ComputeOp):
     NUM_INS: ClassVar[tuple[int, ...]] = (2, 3)
 
 
-def _whole_buffer_problem(op: Operation, buffer: SSAValue) -> str | None:
+def whole_buffer_problem(op: Operation, buffer: SSAValue) -> str | None:
     """Why `buffer` is not a whole buffer of `op`'s block that only this device uses (one of
     `hir.allocate` in that block, not symmetric), which the runtime may replace by another
     tensor; None where it is one."""
-    if not isinstance(buffer, OpResult) or not isinstance(buffer.op, AllocateOp):
+    allocation = allocation_of(buffer)
+    if allocation is None:
         return "not a buffer of hir.allocate"
-    if buffer.op.symmetric is not None:
+    if allocation.symmetric is not None:
         return "symmetric, its memory mapped by its peers"
-    if buffer.op.parent_block() is not op.parent_block():
+    if allocation.parent_block() is not op.parent_block():
         return "allocated in another block"
     return None
 
@@ -1116,7 +1121,7 @@ class CopyOp(ComputeOp):
         if self.forwards_source is None:
             return
         for role, buffer in (("source", self.ins[0]), ("out", self.outs[0])):
-            problem = _whole_buffer_problem(self, buffer)
+            problem = whole_buffer_problem(self, buffer)
             if problem is not None:
                 raise VerifyException(
                     f"forwards_source makes the out the source buffer itself, so the {role} must be a "
@@ -1551,7 +1556,7 @@ def verify_adopted(op: AdoptingOp) -> None:
     for index in indices:
         if not 0 <= index < len(op.outs):
             raise VerifyException(f"adopted names out #{index}, but {op.name} has {len(op.outs)} out(s)")
-        problem = _whole_buffer_problem(op, op.outs[index])
+        problem = whole_buffer_problem(op, op.outs[index])
         if problem is not None:
             raise VerifyException(
                 f"out #{index} is adopted, so it must be a buffer of hir.allocate in the op's block, "

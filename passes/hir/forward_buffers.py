@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import builtin
 from xdsl.dialects.builtin import DenseArrayBase, UnitAttr, i64
-from xdsl.ir import Block, Operation, OpResult, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -59,12 +59,8 @@ from hostir.passes.analysis.extents import known_extent
 
 def whole_buffer(op: Operation, buffer: SSAValue) -> hir.AllocateOp | None:
     """The allocation of `buffer` where it is a whole buffer of `op`'s block that only this
-    device uses: `hir.allocate` in that block, not symmetric (peers map those)."""
-    if not isinstance(buffer, OpResult) or not isinstance(allocation := buffer.op, hir.AllocateOp):
-        return None
-    if allocation.symmetric is not None or allocation.parent_block() is not op.parent_block():
-        return None
-    return allocation
+    device uses (`hir.whole_buffer_problem`, the rule the marks' verifiers hold them to)."""
+    return None if hir.whole_buffer_problem(op, buffer) is not None else hir.allocation_of(buffer)
 
 
 class BlockOrder:

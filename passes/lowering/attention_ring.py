@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import arith, builtin, func, scf
 from xdsl.dialects.builtin import Float32Type, FloatAttr, IndexType
-from xdsl.ir import Block, Operation, OpResult, Region, SSAValue
+from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -114,16 +114,12 @@ def _named(op: Operation, name: str) -> Operation:
     return op
 
 
-def _allocation(buffer: SSAValue) -> hir.AllocateOp | None:
-    return buffer.op if isinstance(buffer, OpResult) and isinstance(buffer.op, hir.AllocateOp) else None
-
-
 def _like(
     buffer: SSAValue, element_type, name: str, symmetric: bool = False, slots: int | None = None
 ) -> hir.AllocateOp:
     """A new buffer of `buffer`'s type in `element_type`, sized as `buffer`'s allocation; with
     `slots`, that many such tensors along a new axis 0."""
-    allocation = _allocation(buffer)
+    allocation = hir.allocation_of(buffer)
     assert allocation is not None
     type = tensor_type(buffer).with_(element_type=element_type)
     if slots is not None:
@@ -305,7 +301,7 @@ class RingAttention(RewritePattern):
         out, lse = op.outs
         start = loop.start
         for buffer in (out, lse):
-            _move_before(_allocation(buffer), start, rewriter)
+            _move_before(hir.allocation_of(buffer), start, rewriter)
         steps = _constant_extent(loop.loop)
         if steps == 2:
             # One merge, of two kernel outputs: the first block's, in the output's own type as
@@ -464,7 +460,7 @@ class _RingBackward:
         grad_query = op.outs[0]
         owners = [scatter.collective.output for scatter in self.scatters]
         for buffer in (grad_query, *owners):
-            _move_before(_allocation(buffer), op, rewriter)
+            _move_before(hir.allocation_of(buffer), op, rewriter)
         copy_engines = self.backend == hir.CommunicatorBackend.CUDA
         several = self.steps > 1
         gradients = tensor_type(grad_query).element_type
@@ -529,7 +525,7 @@ class _RingBackward:
         for scatter in self.scatters:
             rewriter.erase(scatter.wait)
             rewriter.erase(scatter.collective)
-        gradients = [_allocation(grad) for grad in op.outs[1:]]
+        gradients = [hir.allocation_of(grad) for grad in op.outs[1:]]
         rewriter.erase(op)
         for allocation in gradients:  # computed block by block now, never whole
             if allocation is not None and not allocation.result.uses:

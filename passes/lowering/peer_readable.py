@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import UnitAttr
-from xdsl.ir import Operation, OpResult, SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import InsertPoint
 
@@ -35,10 +35,8 @@ from hostir_dialect.fusion import DYNAMIC, tensor_type
 
 def _symmetric_in_place(buffer: SSAValue) -> hir.AllocateOp | None:
     """The allocation of `buffer` if making it symmetric is enough: in the function body, not returned."""
-    if not isinstance(buffer, OpResult) or not isinstance(buffer.op, hir.AllocateOp):
-        return None
-    allocation = buffer.op
-    if not isinstance(allocation.parent_op(), func.FuncOp):
+    allocation = hir.allocation_of(buffer)
+    if allocation is None or not isinstance(allocation.parent_op(), func.FuncOp):
         return None
     if any(isinstance(use.operation, func.ReturnOp) for use in buffer.uses):
         return None
