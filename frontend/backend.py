@@ -222,8 +222,8 @@ class CompiledShapes:
     dtypes and devices of the first (the graph's key, or dynamo's guards for a graph of static
     shapes), run the checked program directly (`Program.run_checked`). Where the program
     checks the values of an input (`Program.value_checked_inputs`), which any call may break
-    on one rank alone, every call checks those inputs with the peers first
-    (`Program.check_values`).
+    on one rank alone, every call checks those inputs with the peers before the program
+    communicates (`Program.check_values`; a replay copies its inputs while the verdicts travel).
     """
 
     imported: ImportedGraph
@@ -290,9 +290,11 @@ class CompiledShapes:
             if program.expected_values:
                 # Any call may break a promised value on one rank alone, and a replay checks
                 # nothing: every rank checks with its peers, so that all raise, or none
-                # replays to wait for a peer that raised.
-                program.check_values(inputs, self.communicator)
-            results = self.replayer.run(inputs)
+                # replays to wait for a peer that raised. The replay waits for the peers'
+                # verdicts only once it has copied the inputs.
+                results = self.replayer.run(inputs, program.start_check_values(inputs, self.communicator))
+            else:
+                results = self.replayer.run(inputs)
         elif self.extents is None:
             context = program.checked_context(inputs, self.communicator)
             self.extents = context.input_extents

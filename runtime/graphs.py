@@ -170,7 +170,11 @@ class CapturedRun:
         self.lent -= returned
         self.on_loan -= returned
 
-    def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def replay(
+        self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
+    ) -> list[torch.Tensor]:
+        """The outputs of a replay on `inputs`. `checked` is called, and may raise, after the
+        copy of the inputs into the static buffers and before the replay."""
         for i, address in self.parameter_addresses:
             if inputs[i].data_ptr() != address:
                 raise HostirError(
@@ -188,6 +192,7 @@ class CapturedRun:
                 targets.append(static)
         if targets:
             torch._foreach_copy_(targets, sources)
+        checked()
         if self.watch is None:
             self.graph.replay()
         else:
@@ -326,16 +331,24 @@ class GraphReplayer:
     def replays(self) -> bool:
         return self.eager_reason is None
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None) -> list[torch.Tensor]:
         """The program's outputs on `inputs` (this rank's), replayed when a graph can be used.
 
         All ranks call it together with inputs of matching signatures, as they call
         `Program.run`; a replay does not exchange anything between ranks, so it does
         not check inputs across ranks as `Program.run` does (a new signature does).
+        `checked`, the wait for a check of the inputs' values that is under way with the
+        peers (`Program.start_check_values`), is called before the program communicates:
+        a replay calls it once it has copied the inputs, which no peer waits for.
         """
         if self.replays:
             key = signature(inputs)
-            captured = self.captured.get(key) or self._capture(key, inputs)
+            captured = self.captured.get(key)
+            if captured is not None and captured.blocker(inputs) is None:
+                return captured.replay(inputs, checked)
+        checked()
+        if self.replays:
+            captured = captured or self._capture(key, inputs)
             if captured is not None:
                 blocker = captured.blocker(inputs)
                 if blocker is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -378,24 +378,45 @@ class Program:
         `check` accepted (a compiled signature): what such a call can change alone, the values
         and memory of `value_checked_inputs`, with the same exchange, so that every rank raises
         alike. The types of the others could only pass again."""
-        self._exchanged(inputs, communicator, self._input_problem(inputs, communicator, values_only=True))
+        self.start_check_values(inputs, communicator)()
+
+    def start_check_values(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator
+    ) -> Callable[[], dict[int, list[int]]]:
+        """`check_values` in two halves: this rank's verdict, sent to the others, then the wait
+        for theirs (the callable returned), which raises as `check_values` would. Between the
+        two the caller may do what no peer waits for, such as a CUDA graph's copy of the
+        inputs into its own buffers, while the exchange travels."""
+        problem = self._input_problem(inputs, communicator, values_only=True)
+        return self._exchange_started(inputs, communicator, problem)
 
     def _exchanged(
         self, inputs: Sequence[torch.Tensor], communicator: Communicator, problem: tuple[int, str] | None
     ) -> dict[int, list[int]]:
         """Every rank's report (`_report`) by rank, once none says its inputs are wrong: this
         rank raises its own `problem`, or what another rank's report says."""
+        return self._exchange_started(inputs, communicator, problem)()
+
+    def _exchange_started(
+        self, inputs: Sequence[torch.Tensor], communicator: Communicator, problem: tuple[int, str] | None
+    ) -> Callable[[], dict[int, list[int]]]:
+        """`_exchanged`, under way: the wait for the other ranks' reports."""
         row = self._report(inputs, communicator, problem)
-        rows = {communicator.rank: row} if len(communicator.ranks) == 1 else _exchange(row, communicator)
-        if problem is not None:
-            raise HostirError(problem[1])
-        faults = [self._fault(rank, row) for rank, row in rows.items() if row[0] != INPUTS_OK]
-        if faults:
-            raise HostirError(
-                f"the inputs of @{self.host.sym_name.data} are wrong on another rank, so no rank "
-                f"runs it: {'; '.join(faults)}"
-            )
-        return rows
+        received = (lambda: {communicator.rank: row}) if len(communicator.ranks) == 1 else _exchange(row, communicator)
+
+        def exchanged() -> dict[int, list[int]]:
+            rows = received()
+            if problem is not None:
+                raise HostirError(problem[1])
+            faults = [self._fault(rank, row) for rank, row in rows.items() if row[0] != INPUTS_OK]
+            if faults:
+                raise HostirError(
+                    f"the inputs of @{self.host.sym_name.data} are wrong on another rank, so no rank "
+                    f"runs it: {'; '.join(faults)}"
+                )
+            return rows
+
+        return exchanged
 
     def check_extents(self, shapes: Sequence[Sequence[int]]) -> None:
         """Raises `HostirError` if whole inputs of `shapes` cannot go through the program
@@ -554,13 +575,19 @@ def _unwritten_since(value: torch.Tensor) -> tuple[torch.UntypedStorage, tuple]:
     return value.untyped_storage(), (value.data_ptr(), value.shape, value.stride(), value._version)
 
 
-def _exchange(row: list[int], communicator: Communicator) -> dict[int, list[int]]:
-    """The `row` of every rank that runs the program (`communicator.ranks`), by rank: one
-    all-gather of int64 on the CPU."""
+def _exchange(row: list[int], communicator: Communicator) -> Callable[[], dict[int, list[int]]]:
+    """Starts the all-gather of the `row` of every rank that runs the program
+    (`communicator.ranks`), one row of int64 each on the CPU, and returns the wait for the
+    rows, by rank."""
     local = torch.tensor(row, dtype=torch.int64)
     rows = [torch.empty_like(local) for _ in communicator.ranks]
-    dist.all_gather(rows, local, group=_exchange_group(communicator))
-    return {rank: r.tolist() for rank, r in zip(sorted(communicator.ranks), rows)}
+    work = dist.all_gather(rows, local, group=_exchange_group(communicator), async_op=True)
+
+    def received() -> dict[int, list[int]]:
+        work.wait()
+        return {rank: r.tolist() for rank, r in zip(sorted(communicator.ranks), rows)}
+
+    return received
 
 
 @functools.cache

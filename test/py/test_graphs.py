@@ -331,6 +331,32 @@ def test_a_replay_copies_its_inputs_in_one_batched_op_and_not_those_already_in_p
         run.replay([*inputs[:3], weight.clone()])
 
 
+def test_a_replay_waits_for_the_check_of_its_inputs_after_copying_them_and_before_replaying():
+    """A check of the inputs' values with the peers travels while the replay copies the inputs
+    (which no peer waits for); the replay waits for its verdict before the graph runs, and a
+    verdict that raises leaves the graph unreplayed."""
+    static = [torch.zeros(3)]
+    graph = _Doubling(static, torch.zeros(3))
+    run = CapturedRun(graph=graph, inputs=static, addresses=[static[0].data_ptr()], outputs=[graph.output], extents={})
+    x = torch.randn(3)
+    seen_at_the_wait = []
+
+    def checked() -> None:
+        seen_at_the_wait.append((static[0].clone(), len(graph.seen)))
+
+    (out,) = run.replay([x], checked)
+    ((copied, replays_before),) = seen_at_the_wait
+    assert torch.equal(copied, x) and replays_before == 0 and len(graph.seen) == 1
+    torch.testing.assert_close(out, 2 * x)
+
+    def refused() -> None:
+        raise HostirError("input #0 is wrong on rank 1")
+
+    with pytest.raises(HostirError, match="wrong on rank 1"):
+        run.replay([torch.randn(3)], refused)
+    assert len(graph.seen) == 1, "a refused check leaves the graph unreplayed"
+
+
 def test_a_capture_copies_the_inputs_it_does_not_read_in_place():
     """How a capture takes its inputs, on plain tensors: a parameter (static) and an output
     another replay hands over are read in place, unless the input is marked symmetric

@@ -519,6 +519,10 @@ def test_a_later_calls_check_reads_the_promised_values_alone():
         program.check_values([torch.arange(4).flip(0), other], communicator)
     with pytest.raises(HostirError, match="@p takes 2 input"):
         program.check_values([torch.arange(4)], communicator)
+    # In two halves: the wait for the verdicts raises, not the start.
+    wait = program.start_check_values([torch.arange(4).flip(0), other], communicator)
+    with pytest.raises(HostirError, match="its values are not the positions"):
+        wait()
 
 
 SEEDED = _seeded("!fusion.tensor<[], i64>")
