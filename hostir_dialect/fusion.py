@@ -691,6 +691,35 @@ class ErfOp(UnaryOp):
     name = "fusion.erf"
 
 
+@irdl_op_definition
+class RotateHalfOp(OneOperandOp):
+    """The halves of the last axis swapped, the new first half negated: for a last axis of
+    extent 2h, `cat([-x[..., h:], x[..., :h]], -1)`, the rotation of rotary position
+    embeddings (Llama's `rotate_half`). Its transpose, which a backward applies, is its
+    negation. Pointwise but along the last axis, where element j reads element j + h or
+    j - h: a kernel reads its operand at the other half, so that axis stays whole on every
+    device and stream (`_`)."""
+
+    name = "fusion.rotate_half"
+
+    def infer_shape(self) -> Shape:
+        shape = tensor_type(self.input).get_shape()
+        if not shape:
+            raise VerifyException("a 0-dim tensor has no last axis to rotate")
+        if shape[-1] >= 0 and shape[-1] % 2:
+            raise VerifyException(f"the last axis has extent {shape[-1]}; its two halves swap, so it must be even")
+        return shape
+
+    def verify_(self) -> None:
+        super().verify_()
+        for what, value in (("operand", self.input), ("result", self.result)):
+            if tensor_type(value).parallel_types()[-1] != ParallelType.SERIAL:
+                raise VerifyException(
+                    f"the {what}'s last axis is {tensor_type(value).parallel_types()[-1]}; the halves "
+                    "of the axis a rotation swaps must be on one device and stream (`_`)"
+                )
+
+
 class BinaryOp(FusionOp, ABC):
     """A pointwise op of two operands with torch broadcasting."""
 
@@ -1677,15 +1706,16 @@ BINARY_OPS: tuple[type[BinaryOp], ...] = (
     PowOp,
 )
 REDUCTION_OPS: tuple[type[ReductionOp], ...] = (SumOp, MaxOp)
-POINTWISE_OPS = (*UNARY_OPS, *BINARY_OPS, CastOp, ConstantOp, BroadcastOp, ExpandOp)
+POINTWISE_OPS = (*UNARY_OPS, *BINARY_OPS, CastOp, ConstantOp, BroadcastOp, ExpandOp, RotateHalfOp)
 """Ops that a fused pointwise segment may hold (broadcast only inserts extent-1 axes, expand
-only stretches them)."""
+only stretches them, a rotation reads its operand's last axis at the other half)."""
 
 Fusion = Dialect(
     "fusion",
     [
         SetOp,
         *UNARY_OPS,
+        RotateHalfOp,
         *BINARY_OPS,
         ConstantOp,
         CastOp,

@@ -21,6 +21,12 @@ def _insert_reshardings() -> type[ModulePass]:
     return InsertReshardings
 
 
+def _cat_to_rotate_half() -> type[ModulePass]:
+    from hostir.passes.fusion.cat_to_rotate_half import CatToRotateHalf
+
+    return CatToRotateHalf
+
+
 def _fusion_to_hir() -> type[ModulePass]:
     from hostir.passes.lowering.fusion_to_hir import FusionToHir
 
@@ -108,6 +114,7 @@ def _hir_lowering() -> type[ModulePass]:
 HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "auto-stream-parallel": _auto_stream_parallel,
     "insert-reshardings": _insert_reshardings,
+    "cat-to-rotate-half": _cat_to_rotate_half,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
     "attention-ring": _attention_ring,

@@ -23,6 +23,7 @@ from xdsl.transforms.common_subexpression_elimination import (
 )
 
 from hostir.passes.driver import Pipeline
+from hostir.passes.fusion.cat_to_rotate_half import CatToRotateHalf
 from hostir.passes.fusion.insert_reshardings import InsertReshardings
 from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
 from hostir.passes.hir.allreduce_in_place import AllreduceInPlace
@@ -62,6 +63,8 @@ class HirLowering(Pipeline):
     ATen result is copied into its out, as the reference programs print.
     `buffer_layouts=false` leaves out `buffer-layouts`, so that every buffer has its stream
     axis outermost in memory and a permute that reads one as a block copies.
+    `cat_to_rotate_half=false` leaves out `cat-to-rotate-half`, so that the rotation of a
+    rotary embedding stays the ATen calls (`split`, `neg`, `cat`) the graph wrote.
     """
 
     name = "hir-lowering"
@@ -79,12 +82,14 @@ class HirLowering(Pipeline):
     sum_in_matmul: bool = True
     forward_buffers: bool = True
     buffer_layouts: bool = True
+    cat_to_rotate_half: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
 
     def passes(self) -> tuple[ModulePass, ...]:
         return (
+            *([CatToRotateHalf()] if self.cat_to_rotate_half else []),
             InsertReshardings(),
             FusionToHir(self.backend, self.nccl_reductions),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),

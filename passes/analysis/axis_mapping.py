@@ -311,6 +311,7 @@ _MAPS: dict[type[Operation], Callable[[Operation], list[AxisMap]]] = {
     fusion.CastOp: _elementwise,
     fusion.ConstantOp: _elementwise,
     fusion.ExpandOp: _elementwise,
+    fusion.RotateHalfOp: _elementwise,
     **{op: _elementwise for op in (*fusion.UNARY_OPS, *fusion.BINARY_OPS)},
     **{op: _fusion_reduction for op in fusion.REDUCTION_OPS},
     fusion.BroadcastOp: _fusion_broadcast,

@@ -303,7 +303,8 @@ def kernel_run(first: Operation) -> KernelRun:
 
     The run takes the ops that follow `first` up to the next communication, passing over
     the ops it cannot hold: local reductions it cannot compute (a column sum, a weight's
-    gradient), GEMMs, attention, ATen calls, and pointwise ops whose results do not
+    gradient), GEMMs, attention, ATen calls, a rotation of a value of the run (a kernel
+    reads a rotation's operand from memory, at the other half), and pointwise ops whose results do not
     broadcast with the run's (two independent computations side by side, say a weight's
     broadcast next to an activation's backward). Those that read the run (or read those)
     stay after the kernel, which computes nothing they do not already follow: so the two
@@ -344,6 +345,7 @@ def kernel_run(first: Operation) -> KernelRun:
             and not any(isinstance(o, fusion.MatmulOp | fusion.LinearOp) for o in waits_for)
             and (first_reader is None or all(position[o] < first_reader for o in waits_for))
             and (is_pointwise(following) or _reduces_rows(following, space))
+            and not (isinstance(following, fusion.RotateHalfOp) and following.input.owner in run)
             and not (crossed and _stays_put(following, run))
             and (joined := _joined_space(space, following)) is not None
         ):

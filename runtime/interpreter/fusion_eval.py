@@ -127,6 +127,12 @@ def matmul_with_bias_into(lhs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tens
     out.copy_(torch.matmul(upcast(lhs), upcast(rhs)).add_(upcast(bias)))
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """`fusion.rotate_half`: the halves of the last axis swapped, the new first one negated."""
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], -1)
+
+
 POINTWISE_FUNCTIONS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.NegOp: torch.neg,
     fusion.AbsOp: torch.abs,
@@ -154,6 +160,7 @@ TORCH_OPS: dict[type[Operation], Callable[..., torch.Tensor]] = {
     fusion.CastOp: _cast,
     fusion.BroadcastOp: _broadcast,
     fusion.ExpandOp: _expand,
+    fusion.RotateHalfOp: _ignoring_op(rotate_half),
     fusion.SumOp: _reduction(torch.sum),
     fusion.MaxOp: _reduction(torch.amax),
     fusion.MatmulOp: _ignoring_op(matmul),

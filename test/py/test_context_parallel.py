@@ -306,6 +306,20 @@ def test_with_a_sequence_layout_attention_is_a_ring_both_ways(world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_the_rotary_rotation_is_read_by_the_kernel_of_its_multiply_add(world):
+    """The rotation of the queries and keys (`cat([-x[..., h:], x[..., :h]], -1)`) and its
+    transpose in the backward are `fusion.rotate_half` in the kernels of the multiply-adds
+    around them (cat-to-rotate-half): no `cat` is left, nor a kernel of a negation alone."""
+    programs = _host_programs(results_of_world(world)[0]["head-tail ring"]["dump"])
+    for kind, program in programs.items():
+        assert "aten.cat" not in program, f"{kind}: {program}"
+        segments = program.split("func.func private @")[1:]
+        rotating = [segment for segment in segments if "= fusion.rotate_half %" in segment]
+        assert len(rotating) in (1, 2) and sum(s.count("fusion.rotate_half %") for s in rotating) == 2, kind
+        assert all("fusion.mul " in segment and "fusion.add " in segment for segment in rotating), kind
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_positions_of_another_layout_fail_on_every_rank_before_any_communication(world):
     """The last rank's positions are not those of the option's layout: it says which input and
     why, every other rank that the inputs are wrong on another rank, and no rank hangs; at the

@@ -61,6 +61,7 @@ SNIPPETS: dict[str, list[str]] = {
     "fusion.set": [f"%o = fusion.set %s ATTRS : {S} -> !fusion.tensor<[?, 2], f32, mesh = [0, 1]>"],
     **{op.name: [f"%o = {op.name} %a ATTRS : {A} -> {A}"] for op in UNARY_OPS},
     **{op.name: [f"%o = {op.name} %a, %v ATTRS : ({A}, {V}) -> {A}"] for op in BINARY_OPS},
+    "fusion.rotate_half": [f"%o = fusion.rotate_half %a ATTRS : {A} -> {A}"],
     "fusion.constant": [
         "%o = fusion.constant 2.5 : f32 ATTRS : !fusion.tensor<[], f32>",
         "%p = fusion.constant -3 : i64 : !fusion.tensor<[], i64, mesh = [0, 1]>",

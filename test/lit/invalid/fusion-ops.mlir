@@ -270,3 +270,19 @@ func.func @aten_returns_negative(%x: !fusion.tensor<[4, 8], f32>) {
   %y = fusion.aten "aten.max.dim"(%x) call "[[{'operand': 0}, 1], {}]" returns [-1] : (!fusion.tensor<[4, 8], f32>) -> !fusion.tensor<[4], f32>
   func.return
 }
+
+// -----
+
+func.func @rotate_half_odd(%x: !fusion.tensor<[4, 7], f32>) {
+  // expected-error@+1 {{the last axis has extent 7; its two halves swap, so it must be even}}
+  %y = fusion.rotate_half %x : !fusion.tensor<[4, 7], f32> -> !fusion.tensor<[4, 7], f32>
+  func.return
+}
+
+// -----
+
+func.func @rotate_half_sharded_last_axis(%x: !fusion.tensor<[4, 2], f32, mesh = [0, 1], axes = [_, didx]>) {
+  // expected-error@+1 {{the operand's last axis is didx; the halves of the axis a rotation swaps must be on one device and stream (`_`)}}
+  %y = fusion.rotate_half %x : !fusion.tensor<[4, 2], f32, mesh = [0, 1], axes = [_, didx]> -> !fusion.tensor<[4, 2], f32, mesh = [0, 1], axes = [_, didx]>
+  func.return
+}
