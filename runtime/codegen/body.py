@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 from xdsl.dialects import func
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from hostir_dialect import fusion
 from hostir_dialect.fusion import DYNAMIC
@@ -40,6 +40,9 @@ class Access(NamedTuple):
 
     operand: int
     axes: AxisMap
+    rotated: bool = False
+    """Read as a `fusion.rotate_half` of it: along the iteration space's last axis, of extent
+    2h, element j reads element j + h, negated, where j < h, and element j - h after."""
 
 
 def _operand_maps(op: Operation, result_map: AxisMap) -> list[AxisMap]:
@@ -60,6 +63,9 @@ class DeviceFunction:
     """The loads (indices into `SegmentBody.loads`) it takes, parameter `a<k>` for load k."""
     reduced: tuple[int, ...]
     """The row reductions whose values it takes, parameter `s<i>` for reduction i."""
+    rotated: tuple[int, ...]
+    """Its rotated loads (`Access.rotated`), each with a parameter `f<k>`: whether the element
+    is in the first half of the last axis, where the rotation negates it."""
     stores: tuple[int, ...]
     """The stores (indices into `SegmentBody.stores`) it writes, parameter `r<j>&`; a
     reduction's function writes none and returns the element to accumulate."""
@@ -113,6 +119,12 @@ class SegmentBody:
     """Every device function, reductions' first."""
 
     @property
+    def rotates(self) -> bool:
+        """Whether a load is rotated (`Access.rotated`): its kernel takes `half`, the half
+        extent of the last axis, and keeps that axis apart from the others."""
+        return any(load.rotated for load in self.loads)
+
+    @property
     def row_stores(self) -> tuple[int, ...]:
         """The stores written once per row (by ROW_NAME)."""
         return next((f.stores for f in self.functions if f.name == ROW_NAME), ())
@@ -126,6 +138,9 @@ class SegmentBody:
         output_maps = [tuple(range(rank - fusion.tensor_type(v).rank, rank)) for v in outputs]
         for op in reductions:
             _check_row_reduction(segment, op, rank)
+        rotations = [op for op in ops if isinstance(op, fusion.RotateHalfOp)]
+        for op in rotations:
+            _check_rotation(segment, op, bool(reductions))
         whole = tuple(range(rank))
         space = _static_space(rank, needed_axis_maps(ops, [*outputs, *(op.input for op in reductions)],
                                                      [*output_maps, *(whole for _ in reductions)]))  # fmt: skip
@@ -137,14 +152,15 @@ class SegmentBody:
             if stored or (name == BODY_NAME and not reductions):
                 roots.append((name, [outputs[j] for j in stored], [output_maps[j] for j in stored], stored))
         maps_per_function = [needed_axis_maps(ops, values, maps) for _, values, maps, _ in roots]
-        read_per_function = [_arguments_read(segment, maps) for maps in maps_per_function]
+        read_per_function = [_arguments_read(segment, maps, rotations, rank) for maps in maps_per_function]
         loads_list = list(dict.fromkeys(access for read in read_per_function for access in read))
         stores = tuple(Access(j, axes) for j, axes in enumerate(output_maps))
         functions, sources = [], []
         for (name, values, maps_of_values, stored), maps, read in zip(roots, maps_per_function, read_per_function):
             function_loads = tuple(sorted(loads_list.index(access) for access in read))
             reduced = tuple(i for i, op in enumerate(reductions) if op.results[0] in maps)
-            function = DeviceFunction(name, function_loads, reduced, stored)
+            rotated = tuple(k for k in function_loads if loads_list[k].rotated)
+            function = DeviceFunction(name, function_loads, reduced, rotated, stored)
             lines = body_lines(segment, ops, maps, loads_list, function, reductions, values, maps_of_values)
             functions.append(function)
             sources.append(device_function(function, lines, loads_list, segment, outputs, values))
@@ -183,9 +199,34 @@ def _per_row_stores(outputs: Sequence[SSAValue], space: Sequence[int]) -> set[in
     }
 
 
-def _arguments_read(segment: func.FuncOp, maps: AxisMaps) -> list[Access]:
-    """The loads of a device function: each argument of `segment` under each map it is needed under."""
-    return [Access(i, axes) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ())]
+def _arguments_read(
+    segment: func.FuncOp, maps: AxisMaps, rotations: Sequence[fusion.RotateHalfOp], rank: int
+) -> list[Access]:
+    """The loads of a device function: each argument of `segment` under each map it is needed
+    under, then the argument of each rotation under each map the rotation is needed under,
+    rotated."""
+    loads = [Access(i, axes) for i, arg in enumerate(segment.args) for axes in maps.get(arg, ())]
+    for op in rotations:
+        for axes in maps.get(op.result, ()):
+            if axes[-1] != rank - 1:
+                raise HostirError.at(
+                    op,
+                    f"'{op.name}' in segment @{segment.sym_name.data} rotates another axis than the last "
+                    "of the kernel's iteration space, along which a kernel reads the other half",
+                )
+            loads.append(Access(segment.args.index(op.input), axes, True))
+    return list(dict.fromkeys(loads))
+
+
+def _check_rotation(segment: func.FuncOp, op: fusion.RotateHalfOp, reduces_rows: bool) -> None:
+    """Raises unless a kernel reads `op`'s operand rotated: an argument of the segment (a value
+    the kernel computed has no other half to read), in a kernel that does not reduce rows."""
+    if not isinstance(op.input, BlockArgument) or op.input.owner is not segment.body.block or reduces_rows:
+        raise HostirError.at(
+            op,
+            f"'{op.name}' cannot be part of the fused kernel of segment @{segment.sym_name.data}: a "
+            "kernel reads the rotation of an input of the segment, in a kernel that reduces no rows",
+        )
 
 
 def _static_space(rank: int, maps: AxisMaps) -> tuple[int, ...]:
@@ -228,7 +269,7 @@ def fusable_ops(segment: func.FuncOp) -> tuple[list[Operation], Sequence[SSAValu
     if returned is None:
         raise HostirError.at(segment, f"segment @{name} does not end with func.return")
     for op in ops:
-        if type(op) not in EXPRESSIONS and not isinstance(op, (*ALIASES, *fusion.REDUCTION_OPS)):
+        if type(op) not in EXPRESSIONS and not isinstance(op, (*ALIASES, *fusion.REDUCTION_OPS, fusion.RotateHalfOp)):
             raise HostirError.at(
                 op,
                 f"'{op.name}' cannot be part of the fused kernel of segment @{name}",
@@ -256,12 +297,12 @@ def needed_axis_maps(
     """Backwards from the roots' maps: the maps each value of `ops` is needed under. A
     value that two readers broadcast differently is needed under two maps (and loaded, or
     computed, once per map). A reduction's value is one per row, which its own function
-    computes: the walk stops there."""
+    computes, and a rotation's is loaded (`Access.rotated`): the walk stops there."""
     maps: AxisMaps = {}
     for value, axes in zip(roots, root_maps):
         maps.setdefault(value, {})[axes] = None
     for op in reversed(ops):
-        if isinstance(op, fusion.ReductionOp):
+        if isinstance(op, fusion.ReductionOp | fusion.RotateHalfOp):
             continue
         for axes in maps.get(op.results[0], ()):
             for operand, operand_axes in zip(op.operands, _operand_maps(op, axes)):
@@ -291,11 +332,20 @@ def body_lines(
             f"  const {element_type(value).compute} {variables[value, axes]} = {expression};"
         )
 
+    rotated: dict[tuple[SSAValue, AxisMap], str] = {}
     for k in function.loads:
         arg = segment.args[loads[k].operand]
-        define(arg, loads[k].axes, element_type(arg).load.format(f"a{k}"))
+        loaded = element_type(arg).load.format(f"a{k}")
+        if loads[k].rotated:
+            rotated[arg, loads[k].axes] = f"v{len(lines)}"
+            lines.append(f"  const {element_type(arg).compute} v{len(lines)} = f{k} ? -{loaded} : {loaded};")
+        else:
+            define(arg, loads[k].axes, loaded)
     for op in ops:
         for axes in maps.get(op.results[0], ()):
+            if isinstance(op, fusion.RotateHalfOp):
+                variables[op.result, axes] = rotated[op.input, axes]
+                continue
             if isinstance(op, fusion.ReductionOp):
                 if axes != tuple(range(len(axes))):
                     raise HostirError.at(
@@ -329,6 +379,7 @@ def device_function(
     """The `__device__` function of `lines`: `function.name(loaded elements..., row values...,
     stored elements&...)`, or returning the reduced element when it stores nothing."""
     parameters = [f"const {element_type(segment.args[loads[k].operand]).storage} a{k}" for k in function.loads]
+    parameters += [f"const bool f{k}" for k in function.rotated]
     parameters += [f"const {reduction_type(segment, i)} s{i}" for i in function.reduced]
     parameters += [f"{element_type(outputs[j]).storage}& r{j}" for j in function.stores]
     returned = element_type(roots[0]).compute if function.returns else "void"

@@ -184,7 +184,7 @@ class SegmentKernel:
         else:
             blocks = -(-launch.elements // (layout.vector * launch.threads))
         number = cupy.int32 if layout.index == "int" else cupy.int64
-        sizes = tuple(map(number, kernel_sizes(launch)))
+        sizes = tuple(map(number, kernel_sizes(launch, self.body.rotates)))
         return PreparedLaunch(kernel, device, max(1, min(blocks, most)), launch.threads, sizes)
 
     def source(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> str:
@@ -229,14 +229,31 @@ class SegmentKernel:
         addresses = [b.data_ptr() for b in buffers]
         if self.body.reductions:
             return self._row_plan(extents, strides, sizes, addresses)
-        merged_extents, merged_strides = merge_axes(extents, strides)
+        rotates = self.body.rotates
+        if rotates:
+            # A rotated load reads the other half of the last axis: that axis stays apart.
+            if extents[-1] % 2:
+                raise self._error(f"the last axis has extent {extents[-1]}, which no rotation halves")
+            outer_extents, outer_strides = merge_axes(extents[:-1], [s[:-1] for s in strides])
+            merged_extents = [*outer_extents, extents[-1]]
+            merged_strides = [[*outer, s[-1]] for outer, s in zip(outer_strides, strides)]
+        else:
+            merged_extents, merged_strides = merge_axes(extents, strides)
         contiguous = contiguous_strides(merged_extents)
+        rotated = [a.rotated for a in (*self.body.loads, *self.body.stores)]
         patterns = tuple(
-            LINEAR if s == contiguous else tuple(map(stride_kind, s)) for s in merged_strides
+            LINEAR if s == contiguous and not r else tuple(map(stride_kind, s)) for s, r in zip(merged_strides, rotated)
         )
         # A kernel of one axis finishes the vectors' remainder with scalar accesses; of more,
-        # a vector would run over the end of a line of the innermost axis.
-        vector = vector_width(merged_extents, merged_strides, sizes, addresses, tail=len(merged_extents) == 1)
+        # a vector would run over the end of a line of the innermost axis. A vector of a
+        # rotated load lies in one half: its width divides the half.
+        vector = vector_width(
+            [*merged_extents[:-1], merged_extents[-1] // 2] if rotates else merged_extents,
+            merged_strides,
+            sizes,
+            addresses,
+            tail=len(merged_extents) == 1 and not rotates,
+        )
         elements = math.prod(extents)
         index = index_type([elements], merged_extents, merged_strides)
         layout = LaunchLayout(len(merged_extents), patterns, vector, index)
@@ -317,10 +334,11 @@ class SegmentKernel:
         return HostirError(f"kernel of segment @{self.body.name}: {message}")
 
 
-def kernel_sizes(launch: Launch) -> list[int]:
+def kernel_sizes(launch: Launch, rotates: bool = False) -> list[int]:
     """The kernel arguments after the pointers, in the order of the source's parameters: the
     counts (elements, or rows and the row's length), the merged extents but the outermost where
-    an access is indexed by axis, then each access's strides that are arguments."""
+    an access is indexed by axis, the half extent of the last axis where a load is rotated
+    (`rotates`), then each access's strides that are arguments."""
     layout = launch.layout
     counts = [launch.elements]
     if isinstance(layout, RowLayout):
@@ -328,7 +346,8 @@ def kernel_sizes(launch: Launch) -> list[int]:
     indexed = [(p, s) for p, s in zip(layout.patterns, launch.strides) if p is not LINEAR]
     extents = launch.extents[1 : layout.rank] if indexed else []
     strides = [step for pattern, steps in indexed for kind, step in zip(pattern, steps) if kind == STRIDED]
-    return [*counts, *extents, *strides]
+    halves = [launch.extents[-1] // 2] if rotates else []
+    return [*counts, *extents, *halves, *strides]
 
 
 def generated_source(

@@ -35,6 +35,8 @@ class _Access(NamedTuple):
     storage: str
     pattern: Pattern | None
     stored: bool
+    rotated: bool
+    """Read at the other half of the last axis (`Access.rotated`)."""
 
     @property
     def vectorized(self) -> bool:
@@ -44,14 +46,18 @@ class _Access(NamedTuple):
 
 def _accesses(body: SegmentBody, layout: LaunchLayout) -> list[_Access]:
     """The loads, then the stores."""
-    named = [(f"in{k}", f"a{k}", t, False) for k, t in enumerate(body.load_types)]
-    named += [(f"out{j}", f"r{j}", t, True) for j, t in enumerate(body.store_types)]
-    return [_Access(p, r, t.storage, pattern, stored) for (p, r, t, stored), pattern in zip(named, layout.patterns)]
+    named = [(f"in{k}", f"a{k}", t, False, a.rotated) for k, (t, a) in enumerate(zip(body.load_types, body.loads))]
+    named += [(f"out{j}", f"r{j}", t, True, False) for j, t in enumerate(body.store_types)]
+    return [
+        _Access(p, r, t.storage, pattern, stored, rotated)
+        for (p, r, t, stored, rotated), pattern in zip(named, layout.patterns)
+    ]
 
 
 def _parameters(body: SegmentBody, layout: LaunchLayout, counts: Sequence[str]) -> str:
     """The pointers, the counts, the extents of the merged axes but the outermost where an access
-    is indexed by axis, then the strides that are arguments (kernels.py passes them in this order)."""
+    is indexed by axis, the half extent of the last axis where a load is rotated, then the
+    strides that are arguments (kernels.py passes them in this order)."""
     index = layout.index
     accesses = _accesses(body, layout)
     parameters = [f"const {a.storage}* {a.pointer}" for a in accesses[: len(body.loads)]]
@@ -60,6 +66,7 @@ def _parameters(body: SegmentBody, layout: LaunchLayout, counts: Sequence[str]) 
     indexed = [a for a in accesses if a.pattern is not LINEAR]
     if indexed:
         parameters += [f"{index} extent{d}" for d in range(1, layout.rank)]
+        parameters += [f"{index} half"] if body.rotates else []
         parameters += [
             f"{index} {a.pointer}_stride{d}" for a in indexed for d, kind in enumerate(a.pattern) if kind == STRIDED
         ]
@@ -70,10 +77,13 @@ def _terms(access: _Access, indices: Mapping[int, str]) -> list[str]:
     """The terms of the offset of `access` at the index `indices[d]` of each axis d given."""
     terms = []
     for d, kind in enumerate(access.pattern):
-        if d in indices and kind == UNIT:
-            terms.append(indices[d])
-        elif d in indices and kind == STRIDED:
-            terms.append(f"{indices[d]} * {access.pointer}_stride{d}")
+        index = indices.get(d)
+        if index is not None and access.rotated and d == len(access.pattern) - 1:
+            index = f"({index} < half ? {index} + half : {index} - half)"
+        if index is not None and kind == UNIT:
+            terms.append(index)
+        elif index is not None and kind == STRIDED:
+            terms.append(f"{index} * {access.pointer}_stride{d}")
     return terms
 
 
@@ -102,10 +112,12 @@ def _vector(access: _Access, width: int) -> str:
     return f"hostir_vector<{access.storage}, {width}>"
 
 
-def _call(function: DeviceFunction, element: Callable[[int], str], loads: int) -> str:
-    """The call of `function` on the elements of its loads (`element(k)` is access k's), the
-    reductions' values, and the elements of its stores (accesses `loads + j`)."""
-    arguments = [element(k) for k in function.loads] + [f"s{i}" for i in function.reduced]
+def _call(function: DeviceFunction, element: Callable[[int], str], loads: int, first_half: str = "") -> str:
+    """The call of `function` on the elements of its loads (`element(k)` is access k's), whether
+    the elements are in the first half of the last axis (`first_half`, the C of it) for each
+    rotated load, the reductions' values, and the elements of its stores (accesses `loads + j`)."""
+    arguments = [element(k) for k in function.loads] + [first_half for _ in function.rotated]
+    arguments += [f"s{i}" for i in function.reduced]
     arguments += [element(loads + j) for j in function.stores]
     return f"{function.name}({', '.join(arguments)})"
 
@@ -117,6 +129,7 @@ def _step(
     offset: Callable[[int], str],
     statements: Callable[[str], list[str]],
     kept: Collection[int] = (),
+    first_half: str = "",
 ) -> list[str]:
     """The lines of one step of a thread over `width` elements (1: one element) of the accesses
     of `function`, at `offset(k)` for access k: `statements(call)` for each element, where
@@ -124,14 +137,16 @@ def _step(
     place. A vector step loads a vector of each access that walks the innermost axis (one
     element of each other: it is broadcast along that axis), runs the statements on each
     element, and stores the results' vectors. Loads in `kept` are in the registers `a<k>[c]`
-    already (a row's vector c of this thread)."""
+    already (a row's vector c of this thread). `first_half` is the C of whether the step's
+    elements are in the first half of the last axis, for the rotated loads (a vector lies
+    in one half: its width divides the half)."""
     loads = sum(not a.stored for a in accesses)
     if width == 1:
 
         def in_place(k: int) -> str:
             return f"{accesses[k].register}[c]" if k in kept else f"{accesses[k].pointer}[{offset(k)}]"
 
-        return statements(_call(function, in_place, loads))
+        return statements(_call(function, in_place, loads, first_half))
 
     def element(k: int) -> str:
         a = accesses[k]
@@ -156,7 +171,7 @@ def _step(
         *before,
         "#pragma unroll",
         f"for (int e = 0; e < {width}; ++e) {{",
-        *_indent(statements(_call(function, element, loads))),
+        *_indent(statements(_call(function, element, loads, first_half))),
         "}",
         *after,
     ]
@@ -185,7 +200,8 @@ def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
         if width > 1:
             lines.append(f"  const {index} i = k * {width};")
         lines += _indent(_index_lines(axes, layout.rank, index, "i"))
-        step = _step(accesses, function, width, offset, lambda call: [f"{call};"])
+        first_half = f"i{layout.rank - 1} < half" if body.rotates else ""
+        step = _step(accesses, function, width, offset, lambda call: [f"{call};"], first_half=first_half)
         return [*lines, *_indent(step), "}"]
 
     lines = [

@@ -481,7 +481,7 @@ def kernel_arguments(kernel: kernels.SegmentKernel, ins: Sequence[torch.Tensor],
     source = kernel.source(ins, outs)
     parameters = source[source.index(f"{KERNEL_NAME}(") :].split(")", 1)[0].split(", ")
     names = [p.split()[-1] for p in parameters if "*" not in p]
-    sizes = kernels.kernel_sizes(kernel.plan(ins, outs))
+    sizes = kernels.kernel_sizes(kernel.plan(ins, outs), kernel.body.rotates)
     assert len(names) == len(sizes)
     return dict(zip(names, sizes))
 
@@ -492,6 +492,103 @@ def test_sizes_are_passed_in_the_order_of_the_parameters():
     kernel = kernels.SegmentKernel(_rows_plus_bias_times_column("f32"))
     arguments = kernel_arguments(kernel, [x, bias, empty([4], torch.float32)], [empty([4, 8], torch.float32)])
     assert arguments == {"n": 32, "extent1": 8, "in0_stride1": 4, "in1_stride1": 2}
+
+
+def _rotary(dtype: str, backward: bool = False) -> func.FuncOp:
+    """The rotary embedding's multiply-add, x * cos + rotate_half(x) * sin, x of [batch,
+    sequence, heads, head_dim] and cos, sin of [sequence, 1, head_dim]; or its backward's,
+    g * cos - rotate_half(gs), gs = g * sin computed before."""
+    x, table = f"!fusion.tensor<[?, ?, ?, ?], {dtype}>", f"!fusion.tensor<[?, 1, ?], {dtype}>"
+    if backward:
+        body = f"""func.func private @rotary_backward(%gs: {x}, %g: {x}, %cos: {table}) -> {x} {{
+  %r = fusion.rotate_half %gs : {x} -> {x}
+  %n = fusion.neg %r : {x} -> {x}
+  %gc = fusion.mul %g, %cos : ({x}, {table}) -> {x}
+  %o = fusion.add %gc, %n : ({x}, {x}) -> {x}
+  func.return %o : {x}
+}}"""
+    else:
+        body = f"""func.func private @rotary(%x: {x}, %cos: {table}, %sin: {table}) -> {x} {{
+  %r = fusion.rotate_half %x : {x} -> {x}
+  %a = fusion.mul %x, %cos : ({x}, {table}) -> {x}
+  %b = fusion.mul %r, %sin : ({x}, {table}) -> {x}
+  %o = fusion.add %a, %b : ({x}, {x}) -> {x}
+  func.return %o : {x}
+}}"""
+    return parse_segment(body)
+
+
+def _rotary_buffers(shape: Sequence[int], dtype: torch.dtype, device: str = "cpu") -> tuple[list, list]:
+    batch, sequence, heads, head_dim = shape
+    x = torch.randn(shape, device=device).to(dtype)
+    cos, sin = (torch.randn(sequence, 1, head_dim, device=device).to(dtype) for _ in range(2))
+    return [x, cos, sin], [torch.full(shape, float("nan"), dtype=dtype, device=device)]
+
+
+def _rotated(x: torch.Tensor) -> torch.Tensor:
+    """Llama's rotate_half, as the model writes it."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def test_a_rotation_is_a_load_of_its_input_at_the_other_half():
+    """x is loaded twice, as it is and rotated: the rotated load reads the other half of the
+    last axis, which stays apart from the others, and negates the first half; bf16 moves
+    vectors of 8 where the half is a multiple of 8."""
+    kernel = kernels.SegmentKernel(_rotary("bf16"))
+    ins, outs = _rotary_buffers([2, 16, 4, 128], torch.bfloat16)
+    source = kernel.source(ins, outs)
+    assert_lines_in_order(
+        source,
+        [
+            "const bool f3, unsigned short& r0) {",
+            "const float v3 = f3 ? -hostir_bf16_to_f32(a3) : hostir_bf16_to_f32(a3);",
+            "const float v5 = v3 * v2;",
+            "int half, ",
+            "const int i3 = rest % extent3;",
+            "hostir_load<8>(in3 + i0 * in3_stride0 + i1 * in3_stride1 + i2 * in3_stride2 + (i3 < half ? i3 + half : i3 - half));",
+            "hostir_segment_body(a0.v[e], a1.v[e], a2.v[e], a3.v[e], i3 < half, r0.v[e]);",
+        ],
+    )
+    plan = kernel.plan(ins, outs)
+    assert plan.extents[-1] == 128 and plan.layout.vector == 8
+    assert kernel_arguments(kernel, ins, outs)["half"] == 64
+    assert [a.rotated for a in kernel.body.loads] == [False, False, False, True]
+
+
+@pytest.mark.parametrize(("head_dim", "vector"), [(8, 4), (6, 1), (16, 8)])
+def test_a_rotated_loads_vectors_lie_in_one_half(head_dim, vector):
+    kernel = kernels.SegmentKernel(_rotary("bf16"))
+    ins, outs = _rotary_buffers([1, 3, 2, head_dim], torch.bfloat16)
+    assert kernel.plan(ins, outs).layout.vector == vector
+
+
+def test_a_rotation_on_cpu_is_evaluated_as_the_models_cat():
+    """fusion_eval (the CPU path, and a GPU's where no kernel runs): the model's own
+    `cat((-second, first))`, rounded once."""
+    ins, _ = _rotary_buffers([2, 5, 3, 8], torch.bfloat16)
+    (out,) = fusion_eval.evaluate(_rotary("bf16"), ins)
+    x, cos, sin = (t.float() for t in ins)
+    assert torch.equal(out, (x * cos + _rotated(x) * sin).to(torch.bfloat16))
+
+
+def test_a_rotation_of_a_computed_value_or_beside_a_row_reduction_is_refused():
+    """A kernel reads the rotation of an input of its segment, in a kernel of no row reductions."""
+    x = "!fusion.tensor<[4, 8], f32>"
+    computed = parse_segment(f"""func.func private @seg(%x: {x}) -> {x} {{
+  %e = fusion.exp %x : {x} -> {x}
+  %r = fusion.rotate_half %e : {x} -> {x}
+  func.return %r : {x}
+}}""")
+    rows = parse_segment(f"""func.func private @seg(%x: {x}) -> {x} {{
+  %r = fusion.rotate_half %x : {x} -> {x}
+  %s = fusion.sum %x [1] keepdim : {x} -> !fusion.tensor<[4, 1], f32>
+  %o = fusion.mul %r, %s : ({x}, !fusion.tensor<[4, 1], f32>) -> {x}
+  func.return %o : {x}
+}}""")
+    for segment in (computed, rows):
+        with pytest.raises(HostirError, match="'fusion.rotate_half' cannot be part of the fused kernel of segment @seg"):
+            kernels.SegmentKernel(segment)
 
 
 def test_merge_axes_merges_what_every_access_walks_alike():
@@ -1099,3 +1196,42 @@ def test_a_segment_no_kernel_computes_warns_once_on_the_gpu_and_runs_eagerly():
                 (y,) = program.run([x], Communicator.single(x.device))
     assert len(warned) == 1
     assert torch.equal(y.cpu(), torch.exp(x.cpu()).to(torch.int32))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize(
+    ("shape", "place"),
+    [
+        ([2, 16, 4, 128], "contiguous"),
+        ([1, 3, 2, 6], "contiguous"),
+        ([2, 16, 4, 16], "second half of a split"),
+        ([2, 16, 4, 128], "transposed"),
+    ],
+)
+def test_rotary_kernels_match_the_models_cat(dtype, shape, place):
+    """The rotary embedding's multiply-add and its backward's, one kernel each, against the
+    model's `x * cos + cat((-second, first)) * sin` in f32 rounded once (and fusion_eval),
+    with x contiguous, the second half of a `split` (rows of twice its width) or a transpose
+    (heads and sequence swapped), and the output poisoned."""
+    torch_dtype = DTYPES[dtype]
+    generator = torch.Generator().manual_seed(sum(shape))
+    if place == "second half of a split":
+        x = random([*shape[:-1], 2 * shape[-1]], torch_dtype, generator).split(shape[-1], dim=-1)[1]
+    elif place == "transposed":
+        x = random([shape[0], shape[2], shape[1], shape[3]], torch_dtype, generator).transpose(1, 2)
+    else:
+        x = random(shape, torch_dtype, generator)
+    g = random(shape, torch_dtype, generator)
+    cos, sin = (random([shape[1], 1, shape[3]], torch_dtype, generator) for _ in range(2))
+    forward, backward = [poisoned(shape, torch_dtype)], [poisoned(shape, torch_dtype)]
+    assert kernels.SegmentKernel(_rotary(dtype)).launch([x, cos, sin], forward)
+    assert kernels.SegmentKernel(_rotary(dtype, backward=True)).launch([x, g, cos], backward)
+    torch.cuda.synchronize()
+    xf, gf, cosf, sinf = (t.double() for t in (x, g, cos, sin))
+    expected_forward = (xf * cosf + _rotated(xf) * sinf).to(torch_dtype)
+    expected_backward = (gf * cosf - _rotated(xf)).to(torch_dtype)
+    assert_matches(forward[0], expected_forward, "forward")
+    assert_matches(backward[0], expected_backward, "backward")
+    assert_matches(forward[0], fusion_eval.evaluate(_rotary(dtype), [x, cos, sin])[0], "forward, eagerly")
+    assert_matches(backward[0], fusion_eval.evaluate(_rotary(dtype, backward=True), [x, g, cos])[0], "backward, eagerly")
