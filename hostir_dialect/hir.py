@@ -1452,13 +1452,20 @@ class AtenOp(ComputeOp):
         super().__init__(ins, outs, properties)
 
     def permuted_axes(self) -> tuple[int, ...] | None:
-        """The axes of a permute (`aten.permute.default`), of its operand's local piece, in
-        the order of its result's; None for any other op."""
-        if self.target.data != "aten.permute.default":
-            return None
+        """The axes of a permute (`aten.permute.default`, or `aten.transpose.int` of two axes), of
+        its operand's local piece, in the order of its result's; None for any other op."""
         args, _ = decode_call(self.call.data)
-        rank = len(args[1])
-        return tuple(axis % rank for axis in args[1])
+        if self.target.data == "aten.permute.default":
+            rank = len(args[1])
+            return tuple(axis % rank for axis in args[1])
+        if self.target.data != "aten.transpose.int" or len(args) != 3:
+            return None
+        type = tensor_type(self.ins[0])
+        rank = type.rank - (type.didx_axis == 0)
+        axes = list(range(rank))
+        first, second = args[1] % rank, args[2] % rank
+        axes[first], axes[second] = axes[second], axes[first]
+        return tuple(axes)
 
     @classmethod
     def parse(cls, parser: Parser) -> AtenOp:

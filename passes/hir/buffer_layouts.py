@@ -14,9 +14,12 @@ result is one block, and the reshape is a view.
 Given only where nothing could tell the difference: the permute reads (directly, or through
 copies that `forward-buffers` forwarded) a whole buffer that this device allocates with no
 order of its own, and every other op that uses it, or a view of it, is a GEMM, an ATen
-call, a forwarded copy of it, a `hir.dim` or its deallocation: no communication, whose
-pieces must be blocks, no kernel of the program, and no return, whose caller sees the
-layout. The runtime allocates as the `order` says and decides nothing.
+call, a generated kernel (which walks its buffers through their strides), a forwarded copy
+of it, a `hir.dim` or its deallocation: no communication, whose pieces must be blocks, and
+no return, whose caller sees the layout. So the kernel that computes the keys and values of
+attention (their rotary embedding) writes them in the order of the heads' transpose that
+the attention and the ring's transfers read, and no copy makes that transpose one block.
+The runtime allocates as the `order` says and decides nothing.
 
 The pass runs after `forward-buffers`, whose forwarded copies it follows. Running it again
 gives the same orders.
@@ -65,7 +68,7 @@ def reads_any_layout(op: Operation, chain: list[SSAValue]) -> bool:
         return op.forwards_source is not None and op.ins[0] in chain and op.outs[0] in chain
     if isinstance(op, hir.AtenOp) and op.adopted is not None:
         return not any(op.outs[index] in chain for index in hir.adopted_outs(op))
-    return isinstance(op, hir.MatmulOp | hir.LinearOp | hir.AtenOp | hir.DimOp | hir.DeallocateOp)
+    return isinstance(op, hir.MatmulOp | hir.LinearOp | hir.AtenOp | hir.SegmentCallOp | hir.DimOp | hir.DeallocateOp)
 
 
 def permuted_order(permute: hir.AtenOp, axes: tuple[int, ...]) -> list[int] | None:

@@ -65,3 +65,23 @@ func.func @kept(%x: !x, %w: !w, %y: !t) -> (!seq, !t, !t, !seq) {
   hir.aten "aten.reshape.default"(%u, [2, 6, 5]) ins(%u : !t) outs(%v : !seq)
   func.return %r, %returned, %q, %v : !seq, !t, !t, !seq
 }
+
+// A generated kernel walks its buffers through their strides: the kernel of a rotary
+// embedding writes the queries in the order of the heads' transpose that reads them
+// (`aten.transpose.int`, a permute of two axes), which is then one block.
+!q = !fusion.tensor<[2, 2, 3, 4], f32>
+!heads = !fusion.tensor<[2, 3, 2, 4], f32>
+func.func private @rotary_segment(%x: !q) -> !q {
+  %r = fusion.rotate_half %x : !q -> !q
+  func.return %r : !q
+}
+// CHECK-LABEL: func.func @transposed_after_a_kernel(
+// CHECK:         %q = hir.allocate() order [0, 2, 1, 3] : !fusion.tensor<[2, 2, 3, 4], f32>
+func.func @transposed_after_a_kernel(%x: !q) -> !heads {
+  %q = hir.allocate() : !q
+  hir.launch_kernel @rotary_segment ins(%x : !q) outs(%q : !q)
+  %t = hir.allocate() : !heads
+  hir.aten "aten.transpose.int"(%q, 1, 2) ins(%q : !q) outs(%t : !heads) adopted [0]
+  hir.deallocate %q : !q
+  func.return %t : !heads
+}
