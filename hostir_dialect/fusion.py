@@ -287,6 +287,12 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     def is_sharded(self) -> bool:
         return self.didx_axis is not None
 
+    @property
+    def piece_rank(self) -> int:
+        """The rank of the local piece that an ATen call gets (`fusion.aten`, `hir.aten`): a
+        varying tensor's device axis, its first, is not passed."""
+        return self.rank - (self.didx_axis == 0)
+
     def local_shape(self) -> Shape:
         """The shape one device holds: every `didx` axis has extent 1."""
         return tuple(

@@ -1460,8 +1460,7 @@ class AtenOp(ComputeOp):
             return tuple(axis % rank for axis in args[1])
         if self.target.data != "aten.transpose.int" or len(args) != 3:
             return None
-        type = tensor_type(self.ins[0])
-        rank = type.rank - (type.didx_axis == 0)
+        rank = tensor_type(self.ins[0]).piece_rank
         axes = list(range(rank))
         first, second = args[1] % rank, args[2] % rank
         axes[first], axes[second] = axes[second], axes[first]

@@ -55,8 +55,7 @@ def _arguments(op: fusion.AtenOp, names: tuple[str, ...]) -> dict[str, object]:
 def _is_last_axis(dim: object, value: SSAValue) -> bool:
     """Whether an ATen call's `dim` names the last axis of `value`'s local piece (a varying
     tensor's device axis is not passed to the call)."""
-    type = fusion.tensor_type(value)
-    rank = type.rank - (type.didx_axis == 0)
+    rank = fusion.tensor_type(value).piece_rank
     return isinstance(dim, int) and rank > 0 and -rank <= dim < rank and dim % rank == rank - 1
 
 

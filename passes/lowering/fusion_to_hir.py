@@ -304,8 +304,8 @@ def kernel_run(first: Operation) -> KernelRun:
     The run takes the ops that follow `first` up to the next communication, passing over
     the ops it cannot hold: local reductions it cannot compute (a column sum, a weight's
     gradient), GEMMs, attention, ATen calls, a rotation of a value of the run (a kernel
-    reads a rotation's operand from memory, at the other half), and pointwise ops whose results do not
-    broadcast with the run's (two independent computations side by side, say a weight's
+    reads a rotation's operand from memory, at the other half), and pointwise ops whose
+    results do not broadcast with the run's (two independent computations side by side, say a weight's
     broadcast next to an activation's backward). Those that read the run (or read those)
     stay after the kernel, which computes nothing they do not already follow: so the two
     halves of SwiGLU's backward, which the GEMMs of a weight's gradient stand between in the

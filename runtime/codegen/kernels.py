@@ -232,8 +232,14 @@ class SegmentKernel:
         rotates = self.body.rotates
         if rotates:
             # A rotated load reads the other half of the last axis: that axis stays apart.
-            if extents[-1] % 2:
-                raise self._error(f"the last axis has extent {extents[-1]}, which no rotation halves")
+            # Each rotated buffer's extent along it is the space's, even: one of extent 1 would
+            # be broadcast along it, as the rotation of one element (its negation) is not.
+            for load, buffer in zip(self.body.loads, buffers):
+                if load.rotated and buffer.shape[-1] % 2:
+                    raise self._error(
+                        f"input #{load.operand} is rotated along a last axis of extent {buffer.shape[-1]}, "
+                        "which no rotation halves"
+                    )
             outer_extents, outer_strides = merge_axes(extents[:-1], [s[:-1] for s in strides])
             merged_extents = [*outer_extents, extents[-1]]
             merged_strides = [[*outer, s[-1]] for outer, s in zip(outer_strides, strides)]

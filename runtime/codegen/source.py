@@ -185,6 +185,10 @@ def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
     accesses = _accesses(body, layout)
     (function,) = body.functions
     axes = {d for a in accesses if a.pattern is not LINEAR for d, kind in enumerate(a.pattern) if kind != BROADCAST}
+    if body.rotates:
+        # A rotated load's sign reads the last axis's index, even where no access walks that
+        # axis by index (the rotated buffer broadcast along it, the others linear).
+        axes.add(layout.rank - 1)
     indices = {d: f"i{d}" for d in range(layout.rank)}
 
     def offset(k: int) -> str:
