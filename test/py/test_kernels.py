@@ -23,15 +23,17 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from examples.reference_fusions import REFERENCE_FUSIONS
+from hostir_dialect import fusion
 from hostir_dialect.builder import FusionBuilder, Tensor
 from hostir_dialect.text import HostirError, parse_module
 from hostir.runtime.codegen import kernels
-from hostir.runtime.codegen.body import fusable_ops, needed_axis_maps
+from hostir.runtime.codegen.body import Access, SegmentBody, fusable_ops, needed_axis_maps
 from hostir.runtime.codegen.expressions import HELPERS
 from hostir.runtime.codegen.layout import merge_axes
 from hostir.runtime.codegen.source import KERNEL_NAME
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import fusion_eval
+from hostir.runtime.interpreter.compute import segment_runner
 from hostir.runtime.program import Program
 from hostir.runtime.reference import compare, random_inputs
 from test_interpreter import poisoned_allocations
@@ -494,11 +496,13 @@ def test_sizes_are_passed_in_the_order_of_the_parameters():
     assert arguments == {"n": 32, "extent1": 8, "in0_stride1": 4, "in1_stride1": 2}
 
 
-def _rotary(dtype: str, backward: bool = False) -> func.FuncOp:
+def _rotary(dtype: str, backward: bool = False, rank: int = 4, table_extents: str = "?, 1, ?") -> func.FuncOp:
     """The rotary embedding's multiply-add, x * cos + rotate_half(x) * sin, x of [batch,
-    sequence, heads, head_dim] and cos, sin of [sequence, 1, head_dim]; or its backward's,
-    g * cos - rotate_half(gs), gs = g * sin computed before."""
-    x, table = f"!fusion.tensor<[?, ?, ?, ?], {dtype}>", f"!fusion.tensor<[?, 1, ?], {dtype}>"
+    sequence, heads, head_dim] (or of `rank` axes) and cos, sin of [sequence, 1, head_dim]
+    (or of `table_extents`); or its backward's, g * cos - rotate_half(gs), gs = g * sin
+    computed before."""
+    x = f"!fusion.tensor<[{', '.join('?' * rank)}], {dtype}>"
+    table = f"!fusion.tensor<[{table_extents}], {dtype}>"
     if backward:
         body = f"""func.func private @rotary_backward(%gs: {x}, %g: {x}, %cos: {table}) -> {x} {{
   %r = fusion.rotate_half %gs : {x} -> {x}
@@ -572,9 +576,53 @@ def test_a_rotation_on_cpu_is_evaluated_as_the_models_cat():
     assert torch.equal(out, (x * cos + _rotated(x) * sin).to(torch.bfloat16))
 
 
-def test_a_rotation_of_a_computed_value_or_beside_a_row_reduction_is_refused():
-    """A kernel reads the rotation of an input of its segment, in a kernel of no row reductions."""
-    x = "!fusion.tensor<[4, 8], f32>"
+def test_a_rotated_table_of_lower_rank_is_read_along_the_spaces_last_axis():
+    """A rotation of cos (of [sequence, 1, head_dim]) in a space of [batch, sequence, heads,
+    head_dim]: its last axis is the space's, so the kernel reads it rotated like any input."""
+    x, table = "!fusion.tensor<[?, ?, ?, ?], bf16>", "!fusion.tensor<[?, 1, ?], bf16>"
+    segment = parse_segment(f"""func.func private @seg(%x: {x}, %cos: {table}) -> {x} {{
+  %r = fusion.rotate_half %cos : {table} -> {table}
+  %o = fusion.mul %x, %r : ({x}, {table}) -> {x}
+  func.return %o : {x}
+}}""")
+    kernel = kernels.SegmentKernel(segment)
+    assert kernel.body.loads == (Access(0, (0, 1, 2, 3)), Access(1, (1, 2, 3), rotated=True))
+    (x, cos, _), outs = _rotary_buffers([2, 16, 4, 32], torch.bfloat16)
+    assert "hostir_load<8>(in1 + i1 * in1_stride1 + (i3 < half ? i3 + half : i3 - half));" in kernel.source([x, cos], outs)
+    (out,) = fusion_eval.evaluate(segment, [x, cos])
+    assert torch.equal(out, (x.float() * _rotated(cos.float())).to(torch.bfloat16))
+
+
+def _rotated_times(dtype: str) -> func.FuncOp:
+    """rotate_half(x) * y, of [rows, columns]."""
+    t = f"!fusion.tensor<[?, ?], {dtype}>"
+    return parse_segment(f"""func.func private @seg(%x: {t}, %y: {t}) -> {t} {{
+  %r = fusion.rotate_half %x : {t} -> {t}
+  %o = fusion.mul %r, %y : ({t}, {t}) -> {t}
+  func.return %o : {t}
+}}""")
+
+
+def test_a_rotated_loads_sign_reads_the_index_where_no_access_walks_the_last_axis():
+    """x expanded along the last axis (stride 0) and y and the output contiguous (linear):
+    no offset needs the index on the last axis, the sign of the rotated load does. An x of
+    extent 1 there is refused: its rotation, a negation, is broadcast whole, not by halves."""
+    kernel = kernels.SegmentKernel(_rotated_times("f32"))
+    y, out = torch.randn(4, 8), empty([4, 8], torch.float32)
+    source = kernel.source([torch.randn(4, 1).expand(4, 8), y], [out])
+    assert_lines_in_order(
+        source,
+        ["const int i1 = rest % extent1;", "const float a1 = in1[i0];", "hostir_segment_body(a0.v[e], a1, i1 < half, r0.v[e]);"],
+    )
+    with pytest.raises(HostirError, match="input #0 is rotated along a last axis of extent 1, which no rotation halves"):
+        kernel.plan([torch.randn(4, 1), y], [out])
+
+
+def test_a_rotation_no_kernel_reads_is_refused_and_runs_eagerly(monkeypatch):
+    """A kernel reads the rotation of an input of its segment, along the last axis of its
+    iteration space, in a kernel of no row reductions. Any other rotation leaves its segment
+    to torch eager ops, with a KernelFallbackWarning where a kernel would have run (faked)."""
+    x, wide = "!fusion.tensor<[4, 8], f32>", "!fusion.tensor<[4, 8, 6], f32>"
     computed = parse_segment(f"""func.func private @seg(%x: {x}) -> {x} {{
   %e = fusion.exp %x : {x} -> {x}
   %r = fusion.rotate_half %e : {x} -> {x}
@@ -586,9 +634,25 @@ def test_a_rotation_of_a_computed_value_or_beside_a_row_reduction_is_refused():
   %o = fusion.mul %r, %s : ({x}, !fusion.tensor<[4, 1], f32>) -> {x}
   func.return %o : {x}
 }}""")
-    for segment in (computed, rows):
-        with pytest.raises(HostirError, match="'fusion.rotate_half' cannot be part of the fused kernel of segment @seg"):
-            kernels.SegmentKernel(segment)
+    inner = parse_segment(f"""func.func private @seg(%x: {x}, %y: {wide}) -> {wide} {{
+  %r = fusion.rotate_half %x : {x} -> {x}
+  %b = fusion.broadcast %r [2] : {x} -> !fusion.tensor<[4, 8, 1], f32>
+  %o = fusion.mul %b, %y : (!fusion.tensor<[4, 8, 1], f32>, {wide}) -> {wide}
+  func.return %o : {wide}
+}}""")
+    monkeypatch.setattr(kernels, "launchable", lambda buffers: True)
+    for segment, refusal in [
+        (computed, "cannot be part of the fused kernel of segment @seg: a kernel reads the rotation of an input"),
+        (rows, "cannot be part of the fused kernel of segment @seg: a kernel reads the rotation of an input"),
+        (inner, "in segment @seg rotates another axis than the last of the kernel's iteration space"),
+    ]:
+        with pytest.raises(HostirError, match=f"'fusion.rotate_half' {refusal}"):
+            SegmentBody.of(segment)
+        ins = [torch.randn(fusion.tensor_type(arg).get_shape()) for arg in segment.args]
+        outs = [torch.full(fusion.tensor_type(segment.get_return_op().arguments[0]).get_shape(), float("nan"))]
+        with pytest.warns(kernels.KernelFallbackWarning, match="segment @seg runs as torch eager ops"):
+            segment_runner(segment)(ins, outs)
+        assert torch.equal(outs[0], fusion_eval.evaluate(segment, ins)[0])
 
 
 def test_merge_axes_merges_what_every_access_walks_alike():
@@ -729,17 +793,17 @@ def test_host_program_on_cpu_gives_what_fusion_eval_gives():
         assert torch.equal(actual, expected)
 
 
-REFUSED_SEGMENT = f"""
-func.func private @int_exp(%x: {{T}}) -> {{T}} {{{{
-  %y = fusion.exp %x : {{T}} -> {{T}}
-  func.return %y : {{T}}
-}}}}
-func.func @host(%x: {{T}}) -> {{T}} {{{{
-  %n = hir.dim %x, 0 : {{T}}
-  %y = hir.allocate(%n) : {{T}}
-  hir.launch_kernel @int_exp ins(%x : {{T}}) outs(%y : {{T}})
-  func.return %y : {{T}}
-}}}}
+REFUSED_SEGMENT = """
+func.func private @int_exp(%x: {T}) -> {T} {{
+  %y = fusion.exp %x : {T} -> {T}
+  func.return %y : {T}
+}}
+func.func @host(%x: {T}) -> {T} {{
+  %n = hir.dim %x, 0 : {T}
+  %y = hir.allocate(%n) : {T}
+  hir.launch_kernel @int_exp ins(%x : {T}) outs(%y : {T})
+  func.return %y : {T}
+}}
 """.format(T="!fusion.tensor<[?], i32>")
 
 
@@ -1198,22 +1262,34 @@ def test_a_segment_no_kernel_computes_warns_once_on_the_gpu_and_runs_eagerly():
     assert torch.equal(y.cpu(), torch.exp(x.cpu()).to(torch.int32))
 
 
+def assert_rotations_match(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """A rotary kernel against fusion_eval: bit for bit in bf16, whose products are exact in
+    f32, so that where the compiler contracts a product and a sum into one FMA it rounds as
+    eager's product then sum; within f32's tolerance in f32, where it need not."""
+    if actual.dtype == torch.bfloat16:
+        assert torch.equal(actual, expected), what
+    else:
+        assert_matches(actual, expected, what)
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize(
-    ("shape", "place"),
+    ("shape", "table", "place"),
     [
-        ([2, 16, 4, 128], "contiguous"),
-        ([1, 3, 2, 6], "contiguous"),
-        ([2, 16, 4, 16], "second half of a split"),
-        ([2, 16, 4, 128], "transposed"),
+        ([2, 16, 4, 128], [16, 1, 128], "contiguous"),
+        ([1, 3, 2, 6], [3, 1, 6], "contiguous"),
+        ([2, 1, 16, 4, 16], [1, 1, 16, 1, 16], "contiguous"),
+        ([2, 16, 4, 16], [16, 1, 16], "second half of a split"),
+        ([2, 16, 4, 128], [16, 1, 128], "transposed"),
     ],
 )
-def test_rotary_kernels_match_the_models_cat(dtype, shape, place):
+def test_rotary_kernels_match_the_models_cat(dtype, shape, table, place):
     """The rotary embedding's multiply-add and its backward's, one kernel each, against the
-    model's `x * cos + cat((-second, first)) * sin` in f32 rounded once (and fusion_eval),
-    with x contiguous, the second half of a `split` (rows of twice its width) or a transpose
-    (heads and sequence swapped), and the output poisoned."""
+    model's `x * cos + cat((-second, first)) * sin` in f64 rounded once and against
+    fusion_eval, with x contiguous, the second half of a `split` (rows of twice its width) or
+    a transpose (heads and sequence swapped), cos and sin broadcast along the batch and the
+    heads (`table`), and the output poisoned."""
     torch_dtype = DTYPES[dtype]
     generator = torch.Generator().manual_seed(sum(shape))
     if place == "second half of a split":
@@ -1223,15 +1299,42 @@ def test_rotary_kernels_match_the_models_cat(dtype, shape, place):
     else:
         x = random(shape, torch_dtype, generator)
     g = random(shape, torch_dtype, generator)
-    cos, sin = (random([shape[1], 1, shape[3]], torch_dtype, generator) for _ in range(2))
+    cos, sin = (random(table, torch_dtype, generator) for _ in range(2))
+    types = {"rank": len(shape), "table_extents": ", ".join("1" if extent == 1 else "?" for extent in table)}
+    forward_segment, backward_segment = _rotary(dtype, **types), _rotary(dtype, backward=True, **types)
     forward, backward = [poisoned(shape, torch_dtype)], [poisoned(shape, torch_dtype)]
-    assert kernels.SegmentKernel(_rotary(dtype)).launch([x, cos, sin], forward)
-    assert kernels.SegmentKernel(_rotary(dtype, backward=True)).launch([x, g, cos], backward)
+    assert kernels.SegmentKernel(forward_segment).launch([x, cos, sin], forward)
+    assert kernels.SegmentKernel(backward_segment).launch([x, g, cos], backward)
     torch.cuda.synchronize()
     xf, gf, cosf, sinf = (t.double() for t in (x, g, cos, sin))
     expected_forward = (xf * cosf + _rotated(xf) * sinf).to(torch_dtype)
     expected_backward = (gf * cosf - _rotated(xf)).to(torch_dtype)
     assert_matches(forward[0], expected_forward, "forward")
     assert_matches(backward[0], expected_backward, "backward")
-    assert_matches(forward[0], fusion_eval.evaluate(_rotary(dtype), [x, cos, sin])[0], "forward, eagerly")
-    assert_matches(backward[0], fusion_eval.evaluate(_rotary(dtype, backward=True), [x, g, cos])[0], "backward, eagerly")
+    assert_rotations_match(forward[0], fusion_eval.evaluate(forward_segment, [x, cos, sin])[0], "forward, eagerly")
+    assert_rotations_match(backward[0], fusion_eval.evaluate(backward_segment, [x, g, cos])[0], "backward, eagerly")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_rotations_of_broadcast_inputs_match_fusion_eval(dtype):
+    """A rotated table of lower rank than the space, and a rotated input expanded along the
+    last axis beside linear accesses (only the sign reads the index there)."""
+    torch_dtype = DTYPES[dtype]
+    generator = torch.Generator().manual_seed(5)
+    x, t = f"!fusion.tensor<[?, ?, ?, ?], {dtype}>", f"!fusion.tensor<[?, 1, ?], {dtype}>"
+    table = parse_segment(f"""func.func private @seg(%x: {x}, %cos: {t}) -> {x} {{
+  %r = fusion.rotate_half %cos : {t} -> {t}
+  %o = fusion.mul %x, %r : ({x}, {t}) -> {x}
+  func.return %o : {x}
+}}""")
+    ins = [random([2, 16, 4, 64], torch_dtype, generator), random([16, 1, 64], torch_dtype, generator)]
+    outs = [poisoned([2, 16, 4, 64], torch_dtype)]
+    assert kernels.SegmentKernel(table).launch(ins, outs)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], fusion_eval.evaluate(table, ins)[0])
+    ins = [random([300, 1], torch_dtype, generator).expand(300, 32), random([300, 32], torch_dtype, generator)]
+    outs = [poisoned([300, 32], torch_dtype)]
+    assert kernels.SegmentKernel(_rotated_times(dtype)).launch(ins, outs)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], fusion_eval.evaluate(_rotated_times(dtype), ins)[0])
