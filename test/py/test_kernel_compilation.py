@@ -20,7 +20,7 @@ import torch
 from xdsl.dialects import func
 
 from hostir.runtime.codegen import kernels
-from test_kernels import _rows_plus_bias_times_column, build_segment, empty
+from test_kernels import _rotary, _rows_plus_bias_times_column, build_segment, empty
 from test_row_reductions import _rms_norm_segment, _softmax_segment, backward_segment
 
 NVCC = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
@@ -64,6 +64,19 @@ def _integers() -> func.FuncOp:
     return build_segment(define, "integers")
 
 
+def _rotary_case(head_dim: int, vector_bytes: int, backward: bool = False) -> Case:
+    """The rotary embedding's multiply-add (or its backward's), bf16, heads of `head_dim`: x
+    loaded as it is and rotated, at the other half of the head."""
+    shape, table = [2, 16, 4, head_dim], [16, 1, head_dim]
+    second = shape if backward else table  # the backward's g where the forward's cos
+    return Case(
+        lambda: _rotary("bf16", backward),
+        lambda: [empty(shape, BF16), empty(second, BF16), empty(table, BF16)],
+        lambda: [empty(shape, BF16)],
+        vector_bytes,
+    )
+
+
 def _rms_norm_case(rows: int, columns: int, dtype: torch.dtype, vector_bytes: int, x=None) -> Case:
     def ins() -> list[torch.Tensor]:
         return [empty([rows, columns], dtype) if x is None else x(), empty([columns], dtype)]
@@ -105,6 +118,10 @@ CASES = {
     "pointwise i8 vectors of 16": Case(
         _integers, lambda: [empty([8, 64], torch.int8), empty([64], torch.int8)], lambda: [empty([8, 64], torch.int8)], 16
     ),
+    "pointwise bf16 rotary vector": _rotary_case(128, 16),
+    "pointwise bf16 rotary backward vector": _rotary_case(128, 16, backward=True),
+    "pointwise bf16 rotary vectors of 4": _rotary_case(8, 8),
+    "pointwise bf16 rotary scalar": _rotary_case(6, 0),
     "rows f32 warp vector": _rms_norm_case(300, 64, F32, 16),
     "rows bf16 4096 vector": _rms_norm_case(300, 4096, BF16, 16),
     "rows bf16 8192 vector": _rms_norm_case(300, 8192, BF16, 16),
