@@ -261,13 +261,13 @@ HOSTIR_VARIANTS = [
     ),
     _P2P_CUDA,
     # The reductions of GEMM+RS and GEMM+AR in a pass of their own, as before
-    # `reduce-scatter-in-matmul` and `allreduce-in-matmul`.
+    # `reduce-scatter-in-matmul`, `reduce-scatter-ring` and `allreduce-in-matmul`.
     HostirVariant(
         "hostir (cuda, separate reduction)",
         OverlapKind.MATMUL_REDUCE_SCATTER,
         matmul_reduce_scatter,
         _reduce_scatter_layout,
-        pipeline="hir-lowering{backend=cuda reduce_scatter_in_matmul=false}",
+        pipeline="hir-lowering{backend=cuda reduce_scatter_in_matmul=false reduce_scatter_ring=false}",
         copy_engine=True,
     ),
     HostirVariant(
@@ -463,8 +463,10 @@ def compiled(variant: HostirVariant, world: int) -> Program:
 def lowered_problem(variant: HostirVariant, problem: OverlapProblem, world: int) -> OverlapProblem:
     """`problem` in the form `variant`'s lowering gave it, for the cost model: a GEMM+RS or
     GEMM+AR whose program adds into a product (`hir.matmul accumulate`,
-    `reduce-scatter-in-matmul`, `allreduce-in-matmul`) has its reduction in the GEMM. A
-    program that does not compile keeps the plain form; its build says why it cannot run."""
+    `reduce-scatter-in-matmul`, `allreduce-in-matmul`) has its reduction in the GEMM, and a
+    GEMM+RS over more than two ranks that sends its rows (`reduce-scatter-ring`) is a ring
+    of destinations. A program that does not compile keeps the plain form; its build says
+    why it cannot run."""
     if problem.kind == OverlapKind.ALLGATHER_MATMUL:
         return problem
     try:
@@ -472,7 +474,9 @@ def lowered_problem(variant: HostirVariant, problem: OverlapProblem, world: int)
     except (HostirError, Unavailable):
         return problem
     adds_into_output = any(isinstance(op, hir.MatmulOp) and op.accumulate for op in program.host.walk())
-    return replace(problem, reduction_in_matmul=adds_into_output)
+    sends = any(isinstance(op, hir.SendOp) for op in program.host.walk())
+    ring = problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER and world > 2 and sends
+    return replace(problem, reduction_in_matmul=adds_into_output, destination_ring=ring)
 
 
 def hostir_build(

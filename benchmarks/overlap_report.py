@@ -164,7 +164,11 @@ class Report:
 
     def add_stages(self, problem: OverlapProblem, measured: MeasuredStages) -> None:
         """The stages `measure_stages` measured for `problem`'s form, printed and kept in the JSON."""
-        form = " (reduction in the GEMM)" if problem.reduction_in_matmul else ""
+        form = (
+            " (reduction in the GEMM)"
+            if problem.reduction_in_matmul
+            else " (ring of destinations)" if problem.destination_ring else ""
+        )
         size = "x".join(map(str, (problem.m, problem.k, problem.n)))
         for chunks, stages in sorted(measured.by_chunks.items()):
             self.stages.append(

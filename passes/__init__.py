@@ -51,6 +51,12 @@ def _reduce_scatter_in_matmul() -> type[ModulePass]:
     return ReduceScatterInMatmul
 
 
+def _reduce_scatter_ring() -> type[ModulePass]:
+    from hostir.passes.hir.reduce_scatter_ring import ReduceScatterRing
+
+    return ReduceScatterRing
+
+
 def _allreduce_in_matmul() -> type[ModulePass]:
     from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
 
@@ -119,6 +125,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "stream-parallel": _stream_parallel,
     "attention-ring": _attention_ring,
     "reduce-scatter-in-matmul": _reduce_scatter_in_matmul,
+    "reduce-scatter-ring": _reduce_scatter_ring,
     "allreduce-in-matmul": _allreduce_in_matmul,
     "allreduce-in-place": _allreduce_in_place,
     "sum-in-matmul": _sum_in_matmul,

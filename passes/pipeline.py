@@ -1,7 +1,7 @@
 """`hir-lowering`: the default pipeline, from a fusion to a host program ready to run.
 
 insert-reshardings, fusion-to-hir, stream-parallel, attention-ring, reduce-scatter-in-matmul,
-allreduce-in-matmul, allreduce-in-place, sum-in-matmul, copy-engine-pipelining,
+reduce-scatter-ring, allreduce-in-matmul, allreduce-in-place, sum-in-matmul, copy-engine-pipelining,
 per-stream-buffers, insert-deallocations, forward-buffers, buffer-layouts, then xDSL's
 `canonicalize` and `cse` to fold the index arithmetic and share what the loops compute
 twice. Those two only touch ops whose effects are known: arith, scf, and the hir ops
@@ -33,6 +33,7 @@ from hostir.passes.hir.forward_buffers import ForwardBuffers
 from hostir.passes.hir.insert_deallocations import InsertDeallocations
 from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
 from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
+from hostir.passes.hir.reduce_scatter_ring import ReduceScatterRing
 from hostir.passes.hir.sum_in_matmul import SumInMatmul
 from hostir.passes.lowering.attention_ring import AttentionRing
 from hostir.passes.lowering.fusion_to_hir import FusionToHir
@@ -53,8 +54,10 @@ class HirLowering(Pipeline):
     `copy-engine-pipelining`, so that the loops of copy-engine transfers stay spread
     over the pool streams as `stream-parallel` made them. `reduce_scatter_in_matmul=false`
     leaves out `reduce-scatter-in-matmul`, so that a pairwise copy-engine reduce-scatter
-    of a matmul's product sums its pieces in a pass of its own, and
-    `allreduce_in_matmul=false` leaves out `allreduce-in-matmul`, so that a pairwise
+    of a matmul's product sums its pieces in a pass of its own, `reduce_scatter_ring=false`
+    leaves out `reduce-scatter-ring`, so that a copy-engine reduce-scatter of a matmul's
+    product over more than two devices pulls its pieces once the whole product is computed,
+    and `allreduce_in_matmul=false` leaves out `allreduce-in-matmul`, so that a pairwise
     copy-engine allreduce of a matmul's product does too. `allreduce_in_place=false` leaves
     out `allreduce-in-place`, so that an NCCL allreduce of a matmul's product copies it
     into its output before summing it there. `sum_in_matmul=false` leaves out
@@ -77,6 +80,7 @@ class HirLowering(Pipeline):
     per_stream_buffers: bool = True
     copy_engine_pipelining: bool = True
     reduce_scatter_in_matmul: bool = True
+    reduce_scatter_ring: bool = True
     allreduce_in_matmul: bool = True
     allreduce_in_place: bool = True
     sum_in_matmul: bool = True
@@ -95,6 +99,7 @@ class HirLowering(Pipeline):
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),
             AttentionRing(),
             *([ReduceScatterInMatmul()] if self.reduce_scatter_in_matmul else []),
+            *([ReduceScatterRing()] if self.reduce_scatter_ring else []),
             *([AllreduceInMatmul()] if self.allreduce_in_matmul else []),
             *([AllreduceInPlace()] if self.allreduce_in_place else []),
             *([SumInMatmul()] if self.sum_in_matmul else []),

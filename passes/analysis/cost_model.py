@@ -50,6 +50,17 @@ ended, and the run ends with the last Y. An odd last chunk then runs as in T(S),
 every pair: its GEMM, its transfer. The sum's copy into the output of the device that
 made it (a memory-bound pass over a chunk per pair) is not modelled, as no reduction is.
 
+A copy-engine GEMM+RS over more than two devices lowered as a ring of destinations
+(`reduce-scatter-ring`, `destination_ring=True`) cuts each chunk into D GEMMs, one per
+member's rows: at step t (1 to D - 1) the rows of the member t ahead, then their
+transfer to it, and last the own rows. The transfers run on the copy engines one after
+the other, each as soon as its GEMM has ended and the transfer before it too, so chunk i's
+transfers hide behind its later GEMMs and those of chunk i + 1; the run ends with the
+last transfer or the last GEMM. `pipeline_time` follows that order event by event, with
+GEMMs of d(S) = gemm_s / (D S) + launch_overhead_s and transfers of one member's rows,
+c(S) / (D - 1) (c(S) carries the (D - 1) / D of a chunk that a reduce-scatter moves). The
+reduction of each chunk's D pieces at its end (a memory-bound pass) is not modelled.
+
 The model takes each chunk's stages from `StageTimes`: `Rates` scales the whole GEMM and
 the whole transfer linearly and assumes a GEMM and a transfer at once slow neither down,
 which is what a model can say before anything runs. `MeasuredStages` are the stages
@@ -115,6 +126,9 @@ class OverlapProblem:
     (`reduce-scatter-in-matmul`) per chunk the peer's rows, their transfer, and the own rows
     added into them; GEMM+AR's (`allreduce-in-matmul`) per pair of chunks one chunk
     multiplied for the peer, the other added into the peer's product, the sum pulled back."""
+    destination_ring: bool = False
+    """GEMM+RS on more than two devices as a ring of destinations (`reduce-scatter-ring`): per
+    chunk a GEMM of each member's rows, each peer's sent to it as soon as it is computed."""
 
     def __post_init__(self):
         if min(self.m, self.k, self.n, self.world, self.element_size) < 1:
@@ -124,6 +138,11 @@ class OverlapProblem:
             raise HostirError(
                 f"the reduction in the GEMM is a form of {' and '.join(summed_in_matmul)} on 2 ranks, "
                 f"not of {self.kind} on {self.world}"
+            )
+        if self.destination_ring and (self.kind != OverlapKind.MATMUL_REDUCE_SCATTER or self.world < 3):
+            raise HostirError(
+                f"the ring of destinations is a form of {OverlapKind.MATMUL_REDUCE_SCATTER} on 3 ranks or "
+                f"more, not of {self.kind} on {self.world}"
             )
         sharded = {"M": self.m} if self.kind == OverlapKind.ALLGATHER_MATMUL else {"K": self.k}
         if self.kind == OverlapKind.MATMUL_REDUCE_SCATTER:
@@ -146,14 +165,17 @@ class OverlapProblem:
 
     def chunk_gemm_rows(self, chunks: int) -> int:
         """The rows of each GEMM when the rows a rank holds are cut into `chunks` chunks: a
-        chunk of the product, or, with GEMM+RS's reduction in the GEMM, one device's rows of it."""
+        chunk of the product, or, with GEMM+RS's reduction in the GEMM or its ring of
+        destinations, one device's rows of it."""
         return int(self.m * self.chunk_gemm_share(chunks))
 
     def chunk_gemm_share(self, chunks: int) -> float:
         """The share of the whole GEMM that each chunk GEMM is: 1 / `chunks`, or with GEMM+RS's
-        reduction in the GEMM, one device's rows of a chunk."""
-        halves = self.reduction_in_matmul and self.kind == OverlapKind.MATMUL_REDUCE_SCATTER
-        return 1 / (chunks * self.world) if halves else 1 / chunks
+        reduction in the GEMM or its ring of destinations, one device's rows of a chunk."""
+        per_device = self.destination_ring or (
+            self.reduction_in_matmul and self.kind == OverlapKind.MATMUL_REDUCE_SCATTER
+        )
+        return 1 / (chunks * self.world) if per_device else 1 / chunks
 
     @property
     def gemm_flops(self) -> float:
@@ -270,6 +292,8 @@ def pipeline_time(problem: OverlapProblem, costs: StageTimes, chunks: int) -> fl
     if chunks < 1:
         raise HostirError(f"a pipeline needs at least one chunk, got {chunks}")
     stages = costs.stages(problem, chunks)
+    if problem.destination_ring:
+        return _destination_ring_time(chunks, problem.world, stages.transfer_s / (problem.world - 1), stages.gemm_s)
     if problem.reduction_in_matmul and problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER:
         return _reduction_in_matmul_time(chunks, stages.transfer_s, stages.gemm_s)
     if problem.reduction_in_matmul:
@@ -289,6 +313,19 @@ def _reduction_in_matmul_time(chunks: int, transfer: float, half_gemm: float) ->
         if chunk:
             gemms_end = max(gemms_end, transfers_end[chunk - 1]) + half_gemm  # O(chunk - 1)
     return max(gemms_end, transfers_end[-1]) + half_gemm  # O(chunks - 1)
+
+
+def _destination_ring_time(chunks: int, members: int, transfer: float, gemm: float) -> float:
+    """The end of the last GEMM or transfer of the chunks' rings (the module docstring): per
+    chunk a GEMM and a transfer for each of the `members - 1` peers, each transfer after its
+    GEMM and the transfer before it, then the GEMM of the own rows."""
+    gemms_end = copies_end = 0.0
+    for _ in range(chunks):
+        for _ in range(members - 1):
+            gemms_end += gemm
+            copies_end = max(copies_end, gemms_end) + transfer
+        gemms_end += gemm
+    return max(gemms_end, copies_end)
 
 
 def _allreduce_in_matmul_time(chunks: int, transfer: float, gemm: float) -> float:

@@ -5,8 +5,9 @@ iteration's stream, its epilogue that joins the caller's stream), which the pass
 it rewrite. The index values that every iteration shares are made once, at the top of the
 function, and found there again by the next pass that needs them: a constant
 (`index_constant`), a runtime value (`runtime_value`: `hir.device_index`, ...), the
-positions of a pair of devices (`PairPositions`). What only computes an index, or names a
-view, may be computed again for another iteration (`is_index_arithmetic`, `recomputable`).
+positions of a pair of devices (`PairPositions`) or around a team (`RingPositions`). What
+only computes an index, or names a view, may be computed again for another iteration
+(`is_index_arithmetic`, `recomputable`).
 """
 
 from __future__ import annotations
@@ -190,3 +191,45 @@ class PairPositions:
         last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
         rewriter.insert(ops, InsertPoint.after(last_input))
         return PairPositions(own.result, peer.result, peer_device.result, zero)
+
+
+@dataclass
+class RingPositions:
+    """This device's position in a team of consecutive devices, the positions `t` ahead of
+    it around the team (`ahead[t]`, `(own + t) mod D`, `ahead[0]` the own), and their
+    devices (`devices[t]`)."""
+
+    own: SSAValue
+    ahead: list[SSAValue]
+    devices: list[SSAValue]
+    zero: SSAValue
+
+    @staticmethod
+    def insert(
+        team: Sequence[int], anchor: Operation, rewriter: PatternRewriter, location: LocationAttr
+    ) -> RingPositions:
+        """Computed once, in the function's body before `anchor`, as `PairPositions`; `team`
+        must be consecutive devices (a device is its position plus the first's)."""
+        assert list(team) == list(range(team[0], team[0] + len(team))), f"team {list(team)} is not consecutive"
+        zero, size = index_constant(rewriter, anchor, 0), index_constant(rewriter, anchor, len(team))
+        steps = [index_constant(rewriter, anchor, t) for t in range(1, len(team))]
+        first = index_constant(rewriter, anchor, team[0]) if team[0] else None
+        rank = runtime_value(rewriter, anchor, hir.DeviceIndexOp, "rank")
+        ops: list[Operation] = []
+
+        def named(op: Operation, name: str) -> SSAValue:
+            op.results[0].name_hint = name
+            op.location = location
+            ops.append(op)
+            return op.results[0]
+
+        own = named(arith.SubiOp(rank, first), "own_position") if first else rank
+        ahead, devices = [own], [rank]
+        for t, step in enumerate(steps, start=1):
+            plus = named(arith.AddiOp(own, step), f"ahead_{t}_unwrapped")
+            ahead.append(named(arith.RemUIOp(plus, size), f"position_{t}_ahead"))
+            devices.append(named(arith.AddiOp(ahead[t], first), f"device_{t}_ahead") if first else ahead[t])
+        inputs = {value.owner for value in (zero, size, *steps, rank, *([first] if first else []))}
+        last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
+        rewriter.insert(ops, InsertPoint.after(last_input))
+        return RingPositions(own, ahead, devices, zero)

@@ -39,8 +39,8 @@ the reduce-scatter's: the transfer of chunk `i` is in flight while the matmul of
 where the matmul writes the whole product, in a buffer of the program that nothing else
 reads or writes through any of its views; the wait is the reduce-scatter's only use, in
 the same block; the reduction is a sum; and the team is the mesh of the product (every
-device that runs the matmul has a peer). A team of more than two keeps its
-reduce-scatter (a ring of such matmuls would serve it).
+device that runs the matmul has a peer) (`ScatteredProduct`). A team of more than two
+is `reduce-scatter-ring`'s.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import builtin
-from xdsl.dialects.shard import ReductionKind
-from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -61,52 +59,10 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import tensor_type
-from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps
-from hostir.passes.analysis.buffers import in_function_body, nothing_writes_between, product_of
 from hostir.passes.analysis.loops import PairPositions
+from hostir.passes.analysis.scattered_products import ScatteredProduct
 
 CUDA = hir.CommunicatorBackend.CUDA
-
-
-def _operand_axes(matmul: hir.MatmulOp, axis: int) -> list[int | None] | None:
-    """Each operand's axis that broadcasts to batch axis `axis` of the product (None where it
-    has none), if `axis` is a batch axis that each operand that has it holds whole (not
-    `didx`) with an extent of one (broadcast) or two (one slice per member)."""
-    lhs, rhs = (tensor_type(operand) for operand in matmul.ins)
-    if axis >= max(lhs.rank - 2, rhs.rank - 2, 0):
-        return None
-    axes = [operand_axis(axis_map, axis) for _, axis_map in operand_axis_maps(matmul)[:2]]
-    for operand, sliced in zip((lhs, rhs), axes):
-        if sliced is not None and (sliced == operand.didx_axis or operand.get_shape()[sliced] not in (1, 2)):
-            return None
-    return axes
-
-
-def _operands_at(
-    matmul: hir.MatmulOp,
-    axes: list[int | None],
-    position: SSAValue,
-    zero: SSAValue,
-    broadcasts: dict[int, hir.AliasSelectOp],
-) -> tuple[list[Operation], list[SSAValue]]:
-    """The views that this position needs made, and the matmul's operands at `position` of
-    the scattered axis: an operand without the axis whole, one of extent one at 0 (its view
-    kept in `broadcasts`, by operand index, for every position)."""
-    views, operands = [], []
-    for index, (operand, axis) in enumerate(zip(matmul.ins, axes)):
-        if axis is None:
-            operands.append(operand)
-            continue
-        if tensor_type(operand).get_shape()[axis] == 1:
-            view = broadcasts.get(index)
-            if view is None:
-                view = broadcasts[index] = hir.AliasSelectOp(operand, axis, zero)
-                views.append(view)
-        else:
-            views.append(view := hir.AliasSelectOp(operand, axis, position))
-        operands.append(view.result)
-    return views, operands
 
 
 class ReduceScatterIntoMatmul(RewritePattern):
@@ -115,29 +71,11 @@ class ReduceScatterIntoMatmul(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
-        team = op.team_ids
-        if (
-            op.backend.data != CUDA
-            or op.reduce_op is None
-            or op.reduce_op.data != ReductionKind.SUM
-            or len(team) != 2
-            or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
-            or (axis := op.scattered_axis()) is None
-            or (matmul := product_of(op, op.input)) is None
-            or (axes := _operand_axes(matmul, axis)) is None
-            or (anchor := in_function_body(matmul)) is None
-        ):
+        if len(op.team_ids) != 2 or (product := ScatteredProduct.match(op)) is None:
             return
-        waits = [use.operation for use in op.work.uses]
-        if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
-            return
-        if not nothing_writes_between(matmul, wait, op):
-            return
-
-        positions = PairPositions.insert(team, anchor, rewriter, op.location)
-        broadcasts: dict[int, hir.AliasSelectOp] = {}
-        peer_views, peer_operands = _operands_at(matmul, axes, positions.peer, positions.zero, broadcasts)
-        to_peer = hir.AliasSelectOp(op.input, axis, positions.zero)
+        positions = PairPositions.insert(op.team_ids, product.anchor, rewriter, op.location)
+        peer_views, peer_operands = product.operands_at(positions.peer, positions.zero)
+        to_peer = hir.AliasSelectOp(op.input, product.axis, positions.zero)
         to_peer.result.name_hint = "to_peer"
         peer_rows = [*peer_views, to_peer, hir.MatmulOp(peer_operands, [to_peer.result])]
         batch = hir.EndCoalescingOp()
@@ -148,14 +86,14 @@ class ReduceScatterIntoMatmul(RewritePattern):
             hir.RecvOp(op.output, positions.peer_device, CUDA),
             batch,
         ]
-        own_views, own_operands = _operands_at(matmul, axes, positions.own, positions.zero, broadcasts)
+        own_views, own_operands = product.operands_at(positions.own, positions.zero)
         own_rows = [*own_views, hir.MatmulOp(own_operands, [op.output], accumulate=True)]
         for new_op in (*peer_rows, *transfer, *own_rows):
             new_op.location = op.location
         # The peer's rows are multiplied where the product was, the own rows after the wait.
-        rewriter.replace(matmul, peer_rows, [])
+        rewriter.replace(product.matmul, peer_rows, [])
         rewriter.insert(transfer, InsertPoint.before(op))
-        rewriter.insert(own_rows, InsertPoint.after(wait))
+        rewriter.insert(own_rows, InsertPoint.after(product.wait))
         rewriter.replace(op, [], [batch.work])
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,8 +178,10 @@ def test_the_table_and_the_plot(cpu_run):
 
 
 def test_on_four_cpu_ranks_every_contender_runs_and_every_check_passes(tmp_path):
-    """The benchmark at 4 ranks, as on 4 GPUs: the point-to-point AG+GEMM in 4 chunks, and the
-    copy-engine GEMM+AR, whose allreduce of 4 members runs in two phases."""
+    """The benchmark at 4 ranks, as on 4 GPUs: the point-to-point AG+GEMM in 4 chunks, the
+    copy-engine GEMM+AR, whose allreduce of 4 members runs in two phases, and the
+    copy-engine GEMM+RS, a ring of destinations (modelled in that form) or, with
+    reduce-scatter-ring left out, the reduce-scatter of each chunk's whole product."""
     command = [
         sys.executable,
         str(BENCHMARKS / "overlap.py"),
@@ -201,6 +204,13 @@ def test_on_four_cpu_ranks_every_contender_runs_and_every_check_passes(tmp_path)
     for label in ("hostir (cuda) S=1", "hostir (cuda) S=2", "hostir (cuda, pool streams) S=2"):
         assert statuses[("matmul_allreduce", label)] == "ok"
     assert statuses[("allgather_matmul", "hostir p2p (cuda) S=4")] == "ok"
+    for label in ("hostir (cuda) S=1", "hostir (cuda) S=2", "hostir (cuda, separate reduction) S=2"):
+        assert statuses[("matmul_reduce_scatter", label)] == "ok"
+    assert re.search(r"matmul_reduce_scatter .* stages \(ring of destinations\) S=2", completed.stdout)
+    predicted = {
+        r["label"]: r["predicted_ms"] for r in results if r["problem"] == "matmul_reduce_scatter" and r["m"] == 64
+    }
+    assert predicted["hostir (cuda) S=2"] != predicted["hostir (cuda, separate reduction) S=2"]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL)")

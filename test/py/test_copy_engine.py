@@ -20,8 +20,10 @@ reduce-scatter with every reduction op (sum, product, max, min). On a world of 4
 allreduce runs in two phases: pieces of every size (empty, uneven, strided), the elements
 each member reads from its peers and the scratch it reduces into are checked too. On a
 machine with a GPU the allreduce's GPU path runs with 2 and with 4 processes sharing
-that GPU (`member_on_one_gpu`), and so does GEMM+AR with its sums made in the GEMM
-(`allreduce-in-matmul`), which CPU ranks run with 1 to 5 chunks and on devices 1 and 2.
+that GPU (`member_on_one_gpu`), and so do GEMM+AR with its sums made in the GEMM
+(`allreduce-in-matmul`), which CPU ranks run with 1 to 5 chunks and on devices 1 and 2,
+and GEMM+RS over four members as a ring of destinations (`reduce-scatter-ring`), which
+CPU ranks also run on devices 1 to 3 of four.
 
 Single-process tests check what the runtime refuses while preparing a program, and how
 long a symmetric buffer lives. GPU-only tests profile an AG+matmul and a
@@ -66,7 +68,7 @@ COPY_ENGINE = "hir-lowering{backend=cuda}"
 P2P_COPY_ENGINE = "hir-lowering{p2p_backend=cuda}"
 P2P_COPY_ENGINE_DEVICE_ORDER = "hir-lowering{p2p_backend=cuda p2p_order=device}"
 NCCL = "hir-lowering"
-SEPARATE_REDUCTION = "hir-lowering{backend=cuda reduce_scatter_in_matmul=false}"
+SEPARATE_REDUCTION = "hir-lowering{backend=cuda reduce_scatter_in_matmul=false reduce_scatter_ring=false}"
 
 S, M, K, N = 2, 3, 4, 5
 """Stream axis, rows of a shard, and the matmul's K and N."""
@@ -237,14 +239,20 @@ def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
                 torch.testing.assert_close(copy_engine, nccl, msg=lambda m: f"{where}: {m}")
 
 
-@pytest.mark.parametrize("world, in_the_gemm", [(2, True), (4, False)])
-def test_a_pairwise_matmul_reduce_scatter_adds_in_the_gemm(world, in_the_gemm):
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_matmul_reduce_scatter_adds_in_the_gemm_over_two_and_runs_a_ring_over_more(world):
     """Over two devices the reduce-scatter of GEMM+RS is a transfer and an accumulating
-    matmul (reduce-scatter-in-matmul), over four it stays; both match torch above."""
+    matmul (reduce-scatter-in-matmul), over four a matmul and a transfer per peer and one
+    reduction (reduce-scatter-ring); with both left out it stays; all match torch above."""
     module = BUILDERS["matmul_rs_through_bcast"](num_devices=world, dtype="f32")
     text = str(Program.compile(module, pipeline=COPY_ENGINE).host)
-    assert ("hir.matmul accumulate" in text) == in_the_gemm
-    assert ("hir.reduce_scatter" in text) != in_the_gemm
+    assert "hir.reduce_scatter" not in text
+    assert ("hir.matmul accumulate" in text) == (world == 2)
+    assert ('hir.reduction "sum"' in text) == (world > 2)
+    if world > 2:  # one send per peer (over two, copy-engine-pipelining peels the first chunk)
+        assert text.count("hir.send") == world - 1
+    separate = str(Program.compile(module, pipeline=SEPARATE_REDUCTION).host)
+    assert "hir.reduce_scatter" in separate and "hir.send" not in separate
 
 
 MATMUL_RS_ON_DEVICES_1_2 = f"""
@@ -284,6 +292,64 @@ def test_the_reduction_in_the_gemm_on_a_team_that_is_not_devices_0_and_1():
         piece = expected[:, rank - 1]
         tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
         torch.testing.assert_close(output.double().reshape(piece.shape), piece, rtol=0, atol=tolerance)
+
+
+MATMUL_RS_ON_DEVICES_1_TO_3 = f"""
+!x = !fusion.tensor<[{S}, 3, 3, {M}, {K}], f32, mesh = [1, 2, 3], axes = [_, didx, _, _, _]>
+!w = !fusion.tensor<[3, 3, {K}, {N}], f32, mesh = [1, 2, 3], axes = [didx, _, _, _]>
+!partial = !fusion.tensor<[{S}, 3, 3, {M}, {N}], f32, mesh = [1, 2, 3], axes = [stream, didx, _, _, _]>
+!y = !fusion.tensor<[{S}, 3, {M}, {N}], f32, mesh = [1, 2, 3], axes = [stream, didx, _, _]>
+func.func @matmul_rs(%x: !x, %w: !w) -> !y {{
+  %partial = fusion.matmul %x, %w : (!x, !w) -> !partial
+  %y = fusion.sum %partial [1] : !partial -> !y
+  func.return %y : !y
+}}
+"""
+"""GEMM+RS on devices 1 to 3 of a world of four, W with one slice per destination."""
+
+
+def run_matmul_rs_on_devices_1_to_3(whole: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Both runs of the ring on this rank (on new inputs, reusing the symmetric buffers),
+    with every allocation poisoned; whether the inputs were left unchanged."""
+    communicator = Communicator.from_env()
+    program = Program.compile(MATMUL_RS_ON_DEVICES_1_TO_3, pipeline=COPY_ENGINE)
+    outputs = []
+    for inputs in whole:
+        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(inputs, program.input_types)]
+        before = [x.clone() for x in local]
+        with poisoned_allocations():
+            (output,) = program.run(local, communicator)
+        assert all(torch.equal(a, b) for a, b in zip(local, before)), "the ring changed its inputs"
+        outputs.append(output.cpu())
+    return outputs
+
+
+@needs_world(4)
+def test_the_ring_of_destinations_on_three_devices_that_are_not_devices_0_to_2():
+    """Devices 1 to 3 send each other their rows step by step, with W sliced per
+    destination too; device 0, outside the mesh, takes no part; both runs give plain
+    torch's result."""
+    text = str(Program.compile(MATMUL_RS_ON_DEVICES_1_TO_3, pipeline=COPY_ENGINE).host)
+    assert text.count("hir.send") == 2 and "hir.reduce_scatter" not in text
+    generator = torch.Generator().manual_seed(6)
+    whole = [
+        [torch.randn(S, 3, 3, M, K, generator=generator), torch.randn(3, 3, K, N, generator=generator)]
+        for _ in range(2)
+    ]
+    per_rank = run_on_local_ranks(run_matmul_rs_on_devices_1_to_3, 4, whole)
+    for run, (x, w) in enumerate(whole):
+        expected = torch.einsum("sdemk,dekn->semn", x.double(), w.double())
+        tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
+        for rank in (1, 2, 3):
+            piece = expected[:, rank - 1]
+            output = per_rank[rank][run]
+            torch.testing.assert_close(
+                output.double().reshape(piece.shape),
+                piece,
+                rtol=0,
+                atol=tolerance,
+                msg=lambda m: f"run {run}, rank {rank}: {m}",
+            )
 
 
 def matmul_ar_program(dtype: str, mesh: list[int]) -> str:
@@ -1261,6 +1327,64 @@ def test_the_sum_in_the_gemm_on_the_copy_engines_of_one_gpu(monkeypatch):
     done = torch.multiprocessing.get_context("spawn").Barrier(2, timeout=90)
     per_member = run_on_local_ranks(sum_in_the_gemm_member_on_one_gpu, 2, done, cases, timeout_s=120, join_group=False)
     check_sum_in_the_gemm(cases, per_member)
+
+
+def ring_of_destinations_member_on_one_gpu(done, cases: list[tuple]) -> list[list[torch.Tensor]]:
+    """This rank as a member of a team of four on one GPU (`member_on_one_gpu`): GEMM+RS
+    (`matmul_rs_through_bcast`) on the copy engines, its reduce-scatter a ring of
+    destinations (reduce-scatter-ring), each case run twice on poisoned allocations; its
+    outputs, once every member is done with the others' memory (`done`)."""
+    rank = int(os.environ["RANK"])
+    try:
+        communicator = member_on_one_gpu(rank, 4)
+        load_the_gemms_kernels(communicator.device)
+        outputs = []
+        for dtype, whole in cases:
+            module = BUILDERS["matmul_rs_through_bcast"](num_devices=4, dtype=dtype)
+            program = Program.compile(module, pipeline=COPY_ENGINE)
+            local = [shard(x, t, rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+            runs = []
+            for _ in range(2):
+                with poisoned_allocations():
+                    (output,) = program.run(local, communicator)
+                runs.append(output.cpu())
+            outputs.append(runs)
+        done.wait()
+        return outputs
+    except BaseException:
+        done.abort()  # the peers waiting there fail at once, not at its timeout
+        raise
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_ring_of_destinations_on_the_copy_engines_of_one_gpu(monkeypatch):
+    """The GPU path of GEMM+RS over four members whose reduce-scatter is a ring of
+    destinations (three batches of a send and a recv with different peers, then one
+    reduction), the members processes sharing one GPU (`member_on_one_gpu`), f32 and bf16,
+    each run twice: every member's piece of plain torch's result."""
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    generator = torch.Generator().manual_seed(22)
+    cases = [
+        (dtype, [torch.randn(shape, generator=generator).to(DTYPES[dtype]) for shape in ((S, 4, 4, M, K), (4, K, N))])
+        for dtype in ("f32", "bf16")
+    ]
+    done = torch.multiprocessing.get_context("spawn").Barrier(4, timeout=90)
+    per_member = run_on_local_ranks(
+        ring_of_destinations_member_on_one_gpu, 4, done, cases, timeout_s=120, join_group=False
+    )
+    for i, (dtype, (x, w)) in enumerate(cases):
+        expected = matmul_rs(x.double(), w.double())
+        tolerance = TOLERANCE[DTYPES[dtype]] * expected.abs().max().item()
+        for rank, outputs in enumerate(per_member):
+            piece = expected[:, rank]
+            for run in range(2):
+                torch.testing.assert_close(
+                    outputs[i][run].double().reshape(piece.shape),
+                    piece,
+                    rtol=0,
+                    atol=tolerance,
+                    msg=lambda m: f"{dtype}, run {run}, member {rank}: {m}",
+                )
 
 
 STAY_AWAY_S = 30.0

@@ -104,7 +104,7 @@ def test_without_latencies_the_pipeline_tends_to_the_limit():
 
 def brute_force_best(p: OverlapProblem, rates: Rates, min_rows: int, max_chunks: int) -> int:
     # With GEMM+RS's reduction in the GEMM, each of a chunk's two GEMMs has one device's rows.
-    gemms_per_chunk = 2 if p.reduction_in_matmul and p.kind == RS else 1
+    gemms_per_chunk = p.world if p.destination_ring or (p.reduction_in_matmul and p.kind == RS) else 1
     valid = [
         s
         for s in range(1, max_chunks + 1)
@@ -117,13 +117,19 @@ SIZES = [(8192, 8192, 3584), (16384, 8192, 3584), (32768, 8192, 1024), (8192, 81
 
 
 @pytest.mark.parametrize(
-    "kind, world, in_matmul",
-    [*((kind, 8, False) for kind in OverlapKind), (RS, 2, False), (RS, 2, True), (AR, 2, True)],
+    "kind, world, form",
+    [
+        *((kind, 8, {}) for kind in OverlapKind),
+        (RS, 2, {}),
+        (RS, 2, {"reduction_in_matmul": True}),
+        (AR, 2, {"reduction_in_matmul": True}),
+        (RS, 4, {"destination_ring": True}),
+    ],
 )
 @pytest.mark.parametrize("m, k, n", SIZES)
 @pytest.mark.parametrize("latency", [1e-6, 20e-6, 200e-6])
-def test_the_choice_is_the_best_valid_chunk_count(kind, world, in_matmul, m, k, n, latency):
-    p = OverlapProblem(kind, m, k, n, world, reduction_in_matmul=in_matmul)
+def test_the_choice_is_the_best_valid_chunk_count(kind, world, form, m, k, n, latency):
+    p = OverlapProblem(kind, m, k, n, world, **form)
     rates = Rates(link_bytes_per_s=150e9, gemm_flops_per_s=700e12, transfer_latency_s=latency)
     shape = choose_pipeline(p, rates)
     assert p.chunked_rows % shape.chunks == 0
@@ -197,6 +203,52 @@ def test_with_the_reduction_in_the_gemm_the_model_chooses_fewer_chunks(size, gem
     rates = Rates.from_times(separate, reduce_scatter_ms * 1e-3, gemm_ms * 1e-3)
     assert choose_pipeline(separate, rates).chunks == 4
     assert choose_pipeline(summed, rates).chunks == 2
+
+
+def ring(m: int = 8192, k: int = 8192, n: int = 3584, world: int = 4) -> OverlapProblem:
+    return OverlapProblem(RS, m, k, n, world, destination_ring=True)
+
+
+def test_the_ring_of_destinations_is_a_form_of_gemm_rs_on_three_ranks_or_more():
+    for kind, world in [(AG, 4), (AR, 4), (RS, 2)]:
+        with pytest.raises(HostirError, match=f"not of {kind} on {world}"):
+            OverlapProblem(kind, 64, 64, 64, world, destination_ring=True)
+    ringed, separate = ring(), problem(RS, world=4)
+    # The same bytes and flops as without; GEMMs of one member's rows of a chunk.
+    assert (ringed.comm_bytes, ringed.gemm_flops) == (separate.comm_bytes, separate.gemm_flops)
+    assert (ringed.chunk_gemm_rows(2), separate.chunk_gemm_rows(2)) == (1024, 4096)
+
+
+def test_the_time_of_the_ring_of_destinations_follows_its_order():
+    p = ring()
+    # One chunk of four members: GEMMs of a member's rows d = 1 ms + 0.05 ms, a chunk's
+    # reduce-scatter 3 ms + 0.3 ms, so one member's rows travel in 1.1 ms.
+    rates = Rates.from_times(p, comm_s=3e-3, gemm_s=4e-3, transfer_latency_s=3e-4, launch_overhead_s=5e-5)
+    d, c = 1.05e-3, 1.1e-3
+    # Transfers longer than GEMMs run one after the other from the end of the first GEMM;
+    # the own rows' GEMM hides behind them.
+    assert pipeline_time(p, rates, 1) == pytest.approx(d + 3 * c)
+    # Two chunks: the first chunk's transfers end (at 0.55 + 3 x 0.6 ms) before the second
+    # chunk's first GEMM does (the fifth GEMM, after the first chunk's own rows), whose
+    # transfers then follow one after the other.
+    d2, c2 = 0.55e-3, 1.8e-3 / 3
+    assert pipeline_time(p, rates, 2) == pytest.approx(5 * d2 + 3 * c2)
+    # Transfers shorter than GEMMs hide, but the last one, after the last peer's GEMM,
+    # which the own rows' GEMM hides in turn: the GEMMs alone.
+    rates = Rates.from_times(p, comm_s=1e-3, gemm_s=4e-3, transfer_latency_s=0.0, launch_overhead_s=0.0)
+    assert pipeline_time(p, rates, 1) == pytest.approx(4e-3)
+    assert pipeline_time(p, rates, 2) == pytest.approx(4e-3)
+
+
+def test_the_ring_of_destinations_hides_what_a_chunk_of_the_collective_form_cannot():
+    # The GEMM and the reduce-scatter alone on 4 H100 (docs/benchmarks.md, commit 7f855cf):
+    # unchunked, the ring hides all but its first GEMM and its transfers' latencies, where
+    # the collective form leaves the GEMM or the whole reduce-scatter exposed.
+    separate, ringed = problem(RS, world=4), ring()
+    rates = Rates.from_times(separate, comm_s=0.173e-3, gemm_s=0.165e-3)
+    in_sequence = pipeline_time(separate, rates, 1)
+    assert pipeline_time(ringed, rates, 1) < 0.75 * in_sequence
+    assert choose_pipeline(ringed, rates).predicted_s < choose_pipeline(separate, rates).predicted_s
 
 
 def ar_in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
