@@ -13,12 +13,14 @@ along its stream axis.
 
 from __future__ import annotations
 
-from xdsl.dialects import arith, func, scf
+from collections.abc import Collection, Sequence
+
+from xdsl.dialects import arith, builtin, func, scf
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import InsertPoint
 
-from hostir_dialect import hir
+from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
 from hostir.passes.analysis.loops import recomputable
 
@@ -122,31 +124,99 @@ def same_memory(a: SSAValue, b: SSAValue) -> bool:
     )
 
 
-def product_of(reader: Operation, value: SSAValue) -> hir.MatmulOp | None:
-    """The plain matmul (no bias, not accumulating) before `reader` in its block that writes
-    `value`, which `reader` reads, where `value` is (a view of) a buffer the program
-    allocates and nothing but the two reads or writes that buffer, through any view of it
-    (extents, waits and deallocation aside): a rewrite may then leave the buffer holding
-    other values, or drop it. A bias would be added by both devices' GEMMs of a chunk."""
+def sole_writer(reader: Operation, value: SSAValue) -> hir.ComputeOp | None:
+    """The compute op before `reader` in its block whose one out is `value`, which `reader`
+    reads, where `value` is (a view of) a buffer the program allocates and nothing but the
+    two reads or writes that buffer, through any view of it (extents, waits and
+    deallocation aside): a rewrite may then leave the buffer holding other values, or drop it."""
     root = hir.view_root(value)
     if not isinstance(root.owner, hir.AllocateOp):
         return None
     users = {
         user for user in buffer_users(root) if not isinstance(user, hir.DimOp | hir.DeallocateOp | hir.WaitOp)
     }
-    matmuls = [user for user in users if isinstance(user, hir.MatmulOp)]
-    if users != {reader, *matmuls} or len(matmuls) != 1:
+    if reader not in users or len(writers := users - {reader}) != 1:
         return None
-    (matmul,) = matmuls
+    (writer,) = writers
     if (
-        matmul.accumulate is not None
-        or len(matmul.ins) != 2
-        or not same_memory(matmul.outs[0], value)
-        or matmul.parent_block() is not reader.parent_block()
-        or not matmul.is_before_in_block(reader)
+        not isinstance(writer, hir.ComputeOp)
+        or len(writer.outs) != 1
+        or not same_memory(writer.outs[0], value)
+        or writer.parent_block() is not reader.parent_block()
+        or not writer.is_before_in_block(reader)
     ):
         return None
+    return writer
+
+
+def product_of(reader: Operation, value: SSAValue) -> hir.MatmulOp | None:
+    """The plain matmul (no bias, not accumulating) that alone writes `value` for `reader`
+    (`sole_writer`). A bias would be added by both devices' GEMMs of a chunk."""
+    matmul = sole_writer(reader, value)
+    if not isinstance(matmul, hir.MatmulOp) or matmul.accumulate is not None or len(matmul.ins) != 2:
+        return None
     return matmul
+
+
+def adds_two(op: Operation) -> bool:
+    """Whether `op` is a kernel launch whose segment only adds its two inputs, all three of one type."""
+    if not isinstance(op, hir.LaunchKernelOp):
+        return False
+    body = op.callee_function().body.block
+    ops = list(body.ops)
+    return (
+        len(op.ins) == 2
+        and len(op.outs) == 1
+        and len(ops) == 2
+        and isinstance(ops[0], fusion.AddOp)
+        and tuple(ops[0].operands) == tuple(body.args)
+        and isinstance(ops[1], func.ReturnOp)
+        and op.ins[0].type == op.ins[1].type == op.outs[0].type
+    )
+
+
+def summed_products(reader: Operation, value: SSAValue) -> tuple[list[hir.MatmulOp], list[hir.LaunchKernelOp]] | None:
+    """The plain matmuls whose products add up to `value` for `reader`, and the kernels that
+    add them (`adds_two`), where each product and partial sum alone is written by its op and
+    read by the next (`sole_writer`): `value` itself a matmul's product, or the sum of two
+    such values (the gradient of an activation that several projections read)."""
+    if (matmul := product_of(reader, value)) is not None:
+        return [matmul], []
+    kernel = sole_writer(reader, value)
+    if kernel is None or not adds_two(kernel):
+        return None
+    matmuls, kernels = [], [kernel]
+    for operand in kernel.ins:
+        if (terms := summed_products(kernel, operand)) is None:
+            return None
+        matmuls += terms[0]
+        kernels += terms[1]
+    return matmuls, kernels
+
+
+def erase_computation(ops: Sequence[hir.ComputeOp], rewriter: PatternRewriter) -> None:
+    """Erases `ops`, whose results a rewrite computes otherwise, then what only they used:
+    the views and buffers of their operands that nothing uses any more, and the segments
+    of their kernels that nothing launches any more."""
+    values = [value for op in ops for value in op.operands]
+    segments = [op.callee_function() for op in ops if isinstance(op, hir.SegmentCallOp)]
+    for op in ops:
+        rewriter.erase(op)
+    while values:
+        owner = values.pop().owner
+        if isinstance(owner, hir.AliasSelectOp | hir.AllocateOp) and owner.parent is not None and not owner.results[0].uses:
+            values += owner.operands
+            rewriter.erase(owner)
+    for segment in dict.fromkeys(segments):
+        erase_if_unlaunched(segment, rewriter)
+
+
+def erase_if_unlaunched(segment: func.FuncOp, rewriter: PatternRewriter) -> None:
+    """Erases a kernel's segment that no op of its module launches any more."""
+    symbol = builtin.SymbolRefAttr(segment.sym_name)
+    module = segment.parent_op()
+    if not any(isinstance(user, hir.SegmentCallOp) and user.callee == symbol for user in module.walk()):
+        rewriter.erase(segment)
 
 
 def in_function_body(op: Operation) -> Operation | None:
@@ -158,13 +228,13 @@ def in_function_body(op: Operation) -> Operation | None:
     return op
 
 
-def nothing_writes_between(matmul: hir.MatmulOp, wait: hir.WaitOp, op: hir.CommunicationOp) -> bool:
-    """Whether the ops strictly between `matmul` and `wait` (of one block) are `op` or only
-    make views, buffers and indices: none writes or frees a buffer the matmul reads, so
-    its operands may be read at the wait instead."""
-    between = matmul.next_op
-    while between is not wait:
-        if between is None or not (between is op or isinstance(between, hir.AllocateOp) or recomputable(between)):
+def nothing_writes_between(first: Operation, last: Operation, rewritten: Collection[Operation]) -> bool:
+    """Whether the ops strictly between `first` and `last` (of one block) are the ops a
+    rewrite replaces (`rewritten`) or only make views, buffers and indices: none writes or
+    frees a buffer that `first` reads, so its operands may be read at `last` instead."""
+    between = first.next_op
+    while between is not last:
+        if between is None or not (between in rewritten or isinstance(between, hir.AllocateOp) or recomputable(between)):
             return False
         between = between.next_op
     return True

@@ -1,24 +1,31 @@
-"""A copy-engine sum reduce-scatter of a matmul's product, rewritten as matmuls per destination.
+"""A copy-engine sum reduce-scatter of matmul products, rewritten as matmuls per destination.
 
-Where a matmul's product is reduce-scattered over a batch axis of the product (the
-destination axis: slice `k` is member `k`'s piece), each device can compute the rows it
-sends to one member apart from those of another, slicing the matmul's operands at that
-axis: `reduce-scatter-in-matmul` (a team of two) and `reduce-scatter-ring` (larger teams)
-both do. `ScatteredProduct.match` says whether a reduce-scatter is such a one, and
-`ScatteredProduct.operands_at` makes the matmul's operands for one destination.
+Where the reduce-scatter's input is a matmul's product, or the sum of several (the
+gradient of an activation that several projections read, which add kernels sum), and it
+is scattered over a batch axis of the products (the destination axis: slice `k` is
+member `k`'s piece), each device can compute the rows it sends to one member apart from
+those of another, slicing the matmuls' operands at that axis: `reduce-scatter-in-matmul`
+(a team of two) and `reduce-scatter-ring` (larger teams) both do. `ScatteredProduct.match`
+says whether a reduce-scatter is such a one, and `ScatteredProduct.matmuls_at` computes
+one destination's rows.
 
-    hir.matmul ins(%x, %w) outs(%partial)
+    hir.matmul ins(%x, %w) outs(%partial)        or   hir.matmul ins(%x1, %w1) outs(%p1)
+                                                      hir.matmul ins(%x2, %w2) outs(%p2)
+                                                      hir.launch_kernel @add ins(%p1, %p2) outs(%partial)
     %work = hir.reduce_scatter %partial into %out team [...] op sum backend cuda
     ...
     hir.wait %work
 
-It is one where the collective is a copy-engine sum over the product's mesh; its
-scattered axis `k` is a batch axis of the matmul that each operand either lacks, holds
-with an extent of one (broadcast), or holds whole (not `didx`) with one slice per member;
-the matmul writes the whole product, in a buffer of the program that nothing else reads or
-writes through any of its views (`product_of`); and the collective's work has one use, a
-wait in the same block, with nothing but views, buffers and index arithmetic between the
-matmul and the wait (so the matmul's operands may be read at the wait instead).
+It is one where the collective is a copy-engine sum over the products' mesh; its
+scattered axis `k` is a batch axis of every matmul that each of its operands either
+lacks, holds with an extent of one (broadcast), or holds whole (not `didx`) with one slice
+per member; each product and partial sum is written by its op alone and read by the next
+alone, in buffers of the program (`summed_products`); and the collective's work has one
+use, a wait in the same block, with nothing between the first matmul and the wait but
+these ops, views, buffers and index arithmetic (so the matmuls' operands may be read at
+the wait instead). The rows of a destination are then the first matmul's product of its
+slices and the others' added into it (`hir.matmul accumulate`): the sum rounded where
+each product was added, as torch's `addmm` rounds.
 """
 
 from __future__ import annotations
@@ -27,29 +34,40 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects.shard import ReductionKind
 from xdsl.ir import Operation, SSAValue
+from xdsl.pattern_rewriter import PatternRewriter
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
 from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps
-from hostir.passes.analysis.buffers import in_function_body, nothing_writes_between, product_of
+from hostir.passes.analysis.buffers import (
+    erase_computation,
+    in_function_body,
+    nothing_writes_between,
+    summed_products,
+)
 
 
 @dataclass
 class ScatteredProduct:
-    """A reduce-scatter of a matmul's product that can be computed destination by destination."""
+    """A reduce-scatter of matmul products that can be computed destination by destination."""
 
     op: hir.ReduceScatterOp
-    matmul: hir.MatmulOp
     wait: hir.WaitOp
     axis: int
-    """The scattered axis of the product (a batch axis of the matmul)."""
-    operand_axes: list[int | None]
-    """Each matmul operand's axis that broadcasts to `axis`, None where it has none."""
+    """The scattered axis of the products (a batch axis of every matmul)."""
+    matmuls: list[hir.MatmulOp]
+    """The matmuls whose products add up to the reduce-scatter's input."""
+    operand_axes: list[list[int | None]]
+    """Per matmul, each operand's axis that broadcasts to `axis`, None where it has none."""
+    computation: list[hir.ComputeOp]
+    """The ops that compute the reduce-scatter's input: the matmuls and the kernels that add them."""
+    last: hir.ComputeOp
+    """The last of them in the block, after every operand of the matmuls is defined."""
     anchor: Operation
-    """The op of the function's body that holds the matmul, before which values that every
+    """The op of the function's body that holds the matmuls, before which values that every
     iteration of the loops around shares are computed."""
-    broadcasts: dict[int, hir.AliasSelectOp] = field(default_factory=dict)
-    """The views made at 0 of the operands of extent one along `axis`, by operand index,
+    broadcasts: dict[tuple[int, int], hir.AliasSelectOp] = field(default_factory=dict)
+    """The views made at 0 of the operands of extent one along `axis`, by (matmul, operand),
     shared by every destination."""
 
     @staticmethod
@@ -61,36 +79,54 @@ class ScatteredProduct:
             or op.reduce_op.data != ReductionKind.SUM
             or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
             or (axis := op.scattered_axis()) is None
-            or (matmul := product_of(op, op.input)) is None
-            or (axes := _operand_axes(matmul, axis, len(team))) is None
-            or (anchor := in_function_body(matmul)) is None
+            or (summed := summed_products(op, op.input)) is None
         ):
+            return None
+        matmuls, kernels = summed
+        operand_axes = [_operand_axes(matmul, axis, len(team)) for matmul in matmuls]
+        if any(axes is None for axes in operand_axes):
             return None
         waits = [use.operation for use in op.work.uses]
         if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
             return None
-        if not nothing_writes_between(matmul, wait, op):
+        computation = [*matmuls, *kernels]
+        in_order = sorted(computation, key=lambda computed: computed.parent_block().get_operation_index(computed))
+        first, last = in_order[0], in_order[-1]
+        if (anchor := in_function_body(first)) is None or not nothing_writes_between(first, wait, {*computation, op}):
             return None
-        return ScatteredProduct(op, matmul, wait, axis, axes, anchor)
+        return ScatteredProduct(op, wait, axis, matmuls, operand_axes, computation, last, anchor)
 
-    def operands_at(self, position: SSAValue, zero: SSAValue) -> tuple[list[Operation], list[SSAValue]]:
-        """The views that destination `position` needs made, and the matmul's operands for it:
-        an operand without the scattered axis whole, one of extent one at 0 (its view made
-        once, for every destination), else its slice at `position`."""
-        views, operands = [], []
-        for index, (operand, axis) in enumerate(zip(self.matmul.ins, self.operand_axes)):
-            if axis is None:
-                operands.append(operand)
-                continue
-            if tensor_type(operand).get_shape()[axis] == 1:
-                view = self.broadcasts.get(index)
-                if view is None:
-                    view = self.broadcasts[index] = hir.AliasSelectOp(operand, axis, zero)
-                    views.append(view)
-            else:
-                views.append(view := hir.AliasSelectOp(operand, axis, position))
-            operands.append(view.result)
-        return views, operands
+    def matmuls_at(
+        self, position: SSAValue, zero: SSAValue, into: SSAValue, accumulate: bool
+    ) -> tuple[list[Operation], list[Operation]]:
+        """The views and the matmuls that compute the rows of destination `position` into
+        `into`: each matmul on its operands' slices at `position` (an operand without the
+        scattered axis whole, one of extent one at 0, its view made once for every
+        destination), the first one writing `into` unless `accumulate`, the others adding
+        into it."""
+        views: list[Operation] = []
+        matmuls: list[Operation] = []
+        for term, (matmul, axes) in enumerate(zip(self.matmuls, self.operand_axes)):
+            operands = []
+            for index, (operand, axis) in enumerate(zip(matmul.ins, axes)):
+                if axis is None:
+                    operands.append(operand)
+                    continue
+                if tensor_type(operand).get_shape()[axis] == 1:
+                    view = self.broadcasts.get((term, index))
+                    if view is None:
+                        view = self.broadcasts[term, index] = hir.AliasSelectOp(operand, axis, zero)
+                        views.append(view)
+                else:
+                    views.append(view := hir.AliasSelectOp(operand, axis, position))
+                operands.append(view.result)
+            matmuls.append(hir.MatmulOp(operands, [into], accumulate=accumulate or term > 0))
+        return views, matmuls
+
+    def erase_computation(self, rewriter: PatternRewriter) -> None:
+        """Erases the matmuls and kernels that computed the reduce-scatter's input whole, and
+        the products and partial sums that only they used."""
+        erase_computation(self.computation, rewriter)
 
 
 def _operand_axes(matmul: hir.MatmulOp, axis: int, members: int) -> list[int | None] | None:

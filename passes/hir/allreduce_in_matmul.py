@@ -129,7 +129,7 @@ def _match(op: hir.AllreduceOp) -> _Chunked | str:
     waits = [use.operation for use in op.work.uses]
     if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
         return "its work is not waited for once, in its own block"
-    if not nothing_writes_between(matmul, wait, op):
+    if not nothing_writes_between(matmul, wait, {op}):
         return "something between its matmul and its wait does more than make views and indices"
     loop = StreamLoop.match(op.parent_op())
     if (

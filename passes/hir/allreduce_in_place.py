@@ -65,7 +65,7 @@ class ProductIntoAllreduceOutput(RewritePattern):
         if hir.uses_copy_engines(op) or not partial_of_output(op):
             return
         matmul = product_of(op, op.input)
-        if matmul is None or not nothing_writes_between(matmul, op, op):
+        if matmul is None or not nothing_writes_between(matmul, op, {op}):
             return
         partial = op.input
         root = hir.view_root(partial)

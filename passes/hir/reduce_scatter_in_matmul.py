@@ -33,14 +33,20 @@ at the same place in its symmetric allocation: both devices write the product fo
 peer into slice 0 of the scattered axis, which is therefore the one they read. Slice 1 is
 left unused: the buffer keeps its type, so that its other views stay as they are.
 
+Where the reduce-scatter's input is a sum of matmuls' products that add kernels make (a
+backward's input gradient, dq @ wq + dk @ wk), each of those matmuls computes the rows
+in turn, the first one writing them and the others adding into them: the peer's rows
+into `%to_peer`, the own rows into `%out` after the wait, and the products, their sums
+and the kernels are gone.
+
 `copy-engine-pipelining` then software-pipelines a stream loop of such bodies as it does
 the reduce-scatter's: the transfer of chunk `i` is in flight while the matmul of chunk
 `i + 1`'s peer rows runs, and the own rows' matmul of chunk `i` follows. Rewritten only
-where the matmul writes the whole product, in a buffer of the program that nothing else
-reads or writes through any of its views; the wait is the reduce-scatter's only use, in
-the same block; the reduction is a sum; and the team is the mesh of the product (every
-device that runs the matmul has a peer) (`ScatteredProduct`). A team of more than two
-is `reduce-scatter-ring`'s.
+where each matmul writes a whole product, in a buffer of the program that nothing else
+reads or writes through any of its views (and each sum alike); the wait is the
+reduce-scatter's only use, in the same block; the reduction is a sum; and the team is the
+mesh of the product (every device that runs the matmul has a peer) (`ScatteredProduct`).
+A team of more than two is `reduce-scatter-ring`'s.
 """
 
 from __future__ import annotations
@@ -74,10 +80,10 @@ class ReduceScatterIntoMatmul(RewritePattern):
         if len(op.team_ids) != 2 or (product := ScatteredProduct.match(op)) is None:
             return
         positions = PairPositions.insert(op.team_ids, product.anchor, rewriter, op.location)
-        peer_views, peer_operands = product.operands_at(positions.peer, positions.zero)
         to_peer = hir.AliasSelectOp(op.input, product.axis, positions.zero)
         to_peer.result.name_hint = "to_peer"
-        peer_rows = [*peer_views, to_peer, hir.MatmulOp(peer_operands, [to_peer.result])]
+        views, matmuls = product.matmuls_at(positions.peer, positions.zero, to_peer.result, accumulate=False)
+        peer_rows = [*views, to_peer, *matmuls]
         batch = hir.EndCoalescingOp()
         batch.work.name_hint = "exchanged"
         transfer = [
@@ -86,15 +92,16 @@ class ReduceScatterIntoMatmul(RewritePattern):
             hir.RecvOp(op.output, positions.peer_device, CUDA),
             batch,
         ]
-        own_views, own_operands = product.operands_at(positions.own, positions.zero)
-        own_rows = [*own_views, hir.MatmulOp(own_operands, [op.output], accumulate=True)]
+        views, matmuls = product.matmuls_at(positions.own, positions.zero, op.output, accumulate=True)
+        own_rows = [*views, *matmuls]
         for new_op in (*peer_rows, *transfer, *own_rows):
             new_op.location = op.location
         # The peer's rows are multiplied where the product was, the own rows after the wait.
-        rewriter.replace(product.matmul, peer_rows, [])
+        rewriter.insert(peer_rows, InsertPoint.before(product.last))
         rewriter.insert(transfer, InsertPoint.before(op))
         rewriter.insert(own_rows, InsertPoint.after(product.wait))
         rewriter.replace(op, [], [batch.work])
+        product.erase_computation(rewriter)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ and `%x`, `%w` sliced at `k` where they have it (a broadcast extent of one at 0)
     hir.wait %work_1 ... hir.wait %work_(D-1)
     hir.reduction "sum" [k] ins(%staging) outs(%out)
 
+Where the reduce-scatter's input is a sum of matmuls' products that add kernels make (a
+backward's input gradient), each destination's rows are computed by each of those
+matmuls in turn, the first one writing them and the others adding into them
+(`hir.matmul accumulate`), and the products, their sums and the kernels are gone.
+
 The copy engines' recv reads, on the peer, the buffer this device sends in the same batch,
 at the same place in its symmetric allocation: at step `t` every device sends slice `t` of
 `%partial`, which the member `t` ahead reads; slice 0 is left unused (the buffer keeps its
@@ -42,8 +47,8 @@ adds them in team order on every device, as the copy-engine reduce-scatter does.
 the same peer at once.
 
 Rewritten where `ScatteredProduct.match` accepts the reduce-scatter (a copy-engine sum of
-a matmul's product over its scattered batch axis, the product's buffer the matmul's and
-the reduce-scatter's alone, its wait in the same block) and the team, of three members or
+matmul products over their scattered batch axis, each product's buffer its matmul's and
+its reader's alone, the wait in the same block) and the team, of three members or
 more, is consecutive devices (a position's device is then the first's plus the position).
 A team of two is `reduce-scatter-in-matmul`'s, which adds its own rows in the GEMM.
 """
@@ -102,15 +107,15 @@ class ReduceScatterIntoRing(RewritePattern):
         issued: list[Operation] = [*extents, staging]
         works: list[SSAValue] = []
         for t in range(1, size):
-            views, operands = product.operands_at(ring.ahead[t], ring.zero)
             slot = index_constant(rewriter, product.anchor, t)
             to_member = _named(hir.AliasSelectOp(op.input, axis, slot), f"to_{t}_ahead")
             from_member = _named(hir.AliasSelectOp(staging.results[0], axis, ring.ahead[size - t]), f"from_{t}_behind")
             batch = _named(hir.EndCoalescingOp(), f"exchanged_{t}_ahead")
+            views, matmuls = product.matmuls_at(ring.ahead[t], ring.zero, to_member.results[0], accumulate=False)
             issued += [
                 *views,
                 to_member,
-                hir.MatmulOp(operands, [to_member.results[0]]),
+                *matmuls,
                 from_member,
                 hir.StartCoalescingOp(),
                 hir.SendOp(to_member.results[0], ring.devices[t], CUDA),
@@ -118,9 +123,9 @@ class ReduceScatterIntoRing(RewritePattern):
                 batch,
             ]
             works.append(batch.results[0])
-        views, operands = product.operands_at(ring.own, ring.zero)
         own_rows = _named(hir.AliasSelectOp(staging.results[0], axis, ring.own), "own_rows")
-        issued += [*views, own_rows, hir.MatmulOp(operands, [own_rows.results[0]])]
+        views, matmuls = product.matmuls_at(ring.own, ring.zero, own_rows.results[0], accumulate=False)
+        issued += [*views, own_rows, *matmuls]
         reduction = hir.ReductionOp("sum", [axis], False, [staging.results[0]], [op.output])
         reduced = [*(hir.WaitOp(work) for work in works), reduction]
         for new_op in (*issued, *reduced):
@@ -128,7 +133,7 @@ class ReduceScatterIntoRing(RewritePattern):
         rewriter.insert(issued, InsertPoint.before(op))
         rewriter.replace(product.wait, reduced, [])
         rewriter.erase(op)
-        rewriter.erase(product.matmul)
+        product.erase_computation(rewriter)
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,28 @@ is a plain one (no bias, not accumulating), before the kernel in its block, into
 buffer (or the slice) that nothing but the GEMM and the kernel uses; the other operand's
 buffer is used by nothing but the kernel after the GEMM begins, and the GEMM does not read
 it (taken as a slice, no op of the kernel's block takes it otherwise); the out's buffer is
-used by nothing before the kernel. The pass runs before `insert-deallocations`.
+used by nothing before the kernel. The pass runs before `insert-deallocations`. A sum that
+a copy-engine reduce-scatter reads (a symmetric buffer) is summed in the GEMMs by
+`reduce-scatter-in-matmul` and `reduce-scatter-ring`, which run before it.
 """
 
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects import builtin, func
+from xdsl.dialects import builtin
 from xdsl.ir import Operation, OpResult, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 from xdsl.rewriter import InsertPoint
 
-from hostir_dialect import fusion, hir
-from hostir.passes.analysis.buffers import buffer_users, is_private_allocation, product_of
+from hostir_dialect import hir
+from hostir.passes.analysis.buffers import (
+    adds_two,
+    buffer_users,
+    erase_if_unlaunched,
+    is_private_allocation,
+    product_of,
+)
 
 Taken = tuple[SSAValue, tuple[int, SSAValue] | None]
 """A buffer operand as `(buffer, (axis, index))`: the slice `[axis = index]` of a whole
@@ -49,21 +57,6 @@ def taken(value: SSAValue) -> Taken | None:
     if is_private_allocation(owner):
         return value, None
     return None
-
-
-def adds_two(op: hir.LaunchKernelOp) -> bool:
-    """Whether `op`'s segment only adds its two inputs, all three of one type."""
-    body = op.callee_function().body.block
-    ops = list(body.ops)
-    return (
-        len(op.ins) == 2
-        and len(op.outs) == 1
-        and len(ops) == 2
-        and isinstance(ops[0], fusion.AddOp)
-        and tuple(ops[0].operands) == tuple(body.args)
-        and isinstance(ops[1], func.ReturnOp)
-        and op.ins[0].type == op.ins[1].type == op.outs[0].type
-    )
 
 
 def precedes(a: Operation, b: Operation) -> bool:
@@ -140,10 +133,7 @@ class SumIntoMatmul(RewritePattern):
         for allocation in (out[0].owner, product[0].owner):
             if not allocation.results[0].uses:
                 rewriter.erase(allocation)
-        symbol = builtin.SymbolRefAttr(segment.sym_name)
-        module = segment.parent_op()
-        if not any(isinstance(user, hir.SegmentCallOp) and user.callee == symbol for user in module.walk()):
-            rewriter.erase(segment)
+        erase_if_unlaunched(segment, rewriter)
 
 
 class SumInMatmul(ModulePass):

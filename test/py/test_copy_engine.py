@@ -352,6 +352,64 @@ def test_the_ring_of_destinations_on_three_devices_that_are_not_devices_0_to_2()
             )
 
 
+def summed_matmuls_rs_program(world: int) -> str:
+    """dx = dq @ wq + dk @ wk reduce-scattered over `world` devices (the input gradient of two
+    projections, as a backward sums it), in S chunks."""
+    d = tensor([S, world, world, M, K], "f32", list(range(world)), "_ didx _ _ _")
+    w = tensor([world, 1, K, N], "f32", list(range(world)), "didx _ _ _")
+    p = tensor([S, world, world, M, N], "f32", list(range(world)), "stream didx _ _ _")
+    y = tensor([S, world, M, N], "f32", list(range(world)), "stream didx _ _")
+    return f"""
+func.func @summed_rs(%dq: {d}, %wq: {w}, %dk: {d}, %wk: {w}) -> {y} {{
+  %q = fusion.matmul %dq, %wq : ({d}, {w}) -> {p}
+  %k = fusion.matmul %dk, %wk : ({d}, {w}) -> {p}
+  %s = fusion.add %q, %k : ({p}, {p}) -> {p}
+  %y = fusion.sum %s [1] : {p} -> {y}
+  func.return %y : {y}
+}}
+"""
+
+
+def run_summed_matmuls_rs(world: int, runs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Each run of the summed GEMM+RS on this rank, on poisoned allocations."""
+    communicator = Communicator.from_env()
+    program = Program.compile(summed_matmuls_rs_program(world), pipeline=COPY_ENGINE)
+    outputs = []
+    for whole in runs:
+        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+        with poisoned_allocations():
+            (output,) = program.run(local, communicator)
+        outputs.append(output.cpu())
+    return outputs
+
+
+@pytest.mark.parametrize("world", [pytest.param(w, id=f"w{w}", marks=needs_world(w)) for w in (2, 4)])
+def test_a_reduce_scatter_of_summed_products_adds_them_in_the_gemms(world):
+    """A sum of two matmuls' products, reduce-scattered (a backward's input gradient): over
+    two devices in the GEMMs of the pair's exchange (reduce-scatter-in-matmul), over four
+    in those of the ring of destinations (reduce-scatter-ring), with no add kernel left;
+    both runs give plain torch's result."""
+    text = str(Program.compile(summed_matmuls_rs_program(world), pipeline=COPY_ENGINE).host)
+    assert "hir.reduce_scatter" not in text and "hir.launch_kernel" not in text
+    assert "hir.matmul accumulate" in text and "hir.send" in text
+    generator = torch.Generator().manual_seed(23)
+    shapes = [(S, world, world, M, K), (world, 1, K, N)] * 2
+    runs = [[torch.randn(shape, generator=generator) for shape in shapes] for _ in range(2)]
+    per_rank = run_on_local_ranks(run_summed_matmuls_rs, world, world, runs)
+    for run, (dq, wq, dk, wk) in enumerate(runs):
+        expected = matmul_rs(dq.double(), wq[:, 0].double()) + matmul_rs(dk.double(), wk[:, 0].double())
+        tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
+        for rank, outputs in enumerate(per_rank):
+            piece = expected[:, rank]
+            torch.testing.assert_close(
+                outputs[run].double().reshape(piece.shape),
+                piece,
+                rtol=0,
+                atol=tolerance,
+                msg=lambda m: f"run {run}, rank {rank}: {m}",
+            )
+
+
 def matmul_ar_program(dtype: str, mesh: list[int]) -> str:
     """GEMM+AR as benchmarks/overlap.py builds it, over `mesh`, every extent but the mesh's dynamic."""
     x = tensor(["?", 2, "?", "?"], dtype, mesh, "_ didx _ _")

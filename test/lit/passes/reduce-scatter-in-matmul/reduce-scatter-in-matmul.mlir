@@ -250,3 +250,61 @@ func.func @left_alone_too(%x: !x, %w: !w, %y: !y, %c: i1, %xc: !xc, %xm: !xm, %y
 // CHECK:         hir.matmul accumulate
 // CHECK-NEXT:    hir.reduce_scatter
 // CHECK-NOT:     hir.send
+
+// -----
+
+// The input gradient of two projections, dx = dq @ wq + dk @ wk: the peer's rows are dq's
+// slice times wq with dk's slice times wk added in, the own rows both added into the
+// output after the wait; the products, their sum, the add kernel and its segment are gone.
+// A sum whose product is read by something else is left as it is.
+
+!d = !fusion.tensor<[2, 2, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!w = !fusion.tensor<[2, 1, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!p = !fusion.tensor<[2, 2, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _, _]>
+!y = !fusion.tensor<[2, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _]>
+
+func.func private @add(%a: !p, %b: !p) -> !p {
+  %sum = fusion.add %a, %b : (!p, !p) -> !p
+  func.return %sum : !p
+}
+
+func.func @two_projections(%dq: !d, %wq: !w, %dk: !d, %wk: !w, %y: !y, %z: !y) -> !p {
+  %m = hir.dim %dq, 2 : !d
+  %n = hir.dim %wq, 3 : !w
+  %q = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dq, %wq : !d, !w) outs(%q : !p)
+  %k = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dk, %wk : !d, !w) outs(%k : !p)
+  %partial = hir.allocate(%m, %n) symmetric : !p
+  hir.launch_kernel @add ins(%q, %k : !p, !p) outs(%partial : !p)
+  %work = hir.reduce_scatter %partial into %y team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %work
+  %kept = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dq, %wq : !d, !w) outs(%kept : !p)
+  %other = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dk, %wk : !d, !w) outs(%other : !p)
+  %summed = hir.allocate(%m, %n) symmetric : !p
+  hir.launch_kernel @add ins(%kept, %other : !p, !p) outs(%summed : !p)
+  %kept_work = hir.reduce_scatter %summed into %z team [0, 1] op sum backend cuda : !p, !y
+  hir.wait %kept_work
+  func.return %kept : !p
+}
+
+// CHECK-LABEL: func.func @two_projections(
+// CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
+// CHECK-NEXT:    %[[DQ:[^ ]+]] = hir.alias_select %dq[1 = %[[PEER:[^ ]+]]]
+// CHECK-NEXT:    %[[WQ:[^ ]+]] = hir.alias_select %wq[1 = %[[C0:[^ ]+]]]
+// CHECK-NEXT:    %[[DK:[^ ]+]] = hir.alias_select %dk[1 = %[[PEER]]]
+// CHECK-NEXT:    %[[WK:[^ ]+]] = hir.alias_select %wk[1 = %[[C0]]]
+// CHECK-NEXT:    %[[TO_PEER:[^ ]+]] = hir.alias_select %[[PARTIAL]][1 = %[[C0]]]
+// CHECK-NEXT:    hir.matmul ins(%[[DQ]], %[[WQ]] : {{.*}}) outs(%[[TO_PEER]] :
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[DK]], %[[WK]] : {{.*}}) outs(%[[TO_PEER]] :
+// CHECK-NEXT:    hir.start_coalescing
+// CHECK:         hir.wait
+// CHECK-NEXT:    %[[DQ_OWN:[^ ]+]] = hir.alias_select %dq[1 = %[[OWN:[^ ]+]]]
+// CHECK-NEXT:    %[[DK_OWN:[^ ]+]] = hir.alias_select %dk[1 = %[[OWN]]]
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[DQ_OWN]], %[[WQ]] : {{.*}}) outs(%y :
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[DK_OWN]], %[[WK]] : {{.*}}) outs(%y :
+// CHECK-NEXT:    %kept = hir.allocate
+// CHECK:         hir.launch_kernel @add ins(%kept, %other
+// CHECK-NEXT:    hir.reduce_scatter %summed

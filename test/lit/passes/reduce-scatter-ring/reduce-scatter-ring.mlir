@@ -170,3 +170,52 @@ func.func @left(%x2: !x2, %w2: !w2, %y2: !y2, %x3: !x3, %w3: !w3, %y3: !y3, %x4:
 // CHECK:         hir.reduce_scatter {{.*}} team [0, 2, 3] op sum backend cuda
 // CHECK:         hir.reduce_scatter {{.*}} team [0, 1, 2, 3] op sum backend nccl
 // CHECK-NOT:     hir.send
+
+// -----
+
+// The input gradient of two projections, dx = dq @ wq + dk @ wk, reduce-scattered over
+// three devices: each member's rows are dq's slice times wq, and dk's slice times wk
+// added into them (`accumulate`); the products, their sum, the add kernel and its
+// segment are gone.
+
+!d = !fusion.tensor<[3, 3, ?, ?], f32, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!w = !fusion.tensor<[3, 1, ?, ?], f32, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!p = !fusion.tensor<[3, 3, ?, ?], f32, mesh = [0, 1, 2], axes = [didx, _, _, _]>
+!y = !fusion.tensor<[3, ?, ?], f32, mesh = [0, 1, 2], axes = [didx, _, _]>
+
+func.func private @add(%a: !p, %b: !p) -> !p {
+  %sum = fusion.add %a, %b : (!p, !p) -> !p
+  func.return %sum : !p
+}
+
+func.func @two_projections(%dq: !d, %wq: !w, %dk: !d, %wk: !w, %y: !y) {
+  %m = hir.dim %dq, 2 : !d
+  %n = hir.dim %wq, 3 : !w
+  %q = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dq, %wq : !d, !w) outs(%q : !p)
+  %k = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dk, %wk : !d, !w) outs(%k : !p)
+  %partial = hir.allocate(%m, %n) symmetric : !p
+  hir.launch_kernel @add ins(%q, %k : !p, !p) outs(%partial : !p)
+  %work = hir.reduce_scatter %partial into %y team [0, 1, 2] op sum backend cuda : !p, !y
+  hir.wait %work
+  func.return
+}
+
+// CHECK-NOT:     func.func private @add(
+// CHECK-LABEL: func.func @two_projections(
+// CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
+// CHECK:         %[[STAGING:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[3, 3, ?, ?], f32
+// CHECK-NEXT:    %[[DQ1:[^ ]+]] = hir.alias_select %dq[1 = %[[AHEAD1:[^ ]+]]]
+// CHECK-NEXT:    %[[WQ:[^ ]+]] = hir.alias_select %wq[1 = %[[C0:[^ ]+]]]
+// CHECK-NEXT:    %[[DK1:[^ ]+]] = hir.alias_select %dk[1 = %[[AHEAD1]]]
+// CHECK-NEXT:    %[[WK:[^ ]+]] = hir.alias_select %wk[1 = %[[C0]]]
+// CHECK-NEXT:    %[[TO1:[^ ]+]] = hir.alias_select %[[PARTIAL]][1 = %{{.*}}]
+// CHECK-NEXT:    hir.matmul ins(%[[DQ1]], %[[WQ]] : {{.*}}) outs(%[[TO1]] :
+// CHECK-NEXT:    hir.matmul accumulate ins(%[[DK1]], %[[WK]] : {{.*}}) outs(%[[TO1]] :
+// CHECK:         %[[OWN:[^ ]+]] = hir.alias_select %[[STAGING]][1 = %rank]
+// CHECK-NEXT:    hir.matmul ins(%{{.*}}, %[[WQ]] : {{.*}}) outs(%[[OWN]] :
+// CHECK-NEXT:    hir.matmul accumulate ins(%{{.*}}, %[[WK]] : {{.*}}) outs(%[[OWN]] :
+// CHECK:         hir.reduction "sum" [1] ins(%[[STAGING]] : {{.*}}) outs(%y :
+// CHECK-NOT:     hir.launch_kernel
+// CHECK-NOT:     hir.reduce_scatter
