@@ -27,8 +27,12 @@ same weights and the same inputs:
   hostir (nccl)       torch.compile(layer, backend="hostir", options={"backend": "nccl"}):
                       collectives on the process group (NCCL on GPUs, gloo on CPU ranks)
   hostir (cuda)       the same with options={"backend": "cuda"}: the copy engines (CUDA
-                      only; what the default, "auto", picks on one host of GPUs with peer
-                      access)
+                      only; what the default, "auto", picks on one host of 2 GPUs with
+                      peer access)
+  hostir (auto)       torch.compile(layer, backend="hostir"), the default options: on one
+                      host of more than 2 GPUs with peer access the copy engines for the
+                      all-gathers and NCCL for the reductions (run where that differs
+                      from both contenders above)
 
 Before it is timed, every contender's forward output, training-step output, input
 gradient and parameter gradients (each rank's shard) are compared with eager DTensor's:
@@ -85,7 +89,7 @@ sys.path.append(str(REPOSITORY))  # examples/ is no installed package; hostir as
 from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
 from overlap_report import machine  # noqa: E402
 from step_breakdown import STEP, Breakdown, table  # noqa: E402
-from hostir.frontend.backend import compiled_graphs  # noqa: E402
+from hostir.frontend.backend import COPY_ENGINE_REDUCTION_RANKS, compiled_graphs  # noqa: E402
 from hostir.runtime.distributed.communicator import Communicator  # noqa: E402
 from hostir.runtime.graphs import release_captured_graphs  # noqa: E402
 from hostir.runtime.launch import plain_message, run_on_local_ranks  # noqa: E402
@@ -100,10 +104,12 @@ INDUCTOR = "inductor"
 ASYNC_TP = "inductor async-TP"
 HOSTIR = "hostir (nccl)"
 HOSTIR_CUDA = "hostir (cuda)"
+HOSTIR_AUTO = "hostir (auto)"
+HOSTIRS = (HOSTIR, HOSTIR_CUDA, HOSTIR_AUTO)
 LIMIT = "limit"
-CONTENDERS = [EAGER, LIMIT, INDUCTOR, ASYNC_TP, HOSTIR, HOSTIR_CUDA]
+CONTENDERS = [EAGER, LIMIT, INDUCTOR, ASYNC_TP, *HOSTIRS]
 """In the order they run: a contender that hangs leaves the ones before it in the report."""
-KEYS = dict(zip(["eager", "limit", "inductor", "async-tp", "hostir", "hostir-cuda"], CONTENDERS))
+KEYS = dict(zip(["eager", "limit", "inductor", "async-tp", "hostir", "hostir-cuda", "hostir-auto"], CONTENDERS))
 """The contenders' names on the command line (--contenders)."""
 STEPS = {"forward": "Forward", "train": "Training step (forward + backward)"}
 
@@ -183,11 +189,15 @@ class Result:
 # --------------------------------------------------------------------------- #
 
 
-def unavailable_reason(contender: str, device: torch.device) -> str | None:
+def unavailable_reason(contender: str, device: torch.device, world: int) -> str | None:
     """Why `contender` cannot run on this machine, or None."""
     if contender in (ASYNC_TP, HOSTIR_CUDA) and device.type != "cuda":
         what = "async-TP needs CUDA GPUs and symmetric memory" if contender == ASYNC_TP else "the copy engines are CUDA's"
         return f"unavailable: {what}"
+    if contender == HOSTIR_AUTO and device.type != "cuda":
+        return "unavailable: on CPU ranks auto lowers for the process group, which hostir (nccl) measures"
+    if contender == HOSTIR_AUTO and world <= COPY_ENGINE_REDUCTION_RANKS:
+        return f"skipped: on {world} GPUs auto takes the copy engines throughout, which hostir (cuda) measures"
     if contender == INDUCTOR and device.type == "cpu":
         from torch._inductor import cpp_builder
 
@@ -215,6 +225,8 @@ def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
         return torch.compile(layer, backend="hostir", options={"backend": "nccl"})
     if contender == HOSTIR_CUDA:
         return torch.compile(layer, backend="hostir", options={"backend": "cuda"})
+    if contender == HOSTIR_AUTO:
+        return torch.compile(layer, backend="hostir")
     raise ValueError(contender)
 
 
@@ -442,7 +454,7 @@ def measure_size(
     del x, grad_output
     expected: dict[str, dict[str, torch.Tensor]] = {}
     for contender in contenders:
-        status = config["skip"].get(contender) or unavailable_reason(contender, device) or "ok"
+        status = config["skip"].get(contender) or unavailable_reason(contender, device, world) or "ok"
         if contender == LIMIT:
             limit = functools.partial(Limit.of, size, world, dtype, device)
             measure = functools.partial(measure_limit, limit, device, warmup, reps)
@@ -541,7 +553,7 @@ def measure_layer(
     began = time.perf_counter()
     errors = check(model, layer, inputs, expected, reference=contender == EAGER)
     first_s = max(gathered(time.perf_counter() - began))
-    if contender in (HOSTIR, HOSTIR_CUDA):
+    if contender in HOSTIRS:
         check_ran_on_hostir([graph for graph in compiled_graphs() if graph not in earlier_graphs])
     errors = slowest_errors(errors)
     steps = {"forward": lambda: forward_step(model, inputs), "train": lambda: train_step(model, inputs, layer)}

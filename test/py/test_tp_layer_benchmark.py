@@ -75,6 +75,7 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
         # Needing CUDA, or C++ builds too slow for a smoke test, is said, not hidden.
         assert results[step, tp_layer.ASYNC_TP]["status"].startswith("unavailable: async-TP needs CUDA")
         assert results[step, tp_layer.HOSTIR_CUDA]["status"].startswith("unavailable: the copy engines")
+        assert results[step, tp_layer.HOSTIR_AUTO]["status"].startswith("unavailable: on CPU ranks auto")
         assert results[step, tp_layer.INDUCTOR]["status"] == tp_layer.CPU_INDUCTOR_SKIP
     # Every parameter's gradient is checked, and the input's.
     parameters = [name for name, _ in DecoderLayer().named_parameters()]
@@ -94,6 +95,17 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert "| hostir (nccl), 1 |" in table
     assert "- hostir (nccl), rank 0, longest idle gaps: " in table
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_hostir_auto_runs_where_it_differs_from_the_other_hostir_contenders():
+    """`hostir (auto)` is the copy engines throughout on 2 GPUs (`hostir (cuda)`), the process
+    group on CPU ranks (`hostir (nccl)`), and on more GPUs the copy engines with NCCL's
+    reductions, measured by no other contender."""
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert tp_layer.unavailable_reason(tp_layer.HOSTIR_AUTO, gpu, 2).startswith("skipped: on 2 GPUs")
+    assert tp_layer.unavailable_reason(tp_layer.HOSTIR_AUTO, cpu, 4).startswith("unavailable: on CPU ranks")
+    assert tp_layer.unavailable_reason(tp_layer.HOSTIR_AUTO, gpu, 4) is None
+    assert tp_layer.unavailable_reason(tp_layer.HOSTIR_CUDA, gpu, 4) is None
 
 
 def test_a_hostir_contender_whose_graph_ran_eagerly_fails():
