@@ -60,7 +60,7 @@ from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, Layout
 from hostir.frontend.partitioning import partition
 from hostir.frontend.rules.attention import hides_keys
 from hostir.frontend.rules.pointwise import KERNEL_DECOMPOSITIONS
-from hostir.passes.analysis.cost_model import ChunksOf, one_chunk
+from hostir.passes.analysis.cost_model import ChunksOf, OverlapKind, OverlapProblem, one_chunk
 from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -153,7 +153,23 @@ class BackendOptions:
             return one_chunk
         if self.chunks is not None:
             return lambda problem, group: self.chunks
-        return MeasuredChunks(device) if device.type == "cuda" else one_chunk
+        return MeasuredChunks(device, self.lowered_form) if device.type == "cuda" else one_chunk
+
+    def lowered_form(self, problem: OverlapProblem, communicator: Communicator) -> OverlapProblem:
+        """`problem` in the form that lowering for `communicator` with the first of `backends`
+        gives it, for the cost model: on the copy engines a GEMM+RS or GEMM+AR of a pair sums
+        in the GEMM (`reduce-scatter-in-matmul`, `allreduce-in-matmul`), and a GEMM+RS of more
+        consecutive ranks is a ring of destinations (`reduce-scatter-ring`), unless NCCL reduces."""
+        backend = self.backends(communicator)[0]
+        if problem.kind == OverlapKind.ALLGATHER_MATMUL or backend != "cuda" or self.nccl_reductions(backend, communicator):
+            return problem
+        if problem.world == 2:
+            return replace(problem, reduction_in_matmul=True)
+        ranks = sorted(communicator.ranks)
+        consecutive = ranks == list(range(ranks[0], ranks[0] + len(ranks)))
+        if problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER and consecutive:
+            return replace(problem, destination_ring=True)
+        return problem
 
     def chunks_chosen_by(self, device: torch.device) -> str:
         """Who `chunks_of(device)` is, in words (`hostir.explain`)."""

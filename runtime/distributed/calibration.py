@@ -169,18 +169,27 @@ class MeasuredChunks:
     """The importer's `chunks_of` on a device: the cost model's choice among
     `candidate_chunks` on stages measured over the process group of the collective, once per
     problem and group in a process (`choices`). Every rank of the group imports the same
-    graph, so every rank measures, at the same point, and chooses alike."""
+    graph, so every rank measures, at the same point, and chooses alike. `form` gives the
+    problem the form that the lowering will give it over the group's communicator (a
+    reduction in the GEMM, a ring of destinations), which the model weighs and the stages
+    are measured for."""
 
     choices: dict[tuple[OverlapProblem, tuple[int, ...]], PipelineShape] = {}
 
-    def __init__(self, device: torch.device):
+    def __init__(
+        self,
+        device: torch.device,
+        form: Callable[[OverlapProblem, Communicator], OverlapProblem] = lambda problem, communicator: problem,
+    ):
         self.device = device
+        self.form = form
 
     def __call__(self, problem: OverlapProblem, group: Any) -> int:
         return self.choice(problem, group).chunks
 
     def choice(self, problem: OverlapProblem, group: Any) -> PipelineShape:
         communicator = Communicator.of_group(group, self.device, config.timeout_s)
+        problem = self.form(problem, communicator)
         key = (problem, communicator.ranks)
         if key not in self.choices:
             stages = measure_stages(problem, communicator, candidate_chunks(problem))

@@ -4,6 +4,7 @@ and the measured rates on a world of CPU ranks."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -391,7 +392,12 @@ def chunks_measured_on_a_rank() -> tuple[int, PipelineShape, int, int]:
         chunks = chooser(p, dist.group.WORLD)
         again = chooser(p, dist.group.WORLD)  # measured once per problem and group in a process
         shape = chooser.choice(p, dist.group.WORLD)
-    return chunks, shape, again, measuring.call_count
+        # With the form its lowering gives it, the problem is measured and weighed in that form.
+        summed = MeasuredChunks(chooser.device, lambda problem, communicator: replace(problem, reduction_in_matmul=True))
+        summed(p, dist.group.WORLD)
+        forms = [call.args[0] for call in measuring.call_args_list]
+    assert forms == [p, replace(p, reduction_in_matmul=True)], forms
+    return chunks, shape, again, measuring.call_count - 1
 
 
 @needs_ranks(2)

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.builder import torch_dtype
 from hostir_dialect.text import HostirError, parse_module
 from hostir.frontend.backend import BackendOptions, HostirFallbackWarning, Parameters
+from hostir.passes.analysis.cost_model import OverlapKind, OverlapProblem
 from hostir.runtime.codegen.kernels import generated_source
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -1046,6 +1048,31 @@ def test_auto_leaves_the_reductions_of_more_than_two_ranks_to_nccl(monkeypatch, 
     assert {op.properties["backend"].data for op in explicit.program.host.walk() if "backend" in op.properties} == {
         hir.CommunicatorBackend.CUDA
     }
+
+
+@pytest.mark.parametrize(
+    ("options", "ranks", "form"),
+    [
+        ({}, (0, 1), {"reduction_in_matmul": True}),
+        ({}, (0, 1, 2, 3), {}),
+        ({"backend": "cuda"}, (0, 1, 2, 3), {"destination_ring": True}),
+        ({"backend": "cuda"}, (0, 2, 4, 6), {}),
+        ({"backend": "nccl"}, (0, 1), {}),
+    ],
+)
+def test_the_cost_model_weighs_a_gemm_rs_in_the_form_its_lowering_gives_it(monkeypatch, options, ranks, form):
+    """The importer's chunks are chosen for the form that lowering for the graph's ranks gives
+    a GEMM+RS: on the copy engines, summed in the GEMM for a pair and a ring of destinations
+    for more consecutive ranks, unless NCCL reduces (`auto` on more than two), as the
+    lowering's passes make them; the all-gathers keep the plain form."""
+    monkeypatch.setattr("hostir.frontend.backend.why_not_copy_engines", lambda communicator: None)
+    world = max(ranks) + 1
+    communicator = Communicator(0, world, torch.device("cpu"), "gloo", 60.0, ranks=ranks)
+    backend = BackendOptions.of(options)
+    rs = OverlapProblem(OverlapKind.MATMUL_REDUCE_SCATTER, 4096, 4096, 1024, len(ranks))
+    assert backend.lowered_form(rs, communicator) == replace(rs, **form)
+    ag = OverlapProblem(OverlapKind.ALLGATHER_MATMUL, 4096, 4096, 1024, len(ranks))
+    assert backend.lowered_form(ag, communicator) == ag
 
 
 def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
