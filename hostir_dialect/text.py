@@ -104,6 +104,14 @@ def operation_location(op: Operation) -> SourceLocation | None:
     return source_location(loc)
 
 
+def remark(op: Operation, message: str) -> None:
+    """`file:line:col: remark: message` on stderr, at `op`'s place (a pass's `explain`), as
+    MLIR's remarks print."""
+    location = operation_location(op)
+    where = f"{location}: " if location is not None else ""
+    print(f"{where}remark: {message}", file=sys.stderr)
+
+
 def source_location(loc: FileLineColLoc) -> SourceLocation:
     """The place `loc` names, with its line: from IR text parsed here, or else from the file
     itself (the Python line where the builder made an op)."""

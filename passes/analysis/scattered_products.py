@@ -6,8 +6,8 @@ is scattered over a batch axis of the products (the destination axis: slice `k` 
 member `k`'s piece), each device can compute the rows it sends to one member apart from
 those of another, slicing the matmuls' operands at that axis: `reduce-scatter-in-matmul`
 (a team of two) and `reduce-scatter-ring` (larger teams) both do. `ScatteredProduct.match`
-says whether a reduce-scatter is such a one, and `ScatteredProduct.matmuls_at` computes
-one destination's rows.
+says whether a copy-engine reduce-scatter is such a one (or why not), and
+`ScatteredProduct.matmuls_at` computes one destination's rows.
 
     hir.matmul ins(%x, %w) outs(%partial)        or   hir.matmul ins(%x1, %w1) outs(%p1)
                                                       hir.matmul ins(%x2, %w2) outs(%p2)
@@ -16,7 +16,7 @@ one destination's rows.
     ...
     hir.wait %work
 
-It is one where the collective is a copy-engine sum over the products' mesh; its
+It is one where the collective is a sum over the products' mesh; its
 scattered axis `k` is a batch axis of every matmul that each of its operands either
 lacks, holds with an extent of one (broadcast), or holds whole (not `didx`) with one slice
 per member; each product and partial sum is written by its op alone and read by the next
@@ -71,29 +71,37 @@ class ScatteredProduct:
     shared by every destination."""
 
     @staticmethod
-    def match(op: hir.ReduceScatterOp) -> ScatteredProduct | None:
-        team = op.team_ids
-        if (
-            op.backend.data != hir.CommunicatorBackend.CUDA
-            or op.reduce_op is None
-            or op.reduce_op.data != ReductionKind.SUM
-            or sorted(tensor_type(op.input).mesh.ids) != sorted(team)
-            or (axis := op.scattered_axis()) is None
-            or (summed := summed_products(op, op.input)) is None
-        ):
-            return None
+    def match(op: hir.ReduceScatterOp) -> ScatteredProduct | str:
+        """The reduce-scatter's products, or why it is not such a one (a copy-engine one)."""
+        team, mesh = op.team_ids, tensor_type(op.input).mesh.ids
+        if op.reduce_op is None or op.reduce_op.data != ReductionKind.SUM:
+            return "its reduction is not a sum"
+        if sorted(mesh) != sorted(team):
+            return f"its team {list(team)} is not the mesh {list(mesh)} of its input"
+        if (axis := op.scattered_axis()) is None:
+            return "its input or its output has no didx axis"
+        if (summed := summed_products(op, op.input)) is None:
+            return (
+                "its input is not a matmul's product, nor a sum of such products, that only the "
+                "matmul (or the kernel that adds them) writes and only the reduce-scatter reads"
+            )
         matmuls, kernels = summed
         operand_axes = [_operand_axes(matmul, axis, len(team)) for matmul in matmuls]
         if any(axes is None for axes in operand_axes):
-            return None
+            return (
+                f"its scattered axis {axis} is not a batch axis of the matmul that each operand holds "
+                f"whole with an extent of 1 or {len(team)}"
+            )
         waits = [use.operation for use in op.work.uses]
         if len(waits) != 1 or not isinstance(wait := waits[0], hir.WaitOp) or wait.parent is not op.parent:
-            return None
+            return "its work is not waited for once, in its block"
         computation = [*matmuls, *kernels]
         in_order = sorted(computation, key=lambda computed: computed.parent_block().get_operation_index(computed))
         first, last = in_order[0], in_order[-1]
-        if (anchor := in_function_body(first)) is None or not nothing_writes_between(first, wait, {*computation, op}):
-            return None
+        if (anchor := in_function_body(first)) is None:
+            return "it is not in a function"
+        if not nothing_writes_between(first, wait, {*computation, op}):
+            return "an op between the matmul and the wait writes or frees a buffer, which the matmul may read"
         return ScatteredProduct(op, wait, axis, matmuls, operand_axes, computation, last, anchor)
 
     def matmuls_at(

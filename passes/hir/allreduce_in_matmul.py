@@ -57,7 +57,6 @@ left as it is; `explain=true` says why, one remark per allreduce on stderr.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,7 +75,7 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from hostir_dialect.text import operation_location
+from hostir_dialect.text import remark
 from hostir.passes.analysis.buffers import in_function_body, nothing_writes_between, product_of
 from hostir.passes.analysis.extents import known_extent
 from hostir.passes.analysis.loops import PairPositions, StreamLoop, index_constant, recomputable
@@ -205,15 +204,9 @@ class AllreduceIntoMatmuls(RewritePattern):
         chunked = _match(op)
         if isinstance(chunked, str):
             if self.explain:
-                _remark(op, chunked)
+                remark(op, f"allreduce-in-matmul leaves this {op.name}: {chunked}")
             return
         _rewrite(chunked, rewriter)
-
-
-def _remark(op: Operation, reason: str) -> None:
-    location = operation_location(op)
-    where = f"{location}: " if location is not None else ""
-    print(f"{where}remark: allreduce-in-matmul leaves this {op.name}: {reason}", file=sys.stderr)
 
 
 def _rewrite(chunked: _Chunked, rewriter: PatternRewriter) -> None:

@@ -46,7 +46,9 @@ where each matmul writes a whole product, in a buffer of the program that nothin
 reads or writes through any of its views (and each sum alike); the wait is the
 reduce-scatter's only use, in the same block; the reduction is a sum; and the team is the
 mesh of the product (every device that runs the matmul has a peer) (`ScatteredProduct`).
-A team of more than two is `reduce-scatter-ring`'s.
+A team of more than two is `reduce-scatter-ring`'s. A copy-engine reduce-scatter that is
+left as it is keeps its reduction at the wait; `explain=true` says why, one remark per
+reduce-scatter on stderr.
 """
 
 from __future__ import annotations
@@ -65,19 +67,33 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
+from hostir_dialect.text import remark
 from hostir.passes.analysis.loops import PairPositions
 from hostir.passes.analysis.scattered_products import ScatteredProduct
 
 CUDA = hir.CommunicatorBackend.CUDA
 
 
+@dataclass
 class ReduceScatterIntoMatmul(RewritePattern):
     """A pairwise copy-engine sum reduce-scatter of a matmul's product -> a transfer of the
     peer's rows and an accumulating matmul of the own rows."""
 
+    explain: bool = False
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
-        if len(op.team_ids) != 2 or (product := ScatteredProduct.match(op)) is None:
+        if op.backend.data != CUDA:
+            return
+        if len(op.team_ids) != 2:
+            reason = f"its team has {len(op.team_ids)} members; the exchange is one of a pair"
+        elif isinstance(product := ScatteredProduct.match(op), str):
+            reason = product
+        else:
+            reason = None
+        if reason is not None:
+            if self.explain:
+                remark(op, f"reduce-scatter-in-matmul leaves this {op.name}: {reason}")
             return
         positions = PairPositions.insert(op.team_ids, product.anchor, rewriter, op.location)
         to_peer = hir.AliasSelectOp(op.input, product.axis, positions.zero)
@@ -111,5 +127,7 @@ class ReduceScatterInMatmul(ModulePass):
 
     name = "reduce-scatter-in-matmul"
 
+    explain: bool = False
+
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PatternRewriteWalker(ReduceScatterIntoMatmul(), apply_recursively=False).rewrite_module(op)
+        PatternRewriteWalker(ReduceScatterIntoMatmul(self.explain), apply_recursively=False).rewrite_module(op)

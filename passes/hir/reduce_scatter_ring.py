@@ -50,7 +50,9 @@ Rewritten where `ScatteredProduct.match` accepts the reduce-scatter (a copy-engi
 matmul products over their scattered batch axis, each product's buffer its matmul's and
 its reader's alone, the wait in the same block) and the team, of three members or
 more, is consecutive devices (a position's device is then the first's plus the position).
-A team of two is `reduce-scatter-in-matmul`'s, which adds its own rows in the GEMM.
+A team of two is `reduce-scatter-in-matmul`'s, which adds its own rows in the GEMM. A
+copy-engine reduce-scatter that is left as it is pulls its pieces once the whole product is
+computed; `explain=true` says why, one remark per reduce-scatter on stderr.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
+from hostir_dialect.text import remark
 from hostir.passes.analysis.loops import RingPositions, index_constant
 from hostir.passes.analysis.scattered_products import ScatteredProduct
 
@@ -90,16 +93,29 @@ def _buffer_like(value: SSAValue, name: str) -> list[Operation]:
     return [*extents, allocation]
 
 
+@dataclass
 class ReduceScatterIntoRing(RewritePattern):
     """A copy-engine sum reduce-scatter of a matmul's product over a team of more than two ->
     a matmul and a transfer per destination, and a reduction of the pieces received."""
 
+    explain: bool = False
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
         team, size = op.team_ids, len(op.team_ids)
-        if size < 3 or list(team) != list(range(team[0], team[0] + size)):
+        if op.backend.data != CUDA:
             return
-        if (product := ScatteredProduct.match(op)) is None:
+        if size < 3:
+            reason = f"its team has {size} member(s); the ring is one of 3 or more"
+        elif list(team) != list(range(team[0], team[0] + size)):
+            reason = f"its team {list(team)} is not consecutive devices"
+        elif isinstance(product := ScatteredProduct.match(op), str):
+            reason = product
+        else:
+            reason = None
+        if reason is not None:
+            if self.explain:
+                remark(op, f"reduce-scatter-ring leaves this {op.name}: {reason}")
             return
         ring = RingPositions.insert(team, product.anchor, rewriter, op.location)
         axis = product.axis
@@ -143,5 +159,7 @@ class ReduceScatterRing(ModulePass):
 
     name = "reduce-scatter-ring"
 
+    explain: bool = False
+
     def apply(self, ctx: Context, op: builtin.ModuleOp) -> None:
-        PatternRewriteWalker(ReduceScatterIntoRing(), apply_recursively=False).rewrite_module(op)
+        PatternRewriteWalker(ReduceScatterIntoRing(self.explain), apply_recursively=False).rewrite_module(op)

@@ -1,5 +1,21 @@
 // RUN: hir-opt %s --split-input-file -p reduce-scatter-in-matmul | filecheck %s
 // RUN: hir-opt %s --split-input-file -p reduce-scatter-in-matmul > %t && hir-opt %s --split-input-file -p reduce-scatter-in-matmul,reduce-scatter-in-matmul | diff %t -
+// RUN: hir-opt %s --split-input-file -p 'reduce-scatter-in-matmul{explain=true}' 2>&1 >/dev/null | filecheck %s --check-prefix=REMARK
+
+// With `explain=true` each copy-engine reduce-scatter left as it is (below) says why, in
+// order; NCCL's are not the pass's, and say nothing.
+// REMARK:      remark: reduce-scatter-in-matmul leaves this hir.reduce_scatter: its team has 3 members; the exchange is one of a pair
+// REMARK-NEXT: remark: {{.*}}: its reduction is not a sum
+// REMARK-NEXT: remark: {{.*}}: its input is not a matmul's product, nor a sum of such products, that only the matmul (or the kernel that adds them) writes and only the reduce-scatter reads
+// REMARK-NEXT: remark: {{.*}}: its work is not waited for once, in its block
+// REMARK-NEXT: remark: {{.*}}: its team [0, 1] is not the mesh [0, 1, 2] of its input
+// REMARK-NEXT: remark: {{.*}}: its input is not a matmul's product
+// REMARK-NEXT: remark: {{.*}}: an op between the matmul and the wait writes or frees a buffer, which the matmul may read
+// REMARK-COUNT-4: remark: {{.*}}: its input is not a matmul's product
+// REMARK-COUNT-2: remark: {{.*}}: its scattered axis 1 is not a batch axis of the matmul that each operand holds whole with an extent of 1 or 2
+// REMARK-NEXT: remark: {{.*}}: its input is not a matmul's product
+// REMARK-NEXT: {{.*}}reduce-scatter-in-matmul.mlir:[[# @LINE + 287]]:3: remark: {{.*}}: its input is not a matmul's product
+// REMARK-NOT:  remark
 
 // GEMM+RS over two devices on the copy engines: each device computes the peer's rows
 // into slice 0 of the partial product (the slice both devices send, so the one each

@@ -1,5 +1,6 @@
 // RUN: hir-opt %s --split-input-file -p reduce-scatter-ring | filecheck %s
 // RUN: hir-opt %s --split-input-file -p reduce-scatter-ring > %t && hir-opt %s --split-input-file -p reduce-scatter-ring,reduce-scatter-ring | diff %t -
+// RUN: hir-opt %s --split-input-file -p 'reduce-scatter-ring{explain=true}' 2>&1 >/dev/null | filecheck %s --check-prefix=REMARK
 
 // GEMM+RS over four devices on the copy engines: at step t (1 to 3) each device computes
 // the rows of the member t ahead into slice t of the partial product (the slice every
@@ -130,8 +131,13 @@ func.func @team_1_to_3(%x: !x, %w: !w, %y: !y) {
 
 // -----
 
-// Left as they are: a team of two (reduce-scatter-in-matmul's), a team whose devices are
-// not consecutive, and an NCCL reduce-scatter.
+// Left as they are, each copy-engine one saying why with `explain=true`: a team of two
+// (reduce-scatter-in-matmul's), a team whose devices are not consecutive; and an NCCL
+// reduce-scatter, not the pass's: no remark.
+
+// REMARK: reduce-scatter-ring.mlir:[[# @LINE + 22]]:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its team has 2 member(s); the ring is one of 3 or more
+// REMARK-NEXT: reduce-scatter-ring.mlir:[[# @LINE + 25]]:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its team [0, 2, 3] is not consecutive devices
+// REMARK-NOT: remark
 
 !x2 = !fusion.tensor<[2, 2, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _, _]>
 !w2 = !fusion.tensor<[2, 1, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _, _]>
