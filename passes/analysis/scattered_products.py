@@ -38,6 +38,7 @@ from xdsl.pattern_rewriter import PatternRewriter
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
+from hostir_dialect.text import remark
 from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps
 from hostir.passes.analysis.buffers import (
     erase_computation,
@@ -69,6 +70,22 @@ class ScatteredProduct:
     broadcasts: dict[tuple[int, int], hir.AliasSelectOp] = field(default_factory=dict)
     """The views made at 0 of the operands of extent one along `axis`, by (matmul, operand),
     shared by every destination."""
+
+    @staticmethod
+    def for_pass(
+        name: str, op: hir.ReduceScatterOp, team_problem: str | None, explain: bool
+    ) -> ScatteredProduct | None:
+        """`op`'s products, where pass `name` rewrites it: a copy-engine reduce-scatter whose
+        team suits the pass (no `team_problem`) and that `match` accepts; else None, saying
+        why on stderr where `explain` (`remark`)."""
+        if op.backend.data != hir.CommunicatorBackend.CUDA:
+            return None
+        product = team_problem or ScatteredProduct.match(op)
+        if not isinstance(product, str):
+            return product
+        if explain:
+            remark(op, f"{name} leaves this {op.name}: {product}")
+        return None
 
     @staticmethod
     def match(op: hir.ReduceScatterOp) -> ScatteredProduct | str:

@@ -67,7 +67,6 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
-from hostir_dialect.text import remark
 from hostir.passes.analysis.loops import PairPositions
 from hostir.passes.analysis.scattered_products import ScatteredProduct
 
@@ -83,17 +82,10 @@ class ReduceScatterIntoMatmul(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
-        if op.backend.data != CUDA:
-            return
-        if len(op.team_ids) != 2:
-            reason = f"its team has {len(op.team_ids)} members; the exchange is one of a pair"
-        elif isinstance(product := ScatteredProduct.match(op), str):
-            reason = product
-        else:
-            reason = None
-        if reason is not None:
-            if self.explain:
-                remark(op, f"reduce-scatter-in-matmul leaves this {op.name}: {reason}")
+        members = len(op.team_ids)
+        team_problem = None if members == 2 else f"its team has {members} members; the exchange is one of a pair"
+        product = ScatteredProduct.for_pass("reduce-scatter-in-matmul", op, team_problem, self.explain)
+        if product is None:
             return
         positions = PairPositions.insert(op.team_ids, product.anchor, rewriter, op.location)
         to_peer = hir.AliasSelectOp(op.input, product.axis, positions.zero)

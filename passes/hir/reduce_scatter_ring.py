@@ -73,7 +73,6 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import DYNAMIC, tensor_type
-from hostir_dialect.text import remark
 from hostir.passes.analysis.loops import RingPositions, index_constant
 from hostir.passes.analysis.scattered_products import ScatteredProduct
 
@@ -103,19 +102,13 @@ class ReduceScatterIntoRing(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
         team, size = op.team_ids, len(op.team_ids)
-        if op.backend.data != CUDA:
-            return
+        team_problem = None
         if size < 3:
-            reason = f"its team has {size} member(s); the ring is one of 3 or more"
+            team_problem = f"its team has {size} member(s); the ring is one of 3 or more"
         elif list(team) != list(range(team[0], team[0] + size)):
-            reason = f"its team {list(team)} is not consecutive devices"
-        elif isinstance(product := ScatteredProduct.match(op), str):
-            reason = product
-        else:
-            reason = None
-        if reason is not None:
-            if self.explain:
-                remark(op, f"reduce-scatter-ring leaves this {op.name}: {reason}")
+            team_problem = f"its team {list(team)} is not consecutive devices"
+        product = ScatteredProduct.for_pass("reduce-scatter-ring", op, team_problem, self.explain)
+        if product is None:
             return
         ring = RingPositions.insert(team, product.anchor, rewriter, op.location)
         axis = product.axis
