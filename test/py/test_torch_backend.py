@@ -1075,6 +1075,53 @@ def test_the_cost_model_weighs_a_gemm_rs_in_the_form_its_lowering_gives_it(monke
     assert backend.lowered_form(ag, communicator) == ag
 
 
+def _layer_on_the_copy_engines() -> dict:
+    """The decoder layer's forward and backward with `backend="cuda"` on this rank (gloo's
+    messages stand for the copy engines on CPU ranks), against eager DTensor; what the host
+    programs' reduce-scatters became."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hostir.frontend import backend
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    layers = [parallelize(DecoderLayer(), mesh) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    compiled = torch.compile(layers[0], backend="hostir", options={"backend": "cuda"})
+    x = torch.randn(2, 16, 64).chunk(world, dim=1)[rank]
+    inputs = [x.clone().requires_grad_() for _ in layers]
+    outputs = [compiled(inputs[0]), layers[1](inputs[1])]
+    for out in outputs:
+        (out * outputs[1].detach()).sum().backward()
+    errors = {"output": _max_error(outputs[0], outputs[1]), "input gradient": _max_error(inputs[0].grad, inputs[1].grad)}
+    for name, grad in _grads(layers[0]).items():
+        errors[name] = _max_error(grad, _grads(layers[1])[name])
+    programs = [str(shapes.program.host) for graph in backend.compiled_graphs() for shapes in graph.compiled.values() if shapes]
+    return {
+        "errors": errors,
+        "reduce_scatters": sum(text.count("hir.reduce_scatter") for text in programs),
+        "staged": sum(len(re.findall(r'hir.reduction "sum" \S+ ins\(%staging', text)) for text in programs),
+        "accumulating": sum(text.count("hir.matmul accumulate") for text in programs),
+    }
+
+
+@pytest.mark.parametrize("world", [pytest.param(w, marks=needs_ranks(w), id=f"w{w}") for w in (2, 4)])
+def test_the_layer_on_the_copy_engines_sends_its_reduce_scatters_rows_from_the_gemms(world):
+    """With the copy engines, every reduce-scatter of the layer, forward and backward (the
+    latter's of the input gradients' sums), is computed destination by destination: a pair
+    adds the own rows in the GEMMs of its exchange (reduce-scatter-in-matmul), four ranks
+    run a ring of destinations and reduce what arrived (reduce-scatter-ring); the output,
+    the input gradient and every parameter's gradient are eager DTensor's."""
+    for rank, result in enumerate(run_on_hostir(_layer_on_the_copy_engines, world, timeout_s=300)):
+        assert result["reduce_scatters"] == 0, f"rank {rank}: {result}"
+        # Two reduce-scatters forward, two backward; a ring reduces each one's staged rows.
+        assert result["accumulating"] > 0 and result["staged"] == (4 if world > 2 else 0), f"rank {rank}: {result}"
+        bad = {what: error for what, error in result["errors"].items() if error > F32_TOLERANCE}
+        assert not bad, f"rank {rank}: {bad}"
+
+
 def test_the_backward_takes_what_lives_in_a_parameters_storage_as_a_parameter():
     """A CUDA graph reads parameters in place: the forward's are aot_autograd's static
     inputs; the backward's are the tensors in their storage (a weight's transpose that
