@@ -1,5 +1,5 @@
-"""`copy-engine-pipelining`: a stream loop whose transfer the copy engines make runs on the
-caller's stream, each iteration issuing its transfer before finishing the one before.
+"""`copy-engine-pipelining`: a stream loop whose transfers the copy engines make runs on the
+caller's stream, each iteration issuing its transfers before finishing the one before.
 
 `stream-parallel` spreads the iterations of a loop over pool streams so that NCCL's
 kernels, which need SMs, run beside the compute of other iterations. The copy engines
@@ -15,6 +15,9 @@ runs. A work loop of `stream-parallel` (with its synchronisation loop) whose bod
     A(i): views and compute, up to and including  %w = <communication> backend cuda
     hir.wait %w
     B(i): the rest
+
+(or whose A issues several copy-engine transfers, each waited for by one of the waits that
+end A: `reduce-scatter-ring`'s exchanges with each peer, all carried alike)
 
 becomes, on the caller's stream,
 
@@ -123,13 +126,13 @@ def _transfers(ops: Sequence[Operation]) -> list[Operation]:
 
 @dataclass
 class Stages:
-    """A stream loop's body split for software pipelining: A issues the iteration's transfer,
-    B is what follows its wait."""
+    """A stream loop's body split for software pipelining: A issues the iteration's transfers,
+    B is what follows their waits."""
 
     induction: SSAValue
     issue: list[Operation]
-    """A(i), whose op `work` is the transfer's work."""
-    work: SSAValue
+    """A(i), whose ops' `works` are the transfers' works."""
+    works: list[SSAValue]
     views: list[Operation]
     """The ops of A that B reads: views and index arithmetic, cloned for B's iteration."""
     finish: list[Operation]
@@ -145,7 +148,7 @@ class Stages:
     def split(
         induction: SSAValue,
         issue: list[Operation],
-        work: SSAValue,
+        works: list[SSAValue],
         finish: list[Operation],
         location: LocationAttr,
         deferred: hir.WaitOp | None = None,
@@ -166,18 +169,18 @@ class Stages:
         reads_induction = any(
             operand is induction for op in (*views, *finish) for inner in op.walk() for operand in inner.operands
         )
-        return Stages(induction, issue, work, views, finish, location, reads_induction, deferred)
+        return Stages(induction, issue, works, views, finish, location, reads_induction, deferred)
 
-    def issue_at(self, index: SSAValue, block: Block) -> SSAValue:
-        """Appends A(index) to `block`; its work."""
+    def issue_at(self, index: SSAValue, block: Block) -> list[SSAValue]:
+        """Appends A(index) to `block`; its works."""
         mapping: dict[SSAValue, SSAValue] = {self.induction: index}
         _clone(self.issue, mapping, block)
-        return mapping[self.work]
+        return [mapping[work] for work in self.works]
 
     def finish_at(
         self, index: SSAValue, works: Sequence[SSAValue], block: Block
     ) -> SSAValue | None:
-        """Appends, for iteration `index`: B's views of A, the waits for `works` (the transfer
+        """Appends, for iteration `index`: B's views of A, the waits for `works` (the transfers
         of iteration `index`, and the deferred one of an iteration before), and B; the work
         of B's deferred transfer."""
         mapping: dict[SSAValue, SSAValue] = {self.induction: index}
@@ -193,34 +196,35 @@ class Stages:
         self,
         start: SSAValue,
         end: SSAValue,
-        first_work: SSAValue,
+        first_works: list[SSAValue],
         one: SSAValue,
         block: Block,
         location: LocationAttr,
     ) -> None:
         """Appends `for i = start to end {A(i); finish i - 1}` and the finish of `end - 1`, given
-        the work of iteration `start - 1`; the loop and its index arithmetic at `location`.
+        the works of iteration `start - 1`; the loop and its index arithmetic at `location`.
 
         A deferred transfer of B(i - 1) is carried to iteration `i + 1`, which waits for it
-        with the transfer of A(i): by then A(i + 1) is issued, so the wait holds up no GEMM
-        of A. The first iteration has no deferred transfer before it: it is given the
+        with the transfers of A(i): by then A(i + 1) is issued, so the wait holds up no GEMM
+        of A. The first iteration has no deferred transfer before it: it is given a
         transfer of A(start - 1), which it waits for anyway (a second wait does nothing)."""
-        carried = [first_work] if self.deferred is None else [first_work, first_work]
+        count = len(first_works)
+        carried = [*first_works, *([] if self.deferred is None else first_works[:1])]
         body = Block(arg_types=[IndexType(), *(hir.WorkType() for _ in carried)])
         index, *previous = body.args
         index.name_hint = self.induction.name_hint
-        for argument, name in zip(previous, ("previous_work", "previous_deferred_work")):
-            argument.name_hint = name
-        work = self.issue_at(index, body)
+        for i, argument in enumerate(previous):
+            argument.name_hint = "previous_work" if i < count else "previous_deferred_work"
+        works = self.issue_at(index, body)
         deferred = self.finish_at(self._minus_one(index, one, body, location), previous, body)
-        body.add_op(yield_work := scf.YieldOp(work, *([] if deferred is None else [deferred])))
+        body.add_op(yield_work := scf.YieldOp(*works, *([] if deferred is None else [deferred])))
         loop = scf.ForOp(start, end, one, carried, body)
-        for result, name in zip(loop.results, ("last_work", "last_deferred_work")):
-            result.name_hint = name
+        for i, result in enumerate(loop.results):
+            result.name_hint = "last_work" if i < count else "last_deferred_work"
         yield_work.location = loop.location = location
         block.add_op(loop)
-        last_work, *last_deferred = loop.results
-        deferred = self.finish_at(self._minus_one(end, one, block, location), [last_work], block)
+        last_works, last_deferred = loop.results[:count], loop.results[count:]
+        deferred = self.finish_at(self._minus_one(end, one, block, location), last_works, block)
         if deferred is not None:
             # Nothing is issued after the last B: both its transfer and the one before are waited
             # for after it, so that it does not wait for the one before (the loop's B waits for
@@ -307,66 +311,77 @@ class StreamLoopPattern(RewritePattern):
         """The ops that replace `op`, whose body without the stream ops is `work`; None to leave it."""
 
 
-def _copy_engine_transfer(wait: hir.WaitOp, work: Sequence[Operation]) -> bool:
-    """Whether what `wait` waits for is, of all the transfers in `work` (`wait` aside), the
-    only one, and is a copy-engine collective or a batch of copy-engine sends and recvs,
-    directly in `work`."""
-    transfer = wait.work.owner
-    if transfer not in work:
-        return False
-    others = [o for o in _transfers(work) if o is not wait and o is not transfer]
-    if isinstance(transfer, hir.EndCoalescingOp):
-        # The batch: the sends and recvs right between its start and its end, nothing else.
-        end = work.index(transfer)
-        start = end - len(others) - 1
-        return (
-            bool(others)
-            and start >= 0
-            and isinstance(work[start], hir.StartCoalescingOp)
-            and work[start + 1 : end] == others
-            and all(isinstance(o, hir.P2POp) and hir.uses_copy_engines(o) for o in others)
-        )
-    return hir.uses_copy_engines(transfer) and not others
+def _copy_engine_transfers(waits: Sequence[hir.WaitOp], work: Sequence[Operation]) -> bool:
+    """Whether what `waits` wait for are all the transfers in `work` (`waits` aside), each a
+    copy-engine collective or a batch of copy-engine sends and recvs, directly in `work`."""
+    covered: list[Operation] = []
+    for wait in waits:
+        transfer = wait.work.owner
+        if transfer not in work:
+            return False
+        if isinstance(transfer, hir.EndCoalescingOp):
+            # The batch: the sends and recvs right between its start and its end, nothing else.
+            end = work.index(transfer)
+            start = end - 1
+            while start >= 0 and isinstance(work[start], hir.P2POp):
+                start -= 1
+            batch = work[start + 1 : end]
+            if start < 0 or not isinstance(work[start], hir.StartCoalescingOp) or not batch:
+                return False
+            if not all(hir.uses_copy_engines(o) for o in batch):
+                return False
+            covered += [*batch, transfer]
+        elif hir.uses_copy_engines(transfer):
+            covered.append(transfer)
+        else:
+            return False
+    others = [o for o in _transfers(work) if o not in waits]
+    return len(others) == len(covered) and set(others) == set(covered)
 
 
 def _deferred_wait(finish: Sequence[Operation]) -> hir.WaitOp | None:
     """The wait that ends B, if it waits for B's one transfer, a copy-engine one directly in
     B (`allreduce-in-matmul`'s pull of the sum back): nothing in B follows it, so it may be
     put off to the next iteration."""
-    if finish and isinstance(wait := finish[-1], hir.WaitOp) and _copy_engine_transfer(wait, finish[:-1]):
+    if finish and isinstance(wait := finish[-1], hir.WaitOp) and _copy_engine_transfers([wait], finish[:-1]):
         return wait
     return None
 
 
 class PipelineCollectiveLoop(StreamLoopPattern):
-    """A loop whose one transfer before its first wait is a copy-engine collective or a batch
-    of copy-engine sends and recvs (`reduce-scatter-in-matmul`'s), directly in its body,
-    and that after that wait issues at most one more, whose wait ends the body
+    """A loop whose transfers before its first waits are copy-engine collectives or batches of
+    copy-engine sends and recvs (one for `reduce-scatter-in-matmul`, one per peer for
+    `reduce-scatter-ring`), directly in its body and waited for by the waits that follow
+    them, and that after those waits issues at most one more, whose wait ends the body
     (`allreduce-in-matmul`'s)."""
 
     def rewrite(self, op: scf.ForOp, work: list[Operation], rewriter: PatternRewriter) -> list[Operation] | None:
         wait = next((o for o in work if isinstance(o, hir.WaitOp)), None)
         if wait is None:
             return None
-        position = work.index(wait)
-        issue, finish = work[:position], work[position + 1 :]
+        position = end = work.index(wait)
+        while end < len(work) and isinstance(work[end], hir.WaitOp):
+            end += 1
+        waits = work[position:end]
+        issue, finish = work[:position], work[end:]
         # B issues no transfer, or one whose wait ends it (`_deferred_wait` checks it is B's only one).
         deferred = _deferred_wait(finish)
         if deferred is not None:
             finish = finish[:-1]
         elif _transfers(finish):
             return None
-        if not _copy_engine_transfer(wait, issue):
+        if not _copy_engine_transfers(waits, issue):
             return None
-        stages = Stages.split(op.body.block.args[0], issue, wait.work, finish, wait.location, deferred)
+        works = [w.work for w in waits]
+        stages = Stages.split(op.body.block.args[0], issue, works, finish, wait.location, deferred)
         if stages is None:
             return None
         one = index_constant(rewriter, op, 1)
         nonempty = arith.CmpiOp(op.ub, op.lb, "ugt")
         nonempty.result.name_hint = "nonempty"
         then = Block()
-        first_work = stages.issue_at(op.lb, then)
-        stages.pipeline(one, op.ub, first_work, one, then, op.location)
+        first_works = stages.issue_at(op.lb, then)
+        stages.pipeline(one, op.ub, first_works, one, then, op.location)
         then.add_op(then_yield := scf.YieldOp())
         otherwise = scf.YieldOp()
         guard = scf.IfOp(nonempty.result, [], Region(then), Region(Block([otherwise])))
@@ -409,13 +424,13 @@ class PipelineRingLoop(StreamLoopPattern):
         # The branch's condition goes with the branch, unless something else reads it.
         before = [o for o in work[:position] if not (o is condition and condition.result.has_one_use())]
         after = work[position + 1 :]
-        stages = Stages.split(induction, before + exchange[:-1], wait.work, after, wait.location)
+        stages = Stages.split(induction, before + exchange[:-1], [wait.work], after, wait.location)
         if stages is None:
             return None
         in_place = _own_shard_in_place(before, own)
         one, two = index_constant(rewriter, op, 1), index_constant(rewriter, op, 2)
         block = Block()
-        first_work = stages.issue_at(one, block)
+        first_works = stages.issue_at(one, block)
         mapping: dict[SSAValue, SSAValue] = {induction: op.lb}
         if in_place is None:
             _clone(before + own + after, mapping, block)
@@ -424,7 +439,7 @@ class PipelineRingLoop(StreamLoopPattern):
             _clone([o for o in before if o is not slot] + [shard], mapping, block)
             mapping[slot.result] = mapping[shard.result]
             _clone(after, mapping, block)
-        stages.pipeline(two, op.ub, first_work, one, block, op.location)
+        stages.pipeline(two, op.ub, first_works, one, block, op.location)
         return [block.detach_op(new_op) for new_op in list(block.ops)]
 
 

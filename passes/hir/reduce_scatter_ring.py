@@ -41,8 +41,9 @@ The copy engines' recv reads, on the peer, the buffer this device sends in the s
 at the same place in its symmetric allocation: at step `t` every device sends slice `t` of
 `%partial`, which the member `t` ahead reads; slice 0 is left unused (the buffer keeps its
 type, so that its other views stay as they are). The staging buffer is this device's
-alone, slice `q` the rows member `q` computed for it, its own among them: the reduction
-adds them in team order on every device, as the copy-engine reduce-scatter does. At step
+alone (allocated with the buffer of `%partial`, and viewed as `%partial` is of that one),
+slice `q` the rows member `q` computed for it, its own among them: the reduction adds them
+in team order on every device, as the copy-engine reduce-scatter does. At step
 `t` the team's devices send along the ring `t` places ahead, so no two of them read from
 the same peer at once.
 
@@ -72,7 +73,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
-from hostir_dialect.fusion import DYNAMIC, tensor_type
+from hostir_dialect.fusion import tensor_type
 from hostir.passes.analysis.loops import RingPositions, index_constant
 from hostir.passes.analysis.scattered_products import ScatteredProduct
 
@@ -84,12 +85,26 @@ def _named(op: Operation, name: str) -> Operation:
     return op
 
 
-def _buffer_like(value: SSAValue, name: str) -> list[Operation]:
-    """A new buffer of `value`'s type, its dynamic extents read from `value`."""
-    shape = tensor_type(value).get_shape()
-    extents = [hir.DimOp(value, axis) for axis, extent in enumerate(shape) if extent == DYNAMIC]
-    allocation = _named(hir.AllocateOp(tensor_type(value), [dim.result for dim in extents]), name)
-    return [*extents, allocation]
+def _staging_like(partial: SSAValue, rewriter: PatternRewriter) -> tuple[hir.AllocateOp, list[hir.AliasSelectOp]]:
+    """A buffer of this device's own like the buffer that `partial` is a view of, allocated
+    after it, and the views that make of it what `partial` is of that buffer: in a stream
+    loop, each iteration's slice of one buffer, which later passes may give fewer slices
+    (`per-stream-buffers`, `copy-engine-pipelining`), not a buffer per iteration."""
+    root = hir.view_root(partial)
+    allocation = root.owner
+    assert isinstance(allocation, hir.AllocateOp), "ScatteredProduct takes products in buffers of the program"
+    staging = _named(hir.AllocateOp(tensor_type(root), allocation.dynamic_sizes), "staging")
+    staging.location = allocation.location
+    rewriter.insert(staging, InsertPoint.after(allocation))
+    selections = []
+    while partial is not root:
+        selections.append(view := partial.owner)
+        partial = view.input
+    views, value = [], staging.results[0]
+    for selection in reversed(selections):
+        views.append(view := hir.AliasSelectOp(value, selection.axis.data, selection.index))
+        value = view.result
+    return staging, views
 
 
 @dataclass
@@ -112,8 +127,9 @@ class ReduceScatterIntoRing(RewritePattern):
             return
         ring = RingPositions.insert(team, product.anchor, rewriter, op.location)
         axis = product.axis
-        *extents, staging = _buffer_like(op.input, "staging")
-        issued: list[Operation] = [*extents, staging]
+        allocation, staging_views = _staging_like(op.input, rewriter)
+        staging = staging_views[-1] if staging_views else allocation
+        issued: list[Operation] = [*staging_views]
         works: list[SSAValue] = []
         for t in range(1, size):
             slot = index_constant(rewriter, product.anchor, t)

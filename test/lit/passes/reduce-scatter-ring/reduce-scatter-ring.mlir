@@ -7,7 +7,8 @@
 // device sends at step t, so the one each reads on its peer), sends them, and receives
 // from the member t behind the rows it computed for this device, into that member's
 // slice of a staging buffer; its own rows go into its own slice while the last transfer
-// travels, and after the waits one reduction adds the four slices into the output.
+// travels, and after the waits one reduction adds the four slices into the output. The
+// staging buffer is allocated with the partial product's buffer.
 // W's broadcast axis is sliced at 0, once for every matmul; the positions come before
 // everything else.
 
@@ -42,8 +43,8 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {
 // CHECK-NEXT:    %[[PLUS3:[^ ]+]] = arith.addi %[[RANK]], %[[C3]] : index
 // CHECK-NEXT:    %[[AHEAD3:[^ ]+]] = arith.remui %[[PLUS3]], %[[C4]] : index
 // CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
-// CHECK:         %[[Y:[^ ]+]] = hir.allocate
-// CHECK:         %[[STAGING:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[4, 4, ?, ?], bf16
+// CHECK-NEXT:    %[[STAGING:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[4, 4, ?, ?], bf16
+// CHECK-NEXT:    %[[Y:[^ ]+]] = hir.allocate
 // CHECK-NEXT:    %[[X1:[^ ]+]] = hir.alias_select %x[1 = %[[AHEAD1]]]
 // CHECK-NEXT:    %[[W0:[^ ]+]] = hir.alias_select %w[1 = %[[C0]]]
 // CHECK-NEXT:    %[[TO1:[^ ]+]] = hir.alias_select %[[PARTIAL]][1 = %[[C1]]]
