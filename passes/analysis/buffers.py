@@ -183,7 +183,7 @@ def summed_products(reader: Operation, value: SSAValue) -> tuple[list[hir.Matmul
     if (matmul := product_of(reader, value)) is not None:
         return [matmul], []
     kernel = sole_writer(reader, value)
-    if kernel is None or not adds_two(kernel):
+    if kernel is None or not adds_two(kernel) or same_memory(*kernel.ins):
         return None
     matmuls, kernels = [], [kernel]
     for operand in kernel.ins:

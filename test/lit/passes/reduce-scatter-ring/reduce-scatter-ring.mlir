@@ -136,8 +136,9 @@ func.func @team_1_to_3(%x: !x, %w: !w, %y: !y) {
 // (reduce-scatter-in-matmul's), a team whose devices are not consecutive; and an NCCL
 // reduce-scatter, not the pass's: no remark.
 
-// REMARK: reduce-scatter-ring.mlir:[[# @LINE + 22]]:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its team has 2 member(s); the ring is one of 3 or more
-// REMARK-NEXT: reduce-scatter-ring.mlir:[[# @LINE + 25]]:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its team [0, 2, 3] is not consecutive devices
+// REMARK: reduce-scatter-ring.mlir:[[# @LINE + 23]]:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its team has 2 member(s); the ring is one of 3 or more
+// REMARK-NEXT: reduce-scatter-ring.mlir:[[# @LINE + 26]]:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its team [0, 2, 3] is not consecutive devices
+// REMARK-NEXT: reduce-scatter-ring.mlir:{{[0-9]+}}:3: remark: reduce-scatter-ring leaves this hir.reduce_scatter: its input is not a matmul's product
 // REMARK-NOT: remark
 
 !x2 = !fusion.tensor<[2, 2, ?, ?], f32, mesh = [0, 1], axes = [didx, _, _, _]>
@@ -209,7 +210,7 @@ func.func @two_projections(%dq: !d, %wq: !w, %dk: !d, %wk: !w, %y: !y) {
   func.return
 }
 
-// CHECK-NOT:     func.func private @add(
+
 // CHECK-LABEL: func.func @two_projections(
 // CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
 // CHECK:         %[[STAGING:[^ ]+]] = hir.allocate({{.*}}) : !fusion.tensor<[3, 3, ?, ?], f32
@@ -226,3 +227,22 @@ func.func @two_projections(%dq: !d, %wq: !w, %dk: !d, %wk: !w, %y: !y) {
 // CHECK:         hir.reduction "sum" [1] ins(%[[STAGING]] : {{.*}}) outs(%y :
 // CHECK-NOT:     hir.launch_kernel
 // CHECK-NOT:     hir.reduce_scatter
+
+// A product added to itself is left as it is (its one matmul would be computed twice), with
+// a remark (above, the last).
+
+func.func @doubled(%dq: !d, %wq: !w, %y: !y) {
+  %m = hir.dim %dq, 2 : !d
+  %n = hir.dim %wq, 3 : !w
+  %q = hir.allocate(%m, %n) : !p
+  hir.matmul ins(%dq, %wq : !d, !w) outs(%q : !p)
+  %partial = hir.allocate(%m, %n) symmetric : !p
+  hir.launch_kernel @add ins(%q, %q : !p, !p) outs(%partial : !p)
+  %work = hir.reduce_scatter %partial into %y team [0, 1, 2] op sum backend cuda : !p, !y
+  hir.wait %work
+  func.return
+}
+
+// CHECK-LABEL: func.func @doubled(
+// CHECK:         hir.launch_kernel @add ins(%q, %q
+// CHECK-NEXT:    hir.reduce_scatter
