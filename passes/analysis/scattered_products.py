@@ -39,6 +39,7 @@ from xdsl.pattern_rewriter import PatternRewriter
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
 from hostir_dialect.text import remark
+from hostir import logs
 from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps
 from hostir.passes.analysis.buffers import (
     erase_computation,
@@ -73,16 +74,26 @@ class ScatteredProduct:
 
     @staticmethod
     def for_pass(
-        name: str, op: hir.ReduceScatterOp, team_problem: str | None, explain: bool
+        name: str,
+        op: hir.ReduceScatterOp,
+        explain: bool,
+        other_size: str | None = None,
+        team_problem: str | None = None,
     ) -> ScatteredProduct | None:
         """`op`'s products, where pass `name` rewrites it: a copy-engine reduce-scatter whose
-        team suits the pass (no `team_problem`) and that `match` accepts; else None, saying
-        why on stderr where `explain` (`remark`)."""
+        team is of the pass's size (no `other_size`, which is another pass's) and suits it (no
+        `team_problem`), and that `match` accepts; else None, saying why on stderr where
+        `explain` (`remark`). What the pass does with a team of its size, and why it leaves
+        one, goes to the `hostir.pipelining` logger, as `auto-stream-parallel`'s decisions."""
         if op.backend.data != hir.CommunicatorBackend.CUDA:
             return None
-        product = team_problem or ScatteredProduct.match(op)
+        product = other_size or team_problem or ScatteredProduct.match(op)
+        described = f"{op.name} %{op.work.name_hint or 'work'} over {list(op.team_ids)}"
         if not isinstance(product, str):
+            logs.say("pipelining", f"{described}: {name} computes its input destination by destination")
             return product
+        if other_size is None:
+            logs.say("pipelining", f"{described}: {name} leaves it: {product}")
         if explain:
             remark(op, f"{name} leaves this {op.name}: {product}")
         return None

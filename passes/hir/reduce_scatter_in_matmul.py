@@ -83,8 +83,8 @@ class ReduceScatterIntoMatmul(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
         members = len(op.team_ids)
-        team_problem = None if members == 2 else f"its team has {members} members; the exchange is one of a pair"
-        product = ScatteredProduct.for_pass("reduce-scatter-in-matmul", op, team_problem, self.explain)
+        other_size = None if members == 2 else f"its team has {members} members; the exchange is one of a pair"
+        product = ScatteredProduct.for_pass("reduce-scatter-in-matmul", op, self.explain, other_size)
         if product is None:
             return
         positions = PairPositions.insert(op.team_ids, product.anchor, rewriter, op.location)

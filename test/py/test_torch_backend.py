@@ -1098,8 +1098,11 @@ def _layer_on_the_copy_engines() -> dict:
     errors = {"output": _max_error(outputs[0], outputs[1]), "input gradient": _max_error(inputs[0].grad, inputs[1].grad)}
     for name, grad in _grads(layers[0]).items():
         errors[name] = _max_error(grad, _grads(layers[1])[name])
-    programs = [str(shapes.program.host) for graph in backend.compiled_graphs() for shapes in graph.compiled.values() if shapes]
+    graphs = backend.compiled_graphs()
+    programs = [str(shapes.program.host) for graph in graphs for shapes in graph.compiled.values() if shapes]
+    pipelining = [line for graph in graphs for explanation in graph.explanations for line in explanation.pipelining]
     return {
+        "said": [line for line in pipelining if "destination by destination" in line],
         "errors": errors,
         "reduce_scatters": sum(text.count("hir.reduce_scatter") for text in programs),
         "staged": sum(len(re.findall(r"%staging\S* = hir.allocate", text)) for text in programs),
@@ -1118,6 +1121,9 @@ def test_the_layer_on_the_copy_engines_sends_its_reduce_scatters_rows_from_the_g
         assert result["reduce_scatters"] == 0, f"rank {rank}: {result}"
         # Two reduce-scatters forward, two backward; a ring stages each one's rows.
         assert result["accumulating"] > 0 and result["staged"] == (4 if world > 2 else 0), f"rank {rank}: {result}"
+        # What each rewrite did is said with the graph's pipelining (`hostir.explain`).
+        rewrite = "reduce-scatter-ring" if world > 2 else "reduce-scatter-in-matmul"
+        assert len(result["said"]) == 4 and all(rewrite in line for line in result["said"]), result["said"]
         bad = {what: error for what, error in result["errors"].items() if error > F32_TOLERANCE}
         assert not bad, f"rank {rank}: {bad}"
 
