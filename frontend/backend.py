@@ -61,6 +61,7 @@ from hostir.frontend.partitioning import partition
 from hostir.frontend.rules.attention import hides_keys
 from hostir.frontend.rules.pointwise import KERNEL_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, OverlapKind, OverlapProblem, one_chunk
+from hostir.passes.analysis.loops import RingPositions
 from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -165,9 +166,7 @@ class BackendOptions:
             return problem
         if problem.world == 2:
             return replace(problem, reduction_in_matmul=True)
-        ranks = sorted(communicator.ranks)
-        consecutive = ranks == list(range(ranks[0], ranks[0] + len(ranks)))
-        if problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER and consecutive:
+        if problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER and RingPositions.serves(sorted(communicator.ranks)):
             return replace(problem, destination_ring=True)
         return problem
 

@@ -365,7 +365,7 @@ class Program:
                 f"the program uses device {self.largest_device} but the world has only "
                 f"{communicator.world_size} rank(s); run it on at least {self.largest_device + 1}"
             )
-        rows = self._exchanged(inputs, communicator, self._input_problem(inputs, communicator))
+        rows = self._exchange_started(inputs, communicator, self._input_problem(inputs, communicator))()
         extents = self._agreed_extents(rows)
         if extents:
             self.check_extents([full_shape(t, i, extents, UNKNOWN_EXTENT) for i, t in enumerate(self.input_types)])
@@ -390,17 +390,11 @@ class Program:
         problem = self._input_problem(inputs, communicator, values_only=True)
         return self._exchange_started(inputs, communicator, problem)
 
-    def _exchanged(
-        self, inputs: Sequence[torch.Tensor], communicator: Communicator, problem: tuple[int, str] | None
-    ) -> dict[int, list[int]]:
-        """Every rank's report (`_report`) by rank, once none says its inputs are wrong: this
-        rank raises its own `problem`, or what another rank's report says."""
-        return self._exchange_started(inputs, communicator, problem)()
-
     def _exchange_started(
         self, inputs: Sequence[torch.Tensor], communicator: Communicator, problem: tuple[int, str] | None
     ) -> Callable[[], dict[int, list[int]]]:
-        """`_exchanged`, under way: the wait for the other ranks' reports."""
+        """Sends this rank's report (`_report`) to the others; the wait for every rank's report,
+        by rank, which raises this rank's own `problem`, or what another rank's report says."""
         row = self._report(inputs, communicator, problem)
         received = (lambda: {communicator.rank: row}) if len(communicator.ranks) == 1 else _exchange(row, communicator)
 

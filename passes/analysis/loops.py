@@ -205,12 +205,17 @@ class RingPositions:
     zero: SSAValue
 
     @staticmethod
+    def serves(team: Sequence[int]) -> bool:
+        """Whether `team` is consecutive devices in order, whose positions these are."""
+        return bool(team) and list(team) == list(range(team[0], team[0] + len(team)))
+
+    @staticmethod
     def insert(
         team: Sequence[int], anchor: Operation, rewriter: PatternRewriter, location: LocationAttr
     ) -> RingPositions:
         """Computed once, in the function's body before `anchor`, as `PairPositions`; `team`
         must be consecutive devices (a device is its position plus the first's)."""
-        assert list(team) == list(range(team[0], team[0] + len(team))), f"team {list(team)} is not consecutive"
+        assert RingPositions.serves(team), f"team {list(team)} is not consecutive"
         zero, size = index_constant(rewriter, anchor, 0), index_constant(rewriter, anchor, len(team))
         steps = [index_constant(rewriter, anchor, t) for t in range(1, len(team))]
         first = index_constant(rewriter, anchor, team[0]) if team[0] else None

@@ -124,7 +124,7 @@ class CatOfHalvesToRotateHalf(RewritePattern):
             rewriter.replace_op(op, new_ops, [new_ops[-1].results[0]])
             for owner in dict.fromkeys(read):  # the negation before the halves it reads
                 if owner.parent is not None and not any(result.uses for result in owner.results):
-                    rewriter.erase_op(owner)
+                    rewriter.erase(owner)
             return
 
 

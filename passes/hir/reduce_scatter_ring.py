@@ -118,8 +118,7 @@ class ReduceScatterIntoRing(RewritePattern):
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
         team, size = op.team_ids, len(op.team_ids)
         other_size = f"its team has {size} member(s); the ring is one of 3 or more" if size < 3 else None
-        consecutive = list(team) == list(range(team[0], team[0] + size))
-        team_problem = None if consecutive else f"its team {list(team)} is not consecutive devices"
+        team_problem = None if RingPositions.serves(team) else f"its team {list(team)} is not consecutive devices"
         product = ScatteredProduct.for_pass("reduce-scatter-ring", op, self.explain, other_size, team_problem)
         if product is None:
             return

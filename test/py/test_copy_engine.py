@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 import torch
@@ -69,6 +70,8 @@ P2P_COPY_ENGINE = "hir-lowering{p2p_backend=cuda}"
 P2P_COPY_ENGINE_DEVICE_ORDER = "hir-lowering{p2p_backend=cuda p2p_order=device}"
 NCCL = "hir-lowering"
 SEPARATE_REDUCTION = "hir-lowering{backend=cuda reduce_scatter_in_matmul=false reduce_scatter_ring=false}"
+
+T = TypeVar("T")
 
 S, M, K, N = 2, 3, 4, 5
 """Stream axis, rows of a shard, and the matmul's K and N."""
@@ -255,6 +258,32 @@ def test_a_matmul_reduce_scatter_adds_in_the_gemm_over_two_and_runs_a_ring_over_
     assert "hir.reduce_scatter" in separate and "hir.send" not in separate
 
 
+def outputs_of_runs(
+    program: Program, communicator: Communicator, runs: list[list[torch.Tensor]]
+) -> list[torch.Tensor]:
+    """`program`'s output on this rank for each of `runs` (whole inputs, sharded here), each run
+    on poisoned allocations (a later one reusing the earlier's symmetric buffers); the
+    inputs are left as they were."""
+    outputs = []
+    for whole in runs:
+        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
+        before = [x.clone() for x in local]
+        with poisoned_allocations():
+            (output,) = program.run(local, communicator)
+        assert all(torch.equal(a, b) for a, b in zip(local, before)), f"@{program.host.sym_name.data} changed its inputs"
+        outputs.append(output.cpu())
+    return outputs
+
+
+def assert_piece(output: torch.Tensor, piece: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, where: str):
+    """`output`, a rank's, holds `piece` of plain torch's `expected` (in double), within `dtype`'s
+    tolerance of expected's largest |value|."""
+    tolerance = TOLERANCE[dtype] * expected.abs().max().item()
+    torch.testing.assert_close(
+        output.double().reshape(piece.shape), piece, rtol=0, atol=tolerance, msg=lambda m: f"{where}: {m}"
+    )
+
+
 MATMUL_RS_ON_DEVICES_1_2 = f"""
 !x = !fusion.tensor<[{S}, 2, 2, {M}, {K}], f32, mesh = [1, 2], axes = [_, didx, _, _, _]>
 !w = !fusion.tensor<[2, 1, {K}, {N}], f32, mesh = [1, 2], axes = [didx, _, _, _]>
@@ -270,12 +299,8 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {{
 
 
 def run_matmul_rs_on_devices_1_2(whole: list[torch.Tensor]) -> torch.Tensor:
-    communicator = Communicator.from_env()
     program = Program.compile(MATMUL_RS_ON_DEVICES_1_2, pipeline=COPY_ENGINE)
-    local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
-    with poisoned_allocations():
-        (output,) = program.run(local, communicator)
-    return output.cpu()
+    return outputs_of_runs(program, Communicator.from_env(), [whole])[0]
 
 
 @needs_world(3)
@@ -289,9 +314,7 @@ def test_the_reduction_in_the_gemm_on_a_team_that_is_not_devices_0_and_1():
     x, w = (t.double() for t in whole)
     expected = torch.einsum("sdemk,dkn->semn", x, w[:, 0])
     for rank, output in enumerate(per_rank[1:], start=1):
-        piece = expected[:, rank - 1]
-        tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
-        torch.testing.assert_close(output.double().reshape(piece.shape), piece, rtol=0, atol=tolerance)
+        assert_piece(output, expected[:, rank - 1], expected, torch.float32, f"rank {rank}")
 
 
 MATMUL_RS_ON_DEVICES_1_TO_3 = f"""
@@ -308,20 +331,10 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {{
 """GEMM+RS on devices 1 to 3 of a world of four, W with one slice per destination."""
 
 
-def run_matmul_rs_on_devices_1_to_3(whole: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Both runs of the ring on this rank (on new inputs, reusing the symmetric buffers),
-    with every allocation poisoned; whether the inputs were left unchanged."""
-    communicator = Communicator.from_env()
+def run_matmul_rs_on_devices_1_to_3(runs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Both runs of the ring on this rank, on new inputs (`outputs_of_runs`)."""
     program = Program.compile(MATMUL_RS_ON_DEVICES_1_TO_3, pipeline=COPY_ENGINE)
-    outputs = []
-    for inputs in whole:
-        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(inputs, program.input_types)]
-        before = [x.clone() for x in local]
-        with poisoned_allocations():
-            (output,) = program.run(local, communicator)
-        assert all(torch.equal(a, b) for a, b in zip(local, before)), "the ring changed its inputs"
-        outputs.append(output.cpu())
-    return outputs
+    return outputs_of_runs(program, Communicator.from_env(), runs)
 
 
 @needs_world(4)
@@ -339,17 +352,8 @@ def test_the_ring_of_destinations_on_three_devices_that_are_not_devices_0_to_2()
     per_rank = run_on_local_ranks(run_matmul_rs_on_devices_1_to_3, 4, whole)
     for run, (x, w) in enumerate(whole):
         expected = torch.einsum("sdemk,dekn->semn", x.double(), w.double())
-        tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
         for rank in (1, 2, 3):
-            piece = expected[:, rank - 1]
-            output = per_rank[rank][run]
-            torch.testing.assert_close(
-                output.double().reshape(piece.shape),
-                piece,
-                rtol=0,
-                atol=tolerance,
-                msg=lambda m: f"run {run}, rank {rank}: {m}",
-            )
+            assert_piece(per_rank[rank][run], expected[:, rank - 1], expected, torch.float32, f"run {run}, rank {rank}")
 
 
 def summed_matmuls_rs_program(world: int) -> str:
@@ -371,16 +375,9 @@ func.func @summed_rs(%dq: {d}, %wq: {w}, %dk: {d}, %wk: {w}) -> {y} {{
 
 
 def run_summed_matmuls_rs(world: int, runs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-    """Each run of the summed GEMM+RS on this rank, on poisoned allocations."""
-    communicator = Communicator.from_env()
+    """Each run of the summed GEMM+RS on this rank (`outputs_of_runs`)."""
     program = Program.compile(summed_matmuls_rs_program(world), pipeline=COPY_ENGINE)
-    outputs = []
-    for whole in runs:
-        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
-        with poisoned_allocations():
-            (output,) = program.run(local, communicator)
-        outputs.append(output.cpu())
-    return outputs
+    return outputs_of_runs(program, Communicator.from_env(), runs)
 
 
 @pytest.mark.parametrize("world", [pytest.param(w, id=f"w{w}", marks=needs_world(w)) for w in (2, 4)])
@@ -398,16 +395,8 @@ def test_a_reduce_scatter_of_summed_products_adds_them_in_the_gemms(world):
     per_rank = run_on_local_ranks(run_summed_matmuls_rs, world, world, runs)
     for run, (dq, wq, dk, wk) in enumerate(runs):
         expected = matmul_rs(dq.double(), wq[:, 0].double()) + matmul_rs(dk.double(), wk[:, 0].double())
-        tolerance = TOLERANCE[torch.float32] * expected.abs().max().item()
         for rank, outputs in enumerate(per_rank):
-            piece = expected[:, rank]
-            torch.testing.assert_close(
-                outputs[run].double().reshape(piece.shape),
-                piece,
-                rtol=0,
-                atol=tolerance,
-                msg=lambda m: f"run {run}, rank {rank}: {m}",
-            )
+            assert_piece(outputs[run], expected[:, rank], expected, torch.float32, f"run {run}, rank {rank}")
 
 
 def matmul_ar_program(dtype: str, mesh: list[int]) -> str:
@@ -447,17 +436,10 @@ def run_sum_in_the_gemm(mesh: list[int], cases: list[tuple[str, str, list[torch.
 
 def sum_in_the_gemm_outputs(communicator: Communicator, mesh: list[int], cases: list[tuple]) -> list[list]:
     """`run_sum_in_the_gemm` with `communicator`."""
-    outputs = []
-    for dtype, pipeline, whole in cases:
-        program = compiled_matmul_ar(dtype, tuple(mesh), pipeline)
-        local = [shard(x, t, communicator.rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
-        runs = []
-        for _ in range(2):
-            with poisoned_allocations():
-                (output,) = program.run(local, communicator)
-            runs.append(output.cpu())
-        outputs.append(runs)
-    return outputs
+    return [
+        outputs_of_runs(compiled_matmul_ar(dtype, tuple(mesh), pipeline), communicator, [whole, whole])
+        for dtype, pipeline, whole in cases
+    ]
 
 
 def sum_in_the_gemm_cases(chunks: tuple[int, ...], dtypes: tuple[str, ...]) -> list[tuple]:
@@ -1257,42 +1239,51 @@ ALLREDUCES_ON_ONE_GPU = [
 """What each member of a team on one GPU allreduces: (name, output shape, dtype, op)."""
 
 
-def allreduce_member_on_one_gpu(size: int, done, partials) -> list[list[torch.Tensor]]:
-    """This rank as a member of a team of `size` on one GPU (`member_on_one_gpu`): the cases
-    of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its outputs,
-    once every member is done with its memory (`done`)."""
-    rank, team = int(os.environ["RANK"]), tuple(range(size))
+def as_member_on_one_gpu(size: int, done, work: Callable[[Communicator], T]) -> T:
+    """`work` on this rank as a member of a team of `size` on one GPU (`member_on_one_gpu`);
+    what it returns, once every member is done with the others' memory (`done`)."""
     try:
-        communicator = member_on_one_gpu(rank, size)
-        engine, device = communicator.copy_engine, communicator.device
-        outputs = []
-        for (name, shape, dtype, op), runs in zip(ALLREDUCES_ON_ONE_GPU, partials):
-            works, finishes, results_of_case = [], [], []
-            for partial in runs:
-                if name == "strided":
-                    # Column 1 of a symmetric [5, 2] into column 1 of a [5, 2] output.
-                    symmetric = engine.allocate((*shape, 2), dtype, team, name).tensor
-                    symmetric[:, 1] = partial[rank].to(device)
-                    input = symmetric[:, 1]
-                    output = torch.full((*shape, 2), float("nan"), dtype=dtype, device=device)[:, 1]
-                else:
-                    input = engine.allocate(shape, dtype, team, name).tensor
-                    input.copy_(partial[rank].to(device))
-                    output = torch.full(shape, float("nan"), dtype=dtype, device=device)
-                issued = engine.allreduce(input, output, team, REDUCE_OPS[op])
-                works += issued[0]
-                finishes += issued[1]
-                results_of_case.append(output)
-            for work in works:
-                work.wait()
-            for finish in finishes:
-                finish()
-            outputs.append([result.cpu() for result in results_of_case])
+        result = work(member_on_one_gpu(int(os.environ["RANK"]), size))
         done.wait()
-        return outputs
+        return result
     except BaseException:
-        done.abort()  # the peers waiting there fail at once, not at its timeout
+        done.abort()  # the peers waiting there fail at once, not at their timeout
         raise
+
+
+def allreduce_member_on_one_gpu(size: int, done, partials) -> list[list[torch.Tensor]]:
+    """This rank as a member of a team of `size` on one GPU (`as_member_on_one_gpu`): the cases
+    of `ALLREDUCES_ON_ONE_GPU`, each issued twice before either is waited for; its outputs."""
+    return as_member_on_one_gpu(size, done, functools.partial(_allreduces_on_one_gpu, partials))
+
+
+def _allreduces_on_one_gpu(partials, communicator: Communicator) -> list[list[torch.Tensor]]:
+    rank, team = communicator.rank, tuple(range(communicator.world_size))
+    engine, device = communicator.copy_engine, communicator.device
+    outputs = []
+    for (name, shape, dtype, op), runs in zip(ALLREDUCES_ON_ONE_GPU, partials):
+        works, finishes, results_of_case = [], [], []
+        for partial in runs:
+            if name == "strided":
+                # Column 1 of a symmetric [5, 2] into column 1 of a [5, 2] output.
+                symmetric = engine.allocate((*shape, 2), dtype, team, name).tensor
+                symmetric[:, 1] = partial[rank].to(device)
+                input = symmetric[:, 1]
+                output = torch.full((*shape, 2), float("nan"), dtype=dtype, device=device)[:, 1]
+            else:
+                input = engine.allocate(shape, dtype, team, name).tensor
+                input.copy_(partial[rank].to(device))
+                output = torch.full(shape, float("nan"), dtype=dtype, device=device)
+            issued = engine.allreduce(input, output, team, REDUCE_OPS[op])
+            works += issued[0]
+            finishes += issued[1]
+            results_of_case.append(output)
+        for work in works:
+            work.wait()
+        for finish in finishes:
+            finish()
+        outputs.append([result.cpu() for result in results_of_case])
+    return outputs
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -1353,20 +1344,15 @@ def load_the_gemms_kernels(device: torch.device) -> None:
 
 
 def sum_in_the_gemm_member_on_one_gpu(done, cases: list[tuple]) -> list[list[torch.Tensor]]:
-    """This rank as a member of a pair on one GPU (`member_on_one_gpu`): the GEMM+AR programs of
-    `cases`, their sums made in the GEMM (allreduce-in-matmul), each run twice; its outputs,
-    once both members are done with each other's memory (`done`)."""
-    rank = int(os.environ["RANK"])
-    try:
-        # The ranks of `Program.run` agree on their inputs over the gloo process group too.
-        communicator = member_on_one_gpu(rank, 2)
+    """This rank as a member of a pair on one GPU (`as_member_on_one_gpu`): the GEMM+AR programs
+    of `cases`, their sums made in the GEMM (allreduce-in-matmul), each run twice; its outputs.
+    (The ranks of `Program.run` agree on their inputs over the gloo process group too.)"""
+
+    def work(communicator: Communicator) -> list[list[torch.Tensor]]:
         load_the_gemms_kernels(communicator.device)
-        outputs = sum_in_the_gemm_outputs(communicator, [0, 1], cases)
-        done.wait()
-        return outputs
-    except BaseException:
-        done.abort()  # the peer waiting there fails at once, not at its timeout
-        raise
+        return sum_in_the_gemm_outputs(communicator, [0, 1], cases)
+
+    return as_member_on_one_gpu(2, done, work)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -1388,30 +1374,22 @@ def test_the_sum_in_the_gemm_on_the_copy_engines_of_one_gpu(monkeypatch):
 
 
 def ring_of_destinations_member_on_one_gpu(done, cases: list[tuple]) -> list[list[torch.Tensor]]:
-    """This rank as a member of a team of four on one GPU (`member_on_one_gpu`): GEMM+RS
+    """This rank as a member of a team of four on one GPU (`as_member_on_one_gpu`): GEMM+RS
     (`matmul_rs_through_bcast`) on the copy engines, its reduce-scatter a ring of
-    destinations (reduce-scatter-ring), each case run twice on poisoned allocations; its
-    outputs, once every member is done with the others' memory (`done`)."""
-    rank = int(os.environ["RANK"])
-    try:
-        communicator = member_on_one_gpu(rank, 4)
+    destinations (reduce-scatter-ring), each case run twice (`outputs_of_runs`); its outputs."""
+
+    def work(communicator: Communicator) -> list[list[torch.Tensor]]:
         load_the_gemms_kernels(communicator.device)
-        outputs = []
-        for dtype, whole in cases:
-            module = BUILDERS["matmul_rs_through_bcast"](num_devices=4, dtype=dtype)
-            program = Program.compile(module, pipeline=COPY_ENGINE)
-            local = [shard(x, t, rank).to(communicator.device) for x, t in zip(whole, program.input_types)]
-            runs = []
-            for _ in range(2):
-                with poisoned_allocations():
-                    (output,) = program.run(local, communicator)
-                runs.append(output.cpu())
-            outputs.append(runs)
-        done.wait()
-        return outputs
-    except BaseException:
-        done.abort()  # the peers waiting there fail at once, not at its timeout
-        raise
+        return [
+            outputs_of_runs(
+                Program.compile(BUILDERS["matmul_rs_through_bcast"](num_devices=4, dtype=dtype), pipeline=COPY_ENGINE),
+                communicator,
+                [whole, whole],
+            )
+            for dtype, whole in cases
+        ]
+
+    return as_member_on_one_gpu(4, done, work)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -1432,17 +1410,10 @@ def test_the_ring_of_destinations_on_the_copy_engines_of_one_gpu(monkeypatch):
     )
     for i, (dtype, (x, w)) in enumerate(cases):
         expected = matmul_rs(x.double(), w.double())
-        tolerance = TOLERANCE[DTYPES[dtype]] * expected.abs().max().item()
         for rank, outputs in enumerate(per_member):
-            piece = expected[:, rank]
             for run in range(2):
-                torch.testing.assert_close(
-                    outputs[i][run].double().reshape(piece.shape),
-                    piece,
-                    rtol=0,
-                    atol=tolerance,
-                    msg=lambda m: f"{dtype}, run {run}, member {rank}: {m}",
-                )
+                where = f"{dtype}, run {run}, member {rank}"
+                assert_piece(outputs[i][run], expected[:, rank], expected, DTYPES[dtype], where)
 
 
 STAY_AWAY_S = 30.0
