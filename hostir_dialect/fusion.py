@@ -869,6 +869,22 @@ class ReductionOp(FusionOp, ABC):
     def keeps_dims(self) -> bool:
         return self.keepdim is not None
 
+    @property
+    def sums_columns(self) -> bool:
+        """Whether it sums every axis but the last, kept: every axis of a local extent other
+        than 1, and one at least (a weight's gradient, summed over the tokens)."""
+        shape = tensor_type(self.input).local_shape()
+        reduced = set(self.reduced_axes)
+        rank = len(shape)
+        return (
+            isinstance(self, SumOp)
+            and self.keeps_dims
+            and rank > 1
+            and rank - 1 not in reduced
+            and all(d in reduced for d in range(rank - 1) if shape[d] != 1)
+            and any(shape[d] != 1 for d in reduced)
+        )
+
     def infer_shape(self) -> Shape:
         return reduction_shape(
             tensor_type(self.input).get_shape(),

@@ -6,7 +6,9 @@ with the same name and signature, as `docs/design.md` ("Host programs") describe
 * a maximal run of pointwise ops over one iteration space (their results' shapes
   broadcast together) becomes a `func.func private @<host>_segment_<k>` of
   fusion ops and one `hir.launch_kernel` of it (`hir.post_on_stream` for a run of
-  broadcasts, which only moves data: nvFuser's HostUnit);
+  broadcasts, which only moves data: nvFuser's HostUnit); a segment that reduces rows
+  also sums the columns of a value that only such a sum reads after it (a norm's weight
+  gradient), returning the sum in its place;
 * a set or a reduction that reshards becomes the communication that
   `sharding.plan_resharding` names, each followed by `hir.wait`;
 * matmul, linear, attention (and its backward), ATen calls, local reductions and local
@@ -32,7 +34,7 @@ from typing import NamedTuple
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import AnyFloat, IndexType, ModuleOp
+from xdsl.dialects.builtin import AnyFloat, Float32Type, Float64Type, IndexType, ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -279,6 +281,48 @@ class OutlinePointwiseRun(RewritePattern):
                 rewriter.erase(constant)
 
 
+class ColumnSumIntoSegment(RewritePattern):
+    """A column sum of a segment's result that nothing else reads, where the segment reduces
+    rows over the same space -> the segment returns the column sum instead of the value.
+
+    A norm's backward computes its weight's gradient as the gradient times the normalized
+    input, summed over the tokens: the segment wrote that product whole (in f32) and a
+    reduction read it back. The segment's kernel walks the space row by row already; it sums
+    each column of the product as it goes (docs/kernels.md, "Column sums"), and the product
+    is never written. Rewritten where the value is of f32 or f64 and the sum keeps its axes
+    (`fusion.ReductionOp.sums_columns`).
+    """
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
+        if not isinstance(op, fusion.SumOp) or not op.sums_columns or not is_local_reduction(op):
+            return
+        call = op.input.owner
+        if not isinstance(call, func.CallOp) or not op.input.has_one_use():
+            return
+        segment = SymbolTable.lookup_symbol(call, call.callee)
+        if not isinstance(segment, func.FuncOp) or segment.body.block.last_op is None:
+            return
+        returned = segment.body.block.last_op
+        index = call.results.index(op.input)
+        value = returned.operands[index]
+        if not isinstance(tensor_type(value).element_type, Float32Type | Float64Type) or not any(
+            isinstance(r, fusion.ReductionOp)
+            and not r.sums_columns
+            and tensor_type(r.input).local_shape() == tensor_type(value).local_shape()
+            for r in segment.body.block.ops
+        ):
+            return
+        summed = op.clone({op.input: value})
+        rewriter.insert(summed, InsertPoint.before(returned))
+        returned.operands[index] = summed.result
+        segment.update_function_type()
+        new_call = func.CallOp(call.callee, call.arguments, segment.function_type.outputs.data)
+        new_call.location = call.location
+        rewriter.replace(call, new_call)
+        new_call.results[index].name_hint = op.result.name_hint
+        rewriter.replace(op, [], [new_call.results[index]])
+
+
 def moves_data(op: Operation) -> bool:
     """A set or a `didx` reduction that communications compute."""
     return (isinstance(op, fusion.SetOp) or reduces_didx_axis(op)) and isinstance(plan_resharding(op), tuple)
@@ -311,10 +355,11 @@ def kernel_run(first: Operation) -> KernelRun:
     halves of SwiGLU's backward, which the GEMMs of a weight's gradient stand between in the
     program, are one kernel. The run also takes an op that reads one it passed over and
     none that reads the run, where every op it passed over and reads comes before every op
-    that reads the run, and none is a GEMM (a sum of GEMMs' products is theirs to make:
-    `sum-in-matmul`): the kernel then goes after the last of those it reads (the activation
-    that aot_autograd's partitioner recomputes at the start of a backward joins the ops that
-    need the incoming gradient, after the view that reads the gradient in).
+    that reads the run, unless it is an add of a GEMM's product (a sum of GEMMs' products
+    is theirs to make: `sum-in-matmul`): the kernel then goes after the last of those it
+    reads (the activation that aot_autograd's partitioner recomputes at the start of a
+    backward joins the ops that need the incoming gradient, after the view that reads the
+    gradient in; SwiGLU's silu joins the product with the up projection, after its GEMM).
     Once it has passed over an op that is neither pointwise nor a reduction, it takes no
     op of a stream axis, which would leave the stream loop that `stream-parallel` makes
     of its neighbours, and no broadcast but of a value of the run to pointwise ops
@@ -342,7 +387,10 @@ def kernel_run(first: Operation) -> KernelRun:
         waits_for = owners & passed
         if (
             not owners & readers
-            and not any(isinstance(o, fusion.MatmulOp | fusion.LinearOp) for o in waits_for)
+            and not (
+                isinstance(following, fusion.AddOp)
+                and any(isinstance(o, fusion.MatmulOp | fusion.LinearOp) for o in waits_for)
+            )
             and (first_reader is None or all(position[o] < first_reader for o in waits_for))
             and (is_pointwise(following) or _reduces_rows(following, space))
             and not (isinstance(following, fusion.RotateHalfOp) and following.input.owner in run)
@@ -480,7 +528,10 @@ def _first_partial_output(run: list[Operation]) -> int | None:
     for i, op in enumerate(run):
         shape = _shape(op)
         used_after = any(use.operation not in in_run for use in op.results[0].uses)
-        fills = shapes_compatible(shape, space[len(space) - len(shape) :])
+        # A value of lower rank fills the space where the axes it lacks have extent 1; one
+        # broadcast along them (a weight's cast) would be written at every row.
+        missing = space[: len(space) - len(shape)]
+        fills = shapes_compatible(shape, space[len(space) - len(shape) :]) and all(e == 1 for e in missing)
         fills_rows = rows is not None and len(shape) == len(rows) and shapes_compatible(shape, rows)
         if used_after and not is_recomputed(op) and not fills and not fills_rows:
             return i
@@ -704,6 +755,7 @@ class FusionToHir(ModulePass):
         backend = hir.CommunicatorBackend(self.backend)
         dce(op)
         PatternRewriteWalker(OutlinePointwiseRun(), apply_recursively=False).rewrite_module(op)
+        PatternRewriteWalker(ColumnSumIntoSegment(), apply_recursively=False).rewrite_module(op)
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
                 [

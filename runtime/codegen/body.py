@@ -25,6 +25,7 @@ from hostir.runtime.codegen.expressions import ALIASES, EXPRESSIONS, FLOATING, E
 BODY_NAME = "hostir_segment_body"
 ROW_NAME = "hostir_segment_row"
 REDUCTION_NAME = "hostir_segment_reduce"
+COLUMN_SUM_NAME = "hostir_segment_column_sum"
 
 
 def _torch_dtype(value: SSAValue) -> torch.dtype:
@@ -72,8 +73,9 @@ class DeviceFunction:
 
     @property
     def returns(self) -> bool:
-        """Whether it is a reduction's: it returns the element of the row to accumulate."""
-        return self.name.startswith(REDUCTION_NAME)
+        """Whether it is a reduction's: it returns the element of the row, or of the column, to
+        accumulate."""
+        return self.name.startswith((REDUCTION_NAME, COLUMN_SUM_NAME))
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,30 @@ class RowReduction:
 
 
 @dataclass(frozen=True)
+class ColumnSum:
+    """A sum over every axis of the iteration space but the last (a weight's gradient in a
+    norm's backward), returned by the segment: each thread sums its columns over the rows it
+    walks, the kernel writes one row of partial sums per block (or warp), and the launch sums
+    those rows into the output (`kernels.SegmentKernel`)."""
+
+    function: DeviceFunction
+    """The element of the column that each thread accumulates."""
+    element: ElementType
+    """Of the summed values, accumulated in their own type (f32 or f64)."""
+    output: int
+    """The segment's output it is."""
+
+
+@dataclass(frozen=True)
 class SegmentBody:
     """A segment as device functions of its loaded elements, and the accesses that feed them.
 
     A pointwise segment is one function, BODY_NAME, of every load, writing every store. A
     segment that reduces rows has one function per reduction (the row's elements it
-    accumulates, in program order: a later one may read an earlier one's value), BODY_NAME
-    for the stores of one element per point of the space, and ROW_NAME for the stores of
-    one element per row (their last axis has extent 1).
+    accumulates, in program order: a later one may read an earlier one's value), one per
+    column sum it returns (the column's elements it accumulates, after the row's reductions),
+    BODY_NAME for the stores of one element per point of the space, and ROW_NAME for the
+    stores of one element per row (their last axis has extent 1).
     """
 
     name: str
@@ -113,8 +131,10 @@ class SegmentBody:
     load_types: tuple[ElementType, ...]
     store_types: tuple[ElementType, ...]
     reductions: tuple[RowReduction, ...]
+    column_sums: tuple[ColumnSum, ...]
     functions: tuple[DeviceFunction, ...]
-    """The element functions after the reductions': BODY_NAME, then ROW_NAME if it stores."""
+    """The element functions after the reductions' and the column sums': BODY_NAME if it
+    stores (or the segment is pointwise), then ROW_NAME if it stores."""
     source: str
     """Every device function, reductions' first."""
 
@@ -133,21 +153,25 @@ class SegmentBody:
     def of(cls, segment: func.FuncOp) -> SegmentBody:
         """Analyses `segment`; raises HostirError for an op or a dtype a kernel cannot compute."""
         ops, outputs = fusable_ops(segment)
-        reductions = [op for op in ops if isinstance(op, fusion.ReductionOp)]
-        rank = max(fusion.tensor_type(v).rank for v in (*outputs, *(op.input for op in reductions)))
+        every_reduction = [op for op in ops if isinstance(op, fusion.ReductionOp)]
+        rank = max(fusion.tensor_type(v).rank for v in (*outputs, *(op.input for op in every_reduction)))
+        column_sums = [op for op in every_reduction if op.sums_columns and fusion.tensor_type(op.input).rank == rank]
+        reductions = [op for op in every_reduction if op not in column_sums]
         output_maps = [tuple(range(rank - fusion.tensor_type(v).rank, rank)) for v in outputs]
         for op in reductions:
             _check_row_reduction(segment, op, rank)
+        column_outputs = [_check_column_sum(segment, op, outputs, bool(reductions)) for op in column_sums]
         rotations = [op for op in ops if isinstance(op, fusion.RotateHalfOp)]
         for op in rotations:
             _check_rotation(segment, op, bool(reductions))
         whole = tuple(range(rank))
-        space = _static_space(rank, needed_axis_maps(ops, [*outputs, *(op.input for op in reductions)],
-                                                     [*output_maps, *(whole for _ in reductions)]))  # fmt: skip
+        space = _static_space(rank, needed_axis_maps(ops, [*outputs, *(op.input for op in every_reduction)],
+                                                     [*output_maps, *(whole for _ in every_reduction)]))  # fmt: skip
         per_row = _per_row_stores(outputs, space) if reductions else set()
-        element_stores = tuple(j for j in range(len(outputs)) if j not in per_row)
+        element_stores = tuple(j for j in range(len(outputs)) if j not in per_row and j not in column_outputs)
         # (name, values computed, their maps, the stores they are) per device function.
         roots = [(f"{REDUCTION_NAME}{i}", [op.input], [whole], ()) for i, op in enumerate(reductions)]
+        roots += [(f"{COLUMN_SUM_NAME}{i}", [op.input], [whole], ()) for i, op in enumerate(column_sums)]
         for name, stored in ((BODY_NAME, element_stores), (ROW_NAME, tuple(sorted(per_row)))):
             if stored or (name == BODY_NAME and not reductions):
                 roots.append((name, [outputs[j] for j in stored], [output_maps[j] for j in stored], stored))
@@ -163,7 +187,7 @@ class SegmentBody:
             function = DeviceFunction(name, function_loads, reduced, rotated, stored)
             lines = body_lines(segment, ops, maps, loads_list, function, reductions, values, maps_of_values)
             functions.append(function)
-            sources.append(device_function(function, lines, loads_list, segment, outputs, values))
+            sources.append(device_function(function, lines, loads_list, segment, outputs, values, reductions))
         load_types = tuple(element_type(segment.args[a.operand]) for a in loads_list)
         return cls(
             segment.sym_name.data,
@@ -184,7 +208,11 @@ class SegmentBody:
                 )
                 for op, f in zip(reductions, functions)
             ),
-            tuple(functions[len(reductions) :]),
+            tuple(
+                ColumnSum(f, element_type(op.input), j)
+                for op, f, j in zip(column_sums, functions[len(reductions) :], column_outputs)
+            ),
+            tuple(functions[len(reductions) + len(column_sums) :]),
             "\n\n".join(sources),
         )
 
@@ -239,6 +267,26 @@ def _static_space(rank: int, maps: AxisMaps) -> tuple[int, ...]:
                 if extent != 1 and space[axis] in (1, DYNAMIC):
                     space[axis] = extent
     return tuple(space)
+
+
+def _check_column_sum(segment: func.FuncOp, op: fusion.ReductionOp, outputs: Sequence[SSAValue], reduces_rows: bool) -> int:
+    """The output that column sum `op` is; raises unless a kernel computes it: in a kernel that
+    reduces rows (which walks the space row by row), of values of f32 or f64, returned by
+    the segment and read by none of its ops (it is whole only once every row was walked)."""
+    result = op.results[0]
+    if (
+        not reduces_rows
+        or element_type(op.input).storage not in ("float", "double")
+        or any(not isinstance(use.operation, func.ReturnOp) for use in result.uses)
+        or result not in outputs
+    ):
+        raise HostirError.at(
+            op,
+            f"'{op.name}' cannot be part of the fused kernel of segment @{segment.sym_name.data}: "
+            "a kernel sums columns only in a kernel that reduces rows, of f32 or f64 values, "
+            "as an output that no op of the segment reads",
+        )
+    return list(outputs).index(result)
 
 
 def _check_row_reduction(segment: func.FuncOp, op: fusion.ReductionOp, rank: int) -> None:
@@ -375,12 +423,13 @@ def device_function(
     segment: func.FuncOp,
     outputs: Sequence[SSAValue],
     roots: Sequence[SSAValue],
+    reductions: Sequence[fusion.ReductionOp],
 ) -> str:
     """The `__device__` function of `lines`: `function.name(loaded elements..., row values...,
     stored elements&...)`, or returning the reduced element when it stores nothing."""
     parameters = [f"const {element_type(segment.args[loads[k].operand]).storage} a{k}" for k in function.loads]
     parameters += [f"const bool f{k}" for k in function.rotated]
-    parameters += [f"const {reduction_type(segment, i)} s{i}" for i in function.reduced]
+    parameters += [f"const {element_type(reductions[i].results[0]).compute} s{i}" for i in function.reduced]
     parameters += [f"{element_type(outputs[j]).storage}& r{j}" for j in function.stores]
     returned = element_type(roots[0]).compute if function.returns else "void"
     return "\n".join(
@@ -391,8 +440,3 @@ def device_function(
         ]
     )
 
-
-def reduction_type(segment: func.FuncOp, index: int) -> str:
-    """The C type of reduction `index`'s value: its compute type."""
-    reductions = [op for op in segment.body.block.ops if isinstance(op, fusion.ReductionOp)]
-    return element_type(reductions[index].result).compute

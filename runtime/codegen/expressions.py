@@ -211,11 +211,16 @@ def _constant(op: fusion.ConstantOp, operands: Sequence[str]) -> str:
 
 
 def _pow(op: fusion.PowOp, operands: Sequence[str]) -> str:
-    """`x * x` for a constant exponent of 2, as ATen computes it (and inductor): libm's pow
-    costs tens of instructions an element, which made RMSNorm's row kernel compute-bound."""
+    """`x`, `x * x` and `x * x * x` for a constant exponent of 1, 2 and 3, as ATen computes
+    them (and inductor): libm's pow costs tens of instructions an
+    element, which made RMSNorm's row kernel compute-bound (its backward raises the row's
+    scale to 3, and the input to 1)."""
     exponent = op.operands[1].owner
-    if isinstance(exponent, fusion.ConstantOp) and constant_value(exponent) == 2:
-        return f"({operands[0]} * {operands[0]})"
+    if isinstance(exponent, fusion.ConstantOp):
+        x = operands[0]
+        products = {1: x, 2: f"({x} * {x})", 3: f"({x} * {x} * {x})"}
+        if (product := products.get(constant_value(exponent))) is not None:
+            return product
     return _general_pow(op, operands)
 
 

@@ -101,6 +101,11 @@ def _multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _threads_per_multiprocessor(device: int) -> int:
+    return torch.cuda.get_device_properties(device).max_threads_per_multi_processor
+
+
 class PreparedLaunch(NamedTuple):
     """What launches on buffers of one signature share: all but the pointers."""
 
@@ -111,6 +116,8 @@ class PreparedLaunch(NamedTuple):
     threads: int
     sizes: tuple
     """The kernel arguments after the pointers: elements, extents, strides."""
+    partials: int = 0
+    """The rows of partial sums the kernel writes per column sum (one per block, or warp)."""
 
 
 def _signature(tensor: torch.Tensor) -> tuple:
@@ -154,8 +161,13 @@ class SegmentKernel:
             prepared = self.launches[signature] = self._prepare(ins, outs)
         if prepared.kernel is None:
             return True
+        # A column sum's kernel writes rows of partial sums, which the launch then sums.
+        partials = {
+            c.output: torch.empty((prepared.partials, outs[c.output].shape[-1]), dtype=outs[c.output].dtype, device=outs[c.output].device)
+            for c in self.body.column_sums
+        }
         pointers = [cupy.uint64(ins[a.operand].data_ptr()) for a in self.body.loads]
-        pointers += [cupy.uint64(outs[a.operand].data_ptr()) for a in self.body.stores]
+        pointers += [cupy.uint64(partials.get(a.operand, outs[a.operand]).data_ptr()) for a in self.body.stores]
         stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(prepared.device))
         with cupy.cuda.Device(prepared.device):
             prepared.kernel(
@@ -164,6 +176,8 @@ class SegmentKernel:
                 (*pointers, *prepared.sizes),
                 stream=stream,
             )
+        for output, rows in partials.items():
+            torch.sum(rows, 0, out=outs[output].view(rows.shape[1]))
         return True
 
     def _prepare(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> PreparedLaunch:
@@ -178,14 +192,21 @@ class SegmentKernel:
                 kernel = CACHE.kernel(kernel_source(self.body, layout), self.body.name)
             self.kernels[layout] = kernel
         most = _multiprocessors(device) * BLOCKS_PER_SM
+        rows_per_block = 1
         if isinstance(layout, RowLayout):
             rows_per_block = ROWS_PER_BLOCK if layout.warp_per_row else 1
             blocks = -(-launch.elements // rows_per_block)
+            if self.body.column_sums:
+                # Each block's rows of partial sums are summed after it: as many blocks as
+                # the GPU holds at once, each walking its share of the rows.
+                most = _multiprocessors(device) * max(1, _threads_per_multiprocessor(device) // launch.threads)
         else:
             blocks = -(-launch.elements // (layout.vector * launch.threads))
+        blocks = max(1, min(blocks, most))
         number = cupy.int32 if layout.index == "int" else cupy.int64
         sizes = tuple(map(number, kernel_sizes(launch, self.body.rotates)))
-        return PreparedLaunch(kernel, device, max(1, min(blocks, most)), launch.threads, sizes)
+        partials = blocks * rows_per_block if self.body.column_sums else 0
+        return PreparedLaunch(kernel, device, blocks, launch.threads, sizes, partials)
 
     def source(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> str:
         """The CUDA C a launch on these buffers runs.
@@ -213,11 +234,14 @@ class SegmentKernel:
                     )
                 extents[axis] = size
         per_row = set(self.body.row_stores)
+        summed_columns = {c.output for c in self.body.column_sums}
         for store in self.body.stores:
             shape = list(outs[store.operand].shape)
             expected = [extents[axis] for axis in store.axes]
             if store.operand in per_row:
                 expected[-1] = 1
+            if store.operand in summed_columns:
+                expected[:-1] = [1] * (len(expected) - 1)
             if shape != expected:
                 raise self._error(f"output #{store.operand} has shape {shape} but the segment computes {expected}")
         strides = [[0] * self.body.rank for _ in buffers]
@@ -288,7 +312,12 @@ class SegmentKernel:
         merged_extents = [*row_extents, columns]
         merged_strides = [[*r, c] for r, c in zip(row_strides, column_strides)]
         rows = math.prod(row_extents)
-        vector = vector_width(merged_extents, merged_strides, sizes, addresses, tail=False)
+        # A column sum's partial sums are written once per block, element by element: they
+        # take no part in the vectors of the row.
+        walked = [k for k in range(len(strides)) if k - len(self.body.loads) not in {c.output for c in self.body.column_sums}]
+        vector = vector_width(
+            merged_extents, [merged_strides[k] for k in walked], [sizes[k] for k in walked], [addresses[k] for k in walked], tail=False
+        )
         warp_per_row = columns <= WARP_ROW_LIMIT
         vectors = -(-columns // vector)
         if warp_per_row:
@@ -298,6 +327,7 @@ class SegmentKernel:
             threads = row_threads = 32 * warps
         cached = -(-vectors // row_threads)
         kept = {k for r in self.body.reductions for k in r.function.loads if column_strides[k]}
+        steps = cached if self.body.column_sums else 0
         if cached * vector * sum(sizes[k] for k in kept) > ROW_REGISTER_BYTES:
             cached = 0
         layout = RowLayout(
@@ -307,6 +337,7 @@ class SegmentKernel:
             index_type([rows, columns], merged_extents, merged_strides),
             warp_per_row,
             cached,
+            steps,
         )
         return Launch(layout, rows, merged_extents, merged_strides, threads)
 

@@ -122,31 +122,34 @@ def _call(function: DeviceFunction, element: Callable[[int], str], loads: int, f
     return f"{function.name}({', '.join(arguments)})"
 
 
+Calls = Sequence[tuple[DeviceFunction, Callable[[str], list[str]]]]
+"""Device functions, each with the statements that use the C of a call of it."""
+
+
 def _step(
     accesses: Sequence[_Access],
-    function: DeviceFunction,
+    calls: Calls,
     width: int,
     offset: Callable[[int], str],
-    statements: Callable[[str], list[str]],
     kept: Collection[int] = (),
     first_half: str = "",
 ) -> list[str]:
     """The lines of one step of a thread over `width` elements (1: one element) of the accesses
-    of `function`, at `offset(k)` for access k: `statements(call)` for each element, where
-    `call` is the C of calling `function` there. A scalar step reads and writes elements in
-    place. A vector step loads a vector of each access that walks the innermost axis (one
-    element of each other: it is broadcast along that axis), runs the statements on each
-    element, and stores the results' vectors. Loads in `kept` are in the registers `a<k>[c]`
-    already (a row's vector c of this thread). `first_half` is the C of whether the step's
-    elements are in the first half of the last axis, for the rotated loads (a vector lies
-    in one half: its width divides the half)."""
+    of the functions of `calls`, at `offset(k)` for access k: for each element, each
+    function's `statements(call)`, where `call` is the C of calling the function there. A
+    scalar step reads and writes elements in place. A vector step loads a vector of each
+    access that walks the innermost axis (one element of each other: it is broadcast along
+    that axis), runs the statements on each element, and stores the results' vectors. Loads
+    in `kept` are in the registers `a<k>[c]` already (a row's vector c of this thread).
+    `first_half` is the C of whether the step's elements are in the first half of the last
+    axis, for the rotated loads (a vector lies in one half: its width divides the half)."""
     loads = sum(not a.stored for a in accesses)
     if width == 1:
 
         def in_place(k: int) -> str:
             return f"{accesses[k].register}[c]" if k in kept else f"{accesses[k].pointer}[{offset(k)}]"
 
-        return statements(_call(function, in_place, loads, first_half))
+        return [line for function, statements in calls for line in statements(_call(function, in_place, loads, first_half))]
 
     def element(k: int) -> str:
         a = accesses[k]
@@ -155,7 +158,8 @@ def _step(
         return f"{a.register}[c].v[e]" if k in kept else f"{a.register}.v[e]"
 
     before, after = [], []
-    for k in [*function.loads, *(loads + j for j in function.stores)]:
+    used = [*(k for f, _ in calls for k in f.loads), *(loads + j for f, _ in calls for j in f.stores)]
+    for k in dict.fromkeys(used):
         a = accesses[k]
         if k in kept:
             continue
@@ -171,7 +175,7 @@ def _step(
         *before,
         "#pragma unroll",
         f"for (int e = 0; e < {width}; ++e) {{",
-        *_indent(statements(_call(function, element, loads, first_half))),
+        *_indent([line for function, statements in calls for line in statements(_call(function, element, loads, first_half))]),
         "}",
         *after,
     ]
@@ -205,7 +209,7 @@ def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
             lines.append(f"  const {index} i = k * {width};")
         lines += _indent(_index_lines(axes, layout.rank, index, "i"))
         first_half = f"i{layout.rank - 1} < half" if body.rotates else ""
-        step = _step(accesses, function, width, offset, lambda call: [f"{call};"], first_half=first_half)
+        step = _step(accesses, [(function, _statement)], width, offset, first_half=first_half)
         return [*lines, *_indent(step), "}"]
 
     lines = [
@@ -225,6 +229,10 @@ def kernel_source(body: SegmentBody, layout: LaunchLayout) -> str:
         "}",
     ]
     return _with_helpers(body, "\n".join(source))
+
+
+def _statement(call: str) -> list[str]:
+    return [f"{call};"]
 
 
 def _with_helpers(body: SegmentBody, kernel: str) -> str:
@@ -250,6 +258,7 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
     row's elements computed and stored, then one thread's per-row stores. Where the layout
     keeps the row in registers, the loads of the reductions are read once, before them."""
     index, width, cached = layout.index, layout.vector, layout.cached
+    counted = cached or layout.steps
     accesses = _accesses(body, layout)
     loads = len(body.loads)
     rank = layout.rank
@@ -260,12 +269,13 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
         return " + ".join([f"{accesses[k].pointer}_row", *_terms(accesses[k], {rank: "j"})])
 
     def walk(lines: list[str]) -> list[str]:
-        """`lines` for each step of this thread along the row, at its column `j`."""
-        if cached:
+        """`lines` for each step of this thread along the row, at its column `j`: the `c`th step
+        where the layout counts them."""
+        if counted:
             column = f"(first + c * step) * {width}" if width > 1 else "first + c * step"
             return [
                 "#pragma unroll",
-                f"for (int c = 0; c < {cached}; ++c) {{",
+                f"for (int c = 0; c < {counted}; ++c) {{",
                 f"  const {index} j = {column};",
                 "  if (j < columns) {",
                 *_indent(lines, 2),
@@ -275,8 +285,15 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
         start, stride = (f"first * {width}", f"step * {width}") if width > 1 else ("first", "step")
         return [f"for ({index} j = {start}; j < columns; j += {stride}) {{", *_indent(lines), "}"]
 
+    sums = [
+        f"{c.element.compute} column_sum{i}[{counted}]{f'[{width}]' if width > 1 else ''} = {{}};"
+        for i, c in enumerate(body.column_sums)
+    ]
+    if sums:
+        sums.insert(0, "// This thread's sums of its columns over the rows it walks.")
     if layout.warp_per_row:
         lines = [
+            *sums,
             "// One warp per row.",
             "const int first = threadIdx.x % 32;",
             "const int step = 32;",
@@ -287,6 +304,7 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
         lines = [
             "// One block per row; each warp's partial reductions meet in shared memory.",
             *(f"__shared__ {r.element.compute} partials{i}[32];" for i, r in enumerate(body.reductions)),
+            *sums,
             "const int first = threadIdx.x;",
             "const int step = blockDim.x;",
             f"for ({index} row = blockIdx.x; row < rows; row += gridDim.x) {{",
@@ -313,15 +331,33 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
             return [f"const {compute} x = {call};", f"s{i} = {combined};"]
 
         row.append(f"{compute} s{i} = {reduction_identity(reduction)};")
-        row += walk(_step(accesses, reduction.function, width, offset, accumulate, kept))
+        row += walk(_step(accesses, [(reduction.function, accumulate)], width, offset, kept))
         row.append(f"s{i} = {reduction.element.rounding.format(across)};")
+    element = "[c][e]" if width > 1 else "[c]"
+
+    def summed(i: int) -> Callable[[str], list[str]]:
+        return lambda call: [f"column_sum{i}{element} += {call};"]
+
+    # The row's elements: each stored, and each added to its column's sum.
+    passes = [(f, _statement) for f in body.functions if f.name == BODY_NAME]
+    passes += [(c.function, summed(i)) for i, c in enumerate(body.column_sums)]
+    if passes:
+        row += walk(_step(accesses, passes, width, offset, kept))
     for function in body.functions:
-        if function.name == BODY_NAME:
-            row += walk(_step(accesses, function, width, offset, lambda call: [f"{call};"], kept))
-        else:  # the per-row stores, at the row's first column
+        if function.name != BODY_NAME:  # the per-row stores, at the row's first column
             call = _call(function, lambda k: f"{accesses[k].pointer}[{accesses[k].pointer}_row]", loads)
             row += ["if (first == 0) {", f"  {call};", "}"]
     lines += [*_indent(row), "}"]
+    if body.column_sums:
+        # Row `partial` of each column sum's partial sums: this block's, or this warp's.
+        lines.append(f"const {index} partial = {'blockIdx.x * warps + threadIdx.x / 32' if layout.warp_per_row else 'blockIdx.x'};")
+        written = [
+            f"out{c.output}[partial * columns + j{' + e' if width > 1 else ''}] = column_sum{i}{element};"
+            for i, c in enumerate(body.column_sums)
+        ]
+        if width > 1:
+            written = ["#pragma unroll", f"for (int e = 0; e < {width}; ++e) {{", *_indent(written), "}"]
+        lines += walk(written)
     source = [
         f'extern "C" __global__ void __launch_bounds__({BLOCK_THREADS_BOUND}) '
         f"{KERNEL_NAME}({_parameters(body, layout, ['rows', 'columns'])}) {{",

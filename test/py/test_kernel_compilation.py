@@ -90,12 +90,12 @@ def _rms_norm_case(rows: int, columns: int, dtype: torch.dtype, vector_bytes: in
 
 
 def _backward_case(rows: int, columns: int) -> Case:
-    """RMSNorm's backward (benchmarks/rmsnorm_segment.py): three bf16 loads kept in registers
-    and a per-row f32 input read once per vector."""
+    """RMSNorm's backward (benchmarks/rmsnorm_segment.py): three bf16 loads kept in registers,
+    a per-row f32 input read once per vector, and the weight's gradient summed over the rows."""
     return Case(
         lambda: backward_segment(rows, columns, BF16),
         lambda: [*(empty([rows, columns], BF16) for _ in "gx"), empty([columns], BF16), empty([rows, 1], F32)],
-        lambda: [empty([rows, columns], BF16) for _ in "wd"],
+        lambda: [empty([1, columns], F32), empty([rows, columns], BF16)],
         16,
     )
 
@@ -129,6 +129,7 @@ CASES = {
     "rows f32 scalar transposed": _rms_norm_case(30, 4096, F32, 0, lambda: empty([4096, 30], F32).t()),
     "rows f32 read twice": _rms_norm_case(2, 65536, F32, 16),
     "rows bf16 backward 8192": _backward_case(16, 8192),
+    "rows bf16 backward warp": _backward_case(300, 64),
     "rows f32 softmax warp": Case(lambda: _softmax_segment(1024), lambda: [empty([4, 1024], F32)], lambda: [empty([4, 1024], F32)], 16),
     "rows f32 softmax block": Case(lambda: _softmax_segment(4096), lambda: [empty([4, 4096], F32)], lambda: [empty([4, 4096], F32)], 16),
 }

@@ -183,10 +183,14 @@ def test_bf16_is_loaded_as_bits_computed_in_f32_and_rounded_once_on_store():
     assert source.count("hostir_f32_to_bf16(") == 2, "one definition, one rounding on store"
 
 
-@pytest.mark.parametrize(("exponent", "expected"), [(2.0, "v0 * v0"), (3.0, "powf(v0, ")])
-def test_a_square_is_a_product_and_other_powers_call_libm(exponent, expected):
-    """`x ** 2` (RMSNorm's) is `x * x`, as ATen computes it: libm's powf costs tens of
-    instructions an element, which made the norm's row kernel compute-bound."""
+@pytest.mark.parametrize(
+    ("exponent", "expected"),
+    [(1.0, "= v0;"), (2.0, "(v0 * v0)"), (3.0, "(v0 * v0 * v0)"), (4.0, "powf(v0, "), (0.5, "powf(v0, ")],
+)
+def test_small_powers_are_products_and_other_powers_call_libm(exponent, expected):
+    """`x ** 2` (RMSNorm's) is `x * x`, and `x ** 1` and `x ** 3` (its backward's) `x` and
+    `x * x * x`, as ATen computes them: libm's powf costs tens of instructions an element,
+    which made the norm's row kernels compute-bound."""
 
     def define(fb):
         x = fb.input([64], "f32")
@@ -194,7 +198,7 @@ def test_a_square_is_a_product_and_other_powers_call_libm(exponent, expected):
 
     x, out = torch.randn(64), empty([64], torch.float32)
     source = kernels.generated_source(build_segment(define), [x], [out])
-    assert expected in source and ("powf" in source) == (exponent != 2.0), source
+    assert expected in source and ("powf" in source) == (exponent not in (1.0, 2.0, 3.0)), source
 
 
 def test_broadcast_operand_walks_only_its_axes_with_its_strides():
@@ -1338,3 +1342,17 @@ def test_rotations_of_broadcast_inputs_match_fusion_eval(dtype):
     assert kernels.SegmentKernel(_rotated_times(dtype)).launch(ins, outs)
     torch.cuda.synchronize()
     assert torch.equal(outs[0], fusion_eval.evaluate(_rotated_times(dtype), ins)[0])
+
+
+@requires_gpu
+@pytest.mark.parametrize("exponent", [1.0, 2.0, 3.0, 4.0])
+def test_powers_are_torchs_to_the_bit(exponent):
+    """The products are ATen's own for those exponents: the kernel's powers equal torch's."""
+
+    def define(fb):
+        return [fb.input([4096], "f32") ** exponent]
+
+    x = torch.randn(4096, device="cuda")
+    out = torch.full((4096,), float("nan"), device="cuda")
+    assert kernels.SegmentKernel(build_segment(define)).launch([x], [out])
+    assert torch.equal(out, x**exponent)

@@ -112,8 +112,9 @@ def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
     """torch.compile of a residual add and RMSNorm (as the CPU calls it, and `_fused_rms_norm`,
     which GPUs call; this CPU torch decomposes the latter without the backend's table, so the
     table's entry for it is exercised on GPUs alone): the forward is one segment (the add, the mean's row sum and the
-    scaled output), the backward one segment for the input's gradient and a column sum for
-    the weight's; both against eager."""
+    scaled output), the backward one segment for the input's gradient and the weight's (its
+    column sum over the tokens in the segment, which returns it, not the product it sums);
+    both against eager."""
     generator = torch.Generator().manual_seed(0)
     x, r, w = (torch.randn(*shape, generator=generator).to(dtype) for shape in ((4, 8, 64), (4, 8, 64), (64,)))
     leaves = [[t.clone().requires_grad_() for t in (x, r, w)] for _ in range(2)]
@@ -133,8 +134,10 @@ def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
     assert forward.count("hir.launch_kernel") == 1 and "hir.reduction" not in forward and "hir.aten" not in forward
     row_sums = re.findall(r"fusion.sum %\S+ \[2\] keepdim", dump.getvalue())
     assert len(row_sums) == 2, "the forward's and the backward's row sums, each in its segment"
-    # The backward: the norm's kernel, the weight's column sum (its cast to bf16 a kernel of its own).
-    assert re.findall(r"hir.reduction \"sum\" \[(.*?)\]", backward) == ["0, 1"]
+    column_sums = re.findall(r"fusion.sum %\S+ \[0, 1\] keepdim : \S+ -> (\S+)", dump.getvalue())
+    assert column_sums == ["!f32_1x1x64"], "the weight's gradient, in the backward's segment"
+    # The backward: the norm's kernel (its cast to bf16 a kernel of its own), no reduction.
+    assert "hir.reduction" not in backward
     assert backward.count("hir.launch_kernel") == (1 if dtype == torch.float32 else 2)
 
 
@@ -217,7 +220,9 @@ def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     (the backward 7 (9)), and with the partitioner's recomputation of the activation, before
     a run took ops that read a view it passed over, three (7 in bf16); before the sums of
     the projections' input gradients were made in their GEMMs (`sum-in-matmul`), three
-    kernels more made them (6 (8))."""
+    kernels more made them (6 (8)). Each norm's backward sums its weight's gradient over the
+    tokens in its kernel: before, the kernel wrote the product in f32 and a reduction (an
+    ATen sum) read it back."""
     text = run_on_hostir(_layer_programs_on_rank, 2, dtype, batch, timeout_s=300)[0]
     programs = [p.split("func.func @", 1)[1] for p in text.split("// hostir: the host program")[1:]]
     assert [p.count("hir.launch_kernel") for p in programs] == kernels
@@ -229,7 +234,9 @@ def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     assert returned.count("%") == 1, swiglu
     for program in programs:
         assert not COMPUTING_ATEN.findall(program)
-        assert all(axes == "1, 2" for axes in re.findall(r"hir.reduction \"sum\" \[(.*?)\]", program))
+        assert "hir.reduction" not in program, "the norms' weight gradients are summed in their kernels"
+    backward = text.split("// hostir: the host program")[2]
+    assert len(re.findall(r"fusion.sum %\S+ \[1, 2\] keepdim : \S+ -> !f32_2x1x1x64_didx", backward)) == 2
 
 
 # --------------------------------------------------------------------------- #
@@ -412,6 +419,46 @@ def test_a_row_kept_in_registers_is_read_once_and_one_too_long_twice():
     )
 
 
+@pytest.mark.parametrize(
+    ("columns", "planned"),
+    [(64, (8, True, 1, 1, 256)), (4096, (8, False, 2, 2, 256)), (65536, (8, False, 0, 8, 1024))],
+    ids=["warp", "block", "too long to keep"],
+)
+def test_a_column_sum_keeps_the_rows_vectors_and_sums_each_threads_columns(columns, planned):
+    """RMSNorm's backward with the weight's gradient summed in the kernel: the f32 sums are no
+    vector access of the row, so its bf16 rows still move 8 elements a vector (with the f32
+    product written whole, they moved 4); each thread walks a fixed number of vectors of each
+    row (`steps`, kept or not), sums its columns over the rows in registers, and writes them
+    as its block's (or its warp's) row of partial sums once every row is walked."""
+    rows, dtype = 300, torch.bfloat16
+    g, x = (torch.empty(rows, columns, dtype=dtype) for _ in "gx")
+    ins = [g, x, torch.empty(columns, dtype=dtype), torch.empty(rows, 1)]
+    outs = [torch.empty(1, columns), torch.empty(rows, columns, dtype=dtype)]
+    kernel = kernels.SegmentKernel(backward_segment(rows, columns, dtype))
+    launch = kernel.plan(ins, outs)
+    layout = launch.layout
+    assert (layout.vector, layout.warp_per_row, layout.cached, layout.steps, launch.threads) == planned
+    steps = layout.steps
+    partial = "blockIdx.x * warps + threadIdx.x / 32" if layout.warp_per_row else "blockIdx.x"
+    assert_lines_in_order(
+        kernel.source(ins, outs),
+        [
+            "__device__ __forceinline__ float hostir_segment_column_sum0(",
+            f"  float column_sum0[{steps}][8] = {{}};",
+            "  for (int row = ",
+            f"    for (int c = 0; c < {steps}; ++c) {{",
+            "          hostir_segment_body(",
+            "          column_sum0[c][e] += hostir_segment_column_sum0(",
+            f"  const int partial = {partial};",
+            f"  for (int c = 0; c < {steps}; ++c) {{",
+            "        out0[partial * columns + j + e] = column_sum0[c][e];",
+        ],
+    )
+    # A buffer of the product's shape for the sum is refused.
+    with pytest.raises(HostirError, match=rf"output #0 has shape \[{rows}, {columns}\] but the segment computes \[1, {columns}\]"):
+        kernel.plan(ins, [torch.empty(rows, columns), outs[1]])
+
+
 def test_row_sizes_are_passed_in_the_order_of_the_parameters():
     """A transposed input: it walks the rows with stride 1 and their elements with stride 30."""
     segment = _rms_norm_segment(30, 4096, "f32")
@@ -438,6 +485,27 @@ def test_a_row_output_of_the_wrong_shape_is_refused():
     ins = _inputs(4, 64, torch.float32)
     with pytest.raises(HostirError, match=r"output #0 has shape \[4, 64\] but the segment computes \[4, 1\]"):
         kernels.generated_source(segment, ins, [torch.empty(4, 64), torch.empty(4, 64)])
+
+
+@pytest.mark.parametrize(
+    ("body", "dtype"),
+    [("", "f32"), ("%r = fusion.sum %p [1] keepdim : !t -> !fusion.tensor<[4, 1], {0}>", "bf16")],
+    ids=["no row reduced", "bf16 sums"],
+)
+def test_a_column_sum_a_kernel_cannot_compute_is_refused(body, dtype):
+    """A segment returning a column sum, written by hand (fusion-to-hir makes one only where
+    a kernel computes it): of a segment that reduces no rows, or of bf16 values."""
+    text = f"""
+!t = !fusion.tensor<[4, 8], {dtype}>
+func.func private @f(%x: !t) -> !fusion.tensor<[1, 8], {dtype}> {{
+  %p = fusion.mul %x, %x : (!t, !t) -> !t
+  {body.format(dtype)}
+  %c = fusion.sum %p [0] keepdim : !t -> !fusion.tensor<[1, 8], {dtype}>
+  func.return %c : !fusion.tensor<[1, 8], {dtype}>
+}}"""
+    segment = parse_module(text).body.block.first_op
+    with pytest.raises(HostirError, match="a kernel sums columns only in a kernel that reduces rows, of f32 or f64 values"):
+        kernels.SegmentKernel(segment)
 
 
 def test_a_reduced_axis_that_a_buffer_broadcasts_is_refused():
@@ -489,22 +557,25 @@ def test_the_kernel_computes_rms_norm_as_torch(dtype, columns, place):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, columns, place):
     """RMSNorm's backward (benchmarks/rmsnorm_segment.py: three loads kept in registers, a
-    per-row input) against autograd of F.rms_norm in f32: the input's gradient, and the
-    products whose column sum is the weight's gradient, the output's gradient placed where `place` says."""
+    per-row input, the weight's gradient summed over the rows in the kernel) against
+    autograd of F.rms_norm in f32: the input's gradient, and the weight's, the output's
+    gradient placed where `place` says. Twice: the second launch's sums start from zero."""
     rows = 300
     x, w = _inputs(rows, columns, dtype, "cuda")
     g = torch.randn(rows, columns, generator=torch.Generator().manual_seed(7)).to("cuda", dtype)
     _, g_view = placed(g, place)
     scale = _reference(x, w)[1]
-    outs = [_poisoned([rows, columns], dtype, "cuda") for _ in range(2)]
     kernel = kernels.SegmentKernel(backward_segment(rows, columns, dtype))
-    assert (kernel.plan([g_view, x, w, scale], outs).layout.vector > 1) == (place == "aligned")
-    assert kernel.launch([g_view, x, w, scale], outs)
     leaves = [t.float().requires_grad_() for t in (x, w)]
     F.rms_norm(leaves[0], (columns,), leaves[1], EPS).backward(g.float())
-    tolerance = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
-    torch.testing.assert_close(outs[0], (g.float() * x.float() * scale).to(dtype), **tolerance)
-    torch.testing.assert_close(outs[1], leaves[0].grad.to(dtype), **tolerance)
+    for _ in range(2):
+        outs = [_poisoned([1, columns], torch.float32, "cuda"), _poisoned([rows, columns], dtype, "cuda")]
+        assert (kernel.plan([g_view, x, w, scale], outs).layout.vector > 1) == (place == "aligned")
+        assert kernel.launch([g_view, x, w, scale], outs)
+        # The weight's gradient is summed in f32 from the same elements as autograd's.
+        torch.testing.assert_close(outs[0], leaves[1].grad[None], rtol=1e-4, atol=1e-4)
+        tolerance = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+        torch.testing.assert_close(outs[1], leaves[0].grad.to(dtype), **tolerance)
 
 
 @requires_gpu

@@ -50,10 +50,46 @@ func.func @rms_norm(%x: !x, %w: !w) -> (!x, !row) {
 // CHECK-NEXT:    hir.launch_kernel @rms_norm_segment_0 ins(%x, %w : {{.*}}) outs(%[[SCALE]], %[[Y]] : {{.*}})
 // CHECK-NEXT:    func.return %[[Y]], %[[SCALE]]
 
+// A value of lower rank that broadcasts along the run's rows is no output of the run (a
+// kernel would write it again at every row): the cast of the next norm's weight, which
+// aot_autograd may put among the first norm's ops, ends the run, and joins the run that
+// reads it after the GEMM.
+
+!mm = !fusion.tensor<[64, 64], f32>
+
+func.func @weight_cast_between_norms(%x: !x, %w: !w, %v: !fusion.tensor<[64], bf16>, %m: !mm) -> !x {
+  %two = fusion.constant 2.000000e+00 : f32 : !s
+  %square = fusion.pow %x, %two : (!x, !s) -> !x
+  %sum = fusion.sum %square [1] keepdim : !x -> !row
+  %scale = fusion.rsqrt %sum : !row -> !row
+  %normed = fusion.mul %x, %scale : (!x, !row) -> !x
+  %y = fusion.mul %normed, %w : (!x, !w) -> !x
+  %v32 = fusion.cast %v : !fusion.tensor<[64], bf16> -> !w
+  %p = fusion.matmul %y, %m : (!x, !mm) -> !x
+  %z = fusion.mul %p, %v32 : (!x, !w) -> !x
+  func.return %z : !x
+}
+
+// CHECK-LABEL: func.func private @weight_cast_between_norms_segment_0(
+// CHECK-SAME:      -> !fusion.tensor<[?, 64], f32> {
+// CHECK-NOT:     fusion.cast
+// CHECK:         func.return %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func private @weight_cast_between_norms_segment_1(
+// CHECK-SAME:      %v: !fusion.tensor<[64], bf16>, %p: !fusion.tensor<[?, 64], f32>)
+// CHECK-NEXT:    %v32 = fusion.cast %v
+// CHECK-NEXT:    %z = fusion.mul %p, %v32
+// CHECK-NEXT:    func.return %z
+// CHECK-LABEL: func.func @weight_cast_between_norms(
+// CHECK:         hir.launch_kernel @weight_cast_between_norms_segment_0 ins(%x, %w : {{.*}})
+// CHECK:         hir.matmul
+// CHECK:         hir.launch_kernel @weight_cast_between_norms_segment_1 ins(%v, %{{.*}} : {{.*}})
+
 // RMSNorm's backward as torch's decomposition writes it: the row sum of the gradient
 // times x, expanded along the row. The weight's gradient sums over the rows (a column
-// sum, which a row kernel cannot compute): the run passes over it, and the column sum
-// follows the segment, reading the product the segment writes.
+// sum): the run passes over it, then the segment takes it in place of the product that
+// only the sum reads, and returns the sum (its kernel sums the columns as it walks the
+// rows; the product is never written).
 
 !gx = !fusion.tensor<[32, 64], f32>
 !grow = !fusion.tensor<[32, 1], f32>
@@ -81,7 +117,7 @@ func.func @rms_norm_backward(%g: !gx, %x: !gx, %w: !w, %scale: !grow, %normed: !
 }
 
 // CHECK-LABEL: func.func private @rms_norm_backward_segment_0(
-// CHECK-SAME:      -> (!fusion.tensor<[32, 64], f32>, !fusion.tensor<[32, 64], f32>) {
+// CHECK-SAME:      -> (!fusion.tensor<[1, 64], f32>, !fusion.tensor<[32, 64], f32>) {
 // CHECK-NEXT:    %gw = fusion.mul %g, %normed
 // CHECK-NEXT:    %dx_hat = fusion.mul %g, %w
 // CHECK-NEXT:    %dot = fusion.mul %dx_hat, %x
@@ -89,14 +125,34 @@ func.func @rms_norm_backward(%g: !gx, %x: !gx, %w: !w, %scale: !grow, %normed: !
 // CHECK-NEXT:    %sum = fusion.sum %dot [1] keepdim
 // CHECK:         %spread = fusion.expand %b
 // CHECK:         %dx = fusion.add %direct, %e
-// CHECK-NEXT:    func.return %gw, %dx
+// CHECK-NEXT:    %dw = fusion.sum %gw [0] keepdim : !fusion.tensor<[32, 64], f32> -> !fusion.tensor<[1, 64], f32>
+// CHECK-NEXT:    func.return %dw, %dx
 // CHECK-NEXT:  }
 // CHECK-LABEL: func.func @rms_norm_backward(
-// CHECK:         hir.launch_kernel @rms_norm_backward_segment_0 ins(%g, %normed, %w, %x, %scale : {{.*}}) outs(%[[GW:[^ ,]+]], %[[DX:[^ ]+]] : {{.*}})
 // CHECK-NEXT:    %[[DW:[^ ]+]] = hir.allocate() : !fusion.tensor<[1, 64], f32>
-// CHECK-NEXT:    hir.reduction "sum" [0] keepdim ins(%[[GW]] : {{.*}}) outs(%[[DW]] : {{.*}})
-// CHECK-NOT:     hir.launch_kernel
-// CHECK:         func.return %[[DX]], %[[DW]]
+// CHECK-NEXT:    %[[DX:[^ ]+]] = hir.allocate() : !fusion.tensor<[32, 64], f32>
+// CHECK-NEXT:    hir.launch_kernel @rms_norm_backward_segment_0 ins(%g, %normed, %w, %x, %scale : {{.*}}) outs(%[[DW]], %[[DX]] : {{.*}})
+// CHECK-NEXT:    func.return %[[DX]], %[[DW]]
+
+// The column sum stays a reduction of its own where the segment must return the value
+// anyway (read after it by another op), or reduces no rows (a kernel of the flat space).
+
+func.func @column_sums_left(%x: !gx, %scale: !grow, %m: !mm) -> (!gx, !fusion.tensor<[1, 64], f32>, !fusion.tensor<[1, 64], f32>) {
+  %p = fusion.mul %x, %scale : (!gx, !grow) -> !gx
+  %dot = fusion.sum %p [1] keepdim : !gx -> !grow
+  %q = fusion.mul %p, %dot : (!gx, !grow) -> !gx
+  %dp = fusion.sum %p [0] keepdim : !gx -> !fusion.tensor<[1, 64], f32>
+  %t = fusion.matmul %q, %m : (!gx, !mm) -> !gx
+  %e = fusion.exp %t : !gx -> !gx
+  %de = fusion.sum %e [0] keepdim : !gx -> !fusion.tensor<[1, 64], f32>
+  func.return %p, %dp, %de : !gx, !fusion.tensor<[1, 64], f32>, !fusion.tensor<[1, 64], f32>
+}
+
+// CHECK-LABEL: func.func @column_sums_left(
+// CHECK:         hir.launch_kernel @column_sums_left_segment_0 ins(%x, %scale : {{.*}}) outs(%[[P:[^ ,]+]], %{{[^ ]+}} : {{.*}})
+// CHECK:         hir.reduction "sum" [0] keepdim ins(%[[P]] : {{.*}})
+// CHECK:         hir.launch_kernel @column_sums_left_segment_1 ins(%{{.*}}) outs(%[[E:[^ ]+]] : {{.*}})
+// CHECK:         hir.reduction "sum" [0] keepdim ins(%[[E]] : {{.*}})
 
 // Softmax: a row's max, then the sum of the exponentials of the row less its max, two
 // reductions of one kernel; the second reads the first.

@@ -231,10 +231,9 @@ func.func @past_a_matmul(%g: !h, %a: !h, %b: !h, %w: !w) -> (!h, !h) {
 
 // A run takes an op that reads one it passed over, and goes after that op: the silu that
 // the min-cut partitioner recomputes at the start of a backward, then the view of the
-// incoming gradient, then their product, are one kernel after the view. Not an op that
-// reads a GEMM it passed over: an add of a product stays a kernel of its own after the
-// GEMM (a sum of two products is the later GEMM's to make in its epilogue,
-// `sum-in-matmul`).
+// incoming gradient, then their product, are one kernel after the view. Not an add that
+// reads a GEMM it passed over: it stays a kernel of its own after the GEMM (a sum of two
+// products is the later GEMM's to make in its epilogue, `sum-in-matmul`).
 
 !g3 = !fusion.tensor<[1, 4, 8], f32>
 
@@ -265,6 +264,32 @@ func.func @after_what_it_reads(%a: !h, %up: !g3, %w: !w) -> (!h, !h, !h) {
 // CHECK:         hir.matmul ins(%a, %w : {{.*}}) outs(%[[Q:[^ ]+]] : {{.*}})
 // CHECK:         hir.launch_kernel @after_what_it_reads_segment_1 ins(%[[Q]], %a : {{.*}})
 // CHECK:         hir.matmul ins(%[[Y]], %w : {{.*}})
+
+// Any other op that reads a GEMM it passed over joins the run, which then goes after the
+// GEMM: SwiGLU's forward on one device, silu of the gate projection times the up
+// projection that the program computes after the silu, is one kernel.
+
+func.func @swiglu_past_a_matmul(%x: !h, %w1: !w, %w3: !w) -> !h {
+  %a = fusion.matmul %x, %w1 : (!h, !w) -> !h
+  %s = fusion.sigmoid %a : !h -> !h
+  %silu = fusion.mul %a, %s : (!h, !h) -> !h
+  %b = fusion.matmul %x, %w3 : (!h, !w) -> !h
+  %y = fusion.mul %silu, %b : (!h, !h) -> !h
+  func.return %y : !h
+}
+
+// CHECK-LABEL: func.func private @swiglu_past_a_matmul_segment_0(
+// CHECK-SAME:      %a: !fusion.tensor<[4, 8], f32>, %b: !fusion.tensor<[4, 8], f32>) -> !fusion.tensor<[4, 8], f32> {
+// CHECK-NEXT:    %s = fusion.sigmoid %a
+// CHECK-NEXT:    %silu = fusion.mul %a, %s
+// CHECK-NEXT:    %y = fusion.mul %silu, %b
+// CHECK-NEXT:    func.return %y
+// CHECK-NEXT:  }
+// CHECK-LABEL: func.func @swiglu_past_a_matmul(
+// CHECK:         hir.matmul ins(%x, %w1 : {{.*}}) outs(%[[A:[^ ]+]] : {{.*}})
+// CHECK:         hir.matmul ins(%x, %w3 : {{.*}}) outs(%[[B:[^ ]+]] : {{.*}})
+// CHECK:         hir.launch_kernel @swiglu_past_a_matmul_segment_0 ins(%[[A]], %[[B]] : {{.*}})
+// CHECK-NOT:     hir.launch_kernel
 
 // A communication ends a run: the pointwise op after the allgather stays after it, in a
 // segment of its own, though it reads nothing the allgather makes. Once a run has passed
