@@ -871,14 +871,13 @@ class ReductionOp(FusionOp, ABC):
 
     @property
     def sums_columns(self) -> bool:
-        """Whether it sums every axis but the last, kept: every axis of a local extent other
-        than 1, and one at least (a weight's gradient, summed over the tokens)."""
+        """Whether it sums every axis but the last: every axis of a local extent other than 1,
+        and one at least (a weight's gradient, summed over the tokens), kept or not."""
         shape = tensor_type(self.input).local_shape()
         reduced = set(self.reduced_axes)
         rank = len(shape)
         return (
             isinstance(self, SumOp)
-            and self.keeps_dims
             and rank > 1
             and rank - 1 not in reduced
             and all(d in reduced for d in range(rank - 1) if shape[d] != 1)

@@ -289,8 +289,9 @@ class ColumnSumIntoSegment(RewritePattern):
     input, summed over the tokens: the segment wrote that product whole (in f32) and a
     reduction read it back. The segment's kernel walks the space row by row already; it sums
     each column of the product as it goes (docs/kernels.md, "Column sums"), and the product
-    is never written. Rewritten where the value is of f32 or f64 and the sum keeps its axes
-    (`fusion.ReductionOp.sums_columns`).
+    is never written. Rewritten where the value is of f32 or f64 and the sum is over every
+    axis but the last (`fusion.ReductionOp.sums_columns`; torch's decomposition of
+    `_fused_rms_norm_backward`, which GPUs call, drops the summed axes).
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:

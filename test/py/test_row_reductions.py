@@ -552,10 +552,11 @@ def test_the_kernel_computes_rms_norm_as_torch(dtype, columns, place):
 
 
 @requires_gpu
+@pytest.mark.parametrize("keepdim", [True, False], ids=["kept", "dropped"])
 @pytest.mark.parametrize("place", ["aligned", "one element in"])
 @pytest.mark.parametrize("columns", [64, 4096, 8192])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, columns, place):
+def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, columns, place, keepdim):
     """RMSNorm's backward (benchmarks/rmsnorm_segment.py: three loads kept in registers, a
     per-row input, the weight's gradient summed over the rows in the kernel) against
     autograd of F.rms_norm in f32: the input's gradient, and the weight's, the output's
@@ -565,15 +566,15 @@ def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, colu
     g = torch.randn(rows, columns, generator=torch.Generator().manual_seed(7)).to("cuda", dtype)
     _, g_view = placed(g, place)
     scale = _reference(x, w)[1]
-    kernel = kernels.SegmentKernel(backward_segment(rows, columns, dtype))
+    kernel = kernels.SegmentKernel(backward_segment(rows, columns, dtype, keepdim))
     leaves = [t.float().requires_grad_() for t in (x, w)]
     F.rms_norm(leaves[0], (columns,), leaves[1], EPS).backward(g.float())
     for _ in range(2):
-        outs = [_poisoned([1, columns], torch.float32, "cuda"), _poisoned([rows, columns], dtype, "cuda")]
+        outs = [_poisoned([1, columns] if keepdim else [columns], torch.float32, "cuda"), _poisoned([rows, columns], dtype, "cuda")]
         assert (kernel.plan([g_view, x, w, scale], outs).layout.vector > 1) == (place == "aligned")
         assert kernel.launch([g_view, x, w, scale], outs)
         # The weight's gradient is summed in f32 from the same elements as autograd's.
-        torch.testing.assert_close(outs[0], leaves[1].grad[None], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(outs[0].view(columns), leaves[1].grad, rtol=1e-4, atol=1e-4)
         tolerance = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
         torch.testing.assert_close(outs[1], leaves[0].grad.to(dtype), **tolerance)
 

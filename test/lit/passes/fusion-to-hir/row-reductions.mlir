@@ -134,6 +134,27 @@ func.func @rms_norm_backward(%g: !gx, %x: !gx, %w: !w, %scale: !grow, %normed: !
 // CHECK-NEXT:    hir.launch_kernel @rms_norm_backward_segment_0 ins(%g, %normed, %w, %x, %scale : {{.*}}) outs(%[[DW]], %[[DX]] : {{.*}})
 // CHECK-NEXT:    func.return %[[DX]], %[[DW]]
 
+// The same with the summed axis dropped, as torch's decomposition of the fused RMSNorm's
+// backward (which GPUs call) sums the weight's gradient.
+
+func.func @rms_norm_backward_fused(%g: !gx, %x: !gx, %scale: !grow) -> (!gx, !w) {
+  %normed = fusion.mul %x, %scale : (!gx, !grow) -> !gx
+  %gw = fusion.mul %g, %normed : (!gx, !gx) -> !gx
+  %dot = fusion.mul %g, %normed : (!gx, !gx) -> !gx
+  %sum = fusion.sum %dot [1] keepdim : !gx -> !grow
+  %dx = fusion.mul %g, %sum : (!gx, !grow) -> !gx
+  %dw = fusion.sum %gw [0] : !gx -> !w
+  func.return %dx, %dw : !gx, !w
+}
+
+// CHECK-LABEL: func.func private @rms_norm_backward_fused_segment_0(
+// CHECK-SAME:      -> (!fusion.tensor<[64], f32>, !fusion.tensor<[32, 64], f32>) {
+// CHECK:         %dw = fusion.sum %gw [0] : !fusion.tensor<[32, 64], f32> -> !fusion.tensor<[64], f32>
+// CHECK-NEXT:    func.return %dw, %dx
+// CHECK-LABEL: func.func @rms_norm_backward_fused(
+// CHECK-NOT:     hir.reduction
+// CHECK:         func.return
+
 // The column sum stays a reduction of its own where the segment must return the value
 // anyway (read after it by another op), or reduces no rows (a kernel of the flat space).
 
