@@ -17,11 +17,13 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import host_overhead  # noqa: E402  (a script's folder, not a package)
+from test_communicator import needs_ranks  # noqa: E402
 
 COMMAND_TIMEOUT_S = 600
 """Two launches that each compile the layer's three graphs: tens of seconds on a loaded machine."""
 
 
+@needs_ranks(2)
 def test_smoke_run_splits_every_step_on_1_and_2_ranks():
     command = [sys.executable, str(BENCHMARKS / "host_overhead.py"), "--warmup=2", "--reps=3"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)

@@ -289,6 +289,7 @@ def _copies_out_of_a_layout(program: str) -> list[tuple[int, ...]]:
     return [tuple(int(extent) for extent in shape.split(", ")) for source, shape in reshapes if source in outs]
 
 
+@needs_ranks(2)
 def test_adamw_steps_track_eager():
     """Ten AdamW steps of the layer: the losses with hostir track the eager ones."""
     (losses, *_) = run_on_hostir(train, 2, 10, timeout_s=600)
@@ -458,6 +459,7 @@ def test_a_graph_checks_its_inputs_across_ranks_at_its_first_call_only():
             assert result["runs"] == dict.fromkeys(first, steps), f"rank {rank}: {result}"
 
 
+@needs_ranks(2)
 def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
     """ColwiseParallel after a Shard(0) input, RowwiseParallel to a Shard(0) output: in the
     forward and in the backward, the all-gather is a ring of point-to-point transfers in the
@@ -469,6 +471,7 @@ def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
         assert any("hir.reduce_scatter" in body and "hir.matmul" in body for body in loops), program
 
 
+@needs_ranks(2)
 def test_allreduce_is_pipelined_with_its_matmul():
     """ColwiseParallel, then RowwiseParallel to a replicated output: the forward's allreduce
     of the second matmul's product, and the backward's of the input gradient, run chunk by
