@@ -160,12 +160,14 @@ class SegmentKernel:
         if prepared is None:
             prepared = self.launches[signature] = self._prepare(ins, outs)
         if prepared.kernel is None:
+            for c in self.body.column_sums:  # the sum of no rows
+                outs[c.output].zero_()
             return True
         # A column sum's kernel writes rows of partial sums, which the launch then sums.
-        partials = {
-            c.output: torch.empty((prepared.partials, outs[c.output].shape[-1]), dtype=outs[c.output].dtype, device=outs[c.output].device)
-            for c in self.body.column_sums
-        }
+        partials = {}
+        for c in self.body.column_sums:
+            out = outs[c.output]
+            partials[c.output] = torch.empty((prepared.partials, out.shape[-1]), dtype=out.dtype, device=out.device)
         pointers = [cupy.uint64(ins[a.operand].data_ptr()) for a in self.body.loads]
         pointers += [cupy.uint64(partials.get(a.operand, outs[a.operand]).data_ptr()) for a in self.body.stores]
         stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(prepared.device))
@@ -314,9 +316,14 @@ class SegmentKernel:
         rows = math.prod(row_extents)
         # A column sum's partial sums are written once per block, element by element: they
         # take no part in the vectors of the row.
-        walked = [k for k in range(len(strides)) if k - len(self.body.loads) not in {c.output for c in self.body.column_sums}]
+        summed = {len(self.body.loads) + c.output for c in self.body.column_sums}
+        walked = [k for k in range(len(strides)) if k not in summed]
         vector = vector_width(
-            merged_extents, [merged_strides[k] for k in walked], [sizes[k] for k in walked], [addresses[k] for k in walked], tail=False
+            merged_extents,
+            [merged_strides[k] for k in walked],
+            [sizes[k] for k in walked],
+            [addresses[k] for k in walked],
+            tail=False,
         )
         warp_per_row = columns <= WARP_ROW_LIMIT
         vectors = -(-columns // vector)
