@@ -580,6 +580,16 @@ def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, colu
 
 
 @requires_gpu
+def test_a_column_sum_of_no_rows_is_zeros():
+    """No tokens: the kernel has nothing to walk, and the weight's gradient is zeros, as autograd's."""
+    x, g = (torch.empty(0, 64, device="cuda") for _ in "xg")
+    ins = [g, x, torch.randn(64, device="cuda"), torch.empty(0, 1, device="cuda")]
+    outs = [_poisoned([1, 64], torch.float32, "cuda"), torch.empty(0, 64, device="cuda")]
+    assert kernels.SegmentKernel(backward_segment(0, 64, torch.float32)).launch(ins, outs)
+    assert torch.equal(outs[0], torch.zeros(1, 64, device="cuda"))
+
+
+@requires_gpu
 @pytest.mark.parametrize("columns", [64, 4096, 8192])
 def test_the_kernel_computes_softmax_as_torch(columns):
     """Two reductions of one row, the second reading the first: a max, then the sum of the
