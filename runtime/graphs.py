@@ -346,13 +346,14 @@ class GraphReplayer:
         if self.replays:
             key = signature(inputs)
             captured = self.captured.get(key)
-            if captured is not None and captured.blocker(inputs) is None:
+            blocker = None if captured is None else captured.blocker(inputs)
+            if captured is not None and blocker is None:
                 return captured.replay(inputs, checked)
         checked()
         if self.replays:
-            captured = captured or self._capture(key, inputs)
-            if captured is not None:
+            if captured is None and (captured := self._capture(key, inputs)) is not None:
                 blocker = captured.blocker(inputs)
+            if captured is not None:
                 if blocker is None:
                     return captured.replay(inputs)
                 captured.copy_kept_loans()
