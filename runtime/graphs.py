@@ -19,9 +19,9 @@ input *signature* (the shape, strides, dtype and device of every input) the repl
 4. agrees with every rank on whether every capture succeeded (NCCL requires that a
    captured communication be captured on all its ranks).
 
-A run whose signature was captured copies the inputs into the static inputs (with one
-batched copy, `torch._foreach_copy_`, and none for an input that is its static input
-already), waits for the check of the inputs' values with the peers where the caller started
+A run whose signature was captured copies the inputs into the static inputs (the small ones
+with one batched copy, `torch._foreach_copy_`, each of at least `BATCHED_COPY_BYTES` with a
+copy of its own, and none for an input that is its static input already), waits for the check of the inputs' values with the peers where the caller started
 one (`Program.start_check_values`, which travels during the copy), replays the graph and
 returns clones of the static outputs: the caller owns
 what it gets (a next replay does not overwrite it) and the caller's inputs are only read.
@@ -77,6 +77,13 @@ from hostir.runtime.interpreter.communication import copy_engine_transfers
 from hostir.runtime.program import Program
 
 Signature = tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
+
+BATCHED_COPY_BYTES = 1 << 20
+"""The inputs a replay copies into its static buffers that are smaller than this go in one
+batched copy (`torch._foreach_copy_`: one ATen call, where a copy each would launch each);
+a larger one is copied alone, a device-to-device memcpy of contiguous buffers: on an H200
+the batched copy's kernels moved a 64 MiB input in 49 µs, a memcpy the same bytes in 31 µs
+(docs/benchmarks.md)."""
 
 
 class GraphReplayFallback(UserWarning):
@@ -184,14 +191,17 @@ class CapturedRun:
                     "was captured; a replay reads parameters in place. Update parameters in place, "
                     "or compile again (torch._dynamo.reset()), or pass cuda_graphs=False"
                 )
-        # One batched copy (a kernel or a few, where one per input would launch each); an input
-        # that already is its static buffer (a caller that fills it in place) is not copied.
+        # The small inputs in one batched copy, the large ones each alone; an input that
+        # already is its static buffer (a caller that fills it in place) is not copied.
         sources, targets = [], []
         for i, static in self.copied:
             value = inputs[i]
             if value.data_ptr() != static.data_ptr() or value.stride() != static.stride():
-                sources.append(value)
-                targets.append(static)
+                if static.nbytes >= BATCHED_COPY_BYTES:
+                    static.copy_(value)
+                else:
+                    sources.append(value)
+                    targets.append(static)
         if targets:
             torch._foreach_copy_(targets, sources)
         checked()

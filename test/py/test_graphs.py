@@ -27,6 +27,7 @@ from hostir_dialect.builder import FusionBuilder
 from hostir_dialect.text import HostirError
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import (
+    BATCHED_COPY_BYTES,
     CapturedRun,
     GraphReplayer,
     GraphReplayFallback,
@@ -288,11 +289,12 @@ class _Doubling:
         torch.mul(self.inputs[0], 2, out=self.output)
 
 
-def test_a_replay_copies_its_inputs_in_one_batched_op_and_not_those_already_in_place():
+def test_a_replay_copies_its_small_inputs_in_one_batched_op_and_not_those_already_in_place():
     """Before the graph replays, the inputs it does not read in place reach their static
-    buffers in one ATen op (`_foreach_copy_`), whatever their number; an input that is its
-    static buffer already is not copied, and with nothing to copy no op runs; a parameter
-    read in place is checked for its address, never copied."""
+    buffers in one ATen op (`_foreach_copy_`), whatever their number, but each one of
+    BATCHED_COPY_BYTES or more in a copy of its own; an input that is its static buffer
+    already is not copied, and with nothing to copy no op runs; a parameter read in place is
+    checked for its address, never copied."""
     weight = torch.randn(3)
     static = [torch.zeros(3), torch.zeros(2), torch.zeros(4), None]
     graph = _Doubling(static, torch.zeros(3))
@@ -323,6 +325,24 @@ def test_a_replay_copies_its_inputs_in_one_batched_op_and_not_those_already_in_p
     ((name, targets),) = calls.copies()
     assert [t.data_ptr() for t in targets] == [static[0].data_ptr(), static[2].data_ptr()]
     assert torch.equal(graph.seen[-1][1], torch.tensor([5.0, 6.0]))
+    # An input of BATCHED_COPY_BYTES or more is copied alone, the others still in one op.
+    large = torch.zeros(BATCHED_COPY_BYTES // 4)
+    doubling = _Doubling([static[0], large], torch.zeros(3))
+    run_with_large = CapturedRun(
+        graph=doubling,
+        inputs=[static[0], large],
+        addresses=[static[0].data_ptr(), large.data_ptr()],
+        outputs=[doubling.output],
+        extents={},
+    )
+    given = [torch.randn(3), torch.randn(BATCHED_COPY_BYTES // 4)]
+    with _AtenCalls() as calls:
+        run_with_large.replay(given)
+    assert [(name, [t.data_ptr() for t in targets]) for name, targets in calls.copies()] == [
+        ("aten.copy_.default", [large.data_ptr()]),
+        ("aten._foreach_copy_.default", [static[0].data_ptr()]),
+    ]
+    assert all(torch.equal(seen, value) for seen, value in zip(doubling.seen[-1], given))
     # Every input in place: nothing is copied before the replay.
     with _AtenCalls() as calls:
         run.replay([static[0], static[1], static[2], weight])
