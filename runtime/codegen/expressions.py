@@ -65,13 +65,21 @@ __device__ __forceinline__ float hostir_bf16_to_f32(unsigned short bits) {
   return __uint_as_float(static_cast<unsigned int>(bits) << 16);
 }""",
     "hostir_f32_to_bf16": """\
-// Round to nearest even, as torch's c10::BFloat16; a NaN stays a quiet NaN.
+// Round to nearest even, as torch's c10::BFloat16; a NaN stays a quiet NaN. One instruction
+// from sm_80 on (as cuda_bf16.h's __float2bfloat16), where the integer arithmetic before it
+// bound the kernels of bf16 values by their instructions rather than their bytes.
 __device__ __forceinline__ unsigned short hostir_f32_to_bf16(float value) {
+#if __CUDA_ARCH__ >= 800
+  unsigned short rounded;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(rounded) : "f"(value));
+  return rounded;
+#else
   const unsigned int bits = __float_as_uint(value);
   if ((bits & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<unsigned short>((bits >> 16) | 0x40u);
   }
   return static_cast<unsigned short>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+#endif
 }""",
     "hostir_f16_to_f32": """\
 __device__ __forceinline__ float hostir_f16_to_f32(unsigned short bits) {
