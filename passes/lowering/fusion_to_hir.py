@@ -289,9 +289,11 @@ class ColumnSumIntoSegment(RewritePattern):
     input, summed over the tokens: the segment wrote that product whole (in f32) and a
     reduction read it back. The segment's kernel walks the space row by row already; it sums
     each column of the product as it goes (docs/kernels.md, "Column sums"), and the product
-    is never written. Rewritten where the value is of f32 or f64 and the sum is over every
-    axis but the last (`fusion.ReductionOp.sums_columns`; torch's decomposition of
-    `_fused_rms_norm_backward`, which GPUs call, drops the summed axes).
+    is never written. Rewritten where the value is of f32 or f64, has no stream axis (a stream
+    loop's launches each walk a slice of the rows, and `stream-parallel` cannot slice a
+    segment that reduces its stream axis), and the sum is over every axis but the last
+    (`fusion.ReductionOp.sums_columns`; torch's decomposition of `_fused_rms_norm_backward`,
+    which GPUs call, drops the summed axes).
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
@@ -306,6 +308,8 @@ class ColumnSumIntoSegment(RewritePattern):
         returned = segment.body.block.last_op
         index = call.results.index(op.input)
         value = returned.operands[index]
+        if tensor_type(value).stream_axis is not None:
+            return  # a stream loop runs the segment slice by slice, each slice a part of the rows
         if not isinstance(tensor_type(value).element_type, Float32Type | Float64Type) or not any(
             isinstance(r, fusion.ReductionOp)
             and not r.sums_columns

@@ -156,7 +156,8 @@ func.func @rms_norm_backward_fused(%g: !gx, %x: !gx, %scale: !grow) -> (!gx, !w)
 // CHECK:         func.return
 
 // The column sum stays a reduction of its own where the segment must return the value
-// anyway (read after it by another op), or reduces no rows (a kernel of the flat space).
+// anyway (read after it by another op), or reduces no rows (a kernel of the flat space),
+// or where the value has a stream axis (a stream loop runs the segment slice by slice).
 
 func.func @column_sums_left(%x: !gx, %scale: !grow, %m: !mm) -> (!gx, !fusion.tensor<[1, 64], f32>, !fusion.tensor<[1, 64], f32>) {
   %p = fusion.mul %x, %scale : (!gx, !grow) -> !gx
@@ -174,6 +175,22 @@ func.func @column_sums_left(%x: !gx, %scale: !grow, %m: !mm) -> (!gx, !fusion.te
 // CHECK:         hir.reduction "sum" [0] keepdim ins(%[[P]] : {{.*}})
 // CHECK:         hir.launch_kernel @column_sums_left_segment_1 ins(%{{.*}}) outs(%[[E:[^ ]+]] : {{.*}})
 // CHECK:         hir.reduction "sum" [0] keepdim ins(%[[E]] : {{.*}})
+
+!srows = !fusion.tensor<[4, 64], f32, mesh = [0, 1], axes = [stream, _]>
+!srow = !fusion.tensor<[4, 1], f32, mesh = [0, 1], axes = [stream, _]>
+!scols = !fusion.tensor<[1, 64], f32, mesh = [0, 1]>
+
+func.func @column_sum_of_stream_rows(%x: !srows) -> (!srows, !scols) {
+  %dot = fusion.sum %x [1] keepdim : !srows -> !srow
+  %p = fusion.mul %x, %dot : (!srows, !srow) -> !srows
+  %q = fusion.exp %p : !srows -> !srows
+  %dp = fusion.sum %q [0] keepdim : !srows -> !scols
+  func.return %p, %dp : !srows, !scols
+}
+
+// CHECK-LABEL: func.func @column_sum_of_stream_rows(
+// CHECK:         hir.launch_kernel @column_sum_of_stream_rows_segment_0
+// CHECK:         hir.reduction "sum" [0] keepdim
 
 // Softmax: a row's max, then the sum of the exponentials of the row less its max, two
 // reductions of one kernel; the second reads the first.
