@@ -21,7 +21,8 @@ input *signature* (the shape, strides, dtype and device of every input) the repl
 
 A run whose signature was captured copies the inputs into the static inputs (the small ones
 with one batched copy, `torch._foreach_copy_`, each of at least `BATCHED_COPY_BYTES` with a
-copy of its own, and none for an input that is its static input already), waits for the check of the inputs' values with the peers where the caller started
+copy of its own, and none for an input that is its static input already), waits for the
+check of the inputs' values with the peers where the caller started
 one (`Program.start_check_values`, which travels during the copy), replays the graph and
 returns clones of the static outputs: the caller owns
 what it gets (a next replay does not overwrite it) and the caller's inputs are only read.

@@ -269,7 +269,9 @@ def _static_space(rank: int, maps: AxisMaps) -> tuple[int, ...]:
     return tuple(space)
 
 
-def _check_column_sum(segment: func.FuncOp, op: fusion.ReductionOp, outputs: Sequence[SSAValue], reduces_rows: bool) -> int:
+def _check_column_sum(
+    segment: func.FuncOp, op: fusion.ReductionOp, outputs: Sequence[SSAValue], reduces_rows: bool
+) -> int:
     """The output that column sum `op` is; raises unless a kernel computes it: in a kernel that
     reduces rows (which walks the space row by row), of values of f32 or f64, returned by
     the segment and read by none of its ops (it is whole only once every row was walked)."""

@@ -144,12 +144,17 @@ def _step(
     `first_half` is the C of whether the step's elements are in the first half of the last
     axis, for the rotated loads (a vector lies in one half: its width divides the half)."""
     loads = sum(not a.stored for a in accesses)
+
+    def statements_at(element: Callable[[int], str]) -> list[str]:
+        """Each function's statements on the element that `element(k)` names of access k."""
+        return [line for f, statements in calls for line in statements(_call(f, element, loads, first_half))]
+
     if width == 1:
 
         def in_place(k: int) -> str:
             return f"{accesses[k].register}[c]" if k in kept else f"{accesses[k].pointer}[{offset(k)}]"
 
-        return [line for function, statements in calls for line in statements(_call(function, in_place, loads, first_half))]
+        return statements_at(in_place)
 
     def element(k: int) -> str:
         a = accesses[k]
@@ -175,7 +180,7 @@ def _step(
         *before,
         "#pragma unroll",
         f"for (int e = 0; e < {width}; ++e) {{",
-        *_indent([line for function, statements in calls for line in statements(_call(function, element, loads, first_half))]),
+        *_indent(statements_at(element)),
         "}",
         *after,
     ]
@@ -350,7 +355,8 @@ def _row_kernel(body: SegmentBody, layout: RowLayout) -> str:
     lines += [*_indent(row), "}"]
     if body.column_sums:
         # Row `partial` of each column sum's partial sums: this block's, or this warp's.
-        lines.append(f"const {index} partial = {'blockIdx.x * warps + threadIdx.x / 32' if layout.warp_per_row else 'blockIdx.x'};")
+        partial = "blockIdx.x * warps + threadIdx.x / 32" if layout.warp_per_row else "blockIdx.x"
+        lines.append(f"const {index} partial = {partial};")
         written = [
             f"out{c.output}[partial * columns + j{' + e' if width > 1 else ''}] = column_sum{i}{element};"
             for i, c in enumerate(body.column_sums)

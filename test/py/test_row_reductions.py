@@ -570,7 +570,8 @@ def test_the_backward_kernel_computes_rms_norms_gradient_as_autograd(dtype, colu
     leaves = [t.float().requires_grad_() for t in (x, w)]
     F.rms_norm(leaves[0], (columns,), leaves[1], EPS).backward(g.float())
     for _ in range(2):
-        outs = [_poisoned([1, columns] if keepdim else [columns], torch.float32, "cuda"), _poisoned([rows, columns], dtype, "cuda")]
+        summed = _poisoned([1, columns] if keepdim else [columns], torch.float32, "cuda")
+        outs = [summed, _poisoned([rows, columns], dtype, "cuda")]
         assert (kernel.plan([g_view, x, w, scale], outs).layout.vector > 1) == (place == "aligned")
         assert kernel.launch([g_view, x, w, scale], outs)
         # The weight's gradient is summed in f32 from the same elements as autograd's.
