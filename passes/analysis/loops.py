@@ -57,6 +57,12 @@ def _function_value(
     return new_op.results[0]
 
 
+def named(op: Operation, name: str) -> Operation:
+    """`op`, its first result named `name` (the name the printer gives it) for the loops' readers."""
+    op.results[0].name_hint = name
+    return op
+
+
 def index_constant(rewriter: PatternRewriter, anchor: Operation, value: int) -> SSAValue:
     """The index constant `value` of `anchor`'s block: one before `anchor`, or a new one at the
     top of the block, with the other values that the loops of a function share."""
@@ -222,18 +228,17 @@ class RingPositions:
         rank = runtime_value(rewriter, anchor, hir.DeviceIndexOp, "rank")
         ops: list[Operation] = []
 
-        def named(op: Operation, name: str) -> SSAValue:
-            op.results[0].name_hint = name
-            op.location = location
+        def emitted(op: Operation, name: str) -> SSAValue:
+            named(op, name).location = location
             ops.append(op)
             return op.results[0]
 
-        own = named(arith.SubiOp(rank, first), "own_position") if first else rank
+        own = emitted(arith.SubiOp(rank, first), "own_position") if first else rank
         ahead, devices = [own], [rank]
         for t, step in enumerate(steps, start=1):
-            plus = named(arith.AddiOp(own, step), f"ahead_{t}_unwrapped")
-            ahead.append(named(arith.RemUIOp(plus, size), f"position_{t}_ahead"))
-            devices.append(named(arith.AddiOp(ahead[t], first), f"device_{t}_ahead") if first else ahead[t])
+            plus = emitted(arith.AddiOp(own, step), f"ahead_{t}_unwrapped")
+            ahead.append(emitted(arith.RemUIOp(plus, size), f"position_{t}_ahead"))
+            devices.append(emitted(arith.AddiOp(ahead[t], first), f"device_{t}_ahead") if first else ahead[t])
         inputs = {value.owner for value in (zero, size, *steps, rank, *([first] if first else []))}
         last_input = [o for o in anchor.parent_block().ops if o in inputs][-1]
         rewriter.insert(ops, InsertPoint.after(last_input))

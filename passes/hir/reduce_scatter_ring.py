@@ -74,15 +74,10 @@ from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import hir
 from hostir_dialect.fusion import tensor_type
-from hostir.passes.analysis.loops import RingPositions, index_constant
+from hostir.passes.analysis.loops import RingPositions, index_constant, named
 from hostir.passes.analysis.scattered_products import ScatteredProduct
 
 CUDA = hir.CommunicatorBackend.CUDA
-
-
-def _named(op: Operation, name: str) -> Operation:
-    op.results[0].name_hint = name
-    return op
 
 
 def _staging_like(partial: SSAValue, rewriter: PatternRewriter) -> tuple[hir.AllocateOp, list[hir.AliasSelectOp]]:
@@ -93,7 +88,7 @@ def _staging_like(partial: SSAValue, rewriter: PatternRewriter) -> tuple[hir.All
     root = hir.view_root(partial)
     allocation = root.owner
     assert isinstance(allocation, hir.AllocateOp), "ScatteredProduct takes products in buffers of the program"
-    staging = _named(hir.AllocateOp(tensor_type(root), allocation.dynamic_sizes), "staging")
+    staging = named(hir.AllocateOp(tensor_type(root), allocation.dynamic_sizes), "staging")
     staging.location = allocation.location
     rewriter.insert(staging, InsertPoint.after(allocation))
     selections = []
@@ -130,9 +125,9 @@ class ReduceScatterIntoRing(RewritePattern):
         works: list[SSAValue] = []
         for t in range(1, size):
             slot = index_constant(rewriter, product.anchor, t)
-            to_member = _named(hir.AliasSelectOp(op.input, axis, slot), f"to_{t}_ahead")
-            from_member = _named(hir.AliasSelectOp(staging.results[0], axis, ring.ahead[size - t]), f"from_{t}_behind")
-            batch = _named(hir.EndCoalescingOp(), f"exchanged_{t}_ahead")
+            to_member = named(hir.AliasSelectOp(op.input, axis, slot), f"to_{t}_ahead")
+            from_member = named(hir.AliasSelectOp(staging.results[0], axis, ring.ahead[size - t]), f"from_{t}_behind")
+            batch = named(hir.EndCoalescingOp(), f"exchanged_{t}_ahead")
             views, matmuls = product.matmuls_at(ring.ahead[t], ring.zero, to_member.results[0], accumulate=False)
             issued += [
                 *views,
@@ -145,7 +140,7 @@ class ReduceScatterIntoRing(RewritePattern):
                 batch,
             ]
             works.append(batch.results[0])
-        own_rows = _named(hir.AliasSelectOp(staging.results[0], axis, ring.own), "own_rows")
+        own_rows = named(hir.AliasSelectOp(staging.results[0], axis, ring.own), "own_rows")
         views, matmuls = product.matmuls_at(ring.own, ring.zero, own_rows.results[0], accumulate=False)
         issued += [*views, own_rows, *matmuls]
         reduction = hir.ReductionOp("sum", [axis], False, [staging.results[0]], [op.output])

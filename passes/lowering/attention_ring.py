@@ -97,7 +97,7 @@ from xdsl.rewriter import InsertPoint
 from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import TensorType, key_block_axis, tensor_type
 from hostir.passes.analysis.extents import known_extent
-from hostir.passes.analysis.loops import StreamLoop, index_constant, runtime_value
+from hostir.passes.analysis.loops import StreamLoop, index_constant, named, runtime_value
 from hostir.passes.lowering.stream_axis_checks import streamed_key_blocks
 
 LOGGER = logging.getLogger("hostir.pipelining")
@@ -107,11 +107,6 @@ LOWEST_F32 = -3.4028234663852886e38
 """The most negative finite f32: the merge's maximum, where both log-sum-exps are -inf."""
 TINY_F32 = 1.1754943508222875e-38
 """The least normal f32: the merge's divisor, where a row has seen no key yet."""
-
-
-def _named(op: Operation, name: str) -> Operation:
-    op.results[0].name_hint = name
-    return op
 
 
 def _like(
@@ -329,13 +324,13 @@ class RingAttention(RewritePattern):
         source = [slot] if op.causal_mask is not None else []
         properties = _block_properties(op)
         iteration = loop.loop.body.block.args[0]
-        first = _named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, 0), "eq"), "first_block")
+        first = named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, 0), "eq"), "first_block")
         write = hir.AttentionOp([q, k_block, v_block], [running, lse], properties, *source)
         compute = hir.AttentionOp([q, k_block, v_block], [block_out.result, block_lse.result], properties, *source)
         into_running = hir.LaunchKernelOp(merge_running.sym_name.data, merge_ins, [running])
         merges: list[Operation] = [into_running]
         if last_writes_out:
-            last = _named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, steps - 1), "eq"), "last_block")
+            last = named(arith.CmpiOp(iteration, index_constant(rewriter, loop.loop, steps - 1), "eq"), "last_block")
             into_out = hir.LaunchKernelOp(merge_last.sym_name.data, merge_ins, [out])
             merges = [last, scf.IfOp(last.result, [], [into_out, scf.YieldOp()], [into_running, scf.YieldOp()])]
         after = [cast] if cast is not None and not last_writes_out else []
@@ -480,21 +475,21 @@ class _RingBackward:
         streams: list[Operation] = []
         if several:  # slot k's transfers go on pool stream k (one stream where the pool has one)
             pool = runtime_value(rewriter, op, hir.NumberOfStreamsOp, "streams")
-            streams.append(_named(arith.MinUIOp(pool, self.slot_count), "transfer_streams"))
+            streams.append(named(arith.MinUIOp(pool, self.slot_count), "transfer_streams"))
             self.transfer_streams = streams[0].results[0]
         # Step i sends the shares of block (p + 1 + i) mod D and receives from (p - 1 - i) mod D,
         # as (p + D - 1 - i) mod D: index arithmetic is unsigned.
-        next_position = _named(arith.AddiOp(position, one), "next_position")
-        last_position = _named(arith.AddiOp(position, index_constant(rewriter, op, len(self.mesh) - 1)), "last_position")
+        next_position = named(arith.AddiOp(position, one), "next_position")
+        last_position = named(arith.AddiOp(position, index_constant(rewriter, op, len(self.mesh) - 1)), "last_position")
         rewriter.insert([*streams, next_position, last_position, *self._join_transfer_streams()], InsertPoint.before(op))
 
         body = Block(arg_types=[IndexType()])
         step = body.args[0]
         step.name_hint = "i"
-        ahead = _named(arith.AddiOp(next_position.results[0], step), "ahead")
-        block = _named(arith.RemUIOp(ahead.results[0], size), "block")
-        behind = _named(arith.SubiOp(last_position.results[0], step), "behind")
-        from_block = _named(arith.RemUIOp(behind.results[0], size), "from_block")
+        ahead = named(arith.AddiOp(next_position.results[0], step), "ahead")
+        block = named(arith.RemUIOp(ahead.results[0], size), "block")
+        behind = named(arith.SubiOp(last_position.results[0], step), "behind")
+        from_block = named(arith.RemUIOp(behind.results[0], size), "from_block")
         ops: list[Operation] = [ahead, block, behind, from_block]
         send_peer = self._device(block.results[0], first_device, "send_peer", ops)
         recv_peer = self._device(from_block.results[0], first_device, "recv_peer", ops)
@@ -507,7 +502,7 @@ class _RingBackward:
         properties = _block_properties(op)
         first = hir.AttentionBackwardOp(ins, [self.query_sum, *share_views], properties, *source)
         if several:
-            is_first = _named(arith.CmpiOp(step, zero, "eq"), "is_first")
+            is_first = named(arith.CmpiOp(step, zero, "eq"), "is_first")
             later = hir.AttentionBackwardOp(ins, [query_share, *share_views], properties, *source)
             added = self._sum(self.query_sum, query_share, self.query_sum)
             previous = self._add_previous_arrival(step, arrived, one)
@@ -534,12 +529,12 @@ class _RingBackward:
     def _slot_and_stream(self, step: SSAValue, ops: list[Operation]) -> tuple[SSAValue, SSAValue]:
         """The slot of step `step` and the pool stream of its transfers, by ops appended to `ops`."""
         if self.slots == 1:
-            stream = _named(hir.StreamOp(self.zero), "transfer_stream")
+            stream = named(hir.StreamOp(self.zero), "transfer_stream")
             ops.append(stream)
             return self.zero, stream.result
-        slot = _named(arith.RemUIOp(step, self.slot_count), "slot")
-        index = _named(arith.RemUIOp(step, self.transfer_streams), "stream_index")
-        stream = _named(hir.StreamOp(index.results[0]), "transfer_stream")
+        slot = named(arith.RemUIOp(step, self.slot_count), "slot")
+        index = named(arith.RemUIOp(step, self.transfer_streams), "stream_index")
+        stream = named(hir.StreamOp(index.results[0]), "transfer_stream")
         ops += [slot, index, stream]
         return slot.results[0], stream.result
 
@@ -556,7 +551,7 @@ class _RingBackward:
     def _block_ins(self, block: SSAValue, ops: list[Operation]) -> list[SSAValue]:
         """The attention backward's operands with the keys and values of `block`."""
         keys = [
-            _named(hir.AliasSelectOp(x, key_block_axis(tensor_type(x)), block), f"{what}_block")
+            named(hir.AliasSelectOp(x, key_block_axis(tensor_type(x)), block), f"{what}_block")
             for x, what in zip(self.op.ins[2:4], KINDS)
         ]
         ops += keys
@@ -564,19 +559,19 @@ class _RingBackward:
 
     @staticmethod
     def _views(buffers: Sequence[SSAValue], slot: SSAValue, ops: list[Operation]) -> list[SSAValue]:
-        views = [_named(hir.AliasSelectOp(b, 0, slot), f"{b.name_hint}_slot") for b in buffers]
+        views = [named(hir.AliasSelectOp(b, 0, slot), f"{b.name_hint}_slot") for b in buffers]
         ops += views
         return [view.result for view in views]
 
     def _add_previous_arrival(self, step: SSAValue, arrived: Sequence[SSAValue], one: SSAValue) -> list[Operation]:
         """At step `step` > 0, after its attention: the caller's stream waits for the previous
         step's transfers and adds the shares they brought to the sums (the first ones written)."""
-        previous = _named(arith.SubiOp(step, one), "previous")
+        previous = named(arith.SubiOp(step, one), "previous")
         ops: list[Operation] = [previous]
         slot, stream = self._slot_and_stream(previous.results[0], ops)
         views = self._views(arrived, slot, ops)
         ops.append(hir.SynchronizeStreamOp(stream))
-        is_second = _named(arith.CmpiOp(step, one, "eq"), "is_second")
+        is_second = named(arith.CmpiOp(step, one, "eq"), "is_second")
         writes = [hir.PointwiseOp("cast", [view], [total]) for view, total in zip(views, self.key_sums)]
         adds = [self._sum(total, view, total) for view, total in zip(views, self.key_sums)]
         ops += [is_second, scf.IfOp(is_second.results[0], [], [*writes, scf.YieldOp()], [*adds, scf.YieldOp()])]
@@ -627,7 +622,7 @@ class _RingBackward:
         if not self.mesh[0]:
             return rank, size, None
         first = index_constant(rewriter, op, self.mesh[0])
-        position = _named(arith.SubiOp(rank, first), "position")
+        position = named(arith.SubiOp(rank, first), "position")
         rewriter.insert(position, InsertPoint.before(op))
         return position.results[0], size, first
 
@@ -636,7 +631,7 @@ class _RingBackward:
         """The mesh device of `slot`, computed by an op appended to `ops`."""
         if first is None:
             return slot
-        ops.append(_named(arith.AddiOp(slot, first), name))
+        ops.append(named(arith.AddiOp(slot, first), name))
         return ops[-1].results[0]
 
 

@@ -75,7 +75,7 @@ from hostir_dialect import fusion, hir
 from hostir_dialect.fusion import tensor_type
 from hostir.passes.analysis.axis_mapping import operand_axis, operand_axis_maps, output_of, without_axis
 from hostir.passes.analysis.extents import known_extent
-from hostir.passes.analysis.loops import StreamLoop, index_constant, is_index_arithmetic, runtime_value
+from hostir.passes.analysis.loops import StreamLoop, index_constant, is_index_arithmetic, named, runtime_value
 from hostir.passes.lowering.peer_readable import peer_readable
 from hostir.passes.lowering.segment_slicing import slice_segment_call
 from hostir.passes.lowering.stream_axis_checks import check_stream_axes, p2p_gathered_axis
@@ -225,11 +225,6 @@ class P2POrder(StrEnum):
     to device `i` at once."""
 
 
-def _named(op: Operation, name: str) -> Operation:
-    op.results[0].name_hint = name
-    return op
-
-
 class _Exchange:
     """The index arithmetic of one iteration of the point-to-point allgather.
 
@@ -252,7 +247,7 @@ class _Exchange:
         """The mesh device of `slot`, computed by ops appended to `ops`."""
         if self.first is None:
             return slot
-        ops.append(_named(arith.AddiOp(slot, self.first), name))
+        ops.append(named(arith.AddiOp(slot, self.first), name))
         return ops[-1].results[0]
 
     def _before_loops(self, ops: list[Operation]) -> None:
@@ -268,20 +263,20 @@ class _Exchange:
         invariant: list[Operation] = []
         position = self.rank
         if self.first is not None:
-            invariant.append(_named(arith.SubiOp(self.rank, self.first), "position"))
+            invariant.append(named(arith.SubiOp(self.rank, self.first), "position"))
             position = invariant[-1].results[0]
         # (p - i) mod D as (p + D - i) mod D: index arithmetic is unsigned.
-        invariant.append(_named(arith.AddiOp(position, size), "position_plus_size"))
+        invariant.append(named(arith.AddiOp(position, size), "position_plus_size"))
         self._before_loops(invariant)
-        ahead = _named(arith.AddiOp(position, index), "ahead")
-        slot = _named(arith.RemUIOp(ahead.results[0], size), "slot")
+        ahead = named(arith.AddiOp(position, index), "ahead")
+        slot = named(arith.RemUIOp(ahead.results[0], size), "slot")
         self.received = _select(output, axis, slot.results[0])
-        is_own = _named(arith.CmpiOp(index, self.zero, "eq"), "is_own")
+        is_own = named(arith.CmpiOp(index, self.zero, "eq"), "is_own")
         self.slot_ops = [ahead, slot, self.received, is_own]
         self.is_own = is_own.results[0]
         self.recv_peer = self._device(slot.results[0], "recv_peer", self.peer_ops)
-        behind = _named(arith.SubiOp(invariant[-1].results[0], index), "behind")
-        send_slot = _named(arith.RemUIOp(behind, size), "send_slot" if self.first else "send_peer")
+        behind = named(arith.SubiOp(invariant[-1].results[0], index), "behind")
+        send_slot = named(arith.RemUIOp(behind, size), "send_slot" if self.first else "send_peer")
         self.peer_ops += [behind, send_slot]
         self.send_peer = self._device(send_slot.results[0], "send_peer", self.peer_ops)
 
@@ -291,7 +286,7 @@ class _Exchange:
         self.slot_ops = [self.received]
         peer = self._device(self.index, "peer", self.slot_ops)
         self.recv_peer = self.send_peer = peer
-        is_own = _named(arith.CmpiOp(peer, self.rank, "eq"), "is_own")
+        is_own = named(arith.CmpiOp(peer, self.rank, "eq"), "is_own")
         self.slot_ops.append(is_own)
         self.is_own = is_own.results[0]
 
@@ -333,7 +328,7 @@ class PipelineP2PAllgather(RewritePattern):
             exchange.in_ring_order(output, axis)
         else:
             exchange.in_device_order(output, axis)
-        own_shard = _named(hir.AliasSelectOp(source, axis, exchange.zero), "own_shard")
+        own_shard = named(hir.AliasSelectOp(source, axis, exchange.zero), "own_shard")
         received = exchange.received.result
         batch = hir.EndCoalescingOp()
         branches = scf.IfOp(

@@ -61,9 +61,9 @@ class RowLayout(LaunchLayout):
     """How many vectors of a row each thread keeps in registers, per load of the reductions,
     between the reductions and the output pass; 0 where it reads the row again instead."""
     steps: int = 0
-    """How many vectors of a row each thread walks, where it walks them by count (its columns
-    fixed: a kernel that sums columns keeps a sum per column it walks); 0 where it walks to
-    the row's end, or keeps them (`cached`)."""
+    """How many vectors of a row each thread walks, in a kernel that sums columns: it walks
+    them by count, its columns fixed, and keeps a sum per column it walks; 0 in others,
+    which walk by count only the vectors they keep (`cached`)."""
 
 
 def merge_axes(

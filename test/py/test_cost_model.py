@@ -168,16 +168,6 @@ def in_matmul(m: int = 8192, k: int = 8192, n: int = 3584) -> OverlapProblem:
     return OverlapProblem(RS, m, k, n, 2, reduction_in_matmul=True)
 
 
-def test_the_reduction_in_the_gemm_is_a_form_of_gemm_rs_on_two_ranks():
-    for kind, world in [(AG, 2), (AR, 4), (RS, 4)]:
-        with pytest.raises(HostirError, match=f"not of {kind} on {world}"):
-            OverlapProblem(kind, 64, 64, 64, world, reduction_in_matmul=True)
-    summed, separate = in_matmul(), problem(RS, world=2)
-    # The same bytes and flops as without; GEMMs of one device's rows of a chunk.
-    assert (summed.comm_bytes, summed.gemm_flops) == (separate.comm_bytes, separate.gemm_flops)
-    assert (summed.chunk_gemm_rows(4), separate.chunk_gemm_rows(4)) == (1024, 2048)
-
-
 def test_the_time_with_the_reduction_in_the_gemm_follows_its_order():
     p = in_matmul()
     rates = Rates.from_times(p, comm_s=4e-3, gemm_s=2e-3, transfer_latency_s=1e-4, launch_overhead_s=5e-5)
@@ -210,14 +200,24 @@ def ring(m: int = 8192, k: int = 8192, n: int = 3584, world: int = 4) -> Overlap
     return OverlapProblem(RS, m, k, n, world, destination_ring=True)
 
 
-def test_the_ring_of_destinations_is_a_form_of_gemm_rs_on_three_ranks_or_more():
-    for kind, world in [(AG, 4), (AR, 4), (RS, 2)]:
-        with pytest.raises(HostirError, match=f"not of {kind} on {world}"):
-            OverlapProblem(kind, 64, 64, 64, world, destination_ring=True)
-    ringed, separate = ring(), problem(RS, world=4)
-    # The same bytes and flops as without; GEMMs of one member's rows of a chunk.
-    assert (ringed.comm_bytes, ringed.gemm_flops) == (separate.comm_bytes, separate.gemm_flops)
-    assert (ringed.chunk_gemm_rows(2), separate.chunk_gemm_rows(2)) == (1024, 4096)
+@pytest.mark.parametrize(
+    ("form", "refused", "world", "chunks", "rows"),
+    [
+        ("reduction_in_matmul", [(AG, 2), (AR, 4), (RS, 4)], 2, 4, (1024, 2048)),
+        ("destination_ring", [(AG, 4), (AR, 4), (RS, 2)], 4, 2, (1024, 4096)),
+    ],
+    ids=["in the GEMM on two ranks", "ring on three or more"],
+)
+def test_a_lowered_form_of_gemm_rs_keeps_its_bytes_and_flops(form, refused, world, chunks, rows):
+    """The reduction in the GEMM is a form of GEMM+RS on two ranks, the ring of destinations
+    on three or more: the same bytes and flops as without, in GEMMs of one member's rows of
+    a chunk; any other problem in either form is refused."""
+    for kind, other_world in refused:
+        with pytest.raises(HostirError, match=f"not of {kind} on {other_world}"):
+            OverlapProblem(kind, 64, 64, 64, other_world, **{form: True})
+    lowered, separate = OverlapProblem(RS, 8192, 8192, 3584, world, **{form: True}), problem(RS, world=world)
+    assert (lowered.comm_bytes, lowered.gemm_flops) == (separate.comm_bytes, separate.gemm_flops)
+    assert (lowered.chunk_gemm_rows(chunks), separate.chunk_gemm_rows(chunks)) == rows
 
 
 def test_the_time_of_the_ring_of_destinations_follows_its_order():
