@@ -140,7 +140,7 @@ def stamp_graphs() -> None:
             steps = compiled.program.interpreter.steps
             steps[0] = stamped_step(steps[0])
             if compiled.replayer is not None:
-                for run in compiled.replayer.captured.values():
+                for run in compiled.replayer.runs():
                     run.graph = StampedReplay(run.graph)
 
 

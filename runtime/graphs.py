@@ -1,4 +1,4 @@
-"""CUDA-graph replay of a whole host program: captured once per input signature, replayed after.
+"""CUDA-graph replay of a whole host program: captured per input signature, replayed after.
 
     replayer = GraphReplayer(program, communicator)
     outputs = replayer.run(local_inputs)     # every rank, every step; same results as program.run
@@ -10,7 +10,7 @@ input *signature* (the shape, strides, dtype and device of every input) the repl
 1. copies the inputs into static input buffers that it owns (from `Program.symmetric_empty`
    for the inputs marked `hir.symmetric`, so a caller's input need not be symmetric), but
    those that no op of the program reads (`Program.unread_inputs`);
-2. runs the program eagerly `warmup_runs` times on a side stream (torch's rule before
+2. runs the program eagerly `warmup_runs` times on the capture stream (torch's rule before
    capture: lazy initialisations, cuBLAS workspaces, NCCL communicators, the process
    groups and the stream pool, the CuPy kernels' compilation all happen here);
 3. captures one run with `torch.cuda.graph` (the interpreter's steps called directly:
@@ -29,29 +29,43 @@ what it gets (a next replay does not overwrite it) and the caller's inputs are o
 
 Outputs that the caller names *handed over* (`hand_over`: the activations that a
 forward graph saves for its backward graph, which let go of them once it has run) are
-returned as they are, with no copy, and are the caller's until it lets go of them: a
-next run replays only when the caller holds none of them any more (torch counts the
-tensors that use a buffer's memory); otherwise it runs the program's steps outside the
-graph, on buffers of their own, and says why once (`GraphReplayFallback`), so that a
-replay never overwrites what the caller holds. A graph captured on inputs that are
-handed-over outputs (the backward graph's) reads them in place, with no copy either,
-while they are where they were at its capture, and runs outside the graph otherwise.
+returned as they are, with no copy, and are the caller's until it lets go of them (torch
+counts the tensors that use a buffer's memory). A graph captured on inputs that are
+handed-over outputs (the backward graph's) reads them in place, with no copy either.
+Outputs that the caller names *lent* (`lend`: the gradients of parameters that a backward
+graph returns, which autograd's AccumulateGrad takes as `.grad` with no copy) are returned
+as they are too, but no other graph reads them in place (a compiled optimizer step copies
+its gradients in).
 
-Outputs that the caller names *lent* (`lend`: the gradients of parameters that a
-backward graph returns, which autograd's AccumulateGrad takes as `.grad` with no copy and
-`zero_grad()` lets go of before the next step) are handed over alike, sparing a copy of
-the size of the weights every step, while the caller lets go of them before the next
-run. A caller that keeps one past it (gradients accumulated over several steps before
-`zero_grad()`) gets that run outside the graph, and from then on copies of it: once it
-lets go of the graph's buffer, the graph replays again.
+A run therefore may find the outputs of the last replay still held: the next block of a
+model whose blocks share one compiled graph (torch compiles a block's code once for all
+its instances), a forward run twice before its backward, gradients accumulated over
+steps. It replays *another capture* of the same program for the same signature, one
+whose outputs no caller holds and whose handed-over inputs are where it reads them, and
+captures one more where none is (up to `most_captures` per signature; past that, it runs
+the program's steps outside the graph, on buffers of their own, and says why once,
+`GraphReplayFallback`). A model of N blocks compiled block by block so replays N captures
+of its forward graph and N of its backward graph, each block its own, as CUDA graph
+trees do.
+
+Every capture on a device allocates from one memory pool on one stream (`DeviceCaptures`),
+so that a capture reuses the temporary memory of those before it (a backward graph the
+forward's, one capture of a block the last's): memory near eager's, rather than a pool
+per graph. A replay writes only memory that was free at its capture: its temporaries and
+its outputs. A capture made later may have put outputs in the temporaries of an earlier
+one, so a capture is replayed only while no caller holds an output of a capture made
+after it; while one does, another capture, or a new one, serves the run. Which capture
+serves a run depends only on which outputs the callers hold, which every rank's autograd
+holds alike; a rank that held other outputs than its peers would capture alone, and its
+peers would wait for it until the process group's timeout.
 
 Inputs that the caller names *static* (`static_inputs`: a model's parameters, which
 every step passes at the same address and an optimizer updates in place) are not
 copied: the graph reads the caller's tensor itself, as inductor's CUDA graphs do, and an
 output that is a view of one (a weight's transpose) is returned as it is. A run
-that passes one at another address is refused with an error (capturing again on one
-rank alone would leave its peers waiting). An input marked `hir.symmetric` is always
-copied, into symmetric memory.
+that passes one at another address (another block's parameters, where blocks share a
+graph) replays a capture made on that address, or makes one. An input marked
+`hir.symmetric` is always copied, into symmetric memory.
 
 Control flow in a host program depends only on the rank, the shapes and the number of
 streams, never on data, so one capture per signature is exact, dynamic extents (`?`)
@@ -117,6 +131,9 @@ class CapturedRun:
     """Watches a replay (`Watchdog.watch`) where the graph waits for peers on the GPU with no
     timeout of its own: the copy engines' signals (runtime/distributed/watchdog.py)."""
 
+    order: int = 0
+    """Its place among the captures on its device (`DeviceCaptures`): a replay may overwrite
+    the outputs of the captures made after it."""
     parameters: frozenset[int] = frozenset()
     """The inputs read in place that the caller keeps at one address (static inputs)."""
     handed_over: frozenset[int] = frozenset()
@@ -126,11 +143,10 @@ class CapturedRun:
     """The outputs that are views of parameters (a weight's transpose), which a replay
     returns as they are: no replay writes them."""
     lent: frozenset[int] = frozenset()
-    """The outputs that a replay hands over as they are (`GraphReplayer`'s `hand_over` and
+    """The outputs that a replay returns as they are (`GraphReplayer`'s `hand_over` and
     `lend`); it returns copies of the others."""
     on_loan: frozenset[int] = frozenset()
-    """The lent outputs that a replay lends only while callers let go of them before the
-    next run (`GraphReplayer`'s `lend`): one kept past it is copied from then on."""
+    """The lent outputs that no other graph reads in place (`GraphReplayer`'s `lend`)."""
     unused: dict[int, tuple[torch.UntypedStorage, int]] = field(init=False)
     """Per memory of the lent outputs, its storage and the storage's use count while no caller
     holds it (`_use_count`, this storage object included)."""
@@ -148,49 +164,33 @@ class CapturedRun:
         """(input, where the graph reads it) of each parameter, which a replay reads in place."""
 
     def storages(self) -> set[int]:
-        """The memory of the outputs that a replay hands over for good (not those on loan,
-        which a replay may copy from one step to the next)."""
+        """The memory of the outputs that a replay hands over to other graphs, which read
+        them in place (not those on loan)."""
         return set(self.unused) - {self.outputs[i].untyped_storage().data_ptr() for i in self.on_loan}
 
     def blocker(self, inputs: Sequence[torch.Tensor]) -> str | None:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
-        replay that a caller still holds (a replay would overwrite it), or an input
-        handed over by another replay that is not where the graph reads it."""
-        if next(self._kept_memory(), None) is not None:
-            return (
-                "an output of its previous replay is still in use (a gradient accumulated over "
-                "steps, say), and a replay would overwrite it"
-            )
+        replay that a caller still holds (a replay would overwrite it), or a parameter or an
+        input handed over by another replay that is not where the graph reads it."""
+        if self.held():
+            return "an output of its previous replay is still in use, and a replay would overwrite it"
+        for i, address in self.parameter_addresses:
+            if inputs[i].data_ptr() != address:
+                return f"static input #{i} (a parameter) is not where it was when the graph was captured"
         for i in self.handed_over:
             if inputs[i].data_ptr() != self.addresses[i]:
                 return f"input #{i} is not the output of the replay that it was when the graph was captured"
         return None
 
-    def _kept_memory(self) -> Iterator[int]:
-        """The memory of the lent outputs that a caller still holds."""
-        return (memory for memory, (storage, unused) in self.unused.items() if _use_count(storage) > unused)
-
-    def copy_kept_loans(self) -> None:
-        """Makes the replays copy the outputs on loan that a caller kept past a run (a gradient
-        that AccumulateGrad accumulates into over steps): once the caller lets go of them,
-        the graph replays again, and the caller keeps what it gets."""
-        kept = set(self._kept_memory())
-        returned = frozenset(i for i in self.on_loan if self.outputs[i].untyped_storage().data_ptr() in kept)
-        self.lent -= returned
-        self.on_loan -= returned
+    def held(self) -> bool:
+        """Whether a caller holds an output that the last replay returned as it is."""
+        return any(_use_count(storage) > unused for storage, unused in self.unused.values())
 
     def replay(
         self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
     ) -> list[torch.Tensor]:
-        """The outputs of a replay on `inputs`. `checked` is called, and may raise, after the
-        copy of the inputs into the static buffers and before the replay."""
-        for i, address in self.parameter_addresses:
-            if inputs[i].data_ptr() != address:
-                raise HostirError(
-                    f"static input #{i} (a parameter) is at another address than when its CUDA graph "
-                    "was captured; a replay reads parameters in place. Update parameters in place, "
-                    "or compile again (torch._dynamo.reset()), or pass cuda_graphs=False"
-                )
+        """The outputs of a replay on `inputs`, which `blocker` allows. `checked` is called, and
+        may raise, after the copy of the inputs into the static buffers and before the replay."""
         # The small inputs in one batched copy, the large ones each alone; an input that
         # already is its static buffer (a caller that fills it in place) is not copied.
         sources, targets = [], []
@@ -232,19 +232,75 @@ def _end_generator_capture(device: torch.device) -> None:
     generator.graphsafe_set_state(generator.clone_state())
 
 
+@dataclass
+class DeviceCaptures:
+    """What every capture on one device shares: one memory pool and one stream (the caching
+    allocator reuses a block only on the stream that freed it), and the order of the
+    captures, which says whose outputs a replay may overwrite (see the module's docstring)."""
+
+    pool: tuple[int, int]
+    stream: torch.cuda.Stream
+    count: int = 0
+    """How many captures were made, the last's `order`."""
+    lending: dict[int, CapturedRun] = field(default_factory=dict)
+    """By order, the captured runs whose replays returned outputs as they are that a caller
+    may still hold (dropped once none is held)."""
+
+    def next_order(self) -> int:
+        self.count += 1
+        return self.count
+
+    def held_after(self, run: CapturedRun) -> bool:
+        """Whether a caller holds an output of a capture made after `run`'s, which a replay of
+        `run` may overwrite (that capture's memory may have been `run`'s temporaries)."""
+        for order, later in list(self.lending.items()):
+            if order > run.order:
+                if later.held():
+                    return True
+                del self.lending[order]
+        return False
+
+    def free(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor], first: int = 0) -> int | None:
+        """The index in `runs` of one that may replay on `inputs`, trying them from `first`
+        around: no caller holds its outputs nor those of a capture made after it, and its
+        handed-over inputs are where it reads them. None where none may."""
+        for step in range(len(runs)):
+            index = (first + step) % len(runs)
+            run = runs[index]
+            if run.blocker(inputs) is None and not self.held_after(run):
+                return index
+        return None
+
+
+_DEVICE_CAPTURES: dict[torch.device, DeviceCaptures] = {}
+
+
+def device_captures(device: torch.device) -> DeviceCaptures:
+    """The captures of this process on the CUDA `device`."""
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _DEVICE_CAPTURES:
+        _DEVICE_CAPTURES[device] = DeviceCaptures(torch.cuda.graph_pool_handle(), torch.cuda.Stream(device))
+    return _DEVICE_CAPTURES[device]
+
+
 _REPLAYERS: weakref.WeakSet[GraphReplayer] = weakref.WeakSet()
 """The replayers alive in this process, for `release_captured_graphs` and `_handed_out_memory`."""
+
+
+def _captured_runs() -> Iterator[CapturedRun]:
+    return (run for replayer in list(_REPLAYERS) for runs in replayer.captured.values() for run in runs)
 
 
 def _handed_out_memory() -> set[int]:
     """The memory of the outputs that the replays of this process hand over: an input in
     it is read in place by a graph captured on it."""
-    return {memory for replayer in list(_REPLAYERS) for run in replayer.captured.values() for memory in run.storages()}
+    return {memory for run in _captured_runs() for memory in run.storages()}
 
 
 def release_captured_graphs() -> None:
-    """Frees every CUDA graph that a replayer of this process captured; a later run of a
-    replayer captures again.
+    """Frees every CUDA graph that a replayer of this process captured, and their memory
+    pools; a later run of a replayer captures again.
 
     Call it before `dist.destroy_process_group()`: NCCL cannot destroy a communicator that
     a live graph captured a communication of, and the call hangs
@@ -252,6 +308,7 @@ def release_captured_graphs() -> None:
     """
     for replayer in list(_REPLAYERS):
         replayer.captured.clear()
+    _DEVICE_CAPTURES.clear()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
@@ -304,6 +361,11 @@ def output_kinds(
     return views, lent
 
 
+MOST_CAPTURES = 256
+"""The most captures of one program for one signature (`GraphReplayer`'s `most_captures`):
+one per block of a model compiled block by block, and a few more."""
+
+
 class GraphReplayer:
     """Runs a `Program` on one rank by replaying CUDA graphs, or eagerly where it cannot."""
 
@@ -316,6 +378,7 @@ class GraphReplayer:
         static_inputs: Sequence[int] = (),
         hand_over: Collection[int] = (),
         lend: Collection[int] = (),
+        most_captures: int = MOST_CAPTURES,
     ):
         self.program = program
         self.static_inputs = sorted(set(static_inputs) - set(program.symmetric_inputs))
@@ -323,12 +386,17 @@ class GraphReplayer:
         self.hand_over = frozenset(hand_over)
         """The outputs that a replay returns as they are, with no copy (see the module's docstring)."""
         self.lend = frozenset(lend) - self.hand_over
-        """The outputs that a replay returns as they are while callers let go of them before the
-        next run, and copies once one was kept (see the module's docstring)."""
+        """The outputs that a replay returns as they are and that no other graph reads in place
+        (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
         self.num_streams = config.num_streams if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
-        self.captured: dict[Signature, CapturedRun] = {}
+        self.most_captures = most_captures
+        self.captured: dict[Signature, list[CapturedRun]] = {}
+        """Per signature, its captures, in the order they were made."""
+        self.last: dict[Signature, int] = {}
+        """Per signature, the index of the capture that served its last run: the next run tries
+        the one after it first (a model's blocks take the captures in turn)."""
         self.said: set[str] = set()
         """Why runs of this program ran outside their graph, each said once."""
         self.eager_reason: str | None = None
@@ -343,6 +411,10 @@ class GraphReplayer:
     def replays(self) -> bool:
         return self.eager_reason is None
 
+    def runs(self) -> list[CapturedRun]:
+        """Every capture of this replayer."""
+        return [run for runs in self.captured.values() for run in runs]
+
     def run(self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None) -> list[torch.Tensor]:
         """The program's outputs on `inputs` (this rank's), replayed when a graph can be used.
 
@@ -355,30 +427,40 @@ class GraphReplayer:
         """
         if self.replays:
             key = signature(inputs)
-            captured = self.captured.get(key)
-            blocker = None if captured is None else captured.blocker(inputs)
-            if captured is not None and blocker is None:
-                return captured.replay(inputs, checked)
+            runs = self.captured.setdefault(key, [])
+            captures = device_captures(self.communicator.device)
+            index = captures.free(runs, inputs, self.last.get(key, -1) + 1)
+            if index is not None:
+                return self._replay(key, index, inputs, checked)
         checked()
-        if self.replays:
-            if captured is None and (captured := self._capture(key, inputs)) is not None:
-                blocker = captured.blocker(inputs)
-            if captured is not None:
-                if blocker is None:
-                    return captured.replay(inputs)
-                captured.copy_kept_loans()
-                return self._run_outside(captured, inputs, blocker)
+        if self.replays and len(runs) >= self.most_captures:
+            return self._run_outside(runs[0], inputs, self._why_none_free(runs, inputs))
+        if self.replays and self._capture(key, inputs) is not None:
+            return self._replay(key, len(runs) - 1, inputs)
         return self.program.run(inputs, self.communicator, self.num_streams, views_of=self.static_inputs)
 
-    def _run_outside(self, captured: CapturedRun, inputs: Sequence[torch.Tensor], blocker: str) -> list[torch.Tensor]:
-        """A run of a captured signature outside its graph, where a replay would be wrong
-        (`CapturedRun.blocker`): the program's steps on buffers of their own, with the
-        extents that the capture checked, exchanging nothing more than a replay (the
-        peers may be replaying)."""
-        if blocker not in self.said:
-            self.said.add(blocker)
+    def _replay(
+        self, key: Signature, index: int, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
+    ) -> list[torch.Tensor]:
+        run = self.captured[key][index]
+        self.last[key] = index
+        outputs = run.replay(inputs, checked)
+        if run.lent:
+            device_captures(self.communicator.device).lending[run.order] = run
+        return outputs
+
+    def _why_none_free(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor]) -> str:
+        blocker = runs[0].blocker(inputs) or "an output of a graph captured after it is still in use"
+        return f"its {len(runs)} captures for these input shapes are all in use (the first: {blocker})"
+
+    def _run_outside(self, captured: CapturedRun, inputs: Sequence[torch.Tensor], why: str) -> list[torch.Tensor]:
+        """A run of a captured signature outside its graph, where no capture may replay: the
+        program's steps on buffers of their own, with the extents that the capture checked,
+        exchanging nothing more than a replay (the peers may be replaying)."""
+        if why not in self.said:
+            self.said.add(why)
             warnings.warn(
-                f"@{self.program.host.sym_name.data} ran outside its CUDA graph, slower: {blocker} "
+                f"@{self.program.host.sym_name.data} ran outside its CUDA graph, slower: {why} "
                 "(said once per program and reason)",
                 GraphReplayFallback,
                 stacklevel=3,
@@ -394,8 +476,9 @@ class GraphReplayer:
         )
 
     def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
-        """Warms up and captures a run on copies of `inputs`; None when a rank could not
-        capture, or when an input is on the CPU (every rank alike: they run one graph)."""
+        """Captures a run on copies of `inputs`, appended to the signature's captures, having
+        warmed up for its first; None when a rank could not capture, or when an input is on
+        the CPU (every rank alike: they run one graph)."""
         on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu"), None)
         if on_cpu is not None:
             # A kernel reads such a value (an attention kernel's random seed) when it is
@@ -409,10 +492,12 @@ class GraphReplayer:
         static_inputs = program.with_symmetric_inputs(
             [x.clone() if i in copied else x for i, x in enumerate(inputs)], self.communicator
         )
+        captures = device_captures(device)
+        earlier = self.captured[key]
         with torch.cuda.device(device):
-            side = torch.cuda.Stream(device)
-            extents = self._warm_up(side, static_inputs)
-            graph, static_outputs, failure = self._record(side, static_inputs, extents)
+            # Another capture of a signature runs what the first warmed up, on the extents it checked.
+            extents = earlier[0].extents if earlier else self._warm_up(captures.stream, static_inputs)
+            graph, static_outputs, failure = self._record(captures, static_inputs, extents)
         failed_ranks = self._ranks_that_failed(failure is not None)
         if failed_ranks:
             self._run_eagerly(
@@ -425,20 +510,22 @@ class GraphReplayer:
         views, lent = output_kinds(
             static_inputs, static_outputs, parameters, handed_over, returned_as_they_are, program.symmetric_outputs
         )
-        self.captured[key] = CapturedRun(
+        run = CapturedRun(
             graph,
             [x if i in copied else None for i, x in enumerate(static_inputs)],
             [x.data_ptr() for x in static_inputs],
             static_outputs,
             extents,
             self._watch(),
+            captures.next_order(),
             parameters,
             handed_over,
             views,
             lent,
             lent & self.lend,
         )
-        return self.captured[key]
+        earlier.append(run)
+        return run
 
     def _warm_up(self, side: torch.cuda.Stream, static_inputs: Sequence[torch.Tensor]) -> dict[tuple[int, int], int]:
         """Runs the program `warmup_runs` times on `side` (torch's rule before capture: lazy
@@ -454,11 +541,12 @@ class GraphReplayer:
         return self.program.check(static_inputs, self.communicator)
 
     def _record(
-        self, side: torch.cuda.Stream, static_inputs: Sequence[torch.Tensor], extents: dict[tuple[int, int], int]
+        self, captures: DeviceCaptures, static_inputs: Sequence[torch.Tensor], extents: dict[tuple[int, int], int]
     ) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor] | None, str | None]:
-        """Captures one run on `side`, the interpreter's steps called directly (`Program.run`'s
-        cross-rank check communicates and reads back, which a capture cannot): the graph,
-        the run's outputs (the static outputs), and why the capture failed, if it did."""
+        """Captures one run on the device's capture stream into its pool, the interpreter's
+        steps called directly (`Program.run`'s cross-rank check communicates and reads back,
+        which a capture cannot): the graph, the run's outputs (the static outputs), and why
+        the capture failed, if it did."""
         device = self.communicator.device
         context = RunContext.of(self.communicator, self.num_streams, extents)
         torch.cuda.synchronize(device)
@@ -467,7 +555,7 @@ class GraphReplayer:
         try:
             # thread_local: the process group's watchdog thread queries CUDA events
             # while this thread captures, which the global mode would refuse.
-            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=captures.pool, stream=captures.stream, capture_error_mode="thread_local"):
                 static_outputs = self.program.interpreter.run(static_inputs, context)
         except Exception as error:  # whatever the capture refused, the program still runs eagerly
             # torch.cuda.graph leaves its stream current when ending a failed capture raises.

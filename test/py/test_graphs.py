@@ -29,7 +29,9 @@ from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import (
     BATCHED_COPY_BYTES,
     CapturedRun,
+    DeviceCaptures,
     GraphReplayer,
+    MOST_CAPTURES,
     GraphReplayFallback,
     input_kinds,
     output_kinds,
@@ -152,7 +154,7 @@ def replay_checks(case: Case, communicator: Communicator) -> list[str]:
     first_copy = first[0].clone()
     if not replayer.replays:
         return [f"no replay: {replayer.eager_reason}"]
-    (captured,) = replayer.captured.values()
+    (captured,) = replayer.runs()
     if ("cuda" in case.pipeline) != (captured.watch is not None):
         problems.append(f"the watchdog watches the replays: {captured.watch is not None}")
     for output in captured.outputs:
@@ -234,32 +236,35 @@ def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
     assert "input #1 is not the output" in run.blocker([weight, handed_in.clone()])
 
 
-def test_an_output_on_loan_kept_past_a_run_is_copied_from_then_on():
-    """An output on loan (a parameter's gradient) is handed over while the caller lets go
-    of it before the next run; kept past one (accumulated into over steps), it blocks that
-    replay and is copied by the later ones, once the caller lets go. Other graphs never read
-    it in place (it is not handed-over memory), and an output handed over for good (a saved
-    activation) stays handed over, kept or not."""
-    gradient, saved = torch.zeros(4, 3), torch.zeros(5)
-    run = CapturedRun(
-        graph=None,
-        inputs=[],
-        addresses=[],
-        outputs=[gradient, saved],
-        extents={},
-        lent=frozenset({0, 1}),
-        on_loan=frozenset({0}),
+def test_a_run_replays_a_capture_whose_outputs_and_later_ones_are_free():
+    """Which capture serves a run, on plain tensors (no graph runs): one whose lent outputs
+    no caller holds and where no caller holds an output of a capture made after it (which
+    may lie in its temporaries), tried from the one asked for around. An output on loan
+    (a gradient) is not memory that other graphs read in place; a saved activation is."""
+    captures = DeviceCaptures(pool=(0, 0), stream=None)
+    gradient, saved, later_saved = torch.zeros(4, 3), torch.zeros(5), torch.zeros(6)
+    earlier = CapturedRun(
+        graph=None, inputs=[], addresses=[], outputs=[gradient, saved], extents={},
+        order=captures.next_order(), lent=frozenset({0, 1}), on_loan=frozenset({0}),
     )
-    assert run.storages() == {saved.untyped_storage().data_ptr()}
-    kept_gradient, kept_saved = gradient.detach(), saved.detach()
-    assert "still in use" in run.blocker([])
-    run.copy_kept_loans()
-    assert run.lent == {1} and run.on_loan == set()
-    assert "still in use" in run.blocker([])
-    del kept_gradient, kept_saved
-    assert run.blocker([]) is None
-    run.copy_kept_loans()
-    assert run.lent == {1}
+    later = CapturedRun(
+        graph=None, inputs=[], addresses=[], outputs=[later_saved], extents={},
+        order=captures.next_order(), lent=frozenset({0}),
+    )
+    runs = [earlier, later]
+    assert earlier.storages() == {saved.untyped_storage().data_ptr()}
+    assert captures.free(runs, []) == 0 and captures.free(runs, [], first=1) == 1
+    held = saved[1:]
+    assert captures.free(runs, []) == 1, "the earlier capture's output is held"
+    captures.lending[later.order] = later
+    held_later = later_saved.detach()
+    assert captures.free(runs, []) is None
+    del held
+    assert captures.free(runs, []) is None, "the earlier capture may overwrite the later one's outputs"
+    assert captures.lending == {later.order: later}
+    del held_later
+    assert captures.free(runs, []) == 0
+    assert captures.lending == {}, "a capture none of whose outputs is held any more is dropped"
 
 
 class _AtenCalls(TorchDispatchMode):
@@ -294,7 +299,7 @@ def test_a_replay_copies_its_small_inputs_in_one_batched_op_and_not_those_alread
     buffers in one ATen op (`_foreach_copy_`), whatever their number, but each one of
     BATCHED_COPY_BYTES or more in a copy of its own; an input that is its static buffer
     already is not copied, and with nothing to copy no op runs; a parameter read in place is
-    checked for its address, never copied."""
+    never copied (`blocker` checks its address)."""
     weight = torch.randn(3)
     static = [torch.zeros(3), torch.zeros(2), torch.zeros(4), None]
     graph = _Doubling(static, torch.zeros(3))
@@ -347,8 +352,7 @@ def test_a_replay_copies_its_small_inputs_in_one_batched_op_and_not_those_alread
     with _AtenCalls() as calls:
         run.replay([static[0], static[1], static[2], weight])
     assert calls.copies() == []
-    with pytest.raises(HostirError, match="static input #3 \\(a parameter\\) is at another address"):
-        run.replay([*inputs[:3], weight.clone()])
+    assert "static input #3 (a parameter) is not where" in run.blocker([*inputs[:3], weight.clone()])
 
 
 def test_a_replay_waits_for_the_check_of_its_inputs_after_copying_them_and_before_replaying():
@@ -473,21 +477,28 @@ def test_gpu_failed_capture_falls_back_to_eager(monkeypatch):
 def test_gpu_replay_reads_static_inputs_in_place():
     """The linear's weight and bias are static inputs (a model's parameters): a replay
     reads them where the caller keeps them, so an update in place (an optimizer step) is
-    seen with no copy, and one passed at another address is refused."""
+    seen with no copy; others passed at another address (another block's, where blocks
+    share a graph) get a capture of their own, and the first still serves the first."""
     case = SINGLE_DEVICE[0]
     program = Program.compile(case.build())
     replayer = GraphReplayer(program, Communicator.single(torch.device("cuda", 0)), static_inputs=[1, 2])
     x, w, b = (t.cuda() for t in case.inputs(0, 3))
     torch.testing.assert_close(replayer.run([x, w, b])[0], _linear(x, w, b))
-    (captured,) = replayer.captured.values()
+    (captured,) = replayer.runs()
     assert [i for i, static in enumerate(captured.inputs) if static is not None] == [0]
     assert captured.addresses[1:] == [w.data_ptr(), b.data_ptr()]
     w.mul_(-2.0)
     b.add_(1.0)
     x2 = torch.randn_like(x)
     torch.testing.assert_close(replayer.run([x2, w, b])[0], _linear(x2, w, b))
-    with pytest.raises(HostirError, match="static input #1 .* another address"):
-        replayer.run([x2, w.clone(), b])
+    w2 = torch.randn_like(w)
+    torch.testing.assert_close(replayer.run([x2, w2, b])[0], _linear(x2, w2, b))
+    first, second = replayer.runs()
+    assert first is captured and second.addresses[1:] == [w2.data_ptr(), b.data_ptr()]
+    x3 = torch.randn_like(x)
+    torch.testing.assert_close(replayer.run([x3, w, b])[0], _linear(x3, w, b))
+    assert replayer.last[signature([x3, w, b])] == 0
+    release_captured_graphs()
 
 
 @needs_cuda
@@ -506,91 +517,112 @@ def test_gpu_replay_runs_eagerly_when_an_input_is_on_the_cpu():
 
 
 @needs_cuda
-def test_gpu_replay_lends_an_output_until_a_caller_keeps_it():
-    """An output on loan (`lend`: a parameter's gradient) is the static output itself while
-    the caller lets go of it before the next run; a caller that keeps it and accumulates
-    into it (gradient accumulation) gets the next runs outside the graph, said once, with
-    its accumulated values right; once it lets go, the graph replays again and returns
-    copies, which a later replay does not overwrite."""
+def test_gpu_replay_lends_an_output_and_replays_another_capture_while_it_is_kept():
+    """An output on loan (`lend`: a parameter's gradient) is the static output itself. A
+    caller that keeps it and accumulates into it (gradient accumulation) gets the next runs
+    from a second capture, with no warning and its accumulated values right; once it lets
+    go, the first capture serves again. With one capture allowed, those runs run outside
+    the graph instead, said once, and are right too."""
     device = torch.device("cuda", 0)
-    replayer = GraphReplayer(Program.compile(single_binary("f32")), Communicator.single(device), lend=[0])
 
     def inputs(seed: int) -> list[torch.Tensor]:
         generator = torch.Generator().manual_seed(seed)
         return [torch.randn(3, 6, generator=generator).to(device) for _ in range(2)]
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GraphReplayFallback)
-        with poisoned_allocations():
-            (first,) = replayer.run(a_b := inputs(0))
-        (captured,) = replayer.captured.values()
-        assert captured.on_loan == {0} and first.data_ptr() == captured.outputs[0].data_ptr()
-        torch.testing.assert_close(first, sum(a_b))
-        del first
-        (accumulated,) = replayer.run(a_b := inputs(1))
-        assert accumulated.data_ptr() == captured.outputs[0].data_ptr()
-        expected = sum(a_b)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for seed in (2, 3):
-            (gradient,) = replayer.run(a_b := inputs(seed))
-            accumulated += gradient
-            expected += sum(a_b)
-    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
-    assert len(said) == 1 and "still in use" in said[0], said
-    torch.testing.assert_close(accumulated, expected)
-    assert captured.on_loan == set() and captured.lent == set()
-    del accumulated, gradient
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GraphReplayFallback)
-        (kept,) = replayer.run(a_b := inputs(4))
-        (later,) = replayer.run(inputs(5))
-    assert kept.data_ptr() != captured.outputs[0].data_ptr()
-    torch.testing.assert_close(kept, sum(a_b))
-    torch.testing.assert_close(later, captured.outputs[0])
+    for most_captures in (MOST_CAPTURES, 1):
+        replayer = GraphReplayer(
+            Program.compile(single_binary("f32")), Communicator.single(device), lend=[0], most_captures=most_captures
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GraphReplayFallback)
+            with poisoned_allocations():
+                (first,) = replayer.run(a_b := inputs(0))
+            (captured,) = replayer.runs()
+            assert captured.on_loan == {0} and first.data_ptr() == captured.outputs[0].data_ptr()
+            torch.testing.assert_close(first, sum(a_b))
+            del first
+            (accumulated,) = replayer.run(a_b := inputs(1))
+            assert accumulated.data_ptr() == captured.outputs[0].data_ptr()
+            expected = sum(a_b)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for seed in (2, 3):
+                (gradient,) = replayer.run(a_b := inputs(seed))
+                accumulated += gradient
+                expected += sum(a_b)
+                del gradient
+        said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+        torch.testing.assert_close(accumulated, expected)
+        if most_captures == 1:
+            assert len(said) == 1 and "captures for these input shapes are all in use" in said[0], said
+            assert len(replayer.runs()) == 1 and replayer.runs()[0] is captured
+        else:
+            assert said == []
+            (_, second) = replayer.runs()
+            assert second.outputs[0].data_ptr() != captured.outputs[0].data_ptr()
+        del accumulated
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GraphReplayFallback)
+            (again,) = replayer.run(a_b := inputs(4))
+        assert again.data_ptr() == captured.outputs[0].data_ptr(), "the first capture serves again"
+        torch.testing.assert_close(again, sum(a_b))
+        del again
+        release_captured_graphs()
 
 
 @needs_cuda
 def test_gpu_replay_hands_its_outputs_over_to_the_next_graph():
     """A replay hands over the outputs it is asked to (the activations a forward graph
     saves): it returns its static outputs themselves, and a graph captured on them (the
-    backward graph) reads them in place: no copy on either side. A run where that would
-    be wrong runs outside its graph, says so once, and is right: the caller still holds
-    the last outputs (a replay would overwrite them), or the next graph's input is no
-    longer that output."""
+    backward graph) reads them in place: no copy on either side. While the caller holds
+    the last outputs (two forwards before their backwards), the next run replays a
+    second capture of each graph, the second graph's reading the second's outputs, with no
+    warning, and the outputs held are left as they were. With one capture allowed, the
+    runs run outside the graph instead, say why once, and are right."""
     device = torch.device("cuda", 0)
     communicator = Communicator.single(device)
-    first = GraphReplayer(Program.compile(single_binary("f32")), communicator, hand_over=[0])
-    second = GraphReplayer(Program.compile(matmul(0, "f32")), communicator)
+    for most_captures in (MOST_CAPTURES, 1):
+        first = GraphReplayer(
+            Program.compile(single_binary("f32")), communicator, hand_over=[0], most_captures=most_captures
+        )
+        second = GraphReplayer(Program.compile(matmul(0, "f32")), communicator, most_captures=most_captures)
 
-    def step(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        generator = torch.Generator().manual_seed(seed)
-        a, b, w = (torch.randn(shape, generator=generator).to(device) for shape in ((3, 6), (3, 6), (6, 7)))
-        (hidden,) = first.run([a, b])
-        (out,) = second.run([hidden, w])
-        torch.testing.assert_close(out, (a + b) @ w)
-        return hidden, out, a + b
+        def step(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            generator = torch.Generator().manual_seed(seed)
+            a, b, w = (torch.randn(shape, generator=generator).to(device) for shape in ((3, 6), (3, 6), (6, 7)))
+            (hidden,) = first.run([a, b])
+            (out,) = second.run([hidden, w])
+            torch.testing.assert_close(out, (a + b) @ w)
+            return hidden, out, a + b
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", GraphReplayFallback)
-        with poisoned_allocations():
-            hidden, _, _ = step(0)
-        (forward,) = first.captured.values()
-        (backward,) = second.captured.values()
-        assert hidden.data_ptr() == forward.outputs[0].data_ptr()
-        assert backward.handed_over == {0} and backward.inputs[0] is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GraphReplayFallback)
+            with poisoned_allocations():
+                hidden, _, _ = step(0)
+            (forward,) = first.runs()
+            (backward,) = second.runs()
+            assert hidden.data_ptr() == forward.outputs[0].data_ptr()
+            assert backward.handed_over == {0} and backward.inputs[0] is None
+            del hidden
+            for seed in (1, 2):
+                step(seed)
+        held, expected = step(3)[::2]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for seed in (4, 5):
+                step(seed)
+        said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+        if most_captures == 1:
+            assert len(said) == 2 and all("all in use" in m for m in said), said
+            assert "input #0 is not the output" in said[1], said
+        else:
+            assert said == [] and len(first.runs()) == 2 and len(second.runs()) == 2
+            assert second.runs()[1].addresses[0] == first.runs()[1].outputs[0].data_ptr()
+        torch.testing.assert_close(held, expected)
+        del held
+        ones = torch.ones(3, 6, device=device)
+        (hidden,) = first.run([ones, ones])
+        (out,) = second.run([hidden * 3, torch.ones(6, 7, device=device)])
+        torch.testing.assert_close(out, torch.full((3, 7), 36.0, device=device))
         del hidden
-        for seed in (1, 2):
-            step(seed)
-    held, expected = step(3)[::2]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        step(4)
-    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
-    assert any("still in use" in m for m in said) and any("input #0 is not the output" in m for m in said), said
-    torch.testing.assert_close(held, expected)
-    del held
-    ones = torch.ones(3, 6, device=device)
-    (hidden,) = first.run([ones, ones])
-    (out,) = second.run([hidden * 3, torch.ones(6, 7, device=device)])
-    torch.testing.assert_close(out, torch.full((3, 7), 36.0, device=device))
+        release_captured_graphs()

@@ -1222,17 +1222,18 @@ def test_gpu_dynamo_reset_frees_the_graphs_the_replays_captured():
         if graph not in earlier_graphs
         for shapes in graph.compiled.values()
     ]
-    assert len(replayers) == 2 and all(replayer.captured for replayer in replayers)
+    assert len(replayers) == 2 and all(replayer.runs() for replayer in replayers)
     torch._dynamo.reset()
-    assert not any(replayer.captured for replayer in replayers)
+    assert not any(replayer.runs() for replayer in replayers)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
 def test_gpu_gradients_accumulated_over_steps_are_those_of_eager():
     """Gradient accumulation against a replayed backward that lends the parameters'
     gradients: AccumulateGrad keeps the first step's as `.grad` and adds the next ones into
-    it, so those steps run outside the graph (said once); the gradients are eager's at
-    every window, and after `zero_grad()` the backward replays again, copying them."""
+    it, so those steps replay a second capture of the backward (and of the forward, whose
+    first capture could overwrite the kept gradients), with no warning; the gradients are
+    eager's at every window, and after `zero_grad()` the first captures serve again."""
     from hostir.frontend.backend import compiled_graphs
     from hostir.runtime.graphs import GraphReplayFallback
 
@@ -1255,15 +1256,65 @@ def test_gpu_gradients_accumulated_over_steps_are_those_of_eager():
             model.zero_grad()
             reference.zero_grad()
     said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
-    assert len(said) == 1 and "still in use" in said[0], said
-    (backward,) = [
-        shapes
+    assert said == []
+    forward, backward = (
+        shapes.replayer
         for graph in compiled_graphs()
-        if graph not in earlier_graphs and not graph.forward
+        if graph not in earlier_graphs
         for shapes in graph.compiled.values()
+    )
+    assert len(forward.runs()) == 2 and len(backward.runs()) == 2
+    assert all(run.on_loan for run in backward.runs()), "the gradients are lent by both captures"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
+def test_gpu_blocks_compiled_one_by_one_replay_a_capture_each():
+    """A model whose blocks are compiled one by one (as torchtitan compiles its layers):
+    torch compiles the block's code once, so every block calls the same forward and
+    backward graphs. Each block replays a capture of its own, with no warning: the next
+    block's forward runs while autograd holds the last one's saved activations, its
+    backward while AccumulateGrad holds the last one's gradients. Loss and gradients are
+    eager's over three SGD steps, with inputs of fresh values each step."""
+    from hostir.frontend.backend import compiled_graphs
+    from hostir.runtime.graphs import GraphReplayFallback
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(16, 48), torch.nn.Linear(48, 16)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    torch._dynamo.reset()
+    earlier_graphs = set(compiled_graphs())
+    torch.manual_seed(0)
+    model, reference = (torch.nn.Sequential(*(Block() for _ in range(3))).cuda() for _ in range(2))
+    reference.load_state_dict(model.state_dict())
+    for block in model:
+        block.compile(backend="hostir")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            x = torch.randn(8, 16, device="cuda", requires_grad=True)
+            x_reference = x.detach().clone().requires_grad_()
+            loss, expected = model(x).square().mean(), reference(x_reference).square().mean()
+            loss.backward()
+            expected.backward()
+            torch.testing.assert_close(loss, expected, msg=f"step {step}")
+            torch.testing.assert_close(x.grad, x_reference.grad, msg=f"step {step}")
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=f"step {step}, {name}")
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    assert said == []
+    replayers = [
+        shapes.replayer for graph in compiled_graphs() if graph not in earlier_graphs for shapes in graph.compiled.values()
     ]
-    (run,) = backward.replayer.captured.values()
-    assert backward.replayer.replays and run.on_loan == set(), "the kept gradients are copied from then on"
+    assert [len(replayer.runs()) for replayer in replayers] == [3, 3]
 
 
 def _layer_on_gpu(backend: str) -> dict:
@@ -1314,8 +1365,8 @@ def _layer_on_gpu(backend: str) -> dict:
                 optimizer.zero_grad()
     compiled_shapes = [shapes for graph in compiled_graphs() for shapes in graph.compiled.values() if shapes is not None]
     replayers = [shapes.replayer for shapes in compiled_shapes]
-    replayed = [replayer is not None and replayer.replays and bool(replayer.captured) for replayer in replayers]
-    runs = [run for replayer in replayers if replayer is not None for run in replayer.captured.values()]
+    replayed = [replayer is not None and replayer.replays and bool(replayer.runs()) for replayer in replayers]
+    runs = [run for replayer in replayers if replayer is not None for run in replayer.runs()]
     return {
         "errors": errors,
         "replayed": replayed,
