@@ -9,7 +9,10 @@ The layer is examples/tp_decoder_layer.py's (RMSNorm, attention with causal SDPA
 SwiGLU MLP), parallelized with torchtitan's plan by `parallelize_module`: QKV and the
 MLP's up projections colwise, the output projections rowwise, sequence parallelism on
 the norms. Head dim 128 and MLP hidden 3.5 x dim (14336 at dim 4096, 28672 at 8192).
-A size is DIM,BATCH,SEQUENCE; every rank holds SEQUENCE / D of each sequence.
+A size is DIM,BATCH,SEQUENCE; every rank holds SEQUENCE / D of each sequence. With
+`--layers N` the model is a stack of N such layers, each compiled on its own as torchtitan
+compiles its models: torch compiles the layer's code once, and every layer calls the same
+graphs with its own parameters.
 
 For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
 training step, forward then backward of the output with a fixed random gradient (no
@@ -120,6 +123,8 @@ class LayerSize:
     batch: int
     sequence: int
     head_dim: int = 128
+    layers: int = 1
+    """Layers of the model, each compiled on its own (`--layers`)."""
 
     @property
     def heads(self) -> int:
@@ -131,7 +136,8 @@ class LayerSize:
 
     @property
     def label(self) -> str:
-        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens"
+        layers = f", {self.layers} layers compiled one by one" if self.layers > 1 else ""
+        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens{layers}"
 
     def check(self, world: int) -> None:
         """Exits with a message where `world` ranks cannot split this size."""
@@ -207,27 +213,53 @@ def unavailable_reason(contender: str, device: torch.device, world: int) -> str 
     return None
 
 
-def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
-    """The contender's callable of `layer` (its own copy). The caller resets dynamo after each
-    contender: none reuses another's graphs or counts against another's recompile limit."""
-    if contender == EAGER:
-        return layer
+def model_of(size: LayerSize, dtype: torch.dtype) -> nn.Module:
+    """The layer at `size`, or a stack of `size.layers` of them, on the current device."""
+    layers = [DecoderLayer(size.dim, size.heads, size.hidden).to(dtype) for _ in range(size.layers)]
+    return layers[0] if size.layers == 1 else nn.Sequential(*layers)
+
+
+def parallelized(model: nn.Module, mesh) -> nn.Module:
+    """`model_of`'s model with torchtitan's plan applied to each layer."""
+    if isinstance(model, nn.Sequential):
+        for layer in model:
+            parallelize(layer, mesh)
+        return model
+    return parallelize(model, mesh)
+
+
+def compile_options(contender: str, mesh) -> dict[str, Any]:
+    """The arguments of `torch.compile` for `contender`, which is not eager."""
     if contender == INDUCTOR:
-        return torch.compile(layer, backend="inductor")
+        return {"backend": "inductor"}
     if contender == ASYNC_TP:
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # deprecated in torch 2.13, needed before it
             enable_symm_mem_for_group(mesh.get_group().group_name)
-        return torch.compile(layer, backend="inductor", options={"_micro_pipeline_tp": True})
+        return {"backend": "inductor", "options": {"_micro_pipeline_tp": True}}
     if contender == HOSTIR:
-        return torch.compile(layer, backend="hostir", options={"backend": "nccl"})
+        return {"backend": "hostir", "options": {"backend": "nccl"}}
     if contender == HOSTIR_CUDA:
-        return torch.compile(layer, backend="hostir", options={"backend": "cuda"})
+        return {"backend": "hostir", "options": {"backend": "cuda"}}
     if contender == HOSTIR_AUTO:
-        return torch.compile(layer, backend="hostir")
+        return {"backend": "hostir"}
     raise ValueError(contender)
+
+
+def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
+    """The contender's callable of `layer` (its own copy): a stack of layers is compiled layer by
+    layer, as torchtitan compiles its models. The caller resets dynamo after each contender:
+    none reuses another's graphs or counts against another's recompile limit."""
+    if contender == EAGER:
+        return layer
+    options = compile_options(contender, mesh)
+    if isinstance(layer, nn.Sequential):
+        for block in layer:
+            block.compile(**options)
+        return layer
+    return torch.compile(layer, **options)
 
 
 @dataclass
@@ -335,9 +367,14 @@ class Limit:
 
     def forward_step(self) -> None:
         with torch.no_grad():
-            self.forward()
+            for _ in range(self.size.layers):
+                self.forward()
 
     def train_step(self) -> None:
+        for _ in range(self.size.layers):
+            self.layer_train_step()
+
+    def layer_train_step(self) -> None:
         qkv, attention = self.forward(grad=True)
         grad_attention = self.heads(self.o)
         torch.autograd.grad(attention, qkv, [grad_attention[..., : a.shape[-2], :] for a in attention])
@@ -447,7 +484,7 @@ def measure_size(
     warmup, reps = config["warmup"], config["reps"]
     torch.manual_seed(config["seed"])
     with torch.device(device):
-        base = DecoderLayer(size.dim, size.heads, size.hidden).to(dtype)
+        base = model_of(size, dtype)
         x = torch.randn(size.batch, size.sequence, size.dim, dtype=dtype)
         grad_output = torch.randn(size.batch, size.sequence, size.dim, dtype=dtype)
     inputs = Inputs(x.chunk(world, dim=1)[rank].contiguous(), grad_output.chunk(world, dim=1)[rank].contiguous())
@@ -547,7 +584,7 @@ def measure_layer(
     slowest rank's error of each checked tensor, the slowest rank's time of the first (checked)
     steps, and with `traces` (a folder for the trace files) every rank's breakdown of each step
     and, on GPUs, its median with the host ahead (`median_ms`)."""
-    layer = parallelize(copy.deepcopy(base), mesh)
+    layer = parallelized(copy.deepcopy(base), mesh)
     earlier_graphs = set(compiled_graphs())
     model = wrap(contender, layer, mesh)
     began = time.perf_counter()
@@ -561,7 +598,8 @@ def measure_layer(
     times = step_times(steps, device, warmup, reps)
     breakdowns = {}
     if traces is not None:
-        size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}"
+        layers = f"-l{len(layer)}" if isinstance(layer, nn.Sequential) else ""
+        size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}{layers}"
         breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-{size}-{key_of(KEYS, contender)}")
     return times, errors, first_s, breakdowns
 
@@ -973,7 +1011,13 @@ def parsed(
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     sizes = "the four of DEFAULT_SIZES; --smoke: 64,2,16"
     parser = layer_parser(__doc__, "tp_layer", KEYS, 20, sizes, "; eager always runs")
+    parser.add_argument(
+        "--layers", type=int, default=1, help="a stack of this many layers, each compiled on its own (as torchtitan does)"
+    )
     args, chosen = parsed(parser, argv, DEFAULT_SIZES, SMOKE_SIZES, KEYS)
+    if args.layers < 1:
+        parser.error(f"--layers {args.layers}: at least one layer")
+    args.sizes = [replace(size, layers=args.layers) for size in args.sizes]
     args.contenders_given = bool(args.contenders)
     # Eager DTensor runs first whatever is chosen: every check compares with it.
     args.contenders = [c for c in CONTENDERS if c in chosen or c == EAGER]

@@ -14,6 +14,7 @@ import collections
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -97,6 +98,29 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_smoke_run_of_layers_compiled_one_by_one_checks_each_layers_gradients(tmp_path):
+    """`--layers 2`: a stack of two layers, each compiled on its own, which share hostir's
+    graphs; the gradients of both layers' parameters are checked against eager DTensor."""
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "tp_layer.py"),
+        "--smoke",
+        "--layers=2",
+        "--contenders=hostir",
+        "--warmup=1",
+        "--reps=2",
+        f"--output={tmp_path}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    document = json.loads((tmp_path / "tp_layer.json").read_text())
+    hostir = {r["step"]: r for r in document["results"] if r["contender"] == tp_layer.HOSTIR}
+    parameters = [f"{layer}.{name}" for layer in (0, 1) for name, _ in DecoderLayer().named_parameters()]
+    assert set(hostir["train"]["errors"]) == {"output", "input gradient", *(f"{name} gradient" for name in parameters)}
+    assert all(r["status"] == "ok" and r["check_ok"] for r in hostir.values())
+    assert "| dim 64, 2 x 16 tokens, 2 layers compiled one by one |" in (tmp_path / "tp_layer.md").read_text()
+
+
 def test_hostir_auto_runs_where_it_differs_from_the_other_hostir_contenders():
     """`hostir (auto)` is the copy engines throughout on 2 GPUs (`hostir (cuda)`), the process
     group on CPU ranks (`hostir (nccl)`), and on more GPUs the copy engines with NCCL's
@@ -160,6 +184,17 @@ def test_the_limit_of_one_rank_runs_the_layers_matmuls_and_attention():
     assert forward.calls == expected["forward"]
     assert train.calls == expected["train"]
     assert sum(n for (name, _), n in train.calls.items() if name == "mm") == 7 * 3
+
+
+def test_the_limit_of_a_stack_of_layers_runs_each_layers_work():
+    one = tp_layer.Limit.of(SIZE, 1, torch.float32, torch.device("cpu"))
+    three = tp_layer.Limit.of(replace(SIZE, layers=3), 1, torch.float32, torch.device("cpu"))
+    for step in ("forward_step", "train_step"):
+        with MatmulsAndAttention() as once:
+            getattr(one, step)()
+        with MatmulsAndAttention() as thrice:
+            getattr(three, step)()
+        assert thrice.calls == collections.Counter({call: 3 * n for call, n in once.calls.items()})
 
 
 @pytest.mark.parametrize("world", [2, 4])
