@@ -564,7 +564,7 @@ class HostirGraph:
                 program,
                 communicator,
                 static_inputs=static,
-                hand_over=self._saved_only(imported),
+                hand_over=self._saved_only(imported) | self._input_gradients(imported),
                 lend=self._parameter_gradients(imported),
             )
         return CompiledShapes(imported, program, communicator, replayer, backend, args, arity)
@@ -583,11 +583,26 @@ class HostirGraph:
         forward's parameters: autograd's AccumulateGrad takes each as the parameter's `.grad`
         with no copy, and `zero_grad()` lets go of it before the next step, so a CUDA-graph
         replay lends them (`GraphReplayer`'s `lend`) instead of copying up to the size of
-        the weights every step. aot_autograd's backward returns a gradient per input of
-        the forward, in their order."""
-        if self.forward or len(imported.outputs) != self.parameters.forward_inputs:
+        the weights every step."""
+        if not self._returns_gradients(imported):
             return set()
         return _outputs_only_at(imported, self.parameters.forward)
+
+    def _input_gradients(self, imported: ImportedGraph) -> set[int]:
+        """The program's outputs that a backward graph returns only as gradients of the
+        forward's other inputs, the activations it took: the autograd engine hands each to
+        the backward of what made that activation, in a model compiled block by block the
+        previous block's backward graph, and lets go of it once that has run. A CUDA-graph
+        replay hands them over (`GraphReplayer`'s `hand_over`), and that graph reads them in
+        place: no copy on either side."""
+        if not self._returns_gradients(imported):
+            return set()
+        return _outputs_only_at(imported, set(range(self.parameters.forward_inputs)) - self.parameters.forward)
+
+    def _returns_gradients(self, imported: ImportedGraph) -> bool:
+        """Whether this is a backward graph whose outputs are a gradient per input of the
+        forward, in their order, as aot_autograd's are."""
+        return not self.forward and len(imported.outputs) == self.parameters.forward_inputs
 
 
 def _outputs_only_at(imported: ImportedGraph, positions: Collection[int]) -> set[int]:

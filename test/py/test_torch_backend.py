@@ -1165,10 +1165,12 @@ def test_the_forward_hands_over_what_only_the_backward_reads():
     assert inference is not forward and inference.saved is None
 
 
-def test_the_backward_lends_the_gradients_of_parameters_alone():
+def test_the_backward_lends_the_parameters_gradients_and_hands_over_the_inputs():
     """A replay of the backward lends, with no copy, the gradients of the parameters (which
-    AccumulateGrad takes as `.grad`), and copies the input's gradient, which the caller's
-    next backward reads: read by their shapes, the lent outputs are the weights' and biases'."""
+    AccumulateGrad takes as `.grad`), and hands over the input's gradient (which the engine
+    hands to the backward of what made the input, a graph that reads it in place): read by
+    their shapes, the lent outputs are the weights' and biases', the handed-over one the
+    input's. The forward has neither."""
     from hostir.frontend.backend import compiled_graphs
 
     torch._dynamo.reset()
@@ -1178,11 +1180,12 @@ def test_the_backward_lends_the_gradients_of_parameters_alone():
     forward = [graph for graph in compiled_graphs() if graph.forward][-1]
     backward = [graph for graph in compiled_graphs() if not graph.forward][-1]
     (shapes,) = backward.compiled.values()
-    lent = backward._parameter_gradients(shapes.imported)
+    lent, handed = backward._parameter_gradients(shapes.imported), backward._input_gradients(shapes.imported)
     shapes_of = {i: tuple(t.get_shape()) for i, t in enumerate(shapes.program.host.function_type.outputs.data)}
     assert sorted(shapes_of[i] for i in lent) == sorted(tuple(p.shape) for p in model.parameters())
-    assert (5, 4) in shapes_of.values() and (5, 4) not in [shapes_of[i] for i in lent]
-    assert forward._parameter_gradients(next(iter(forward.compiled.values())).imported) == set()
+    assert [shapes_of[i] for i in handed] == [(5, 4)]
+    imported = next(iter(forward.compiled.values())).imported
+    assert forward._parameter_gradients(imported) == set() == forward._input_gradients(imported)
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["backend_named_hostir", "hostir.backend()"])
@@ -1315,6 +1318,10 @@ def test_gpu_blocks_compiled_one_by_one_replay_a_capture_each():
         shapes.replayer for graph in compiled_graphs() if graph not in earlier_graphs for shapes in graph.compiled.values()
     ]
     assert [len(replayer.runs()) for replayer in replayers] == [3, 3]
+    # The backward of the last block copies in the gradient of the loss; the others read the
+    # gradient that the block after them handed over in place.
+    copied = [sum(static is not None for static in run.inputs) for run in replayers[1].runs()]
+    assert copied[1] == copied[2] == copied[0] - 1, copied
 
 
 def _layer_on_gpu(backend: str) -> dict:
