@@ -27,6 +27,12 @@ nothing and return at once what they returned before: torch's wrappers with warm
 and no program's work before or after them, a floor of torch's share; `step alone` is the
 whole of such a step, from the call to its return: all that torch's wrappers cost it.
 
+The timed steps start after the GPU went idle (`torch`, `hostir`, `total`), where the
+host's first calls are slow (a core that waited wakes, the driver's first calls after a
+synchronisation cost more), and again right after an untimed round of the same steps,
+issued while the GPU still runs it, as a training loop issues them (`... warm`): what the
+code costs a host that is running.
+
 Steps: `forward` (under `torch.no_grad()`: the inference graph), `train forward` and
 `train backward` (forward then backward of the output with a fixed gradient: the
 training graphs). Each rank runs the same steps with no barrier between them, as a
@@ -119,6 +125,18 @@ class StampedReplay:
         self.graph.replay()
 
 
+def stamped_replays(replay: Callable) -> Callable:
+    """A replayer's `_replay`, which stamps the replay of every capture, those made later too."""
+
+    def stamped(key, index, *args):
+        run = replay.__self__.captured[key][index]
+        if not isinstance(run.graph, StampedReplay):
+            run.graph = StampedReplay(run.graph)
+        return replay(key, index, *args)
+
+    return stamped
+
+
 def stamped_step(step: Callable) -> Callable:
     """`step`, stamping its start."""
 
@@ -140,8 +158,7 @@ def stamp_graphs() -> None:
             steps = compiled.program.interpreter.steps
             steps[0] = stamped_step(steps[0])
             if compiled.replayer is not None:
-                for run in compiled.replayer.runs():
-                    run.graph = StampedReplay(run.graph)
+                compiled.replayer._replay = stamped_replays(compiled.replayer._replay)
 
 
 def synchronize(device: torch.device) -> None:
@@ -186,8 +203,10 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
     synchronize(device)
     stamp_graphs()
 
-    def medians() -> dict[str, tuple[float, float, float]]:
-        """Each step's median shares over `reps` steps, and its median time from the call to its return."""
+    def medians(warm: bool = False) -> dict[str, tuple[float, float, float]]:
+        """Each step's median shares over `reps` steps, and its median time from the call to its
+        return: each step of a triple after the GPU went idle, or (`warm`) right after an untimed
+        triple, as a training loop issues its steps while the GPU runs the ones before."""
         shares: dict[str, list[tuple[float, float, float]]] = {step: [] for step in STEPS}
 
         def timed(step: str, run: Callable[[], object]) -> object:
@@ -199,13 +218,16 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
             return result
 
         for _ in range(reps):
+            if warm:
+                forward()
+                train_backward(train_forward())
             timed("forward", forward)
             out = timed("train forward", train_forward)
             timed("train backward", lambda: train_backward(out))
             synchronize(device)
         return {step: tuple(statistics.median(column) for column in zip(*values)) for step, values in shares.items()}
 
-    measured = medians()
+    measured, warm = medians(), medians(warm=True)
     # Torch alone: hostir's graphs return at once what they returned in the step before.
     StampedGraph.keeping = True
     forward()
@@ -236,6 +258,7 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "medians": measured,
+        "warm": warm,
         "torch_alone": {step: (shares[0], shares[2]) for step, shares in alone.items()},
         "profile": profiled,
     }
@@ -263,15 +286,21 @@ def report(nproc: int, size: tuple[int, int, int, int], per_rank: list[dict]) ->
     lines = [
         f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens "
         "(us, median per step, slowest rank)",
-        f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}{'step alone':>12}",
+        f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}{'step alone':>12}"
+        f"{'torch warm':>12}{'hostir warm':>13}{'total warm':>12}",
     ]
     for step in STEPS:
-        torch_us = max(rank["medians"][step][0] for rank in per_rank)
-        hostir_us = max(rank["medians"][step][1] for rank in per_rank)
-        total = max(sum(rank["medians"][step][:2]) for rank in per_rank)
+        idle, warm = ([max(f(rank[kind][step]) for rank in per_rank) for f in SHARES] for kind in ("medians", "warm"))
         alone, step_alone = (max(rank["torch_alone"][step][k] for rank in per_rank) for k in (0, 1))
-        lines.append(f"{step:<16}{torch_us:>10.1f}{hostir_us:>10.1f}{total:>10.1f}{alone:>13.1f}{step_alone:>12.1f}")
+        lines.append(
+            f"{step:<16}{idle[0]:>10.1f}{idle[1]:>10.1f}{idle[2]:>10.1f}{alone:>13.1f}{step_alone:>12.1f}"
+            f"{warm[0]:>12.1f}{warm[1]:>13.1f}{warm[2]:>12.1f}"
+        )
     return "\n".join(lines)
+
+
+SHARES = (lambda m: m[0], lambda m: m[1], lambda m: m[0] + m[1])
+"""torch's share, hostir's, and the two, of a step's medians; each the slowest rank's."""
 
 
 def main(argv: list[str] | None = None) -> int:

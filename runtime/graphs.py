@@ -30,18 +30,20 @@ what it gets (a next replay does not overwrite it) and the caller's inputs are o
 Outputs that the caller names *handed over* (`hand_over`: the activations that a
 forward graph saves for its backward graph, which let go of them once it has run) are
 returned as they are, with no copy, and are the caller's until it lets go of them (torch
-counts the tensors that use a buffer's memory). A graph captured on inputs that are
-handed-over outputs (the backward graph's) reads them in place, with no copy either.
-Outputs that the caller names *lent* (`lend`: the gradients of parameters that a backward
-graph returns, which autograd's AccumulateGrad takes as `.grad` with no copy) are returned
-as they are too, but no other graph reads them in place (a compiled optimizer step copies
-its gradients in).
+counts the tensors that use a buffer's memory). Outputs that the caller names *lent*
+(`lend`: the gradients that a backward graph returns, which autograd's AccumulateGrad
+takes as a parameter's `.grad` with no copy, or hands to the backward of the block
+before) are returned as they are too, while callers let go of them in time: a caller
+that keeps one where it blocks a replay (a gradient accumulated over steps, a `.grad`
+kept past the next backward) gets copies of that output from then on, from every
+capture. A graph captured on inputs that are outputs returned as they are (the backward
+graph's) reads them in place, with no copy either.
 
 A run therefore may find the outputs of the last replay still held: the next block of a
 model whose blocks share one compiled graph (torch compiles a block's code once for all
-its instances), a forward run twice before its backward, gradients accumulated over
-steps. It replays *another capture* of the same program for the same signature, one
-whose outputs no caller holds and whose handed-over inputs are where it reads them, and
+its instances), a forward run twice before its backward, a gradient kept. It replays
+*another capture* of the same program for the same signature, one whose outputs no
+caller holds and whose parameters and handed-over inputs are where it reads them, and
 captures one more where none is (up to `most_captures` per signature; past that, it runs
 the program's steps outside the graph, on buffers of their own, and says why once,
 `GraphReplayFallback`). A model of N blocks compiled block by block so replays N captures
@@ -84,7 +86,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hostir_dialect.text import HostirError
 from hostir import config
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.interpreter import RunContext
@@ -144,12 +145,13 @@ class CapturedRun:
     returns as they are: no replay writes them."""
     lent: frozenset[int] = frozenset()
     """The outputs that a replay returns as they are (`GraphReplayer`'s `hand_over` and
-    `lend`); it returns copies of the others."""
+    `lend`), which other graphs read in place; it returns copies of the others."""
     on_loan: frozenset[int] = frozenset()
-    """The lent outputs that no other graph reads in place (`GraphReplayer`'s `lend`)."""
+    """The lent outputs that a replay lends only while callers let go of them in time
+    (`GraphReplayer`'s `lend`): once one is kept where it blocks a replay, copied."""
     unused: dict[int, tuple[torch.UntypedStorage, int]] = field(init=False)
-    """Per memory of the lent outputs, its storage and the storage's use count while no caller
-    holds it (`_use_count`, this storage object included)."""
+    """Per memory of the outputs lent now or before, its storage and the storage's use count
+    while no caller holds it (`_use_count`, this storage object included)."""
 
     def __post_init__(self) -> None:
         storages = {(storage := self.outputs[i].untyped_storage()).data_ptr(): storage for i in self.lent}
@@ -163,17 +165,24 @@ class CapturedRun:
         )
         """(input, where the graph reads it) of each parameter, which a replay reads in place."""
 
+    def _memory(self, outputs: Collection[int]) -> set[int]:
+        return {self.outputs[i].untyped_storage().data_ptr() for i in outputs}
+
     def storages(self) -> set[int]:
-        """The memory of the outputs that a replay hands over to other graphs, which read
-        them in place (not those on loan)."""
-        return set(self.unused) - {self.outputs[i].untyped_storage().data_ptr() for i in self.on_loan}
+        """The memory of the outputs that a replay returns as they are, which other graphs
+        read in place."""
+        return self._memory(self.lent)
 
     def blocker(self, inputs: Sequence[torch.Tensor]) -> str | None:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
-        replay that a caller still holds (a replay would overwrite it), or a parameter or an
-        input handed over by another replay that is not where the graph reads it."""
+        replay that a caller still holds (a replay would overwrite it), or `misplaced`."""
         if self.held():
             return "an output of its previous replay is still in use, and a replay would overwrite it"
+        return self.misplaced(inputs)
+
+    def misplaced(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        """A parameter or an input handed over by another replay that is not where the graph
+        reads it, said; None where the graph reads every such input where it is."""
         for i, address in self.parameter_addresses:
             if inputs[i].data_ptr() != address:
                 return f"static input #{i} (a parameter) is not where it was when the graph was captured"
@@ -183,8 +192,29 @@ class CapturedRun:
         return None
 
     def held(self) -> bool:
-        """Whether a caller holds an output that the last replay returned as it is."""
-        return any(_use_count(storage) > unused for storage, unused in self.unused.values())
+        """Whether a caller holds an output that a replay returned as it is. Memory that no
+        replay lends any more is forgotten once no caller holds it."""
+        lent = self.storages()
+        for memory, (storage, unused) in list(self.unused.items()):
+            if _use_count(storage) > unused:
+                return True
+            if memory not in lent:
+                del self.unused[memory]
+        return False
+
+    def kept_loans(self) -> frozenset[int]:
+        """The outputs on loan whose memory a caller holds."""
+        kept = set()
+        for i in self.on_loan:
+            storage, unused = self.unused[self.outputs[i].untyped_storage().data_ptr()]
+            if _use_count(storage) > unused:
+                kept.add(i)
+        return frozenset(kept)
+
+    def stop_lending(self, outputs: Collection[int]) -> None:
+        """Makes the replays copy `outputs` from now on, rather than return them as they are."""
+        self.lent -= frozenset(outputs)
+        self.on_loan -= frozenset(outputs)
 
     def replay(
         self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
@@ -242,32 +272,34 @@ class DeviceCaptures:
     stream: torch.cuda.Stream
     count: int = 0
     """How many captures were made, the last's `order`."""
-    lending: dict[int, CapturedRun] = field(default_factory=dict)
+    lending: dict[int, tuple[CapturedRun, GraphReplayer]] = field(default_factory=dict)
     """By order, the captured runs whose replays returned outputs as they are that a caller
-    may still hold (dropped once none is held)."""
+    may still hold, and their replayers (dropped once none is held)."""
 
     def next_order(self) -> int:
         self.count += 1
         return self.count
 
-    def held_after(self, run: CapturedRun) -> bool:
-        """Whether a caller holds an output of a capture made after `run`'s, which a replay of
+    def holders_after(self, run: CapturedRun) -> list[tuple[CapturedRun, GraphReplayer]]:
+        """The captures made after `run`'s of which a caller holds an output, which a replay of
         `run` may overwrite (that capture's memory may have been `run`'s temporaries)."""
-        for order, later in list(self.lending.items()):
+        holders = []
+        for order, (later, replayer) in list(self.lending.items()):
             if order > run.order:
                 if later.held():
-                    return True
-                del self.lending[order]
-        return False
+                    holders.append((later, replayer))
+                else:
+                    del self.lending[order]
+        return holders
 
     def free(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor], first: int = 0) -> int | None:
         """The index in `runs` of one that may replay on `inputs`, trying them from `first`
         around: no caller holds its outputs nor those of a capture made after it, and its
-        handed-over inputs are where it reads them. None where none may."""
+        parameters and handed-over inputs are where it reads them. None where none may."""
         for step in range(len(runs)):
             index = (first + step) % len(runs)
             run = runs[index]
-            if run.blocker(inputs) is None and not self.held_after(run):
+            if run.blocker(inputs) is None and not self.holders_after(run):
                 return index
         return None
 
@@ -386,12 +418,15 @@ class GraphReplayer:
         self.hand_over = frozenset(hand_over)
         """The outputs that a replay returns as they are, with no copy (see the module's docstring)."""
         self.lend = frozenset(lend) - self.hand_over
-        """The outputs that a replay returns as they are and that no other graph reads in place
-        (see the module's docstring)."""
+        """The outputs that a replay returns as they are while callers let go of them in time,
+        and copies once one was kept (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
         self.num_streams = config.num_streams if num_streams is None else num_streams
         self.warmup_runs = warmup_runs
         self.most_captures = most_captures
+        self.copied_outputs: frozenset[int] = frozenset()
+        """The outputs on loan that a caller kept where they blocked a replay, which every
+        capture copies from then on (see the module's docstring)."""
         self.captured: dict[Signature, list[CapturedRun]] = {}
         """Per signature, its captures, in the order they were made."""
         self.last: dict[Signature, int] = {}
@@ -432,6 +467,7 @@ class GraphReplayer:
             index = captures.free(runs, inputs, self.last.get(key, -1) + 1)
             if index is not None:
                 return self._replay(key, index, inputs, checked)
+            self._copy_kept_loans(runs, inputs, captures)
         checked()
         if self.replays and len(runs) >= self.most_captures:
             return self._run_outside(runs[0], inputs, self._why_none_free(runs, inputs))
@@ -446,8 +482,25 @@ class GraphReplayer:
         self.last[key] = index
         outputs = run.replay(inputs, checked)
         if run.lent:
-            device_captures(self.communicator.device).lending[run.order] = run
+            device_captures(self.communicator.device).lending[run.order] = (run, self)
         return outputs
+
+    def stop_lending(self, outputs: frozenset[int]) -> None:
+        """Makes every capture, and those to come, copy `outputs` rather than lend them."""
+        self.copied_outputs |= outputs
+        for run in self.runs():
+            run.stop_lending(outputs)
+
+    def _copy_kept_loans(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor], captures: DeviceCaptures) -> None:
+        """Where a capture that would serve `inputs` is blocked by outputs on loan that a
+        caller kept (its own, or a later capture's), their replayers copy those outputs from
+        then on: whoever keeps an output past the run it blocks keeps copies after, so that
+        no caller's habit makes captures grow run after run."""
+        for run in runs:
+            if run.misplaced(inputs) is None:
+                for holder, replayer in [(run, self), *captures.holders_after(run)]:
+                    if kept := holder.kept_loans():
+                        replayer.stop_lending(kept)
 
     def _why_none_free(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor]) -> str:
         blocker = runs[0].blocker(inputs) or "an output of a graph captured after it is still in use"
@@ -506,7 +559,7 @@ class GraphReplayer:
             )
             return None
         parameters = frozenset(self.static_inputs)
-        returned_as_they_are = self.hand_over | self.lend
+        returned_as_they_are = (self.hand_over | self.lend) - self.copied_outputs
         views, lent = output_kinds(
             static_inputs, static_outputs, parameters, handed_over, returned_as_they_are, program.symmetric_outputs
         )
@@ -561,6 +614,9 @@ class GraphReplayer:
             # torch.cuda.graph leaves its stream current when ending a failed capture raises.
             torch.cuda.set_stream(caller)
             _end_generator_capture(device)
+            # A capture that failed leaves its pool recording, which every later capture into
+            # it would refuse: the next captures on this device take a new pool.
+            captures.pool = torch.cuda.graph_pool_handle()
             return graph, None, f"{type(error).__name__}: {error}"
         return graph, static_outputs, None
 

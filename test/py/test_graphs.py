@@ -239,8 +239,8 @@ def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
 def test_a_run_replays_a_capture_whose_outputs_and_later_ones_are_free():
     """Which capture serves a run, on plain tensors (no graph runs): one whose lent outputs
     no caller holds and where no caller holds an output of a capture made after it (which
-    may lie in its temporaries), tried from the one asked for around. An output on loan
-    (a gradient) is not memory that other graphs read in place; a saved activation is."""
+    may lie in its temporaries), tried from the one asked for around. Lent outputs, on
+    loan or not, are memory that other graphs read in place."""
     captures = DeviceCaptures(pool=(0, 0), stream=None)
     gradient, saved, later_saved = torch.zeros(4, 3), torch.zeros(5), torch.zeros(6)
     earlier = CapturedRun(
@@ -252,19 +252,50 @@ def test_a_run_replays_a_capture_whose_outputs_and_later_ones_are_free():
         order=captures.next_order(), lent=frozenset({0}),
     )
     runs = [earlier, later]
-    assert earlier.storages() == {saved.untyped_storage().data_ptr()}
+    assert earlier.storages() == {gradient.untyped_storage().data_ptr(), saved.untyped_storage().data_ptr()}
     assert captures.free(runs, []) == 0 and captures.free(runs, [], first=1) == 1
     held = saved[1:]
     assert captures.free(runs, []) == 1, "the earlier capture's output is held"
-    captures.lending[later.order] = later
+    captures.lending[later.order] = (later, None)
     held_later = later_saved.detach()
     assert captures.free(runs, []) is None
     del held
     assert captures.free(runs, []) is None, "the earlier capture may overwrite the later one's outputs"
-    assert captures.lending == {later.order: later}
+    assert captures.holders_after(earlier) == [(later, None)]
     del held_later
     assert captures.free(runs, []) == 0
     assert captures.lending == {}, "a capture none of whose outputs is held any more is dropped"
+
+
+def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
+    """An output on loan (a gradient) that a caller keeps where it blocks the capture that
+    would serve a run, or an earlier one, makes its replayer copy that output from then on,
+    in every capture: its memory stays blocked while held, then is forgotten. A saved
+    activation (handed over, not on loan) stays returned as it is, kept or not."""
+    captures = DeviceCaptures(pool=(0, 0), stream=None)
+    with pytest.warns(GraphReplayFallback, match="runs eagerly"):
+        replayer = GraphReplayer(Program.compile(single_binary("f32")), Communicator.single(torch.device("cpu")))
+    gradient, saved, other_gradient = torch.zeros(4), torch.zeros(5), torch.zeros(4)
+    run = CapturedRun(
+        graph=None, inputs=[], addresses=[], outputs=[gradient, saved], extents={},
+        order=captures.next_order(), lent=frozenset({0, 1}), on_loan=frozenset({0}),
+    )
+    other = CapturedRun(
+        graph=None, inputs=[], addresses=[], outputs=[other_gradient, torch.zeros(5)], extents={},
+        order=captures.next_order(), lent=frozenset({0, 1}), on_loan=frozenset({0}),
+    )
+    replayer.captured[()] = [run, other]
+    kept_gradient, kept_saved = gradient.detach(), saved.detach()
+    assert run.kept_loans() == {0}
+    replayer._copy_kept_loans([run], [], captures)
+    assert replayer.copied_outputs == {0}
+    assert run.lent == other.lent == {1} and run.on_loan == other.on_loan == set()
+    assert "still in use" in run.blocker([]), "the kept gradient still blocks its capture"
+    del kept_gradient
+    assert "still in use" in run.blocker([]), "and so does the saved activation"
+    del kept_saved
+    assert run.blocker([]) is None and run.storages() == {saved.untyped_storage().data_ptr()}
+    assert set(run.unused) == run.storages(), "the gradient's memory is forgotten once let go of"
 
 
 class _AtenCalls(TorchDispatchMode):
@@ -471,6 +502,10 @@ def test_gpu_failed_capture_falls_back_to_eager(monkeypatch):
     (output,) = replayer.run(inputs)
     expected = case.expected(*(x.double().cpu() for x in inputs)).float()
     assert compare(output.cpu(), expected).ok
+    # The failed capture left its memory pool recording; the next capture takes another.
+    again = GraphReplayer(program, Communicator.single(torch.device("cuda", 0)))
+    (output,) = again.run(inputs)
+    assert again.replays and len(again.runs()) == 1 and compare(output.cpu(), expected).ok
 
 
 @needs_cuda
@@ -517,12 +552,13 @@ def test_gpu_replay_runs_eagerly_when_an_input_is_on_the_cpu():
 
 
 @needs_cuda
-def test_gpu_replay_lends_an_output_and_replays_another_capture_while_it_is_kept():
-    """An output on loan (`lend`: a parameter's gradient) is the static output itself. A
-    caller that keeps it and accumulates into it (gradient accumulation) gets the next runs
-    from a second capture, with no warning and its accumulated values right; once it lets
-    go, the first capture serves again. With one capture allowed, those runs run outside
-    the graph instead, said once, and are right too."""
+def test_gpu_replay_lends_an_output_until_a_caller_keeps_it():
+    """An output on loan (`lend`: a parameter's gradient) is the static output itself while
+    the caller lets go of it before the next run. A caller that keeps it and accumulates
+    into it (gradient accumulation) gets the next runs from a second capture, with no
+    warning and its accumulated values right, and copies of that output from then on; once
+    it lets go, the first capture serves again. With one capture allowed, those runs run
+    outside the graph instead, said once, and are right too."""
     device = torch.device("cuda", 0)
 
     def inputs(seed: int) -> list[torch.Tensor]:
@@ -553,18 +589,18 @@ def test_gpu_replay_lends_an_output_and_replays_another_capture_while_it_is_kept
                 del gradient
         said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
         torch.testing.assert_close(accumulated, expected)
+        assert replayer.copied_outputs == {0} and all(run.lent == set() for run in replayer.runs())
         if most_captures == 1:
             assert len(said) == 1 and "captures for these input shapes are all in use" in said[0], said
-            assert len(replayer.runs()) == 1 and replayer.runs()[0] is captured
+            assert len(replayer.runs()) == 1
         else:
-            assert said == []
-            (_, second) = replayer.runs()
-            assert second.outputs[0].data_ptr() != captured.outputs[0].data_ptr()
+            assert said == [] and len(replayer.runs()) == 2
         del accumulated
         with warnings.catch_warnings():
             warnings.simplefilter("error", GraphReplayFallback)
             (again,) = replayer.run(a_b := inputs(4))
-        assert again.data_ptr() == captured.outputs[0].data_ptr(), "the first capture serves again"
+        assert replayer.last[signature(a_b)] == 0, "the first capture serves again"
+        assert again.data_ptr() != captured.outputs[0].data_ptr(), "and returns a copy"
         torch.testing.assert_close(again, sum(a_b))
         del again
         release_captured_graphs()
