@@ -61,7 +61,7 @@ from hostir.frontend.partitioning import partition
 from hostir.frontend.rules.attention import hides_keys
 from hostir.frontend.rules.pointwise import KERNEL_DECOMPOSITIONS
 from hostir.passes.analysis.cost_model import ChunksOf, OverlapKind, OverlapProblem, one_chunk
-from hostir.passes.analysis.loops import RingPositions
+from hostir.passes.analysis.loops import PairPositions, RingPositions
 from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
@@ -164,9 +164,10 @@ class BackendOptions:
         backend = self.backends(communicator)[0]
         if problem.kind == OverlapKind.ALLGATHER_MATMUL or backend != "cuda" or self.nccl_reductions(backend, communicator):
             return problem
-        if problem.world == 2:
+        team = sorted(communicator.ranks)
+        if PairPositions.serves(team):
             return replace(problem, reduction_in_matmul=True)
-        if problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER and RingPositions.serves(sorted(communicator.ranks)):
+        if problem.kind == OverlapKind.MATMUL_REDUCE_SCATTER and RingPositions.serves(team):
             return replace(problem, destination_ring=True)
         return problem
 

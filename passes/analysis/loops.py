@@ -176,6 +176,11 @@ class PairPositions:
     zero: SSAValue
 
     @staticmethod
+    def serves(team: Sequence[int]) -> bool:
+        """Whether `team` is a pair, whose positions these are."""
+        return len(team) == 2
+
+    @staticmethod
     def insert(
         team: tuple[int, ...], anchor: Operation, rewriter: PatternRewriter, location: LocationAttr
     ) -> PairPositions:

@@ -115,7 +115,7 @@ def _match(op: hir.AllreduceOp) -> _Chunked | str:
     team = op.team_ids
     if op.reduce_op is None or op.reduce_op.data != ReductionKind.SUM:
         return "its reduction is not a sum, which a GEMM's epilogue cannot make"
-    if len(team) != 2:
+    if not PairPositions.serves(team):
         return f"its team has {len(team)} members; the schedule is one of a pair"
     if sorted(tensor_type(op.input).mesh.ids) != sorted(team):
         return "its team is not the mesh of its input, so a device of the product would have no peer"

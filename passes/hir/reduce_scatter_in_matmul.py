@@ -82,8 +82,11 @@ class ReduceScatterIntoMatmul(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: hir.ReduceScatterOp, rewriter: PatternRewriter, /) -> None:
-        members = len(op.team_ids)
-        other_size = None if members == 2 else f"its team has {members} members; the exchange is one of a pair"
+        other_size = (
+            None
+            if PairPositions.serves(op.team_ids)
+            else f"its team has {len(op.team_ids)} members; the exchange is one of a pair"
+        )
         product = ScatteredProduct.for_pass("reduce-scatter-in-matmul", op, self.explain, other_size)
         if product is None:
             return
