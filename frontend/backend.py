@@ -566,7 +566,8 @@ class HostirGraph:
                 communicator,
                 static_inputs=static,
                 hand_over=self._saved_only(imported),
-                lend=self._parameter_gradients(imported) | self._input_gradients(imported),
+                lend=self._parameter_gradients(imported),
+                pass_on=self._input_gradients(imported),
             )
         return CompiledShapes(imported, program, communicator, replayer, backend, args, arity)
 
@@ -594,8 +595,8 @@ class HostirGraph:
         forward's other inputs, the activations it took: the autograd engine hands each to
         the backward of what made that activation, in a model compiled block by block the
         previous block's backward graph, and lets go of it once that has run. A CUDA-graph
-        replay lends them (`GraphReplayer`'s `lend`), and that graph reads them in place: no
-        copy on either side."""
+        replay lends them (`GraphReplayer`'s `pass_on`), and that graph reads them in place:
+        no copy on either side."""
         if not self._returns_gradients(imported):
             return set()
         return _outputs_only_at(imported, set(range(self.parameters.forward_inputs)) - self.parameters.forward)

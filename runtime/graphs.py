@@ -31,12 +31,15 @@ Outputs that the caller names *handed over* (`hand_over`: the activations that a
 forward graph saves for its backward graph, which let go of them once it has run) are
 returned as they are, with no copy, and are the caller's until it lets go of them (torch
 counts the tensors that use a buffer's memory). Outputs that the caller names *lent*
-(`lend`: the gradients that a backward graph returns, which autograd's AccumulateGrad
-takes as a parameter's `.grad` with no copy, or hands to the backward of the block
-before) are returned as they are too, while callers let go of them in time: a caller
-that keeps one where it blocks a replay (a gradient accumulated over steps, a `.grad`
-kept past the next backward) gets copies of that output from then on, from every
-capture. A graph captured on inputs that are outputs returned as they are (the backward
+(`lend`: the gradients of parameters that a backward graph returns, which autograd's
+AccumulateGrad takes as `.grad` with no copy and `zero_grad()` lets go of) are returned
+as they are too, while callers let go of them before the next run of their graph: a
+caller that keeps one past it (a gradient accumulated over steps, a `.grad` kept past
+the next backward) gets copies of that output from then on, from every capture. Lent
+outputs that the caller names *passed on* (`pass_on`: the gradients of activations,
+which the autograd engine hands to the backward of what made them and lets go of once
+that has run) are copied from then on too where one is still held when it blocks any
+replay (an input's `.grad` that the last step's loss keeps alive). A graph captured on inputs that are outputs returned as they are (the backward
 graph's) reads them in place, with no copy either.
 
 A run therefore may find the outputs of the last replay still held: the next block of a
@@ -148,7 +151,10 @@ class CapturedRun:
     `lend`), which other graphs read in place; it returns copies of the others."""
     on_loan: frozenset[int] = frozenset()
     """The lent outputs that a replay lends only while callers let go of them in time
-    (`GraphReplayer`'s `lend`): once one is kept where it blocks a replay, copied."""
+    (`GraphReplayer`'s `lend` and `pass_on`), and copies once one was kept."""
+    passed_on: frozenset[int] = frozenset()
+    """The outputs on loan that callers pass on at once (`GraphReplayer`'s `pass_on`): kept,
+    as soon as one blocks any replay."""
     unused: dict[int, tuple[torch.UntypedStorage, int]] = field(init=False)
     """Per memory of the outputs lent now or before, its storage and the storage's use count
     while no caller holds it (`_use_count`, this storage object included)."""
@@ -202,10 +208,10 @@ class CapturedRun:
                 del self.unused[memory]
         return False
 
-    def kept_loans(self) -> frozenset[int]:
-        """The outputs on loan whose memory a caller holds."""
+    def kept_loans(self, among: Collection[int]) -> frozenset[int]:
+        """The outputs `among` those on loan whose memory a caller holds."""
         kept = set()
-        for i in self.on_loan:
+        for i in self.on_loan & frozenset(among):
             storage, unused = self.unused[self.outputs[i].untyped_storage().data_ptr()]
             if _use_count(storage) > unused:
                 kept.add(i)
@@ -215,6 +221,7 @@ class CapturedRun:
         """Makes the replays copy `outputs` from now on, rather than return them as they are."""
         self.lent -= frozenset(outputs)
         self.on_loan -= frozenset(outputs)
+        self.passed_on -= frozenset(outputs)
 
     def replay(
         self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
@@ -410,6 +417,7 @@ class GraphReplayer:
         static_inputs: Sequence[int] = (),
         hand_over: Collection[int] = (),
         lend: Collection[int] = (),
+        pass_on: Collection[int] = (),
         most_captures: int = MOST_CAPTURES,
     ):
         self.program = program
@@ -417,7 +425,9 @@ class GraphReplayer:
         """The inputs read where the caller keeps them (see the module's docstring)."""
         self.hand_over = frozenset(hand_over)
         """The outputs that a replay returns as they are, with no copy (see the module's docstring)."""
-        self.lend = frozenset(lend) - self.hand_over
+        self.pass_on = frozenset(pass_on) - self.hand_over
+        """The outputs lent that callers pass on at once (see the module's docstring)."""
+        self.lend = (frozenset(lend) - self.hand_over) | self.pass_on
         """The outputs that a replay returns as they are while callers let go of them in time,
         and copies once one was kept (see the module's docstring)."""
         self.communicator = communicator or Communicator.default()
@@ -493,14 +503,18 @@ class GraphReplayer:
 
     def _copy_kept_loans(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor], captures: DeviceCaptures) -> None:
         """Where a capture that would serve `inputs` is blocked by outputs on loan that a
-        caller kept (its own, or a later capture's), their replayers copy those outputs from
-        then on: whoever keeps an output past the run it blocks keeps copies after, so that
-        no caller's habit makes captures grow run after run."""
+        caller kept, their replayers copy those outputs from then on: its own outputs on loan
+        (kept past the next run of their graph), and a later capture's outputs passed on
+        (kept at all). So no caller's habit makes captures grow run after run; a parameter's
+        gradient held by `.grad` until `zero_grad()`, while an inference graph runs, is no
+        such habit: that run takes another capture, once."""
         for run in runs:
             if run.misplaced(inputs) is None:
-                for holder, replayer in [(run, self), *captures.holders_after(run)]:
-                    if kept := holder.kept_loans():
-                        replayer.stop_lending(kept)
+                if kept := run.kept_loans(run.on_loan):
+                    self.stop_lending(kept)
+                for holder, owner in captures.holders_after(run):
+                    if kept := holder.kept_loans(holder.passed_on):
+                        owner.stop_lending(kept)
 
     def _why_none_free(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor]) -> str:
         blocker = runs[0].blocker(inputs) or "an output of a graph captured after it is still in use"
@@ -576,6 +590,7 @@ class GraphReplayer:
             views,
             lent,
             lent & self.lend,
+            lent & self.pass_on,
         )
         earlier.append(run)
         return run

@@ -267,14 +267,19 @@ def test_a_run_replays_a_capture_whose_outputs_and_later_ones_are_free():
     assert captures.lending == {}, "a capture none of whose outputs is held any more is dropped"
 
 
-def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
-    """An output on loan (a gradient) that a caller keeps where it blocks the capture that
-    would serve a run, or an earlier one, makes its replayer copy that output from then on,
-    in every capture: its memory stays blocked while held, then is forgotten. A saved
-    activation (handed over, not on loan) stays returned as it is, kept or not."""
-    captures = DeviceCaptures(pool=(0, 0), stream=None)
+def _cpu_replayer() -> GraphReplayer:
     with pytest.warns(GraphReplayFallback, match="runs eagerly"):
-        replayer = GraphReplayer(Program.compile(single_binary("f32")), Communicator.single(torch.device("cpu")))
+        return GraphReplayer(Program.compile(single_binary("f32")), Communicator.single(torch.device("cpu")))
+
+
+def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
+    """An output on loan (a parameter's gradient) that a caller keeps where it blocks the
+    capture that would serve a run (past the next run of its graph) makes its replayer copy
+    that output from then on, in every capture: its memory stays blocked while held, then
+    is forgotten. A saved activation (handed over, not on loan) stays returned as it is,
+    kept or not."""
+    captures = DeviceCaptures(pool=(0, 0), stream=None)
+    replayer = _cpu_replayer()
     gradient, saved, other_gradient = torch.zeros(4), torch.zeros(5), torch.zeros(4)
     run = CapturedRun(
         graph=None, inputs=[], addresses=[], outputs=[gradient, saved], extents={},
@@ -286,7 +291,7 @@ def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
     )
     replayer.captured[()] = [run, other]
     kept_gradient, kept_saved = gradient.detach(), saved.detach()
-    assert run.kept_loans() == {0}
+    assert run.kept_loans(run.on_loan) == {0}
     replayer._copy_kept_loans([run], [], captures)
     assert replayer.copied_outputs == {0}
     assert run.lent == other.lent == {1} and run.on_loan == other.on_loan == set()
@@ -296,6 +301,34 @@ def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
     del kept_saved
     assert run.blocker([]) is None and run.storages() == {saved.untyped_storage().data_ptr()}
     assert set(run.unused) == run.storages(), "the gradient's memory is forgotten once let go of"
+
+
+def test_a_later_captures_output_blocks_an_earlier_one_and_is_copied_only_if_passed_on():
+    """A later capture's output that a caller holds blocks an earlier capture (which may
+    overwrite it). A parameter's gradient held so (by `.grad` until `zero_grad()`, while an
+    inference graph runs) is left on loan: the blocked run takes another capture. An
+    activation's gradient held so (an input's `.grad` that the last loss keeps alive) is
+    passed on, which a caller does at once: its replayer copies it from then on."""
+    captures = DeviceCaptures(pool=(0, 0), stream=None)
+    inference, backward = _cpu_replayer(), _cpu_replayer()
+    early = CapturedRun(graph=None, inputs=[], addresses=[], outputs=[torch.zeros(3)], extents={}, order=captures.next_order())
+    inference.captured[()] = [early]
+    weight_gradient, input_gradient = torch.zeros(4), torch.zeros(6)
+    late = CapturedRun(
+        graph=None, inputs=[], addresses=[], outputs=[weight_gradient, input_gradient], extents={},
+        order=captures.next_order(), lent=frozenset({0, 1}), on_loan=frozenset({0, 1}), passed_on=frozenset({1}),
+    )
+    backward.captured[()] = [late]
+    captures.lending[late.order] = (late, backward)
+    grad = weight_gradient.detach()
+    assert captures.free([early], []) is None
+    inference._copy_kept_loans([early], [], captures)
+    assert backward.copied_outputs == set() and late.on_loan == {0, 1}, "a .grad held until zero_grad() stays lent"
+    held_input_gradient = input_gradient.detach()
+    inference._copy_kept_loans([early], [], captures)
+    assert backward.copied_outputs == {1} and late.lent == late.on_loan == {0} and late.passed_on == set()
+    del grad, held_input_gradient
+    assert captures.free([early], []) == 0
 
 
 class _AtenCalls(TorchDispatchMode):

@@ -1279,7 +1279,7 @@ def test_gpu_blocks_compiled_one_by_one_replay_a_capture_each(leaf_input):
     backward graphs. Each block replays a capture of its own, with no warning: the next
     block's forward runs while autograd holds the last one's saved activations, its
     backward while AccumulateGrad holds the last one's gradients, and each backward but
-    the last block's reads in place the input gradient that the block after it lent. Loss
+    the last block's reads in place the input gradient that the block after it passed on. Loss
     and gradients are eager's over five SGD steps, with inputs of fresh values each step.
 
     With the input a leaf that the loss of the step before still holds, with its gradient,
@@ -1341,7 +1341,7 @@ def test_gpu_blocks_compiled_one_by_one_replay_a_capture_each(leaf_input):
         return
     assert counts[-1] == [3, 3], counts
     # The backward of the last block copies in the gradient of the loss; the others read the
-    # gradient that the block after them lent in place.
+    # gradient that the block after them passed on, in place.
     copied = [sum(static is not None for static in run.inputs) for run in replayers[1].runs()]
     assert copied[1] == copied[2] == copied[0] - 1, copied
 
