@@ -1272,6 +1272,51 @@ def test_gpu_gradients_accumulated_over_steps_are_those_of_eager():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
+def test_gpu_an_inference_run_while_gradients_are_held_leaves_them_lent():
+    """An inference forward between the backward and `zero_grad()` (an evaluation, or a
+    benchmark's forward) runs while `.grad` holds the gradients the backward lent, which
+    may lie in its first capture's temporaries: it takes a second capture, once, and the
+    backward goes on lending its gradients, with no warning and eager's values."""
+    from hostir.frontend.backend import compiled_graphs
+    from hostir.runtime.graphs import GraphReplayFallback
+
+    torch._dynamo.reset()
+    earlier_graphs = set(compiled_graphs())
+    torch.manual_seed(0)
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).cuda() for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="hostir")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():  # the inference graph is captured first, before the backward's
+            compiled(torch.randn(8, 16, device="cuda"))
+        for step in range(4):
+            x = torch.randn(8, 16, device="cuda")
+            compiled(x).square().mean().backward()
+            reference(x).square().mean().backward()
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), reference(x), msg=f"step {step}")
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=f"step {step}, {name}")
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
+    replayers = {
+        graph.name.rpartition("_")[0] + ("" if graph.saved is not None or not graph.forward else "_inference"): shapes.replayer
+        for graph in compiled_graphs()
+        if graph not in earlier_graphs
+        for shapes in graph.compiled.values()
+    }
+    backward = replayers["backward"]
+    assert backward.copied_outputs == set() and all(run.on_loan for run in backward.runs())
+    assert len(replayers["forward_inference"].runs()) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs")
 @pytest.mark.parametrize("leaf_input", [False, True], ids=["embedded_input", "leaf_input_kept"])
 def test_gpu_blocks_compiled_one_by_one_replay_a_capture_each(leaf_input):
     """A model whose blocks are compiled one by one (as torchtitan compiles its layers):
