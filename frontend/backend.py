@@ -557,7 +557,7 @@ class HostirGraph:
                 )
             logs.say("explain", str(explanation))
         replayer = None
-        if self.options.cuda_graphs and device.type == "cuda":
+        if self.options.cuda_graphs and GraphReplayer.replays_on(device):
             parameters = self.parameters.among(args, self.forward)
             constants = range(len(args) - len(self.constants), len(args))
             static = [j for j, i in enumerate(imported.inputs) if i in parameters or i in constants]

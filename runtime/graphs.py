@@ -447,10 +447,15 @@ class GraphReplayer:
         self.eager_reason: str | None = None
         """Why this replayer runs the program eagerly; None while it replays."""
         _REPLAYERS.add(self)
-        if self.communicator.device.type != "cuda":
+        if not self.replays_on(self.communicator.device):
             self._run_eagerly(
                 f"CUDA graphs need CUDA devices, and this rank runs {self.communicator.where}"
             )
+
+    @staticmethod
+    def replays_on(device: torch.device) -> bool:
+        """Whether a replayer on `device` replays CUDA graphs, rather than running eagerly."""
+        return device.type == "cuda"
 
     @property
     def replays(self) -> bool:
@@ -546,7 +551,7 @@ class GraphReplayer:
         """Captures a run on copies of `inputs`, appended to the signature's captures, having
         warmed up for its first; None when a rank could not capture, or when an input is on
         the CPU (every rank alike: they run one graph)."""
-        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu"), None)
+        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu" != self.communicator.device.type), None)
         if on_cpu is not None:
             # A kernel reads such a value (an attention kernel's random seed) when it is
             # launched: a replay would reuse the one of the capture.
@@ -561,10 +566,9 @@ class GraphReplayer:
         )
         captures = device_captures(device)
         earlier = self.captured[key]
-        with torch.cuda.device(device):
-            # Another capture of a signature runs what the first warmed up, on the extents it checked.
-            extents = earlier[0].extents if earlier else self._warm_up(captures.stream, static_inputs)
-            graph, static_outputs, failure = self._record(captures, static_inputs, extents)
+        # Another capture of a signature runs what the first warmed up, on the extents it checked.
+        extents = earlier[0].extents if earlier else self._warm_up(captures.stream, static_inputs)
+        graph, static_outputs, failure = self._record(captures, static_inputs, extents)
         failed_ranks = self._ranks_that_failed(failure is not None)
         if failed_ranks:
             self._run_eagerly(
@@ -601,11 +605,12 @@ class GraphReplayer:
         stream pool, the CuPy kernels' compilation all happen here); the inputs' dynamic
         extents, checked across ranks as `Program.run` checks them, for the capture."""
         device = self.communicator.device
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_runs):
-                self.program.run(static_inputs, self.communicator, self.num_streams)
-        torch.cuda.current_stream(device).wait_stream(side)
+        with torch.cuda.device(device):
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_runs):
+                    self.program.run(static_inputs, self.communicator, self.num_streams)
+            torch.cuda.current_stream(device).wait_stream(side)
         return self.program.check(static_inputs, self.communicator)
 
     def _record(
@@ -623,7 +628,9 @@ class GraphReplayer:
         try:
             # thread_local: the process group's watchdog thread queries CUDA events
             # while this thread captures, which the global mode would refuse.
-            with torch.cuda.graph(graph, pool=captures.pool, stream=captures.stream, capture_error_mode="thread_local"):
+            with torch.cuda.device(device), torch.cuda.graph(
+                graph, pool=captures.pool, stream=captures.stream, capture_error_mode="thread_local"
+            ):
                 static_outputs = self.program.interpreter.run(static_inputs, context)
         except Exception as error:  # whatever the capture refused, the program still runs eagerly
             # torch.cuda.graph leaves its stream current when ending a failed capture raises.

@@ -1,0 +1,232 @@
+"""Which capture of its CUDA graphs a compiled model's run replays (`runtime.graphs`), with
+autograd holding what it holds: layers compiled one by one, gradients accumulated or kept,
+inference between backward and `zero_grad()`. Each test runs on a GPU where there is one,
+and on the CPU with CUDA graphs emulated, so that CI runs them.
+
+The emulation: a capture runs the program once and keeps its outputs as the static
+outputs; a replay runs it again on the static inputs and the inputs read in place, and
+writes the results into the static outputs, as a replayed graph writes its buffers. A
+replay that overwrote an output that a caller still holds so changes what the caller
+holds, as on a GPU. Not emulated: the memory pool (each run allocates anew), streams and
+time. Values are compared with the same model run eagerly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import warnings
+
+import pytest
+import torch
+
+from hostir.frontend.backend import compiled_graphs
+from hostir.runtime import graphs
+from hostir.runtime.graphs import DeviceCaptures, GraphReplayer, GraphReplayFallback, release_captured_graphs
+from hostir.runtime.interpreter import RunContext
+
+
+class EmulatedGraph:
+    """Stands for a captured CUDA graph on CPU tensors (see the module's docstring). Like a
+    graph it keeps where it reads its inputs, not the tensors, which would count as a
+    caller's hold on another capture's outputs."""
+
+    def __init__(self, replayer: GraphReplayer, inputs, extents, outputs):
+        self.replayer, self.extents, self.outputs = replayer, extents, outputs
+        self.inputs = [(x.data_ptr(), x.shape, x.stride(), x.dtype) for x in inputs]
+
+    def replay(self) -> None:
+        replayer = self.replayer
+        context = RunContext.of(replayer.communicator, replayer.num_streams, self.extents)
+        inputs = [_at_address(*where) for where in self.inputs]
+        for static, value in zip(self.outputs, replayer.program.interpreter.run(inputs, context)):
+            if static.data_ptr() != value.data_ptr():
+                static.copy_(value)
+
+
+def _at_address(address: int, shape, stride, dtype: torch.dtype) -> torch.Tensor:
+    """The CPU tensor of `shape`, `stride` and `dtype` at `address`, as a graph reads it."""
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    elements = 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    memory = (ctypes.c_char * (elements * itemsize)).from_address(address)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # frombuffer on memory it does not own
+        return torch.frombuffer(memory, dtype=dtype, count=elements).as_strided(shape, stride)
+
+
+def _record(self: GraphReplayer, captures, static_inputs, extents):
+    context = RunContext.of(self.communicator, self.num_streams, extents)
+    outputs = self.program.interpreter.run(static_inputs, context)
+    return EmulatedGraph(self, static_inputs, extents, outputs), outputs, None
+
+
+@pytest.fixture(params=["cpu", "cuda"], ids=["cpu_emulated", "cuda"])
+def device(request, monkeypatch):
+    """The device the model runs on: a GPU (skipped without one), or the CPU with CUDA
+    graphs emulated."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU: CUDA graphs")
+    if request.param == "cpu":
+        monkeypatch.setattr(GraphReplayer, "replays_on", staticmethod(lambda device: True))
+        monkeypatch.setattr(
+            graphs, "device_captures", lambda device: graphs._DEVICE_CAPTURES.setdefault(device, DeviceCaptures(None, None))
+        )
+        monkeypatch.setattr(
+            GraphReplayer, "_warm_up", lambda self, side, inputs: self.program.check(inputs, self.communicator)
+        )
+        monkeypatch.setattr(GraphReplayer, "_record", _record)
+    torch._dynamo.reset()
+    yield torch.device(request.param)
+    torch._dynamo.reset()
+    release_captured_graphs()
+
+
+def test_gradients_accumulated_over_steps_are_those_of_eager(device):
+    """Gradient accumulation against a replayed backward that lends the parameters'
+    gradients: AccumulateGrad keeps the first step's as `.grad` and adds the next ones into
+    it, so those steps replay a second capture of the forward (whose first capture could
+    overwrite the kept gradients) and of the backward (which reads the second forward's
+    activations), with no warning and no copy: the second backward's gradients, lent too,
+    are added into the first's. The gradients are eager's at every window."""
+    torch._dynamo.reset()
+    earlier_graphs = set(compiled_graphs())
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="hostir")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for window in range(3):
+            for _ in range(3):
+                x = torch.randn(8, 16, device=device)
+                compiled(x).square().mean().backward()
+                reference(x).square().mean().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=f"window {window}, {name}")
+            model.zero_grad()
+            reference.zero_grad()
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    assert said == []
+    forward, backward = (
+        shapes.replayer
+        for graph in compiled_graphs()
+        if graph not in earlier_graphs
+        for shapes in graph.compiled.values()
+    )
+    assert len(forward.runs()) == 2 and len(backward.runs()) == 2
+    assert backward.copied_outputs == set() and all(run.on_loan for run in backward.runs())
+
+
+def test_an_inference_run_while_gradients_are_held_leaves_them_lent(device):
+    """An inference forward between the backward and `zero_grad()` (an evaluation, or a
+    benchmark's forward) runs while `.grad` holds the gradients the backward lent, which
+    may lie in its first capture's temporaries: it takes a second capture, once, and the
+    backward goes on lending its gradients, with no warning and eager's values."""
+    torch._dynamo.reset()
+    earlier_graphs = set(compiled_graphs())
+    torch.manual_seed(0)
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="hostir")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():  # the inference graph is captured first, before the backward's
+            compiled(torch.randn(8, 16, device=device))
+        for step in range(4):
+            x = torch.randn(8, 16, device=device)
+            compiled(x).square().mean().backward()
+            reference(x).square().mean().backward()
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), reference(x), msg=f"step {step}")
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=f"step {step}, {name}")
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
+    replayers = {
+        graph.name.rpartition("_")[0] + ("" if graph.saved is not None or not graph.forward else "_inference"): shapes.replayer
+        for graph in compiled_graphs()
+        if graph not in earlier_graphs
+        for shapes in graph.compiled.values()
+    }
+    backward = replayers["backward"]
+    assert backward.copied_outputs == set() and all(run.on_loan for run in backward.runs())
+    assert len(replayers["forward_inference"].runs()) == 2
+
+
+@pytest.mark.parametrize("leaf_input", [False, True], ids=["embedded_input", "leaf_input_kept"])
+def test_blocks_compiled_one_by_one_replay_a_capture_each(device, leaf_input):
+    """A model whose blocks are compiled one by one (as torchtitan compiles its layers):
+    torch compiles the block's code once, so every block calls the same forward and
+    backward graphs. Each block replays a capture of its own, with no warning: the next
+    block's forward runs while autograd holds the last one's saved activations, its
+    backward while AccumulateGrad holds the last one's gradients, and each backward but
+    the last block's reads in place the input gradient that the block after it passed on. Loss
+    and gradients are eager's over five SGD steps, with inputs of fresh values each step.
+
+    With the input a leaf that the loss of the step before still holds, with its gradient,
+    during the next forward (`leaf_input_kept`), the first block's backward copies that
+    gradient from then on, and no capture is made after the third step (at most three per
+    block: 6 of the forward and 8 of the backward, on one H200)."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(16, 48), torch.nn.Linear(48, 16)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    torch._dynamo.reset()
+    earlier_graphs = set(compiled_graphs())
+    torch.manual_seed(0)
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 16), *(Block() for _ in range(3))).to(device) for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    for block in model[1:]:
+        block.compile(backend="hostir")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    counts = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(5):
+            x = torch.randn(8, 16, device=device, requires_grad=True)
+            x_reference = x.detach().clone().requires_grad_()
+            if leaf_input:
+                loss = model[1:](x).square().mean()
+                expected = reference[1:](x_reference).square().mean()
+            else:
+                loss, expected = model(x).square().mean(), reference(x_reference).square().mean()
+            loss.backward()
+            expected.backward()
+            torch.testing.assert_close(loss, expected, msg=f"step {step}")
+            torch.testing.assert_close(x.grad, x_reference.grad, msg=f"step {step}")
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=f"step {step}, {name}")
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+            replayers = [
+                shapes.replayer
+                for graph in compiled_graphs()
+                if graph not in earlier_graphs
+                for shapes in graph.compiled.values()
+            ]
+            counts.append([len(replayer.runs()) for replayer in replayers])
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    assert said == [], (said, counts)
+    if leaf_input:
+        assert counts[2] == counts[3] == counts[4] and max(counts[-1]) <= 3 * 3, counts
+        return
+    assert counts[-1] == [3, 3], counts
+    # The backward of the last block copies in the gradient of the loss; the others read the
+    # gradient that the block after them passed on, in place.
+    copied = [sum(static is not None for static in run.inputs) for run in replayers[1].runs()]
+    assert copied[1] == copied[2] == copied[0] - 1, copied
