@@ -472,6 +472,8 @@ class HostirGraph:
         return self.saved_layouts.of_outputs(self.saved, self._outputs())
 
     def __call__(self, *args: Any) -> list[Any]:
+        if self.saved is not None and not self.parameters.backward_compiled:
+            self.parameters.record(args)
         key = self._key(args)
         compiled = self.compiled.get(key, _NOT_YET)
         if compiled is _NOT_YET:
@@ -732,15 +734,24 @@ class Parameters:
     forward_inputs: int = 0
     """How many arguments the forward graph takes (the backward returns a gradient for each)."""
     storages: set[int] = field(default_factory=set)
-    """The addresses of their storages, from each compilation of the forward: a backward
+    """The addresses of their storages, from the calls of the forward (`record`): a backward
     argument in one of them (a weight's transpose that the forward saved) is a parameter too."""
+    backward_compiled: bool = False
+    """Whether the backward graph was compiled: until then every call of the training forward
+    records where its parameters are. A model compiled block by block calls one forward
+    graph with each block's, and the backward, compiled at the first backward call, is the
+    last block's: its parameters must be known to be parameters."""
+
+    def record(self, args: Sequence[Any]) -> None:
+        """Notes where the forward graph's parameters among `args` are."""
+        self.storages.update(args[i].untyped_storage().data_ptr() for i in self.forward if isinstance(args[i], torch.Tensor))
 
     def among(self, args: Sequence[Any], forward: bool) -> set[int]:
         """The arguments of a call of the forward (`forward`) or backward graph that are parameters."""
         if forward:
-            tensors = {i for i in self.forward if isinstance(args[i], torch.Tensor)}
-            self.storages.update(args[i].untyped_storage().data_ptr() for i in tensors)
-            return tensors
+            self.record(args)
+            return {i for i in self.forward if isinstance(args[i], torch.Tensor)}
+        self.backward_compiled = True
         return {
             i
             for i, arg in enumerate(args)

@@ -189,12 +189,19 @@ class CapturedRun:
     def misplaced(self, inputs: Sequence[torch.Tensor]) -> str | None:
         """A parameter or an input handed over by another replay that is not where the graph
         reads it, said; None where the graph reads every such input where it is."""
-        for i, address in self.parameter_addresses:
-            if inputs[i].data_ptr() != address:
-                return f"static input #{i} (a parameter) is not where it was when the graph was captured"
+        if (parameter := self.misplaced_parameter(inputs)) is not None:
+            return parameter
         for i in self.handed_over:
             if inputs[i].data_ptr() != self.addresses[i]:
                 return f"input #{i} is not the output of the replay that it was when the graph was captured"
+        return None
+
+    def misplaced_parameter(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        """A parameter that is not where the graph reads it, said (another block's, where
+        blocks share a graph); None where every one is."""
+        for i, address in self.parameter_addresses:
+            if inputs[i].data_ptr() != address:
+                return f"static input #{i} (a parameter) is not where it was when the graph was captured"
         return None
 
     def held(self) -> bool:
@@ -507,16 +514,17 @@ class GraphReplayer:
             run.stop_lending(outputs)
 
     def _copy_kept_loans(self, runs: Sequence[CapturedRun], inputs: Sequence[torch.Tensor], captures: DeviceCaptures) -> None:
-        """Where a capture that would serve `inputs` is blocked by outputs on loan that a
-        caller kept, their replayers copy those outputs from then on: its own outputs on loan
-        (kept past the next run of their graph), and a later capture's outputs passed on
-        (kept at all). So no caller's habit makes captures grow run after run; a parameter's
-        gradient held by `.grad` until `zero_grad()`, while an inference graph runs, is no
-        such habit: that run takes another capture, once."""
+        """Where no capture may serve `inputs`, the outputs on loan that a caller kept make
+        their replayers copy them from then on: those of a capture of these parameters (the
+        same block's) held at this next run of their graph, and, where a capture would serve
+        but for a later one's outputs, those of them passed on (held at all). So no caller's
+        habit makes captures grow run after run; a parameter's gradient held by `.grad`
+        until `zero_grad()`, while an inference graph runs, is no such habit: that run
+        takes another capture, once."""
         for run in runs:
+            if run.misplaced_parameter(inputs) is None and (kept := run.kept_loans(run.on_loan)):
+                self.stop_lending(kept)
             if run.misplaced(inputs) is None:
-                if kept := run.kept_loans(run.on_loan):
-                    self.stop_lending(kept)
                 for holder, owner in captures.holders_after(run):
                     if kept := holder.kept_loans(holder.passed_on):
                         owner.stop_lending(kept)

@@ -88,8 +88,8 @@ def test_gradients_accumulated_over_steps_are_those_of_eager(device):
     gradients: AccumulateGrad keeps the first step's as `.grad` and adds the next ones into
     it, so those steps replay a second capture of the forward (whose first capture could
     overwrite the kept gradients) and of the backward (which reads the second forward's
-    activations), with no warning and no copy: the second backward's gradients, lent too,
-    are added into the first's. The gradients are eager's at every window."""
+    activations), with no warning; the gradients kept past the next backward are copied
+    from then on. The gradients are eager's at every window."""
     torch._dynamo.reset()
     earlier_graphs = set(compiled_graphs())
     model, reference = (
@@ -117,7 +117,7 @@ def test_gradients_accumulated_over_steps_are_those_of_eager(device):
         for shapes in graph.compiled.values()
     )
     assert len(forward.runs()) == 2 and len(backward.runs()) == 2
-    assert backward.copied_outputs == set() and all(run.on_loan for run in backward.runs())
+    assert backward.copied_outputs and not any(run.on_loan for run in backward.runs()), "copied from then on"
 
 
 def test_an_inference_run_while_gradients_are_held_leaves_them_lent(device):
@@ -226,7 +226,43 @@ def test_blocks_compiled_one_by_one_replay_a_capture_each(device, leaf_input):
         assert counts[2] == counts[3] == counts[4] and max(counts[-1]) <= 3 * 3, counts
         return
     assert counts[-1] == [3, 3], counts
-    # The backward of the last block copies in the gradient of the loss; the others read the
-    # gradient that the block after them passed on, in place.
-    copied = [sum(static is not None for static in run.inputs) for run in replayers[1].runs()]
+    # Every block's backward reads its block's weights in place, which the first backward's
+    # compilation, the last block's, knew as parameters. The backward of the last block
+    # copies in the gradient of the loss; the others read the gradient that the block after
+    # them passed on, in place.
+    backward = replayers[1]
+    assert backward.static_inputs and all(run.parameter_addresses for run in backward.runs())
+    copied = [sum(static is not None for static in run.inputs) for run in backward.runs()]
     assert copied[1] == copied[2] == copied[0] - 1, copied
+
+
+def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device):
+    """A caller that keeps each step's gradients past the next step (a list of `.grad` for
+    a log): the replays never overwrite what it kept, the gradients it kept are eager's,
+    and after the first steps no capture is made any more: the kept gradients are copied
+    from then on."""
+    torch.manual_seed(0)
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="hostir")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    kept, counts = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            x = torch.randn(8, 16, device=device)
+            compiled(x).square().mean().backward()
+            reference(x).square().mean().backward()
+            kept.append(([p.grad for p in model.parameters()], [q.grad.clone() for q in reference.parameters()]))
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+            replayers = [shapes.replayer for graph in compiled_graphs() for shapes in graph.compiled.values()]
+            counts.append([len(replayer.runs()) for replayer in replayers])
+    assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
+    for step, (grads, expected) in enumerate(kept):
+        for grad, value in zip(grads, expected):
+            torch.testing.assert_close(grad, value, msg=f"step {step}")
+    assert counts[3] == counts[-1] and max(counts[-1]) <= 3, counts
