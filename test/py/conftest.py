@@ -4,6 +4,7 @@ import os
 from collections.abc import Callable
 
 import pytest
+import torch
 from hypothesis import Phase, settings
 from xdsl.ir import Operation
 
@@ -96,3 +97,23 @@ def _check_round_trip(module: Operation | str) -> str:
 def assert_round_trips() -> Callable[[Operation | str], str]:
     """`assert_round_trips(module_or_text)`: see `_check_round_trip`."""
     return _check_round_trip
+
+
+@pytest.fixture(params=["cpu", "cuda"], ids=["cpu_emulated", "cuda"])
+def replay_device(request, monkeypatch):
+    """The device a `GraphReplayer` replays on: a GPU (skipped without one), or the CPU with
+    CUDA graphs emulated (`emulated_graphs.py`), which CI runs. Captured graphs are freed
+    after the test."""
+    from hostir.runtime.graphs import release_captured_graphs
+
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("needs a GPU: CUDA graphs")
+        device = torch.device("cuda", 0)
+    else:
+        from emulated_graphs import emulate_cuda_graphs
+
+        emulate_cuda_graphs(monkeypatch)
+        device = torch.device("cpu")
+    yield device
+    release_captured_graphs()

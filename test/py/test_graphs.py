@@ -1,5 +1,6 @@
-"""CUDA-graph replay (`runtime.graphs`): the eager fallback on the CPU, replays on one GPU and on 2
-NCCL ranks against plain torch, and the interpreter-overhead benchmark's smoke run.
+"""CUDA-graph replay (`runtime.graphs`): the eager fallback on the CPU, replays on one GPU (and
+on the CPU with CUDA graphs emulated, `emulated_graphs.py`) and on 2 NCCL ranks against plain
+torch, and the interpreter-overhead benchmark's smoke run.
 
 Expected outputs are plain torch (einsum in f64) on the unsharded inputs. On GPUs every
 allocation of the captured run is poisoned with NaN, and so are the static outputs
@@ -498,10 +499,9 @@ def test_benchmark_quick_on_cpu():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@needs_cuda
 @pytest.mark.parametrize("case", SINGLE_DEVICE, ids=lambda case: case.name)
-def test_gpu_replay_matches_torch_on_one_gpu(case):
-    assert replay_checks(case, Communicator.single(torch.device("cuda", 0))) == []
+def test_replay_matches_torch_on_one_device(replay_device, case):
+    assert replay_checks(case, Communicator.single(replay_device)) == []
 
 
 def _two_rank_checks(case_name: str) -> list[str]:
@@ -541,16 +541,15 @@ def test_gpu_failed_capture_falls_back_to_eager(monkeypatch):
     assert again.replays and len(again.runs()) == 1 and compare(output.cpu(), expected).ok
 
 
-@needs_cuda
-def test_gpu_replay_reads_static_inputs_in_place():
+def test_replay_reads_static_inputs_in_place(replay_device):
     """The linear's weight and bias are static inputs (a model's parameters): a replay
     reads them where the caller keeps them, so an update in place (an optimizer step) is
     seen with no copy; others passed at another address (another block's, where blocks
     share a graph) get a capture of their own, and the first still serves the first."""
     case = SINGLE_DEVICE[0]
     program = Program.compile(case.build())
-    replayer = GraphReplayer(program, Communicator.single(torch.device("cuda", 0)), static_inputs=[1, 2])
-    x, w, b = (t.cuda() for t in case.inputs(0, 3))
+    replayer = GraphReplayer(program, Communicator.single(replay_device), static_inputs=[1, 2])
+    x, w, b = (t.to(replay_device) for t in case.inputs(0, 3))
     torch.testing.assert_close(replayer.run([x, w, b])[0], _linear(x, w, b))
     (captured,) = replayer.runs()
     assert [i for i, static in enumerate(captured.inputs) if static is not None] == [0]
@@ -584,15 +583,14 @@ def test_gpu_replay_runs_eagerly_when_an_input_is_on_the_cpu():
     assert not replayer.replays and replayer.captured == {}
 
 
-@needs_cuda
-def test_gpu_replay_lends_an_output_until_a_caller_keeps_it():
+def test_replay_lends_an_output_until_a_caller_keeps_it(replay_device):
     """An output on loan (`lend`: a parameter's gradient) is the static output itself while
     the caller lets go of it before the next run. A caller that keeps it and accumulates
     into it (gradient accumulation) gets the next runs from a second capture, with no
     warning and its accumulated values right, and copies of that output from then on; once
     it lets go, the first capture serves again. With one capture allowed, those runs run
     outside the graph instead, said once, and are right too."""
-    device = torch.device("cuda", 0)
+    device = replay_device
 
     def inputs(seed: int) -> list[torch.Tensor]:
         generator = torch.Generator().manual_seed(seed)
@@ -639,8 +637,7 @@ def test_gpu_replay_lends_an_output_until_a_caller_keeps_it():
         release_captured_graphs()
 
 
-@needs_cuda
-def test_gpu_replay_hands_its_outputs_over_to_the_next_graph():
+def test_replay_hands_its_outputs_over_to_the_next_graph(replay_device):
     """A replay hands over the outputs it is asked to (the activations a forward graph
     saves): it returns its static outputs themselves, and a graph captured on them (the
     backward graph) reads them in place: no copy on either side. While the caller holds
@@ -648,7 +645,7 @@ def test_gpu_replay_hands_its_outputs_over_to_the_next_graph():
     second capture of each graph, the second graph's reading the second's outputs, with no
     warning, and the outputs held are left as they were. With one capture allowed, the
     runs run outside the graph instead, say why once, and are right."""
-    device = torch.device("cuda", 0)
+    device = replay_device
     communicator = Communicator.single(device)
     for most_captures in (MOST_CAPTURES, 1):
         first = GraphReplayer(
