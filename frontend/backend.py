@@ -569,7 +569,7 @@ class HostirGraph:
                 static_inputs=static,
                 hand_over=self._saved_only(imported),
                 lend=self._parameter_gradients(imported),
-                pass_on=self._input_gradients(imported),
+                pass_on=self._input_gradients(imported) | self._forward_results(imported),
             )
         return CompiledShapes(imported, program, communicator, replayer, backend, args, arity)
 
@@ -581,6 +581,17 @@ class HostirGraph:
         if self.saved is None:
             return set()
         return _outputs_only_at(imported, range(*self.saved.indices(len(imported.outputs))))
+
+    def _forward_results(self, imported: ImportedGraph) -> set[int]:
+        """The program's outputs that a forward graph returns only to the caller, not saved:
+        a model's next block takes them at once (in a model compiled block by block, as the
+        input of the same forward graph, which reads them in place). A CUDA-graph replay lends
+        them (`GraphReplayer`'s `pass_on`): a caller that keeps one where it blocks a replay
+        (the last output, kept past the next step) gets copies from then on."""
+        if not self.forward:
+            return set()
+        saved = range(*self.saved.indices(len(imported.outputs))) if self.saved is not None else range(0)
+        return _outputs_only_at(imported, set(range(len(imported.outputs))) - set(saved))
 
     def _parameter_gradients(self, imported: ImportedGraph) -> set[int]:
         """The program's outputs that a backward graph returns only as gradients of the

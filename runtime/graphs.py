@@ -36,10 +36,11 @@ AccumulateGrad takes as `.grad` with no copy and `zero_grad()` lets go of) are r
 as they are too, while callers let go of them before the next run of their graph: a
 caller that keeps one past it (a gradient accumulated over steps, a `.grad` kept past
 the next backward) gets copies of that output from then on, from every capture. Lent
-outputs that the caller names *passed on* (`pass_on`: the gradients of activations,
-which the autograd engine hands to the backward of what made them and lets go of once
-that has run) are copied from then on too where one is still held when it blocks any
-replay (an input's `.grad` that the last step's loss keeps alive). A graph captured on inputs that are outputs returned as they are (the backward
+outputs that the caller names *passed on* (`pass_on`: what a forward returns to the
+model's next block, the gradients of activations, which the autograd engine hands to the
+backward of what made them) are copied from then on too where one is still held when it
+blocks any replay (an output kept in a variable, an input's `.grad` that the last
+step's loss keeps alive). A graph captured on inputs that are outputs returned as they are (the backward
 graph's) reads them in place, with no copy either.
 
 A run therefore may find the outputs of the last replay still held: the next block of a

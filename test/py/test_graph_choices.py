@@ -109,9 +109,9 @@ def test_blocks_compiled_one_by_one_replay_a_capture_each(device, leaf_input):
     torch compiles the block's code once, so every block calls the same forward and
     backward graphs. Each block replays a capture of its own, with no warning: the next
     block's forward runs while autograd holds the last one's saved activations, its
-    backward while AccumulateGrad holds the last one's gradients, and each backward but
-    the last block's reads in place the input gradient that the block after it passed on. Loss
-    and gradients are eager's over five SGD steps, with inputs of fresh values each step.
+    backward while AccumulateGrad holds the last one's gradients; what one block passes to
+    the next, forward and backward, is read in place. Loss and gradients are eager's over
+    five SGD steps, with inputs of fresh values each step.
 
     With the input a leaf that the loss of the step before still holds, with its gradient,
     during the next forward (`leaf_input_kept`), the first block's backward copies that
@@ -169,13 +169,14 @@ def test_blocks_compiled_one_by_one_replay_a_capture_each(device, leaf_input):
         return
     assert counts[-1] == [3, 3], counts
     # Every block's backward reads its block's weights in place, which the first backward's
-    # compilation, the last block's, knew as parameters. The backward of the last block
-    # copies in the gradient of the loss; the others read the gradient that the block after
-    # them passed on, in place.
-    backward = replayers[1]
+    # compilation, the last block's, knew as parameters. Each block's forward reads the
+    # output that the block before lent in place, but the first (an eager layer's output);
+    # each backward reads in place the gradient that the block after passed on, but the
+    # last (the loss's gradient), and its input, but the first block's.
+    forward, backward = replayers
     assert backward.static_inputs and all(run.parameter_addresses for run in backward.runs())
-    copied = [sum(static is not None for static in run.inputs) for run in backward.runs()]
-    assert copied[1] == copied[2] == copied[0] - 1, copied
+    copies = [[sum(static is not None for static in run.inputs) for run in r.runs()] for r in (forward, backward)]
+    assert copies == [[1, 0, 0], [1, 0, 1]], copies
 
 
 def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device):
@@ -183,6 +184,7 @@ def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device
     a log): the replays never overwrite what it kept, the gradients it kept are eager's,
     and after the first steps no capture is made any more: the kept gradients are copied
     from then on."""
+    earlier_graphs = set(compiled_graphs())
     torch.manual_seed(0)
     model, reference = (
         torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
@@ -201,10 +203,47 @@ def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device
             for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad()
-            replayers = [shapes.replayer for graph in compiled_graphs() for shapes in graph.compiled.values()]
+            replayers = [
+                shapes.replayer for graph in compiled_graphs() if graph not in earlier_graphs for shapes in graph.compiled.values()
+            ]
             counts.append([len(replayer.runs()) for replayer in replayers])
     assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
     for step, (grads, expected) in enumerate(kept):
         for grad, value in zip(grads, expected):
             torch.testing.assert_close(grad, value, msg=f"step {step}")
+    assert counts[3] == counts[-1] and max(counts[-1]) <= 3, counts
+
+
+def test_outputs_kept_across_steps_stay_right_and_are_copied_from_then_on(device):
+    """A training loop that keeps every step's output (its variable until the next step
+    reassigns it, a list for a log): what the forward lends its caller is never overwritten
+    while kept, each kept output is eager's, and once one blocked a replay the forward
+    copies its output from then on, so captures stop growing."""
+    earlier_graphs = set(compiled_graphs())
+    torch.manual_seed(0)
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="hostir")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    kept, counts = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            x = torch.randn(8, 16, device=device)
+            out, expected = compiled(x), reference(x)
+            out.square().mean().backward()
+            expected.square().mean().backward()
+            kept.append((out, expected.detach().clone()))
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+            graphs = [graph for graph in compiled_graphs() if graph not in earlier_graphs]
+            counts.append([len(shapes.replayer.runs()) for graph in graphs for shapes in graph.compiled.values()])
+    assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
+    for step, (out, expected) in enumerate(kept):
+        torch.testing.assert_close(out, expected, msg=f"step {step}")
+    forward = next(shapes.replayer for graph in graphs if graph.forward for shapes in graph.compiled.values())
+    assert forward.copied_outputs, "the kept output is copied from then on"
     assert counts[3] == counts[-1] and max(counts[-1]) <= 3, counts
