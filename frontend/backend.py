@@ -495,6 +495,8 @@ class HostirGraph:
         return outputs
 
     def _compile(self, args: Sequence[Any]) -> CompiledShapes | None:
+        if not self.forward:
+            self.parameters.backward_compiled = True
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         # The program's tensors are on its device, a constant too (the trace makes scalars on the CPU).
         self.constants = [constant.to(device) for constant in self.constants]
@@ -590,8 +592,8 @@ class HostirGraph:
         (the last output, kept past the next step) gets copies from then on."""
         if not self.forward:
             return set()
-        saved = range(*self.saved.indices(len(imported.outputs))) if self.saved is not None else range(0)
-        return _outputs_only_at(imported, set(range(len(imported.outputs))) - set(saved))
+        saved = set(range(*self.saved.indices(len(imported.outputs)))) if self.saved is not None else set()
+        return _outputs_only_at(imported, set(range(len(imported.outputs))) - saved)
 
     def _parameter_gradients(self, imported: ImportedGraph) -> set[int]:
         """The program's outputs that a backward graph returns only as gradients of the
@@ -762,7 +764,6 @@ class Parameters:
         if forward:
             self.record(args)
             return {i for i in self.forward if isinstance(args[i], torch.Tensor)}
-        self.backward_compiled = True
         return {
             i
             for i, arg in enumerate(args)

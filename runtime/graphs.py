@@ -40,8 +40,8 @@ outputs that the caller names *passed on* (`pass_on`: what a forward returns to 
 model's next block, the gradients of activations, which the autograd engine hands to the
 backward of what made them) are copied from then on too where one is still held when it
 blocks any replay (an output kept in a variable, an input's `.grad` that the last
-step's loss keeps alive). A graph captured on inputs that are outputs returned as they are (the backward
-graph's) reads them in place, with no copy either.
+step's loss keeps alive). A graph captured on inputs that are outputs returned as they
+are (the backward graph's, the next block's) reads them in place, with no copy either.
 
 A run therefore may find the outputs of the last replay still held: the next block of a
 model whose blocks share one compiled graph (torch compiles a block's code once for all
@@ -74,7 +74,7 @@ graph) replays a capture made on that address, or makes one. An input marked
 `hir.symmetric` is always copied, into symmetric memory.
 
 Control flow in a host program depends only on the rank, the shapes and the number of
-streams, never on data, so one capture per signature is exact, dynamic extents (`?`)
+streams, never on data, so a capture of a signature is exact, dynamic extents (`?`)
 included: a new extent is a new signature. Where a graph cannot be used the program
 runs eagerly and the replayer says why, once (`GraphReplayFallback`): on the CPU (gloo
 has no graphs) or when a capture failed on some rank.
