@@ -171,14 +171,13 @@ class CapturedRun:
             (i, self.addresses[i]) for i in sorted(self.parameters) if self.inputs[i] is None
         )
         """(input, where the graph reads it) of each parameter, which a replay reads in place."""
-
-    def _memory(self, outputs: Collection[int]) -> set[int]:
-        return {self.outputs[i].untyped_storage().data_ptr() for i in outputs}
+        self.lent_memory: set[int] = set(self.unused)
+        """The memory of the outputs lent now (`unused` keeps that of those lent before, while held)."""
 
     def storages(self) -> set[int]:
         """The memory of the outputs that a replay returns as they are, which other graphs
         read in place."""
-        return self._memory(self.lent)
+        return self.lent_memory
 
     def blocker(self, inputs: Sequence[torch.Tensor]) -> str | None:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
@@ -208,11 +207,10 @@ class CapturedRun:
     def held(self) -> bool:
         """Whether a caller holds an output that a replay returned as it is. Memory that no
         replay lends any more is forgotten once no caller holds it."""
-        lent = self.storages()
         for memory, (storage, unused) in list(self.unused.items()):
             if _use_count(storage) > unused:
                 return True
-            if memory not in lent:
+            if memory not in self.lent_memory:
                 del self.unused[memory]
         return False
 
@@ -230,6 +228,7 @@ class CapturedRun:
         self.lent -= frozenset(outputs)
         self.on_loan -= frozenset(outputs)
         self.passed_on -= frozenset(outputs)
+        self.lent_memory = {self.outputs[i].untyped_storage().data_ptr() for i in self.lent}
 
     def replay(
         self, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
