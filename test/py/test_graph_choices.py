@@ -25,6 +25,16 @@ def device(replay_device):
     torch._dynamo.reset()
 
 
+def _model_and_reference(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A small MLP on `device`, and a copy of it that runs eagerly."""
+    torch.manual_seed(0)
+    model, reference = (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
+    )
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
 def test_gradients_accumulated_over_steps_are_those_of_eager(device):
     """Gradient accumulation against a replayed backward that lends the parameters'
     gradients: AccumulateGrad keeps the first step's as `.grad` and adds the next ones into
@@ -32,12 +42,8 @@ def test_gradients_accumulated_over_steps_are_those_of_eager(device):
     overwrite the kept gradients) and of the backward (which reads the second forward's
     activations), with no warning; the gradients kept past the next backward are copied
     from then on. The gradients are eager's at every window."""
-    torch._dynamo.reset()
     earlier_graphs = set(compiled_graphs())
-    model, reference = (
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
-    )
-    reference.load_state_dict(model.state_dict())
+    model, reference = _model_and_reference(device)
     compiled = torch.compile(model, backend="hostir")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -67,13 +73,8 @@ def test_an_inference_run_while_gradients_are_held_leaves_them_lent(device):
     benchmark's forward) runs while `.grad` holds the gradients the backward lent, which
     may lie in its first capture's temporaries: it takes a second capture, once, and the
     backward goes on lending its gradients, with no warning and eager's values."""
-    torch._dynamo.reset()
     earlier_graphs = set(compiled_graphs())
-    torch.manual_seed(0)
-    model, reference = (
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
-    )
-    reference.load_state_dict(model.state_dict())
+    model, reference = _model_and_reference(device)
     compiled = torch.compile(model, backend="hostir")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
     with warnings.catch_warnings(record=True) as caught:
@@ -125,7 +126,6 @@ def test_blocks_compiled_one_by_one_replay_a_capture_each(device, leaf_input):
         def forward(self, x):
             return x + self.down(torch.relu(self.up(x)))
 
-    torch._dynamo.reset()
     earlier_graphs = set(compiled_graphs())
     torch.manual_seed(0)
     model, reference = (
@@ -185,11 +185,7 @@ def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device
     and after the first steps no capture is made any more: the kept gradients are copied
     from then on."""
     earlier_graphs = set(compiled_graphs())
-    torch.manual_seed(0)
-    model, reference = (
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
-    )
-    reference.load_state_dict(model.state_dict())
+    model, reference = _model_and_reference(device)
     compiled = torch.compile(model, backend="hostir")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
     kept, counts = [], []
@@ -220,11 +216,7 @@ def test_outputs_kept_across_steps_stay_right_and_are_copied_from_then_on(device
     while kept, each kept output is eager's, and once one blocked a replay the forward
     copies its output from then on, so captures stop growing."""
     earlier_graphs = set(compiled_graphs())
-    torch.manual_seed(0)
-    model, reference = (
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(device) for _ in range(2)
-    )
-    reference.load_state_dict(model.state_dict())
+    model, reference = _model_and_reference(device)
     compiled = torch.compile(model, backend="hostir")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
     kept, counts = [], []
