@@ -239,3 +239,65 @@ def test_outputs_kept_across_steps_stay_right_and_are_copied_from_then_on(device
     forward = next(shapes.replayer for graph in graphs if graph.forward for shapes in graph.compiled.values())
     assert forward.copied_outputs, "the kept output is copied from then on"
     assert counts[3] == counts[-1] and max(counts[-1]) <= 3, counts
+
+
+def _tp_layers_one_by_one(steps: int) -> dict:
+    """On this CPU rank, with CUDA graphs emulated: two of `examples/tp_decoder_layer.py`'s
+    layers, tensor-parallel over every rank, each compiled on its own, trained `steps` SGD
+    steps against the same layers run eagerly with DTensor."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from emulated_graphs import emulate_cuda_graphs
+    from examples.tp_decoder_layer import DecoderLayer, parallelize
+    from hostir.runtime.graphs import release_captured_graphs
+    from test_torch_backend import _grads, _max_error
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        emulate_cuda_graphs(monkeypatch)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        layers = [DecoderLayer() for _ in range(2)]
+        model, reference = (torch.nn.Sequential(*(parallelize(copy.deepcopy(layer), mesh) for layer in layers)) for _ in range(2))
+        for layer in model:
+            layer.compile(backend="hostir")
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
+        errors = {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", GraphReplayFallback)
+            for step in range(steps):
+                x = torch.randn(2, 32, 64).chunk(world, dim=1)[rank].contiguous()
+                out, expected = model(x), reference(x)
+                out.square().mean().backward()
+                expected.square().mean().backward()
+                errors[f"output {step}"] = _max_error(out, expected)
+                expected_grads = _grads(reference)
+                errors |= {f"{name} {step}": _max_error(g, expected_grads[name]) for name, g in _grads(model).items()}
+                for optimizer in optimizers:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        counts = [len(shapes.replayer.runs()) for graph in compiled_graphs() for shapes in graph.compiled.values()]
+        release_captured_graphs()
+    return {"errors": errors, "said": [str(w.message) for w in caught], "counts": counts}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU ranks emulate CUDA graphs; GPUs replay them (the tests above)")
+def test_tp_layers_compiled_one_by_one_on_two_ranks_replay_alike():
+    """Two tensor-parallel layers (DTensor, sequence parallel) compiled one by one on two CPU
+    ranks, with CUDA graphs emulated: every rank replays captures of the layers' forward
+    and backward graphs, the ranks choose alike (the emulated replays run the layers'
+    collectives, which would hang otherwise), with no warning and eager's values over three
+    SGD steps."""
+    from test_torch_backend import F32_TOLERANCE, run_on_hostir
+
+    for rank, result in enumerate(run_on_hostir(_tp_layers_one_by_one, 2, 3, timeout_s=600)):
+        bad = {what: error for what, error in result["errors"].items() if error > F32_TOLERANCE}
+        assert not bad, f"rank {rank}: {bad}"
+        assert result["said"] == [], f"rank {rank}: {result['said']}"
+        # A forward and a backward graph per input kind (the first layer's input needs no
+        # gradient, the second's does), each with at most two captures: the output kept
+        # in a variable past the next step takes a second one, then is copied.
+        assert len(result["counts"]) == 4 and max(result["counts"]) <= 2, f"rank {rank}: {result['counts']}"
