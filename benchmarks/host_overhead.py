@@ -128,11 +128,11 @@ class StampedReplay:
 def stamped_replays(replay: Callable) -> Callable:
     """A replayer's `_replay`, which stamps the replay of every capture, those made later too."""
 
-    def stamped(key, index, *args):
+    def stamped(captures, key, index, *args):
         run = replay.__self__.captured[key][index]
         if not isinstance(run.graph, StampedReplay):
             run.graph = StampedReplay(run.graph)
-        return replay(key, index, *args)
+        return replay(captures, key, index, *args)
 
     return stamped
 

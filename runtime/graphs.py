@@ -488,23 +488,28 @@ class GraphReplayer:
             captures = device_captures(self.communicator.device)
             index = captures.free(runs, inputs, self.last.get(key, -1) + 1)
             if index is not None:
-                return self._replay(key, index, inputs, checked)
+                return self._replay(captures, key, index, inputs, checked)
             self._copy_kept_loans(runs, inputs, captures)
         checked()
         if self.replays and len(runs) >= self.most_captures:
             return self._run_outside(runs[0], inputs, self._why_none_free(runs, inputs))
         if self.replays and self._capture(key, inputs) is not None:
-            return self._replay(key, len(runs) - 1, inputs)
+            return self._replay(device_captures(self.communicator.device), key, len(runs) - 1, inputs)
         return self.program.run(inputs, self.communicator, self.num_streams, views_of=self.static_inputs)
 
     def _replay(
-        self, key: Signature, index: int, inputs: Sequence[torch.Tensor], checked: Callable[[], object] = lambda: None
+        self,
+        captures: DeviceCaptures,
+        key: Signature,
+        index: int,
+        inputs: Sequence[torch.Tensor],
+        checked: Callable[[], object] = lambda: None,
     ) -> list[torch.Tensor]:
         run = self.captured[key][index]
         self.last[key] = index
         outputs = run.replay(inputs, checked)
         if run.lent:
-            device_captures(self.communicator.device).lending[run.order] = (run, self)
+            captures.lending[run.order] = (run, self)
         return outputs
 
     def stop_lending(self, outputs: frozenset[int]) -> None:

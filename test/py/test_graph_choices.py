@@ -179,11 +179,10 @@ def test_blocks_compiled_one_by_one_replay_a_capture_each(device, leaf_input):
     assert copies == [[1, 0, 0], [1, 0, 1]], copies
 
 
-def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device):
-    """A caller that keeps each step's gradients past the next step (a list of `.grad` for
-    a log): the replays never overwrite what it kept, the gradients it kept are eager's,
-    and after the first steps no capture is made any more: the kept gradients are copied
-    from then on."""
+def _train_keeping(device: torch.device, keep) -> tuple[list, list[list[int]], list[str], list]:
+    """Six SGD steps of `_model_and_reference`'s model compiled and of its eager copy on fresh
+    inputs, `keep(model, reference, out, expected)` called after each backward: what it
+    kept, each step's count of captures per graph, the replays' warnings, and the graphs."""
     earlier_graphs = set(compiled_graphs())
     model, reference = _model_and_reference(device)
     compiled = torch.compile(model, backend="hostir")
@@ -191,19 +190,32 @@ def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device
     kept, counts = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step in range(6):
+        for _ in range(6):
             x = torch.randn(8, 16, device=device)
-            compiled(x).square().mean().backward()
-            reference(x).square().mean().backward()
-            kept.append(([p.grad for p in model.parameters()], [q.grad.clone() for q in reference.parameters()]))
+            out, expected = compiled(x), reference(x)
+            out.square().mean().backward()
+            expected.square().mean().backward()
+            kept.append(keep(model, reference, out, expected))
             for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad()
-            replayers = [
-                shapes.replayer for graph in compiled_graphs() if graph not in earlier_graphs for shapes in graph.compiled.values()
-            ]
-            counts.append([len(replayer.runs()) for replayer in replayers])
-    assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
+            graphs = [graph for graph in compiled_graphs() if graph not in earlier_graphs]
+            counts.append([len(shapes.replayer.runs()) for graph in graphs for shapes in graph.compiled.values()])
+    said = [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)]
+    return kept, counts, said, graphs
+
+
+def test_gradients_kept_across_steps_stay_right_and_captures_stop_growing(device):
+    """A caller that keeps each step's gradients past the next step (a list of `.grad` for
+    a log): the replays never overwrite what it kept, the gradients it kept are eager's,
+    and after the first steps no capture is made any more: the kept gradients are copied
+    from then on."""
+
+    def gradients(model, reference, out, expected):
+        return [p.grad for p in model.parameters()], [q.grad.clone() for q in reference.parameters()]
+
+    kept, counts, said, _ = _train_keeping(device, gradients)
+    assert said == []
     for step, (grads, expected) in enumerate(kept):
         for grad, value in zip(grads, expected):
             torch.testing.assert_close(grad, value, msg=f"step {step}")
@@ -215,25 +227,10 @@ def test_outputs_kept_across_steps_stay_right_and_are_copied_from_then_on(device
     reassigns it, a list for a log): what the forward lends its caller is never overwritten
     while kept, each kept output is eager's, and once one blocked a replay the forward
     copies its output from then on, so captures stop growing."""
-    earlier_graphs = set(compiled_graphs())
-    model, reference = _model_and_reference(device)
-    compiled = torch.compile(model, backend="hostir")
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
-    kept, counts = [], []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step in range(6):
-            x = torch.randn(8, 16, device=device)
-            out, expected = compiled(x), reference(x)
-            out.square().mean().backward()
-            expected.square().mean().backward()
-            kept.append((out, expected.detach().clone()))
-            for optimizer in optimizers:
-                optimizer.step()
-                optimizer.zero_grad()
-            graphs = [graph for graph in compiled_graphs() if graph not in earlier_graphs]
-            counts.append([len(shapes.replayer.runs()) for graph in graphs for shapes in graph.compiled.values()])
-    assert [str(w.message) for w in caught if issubclass(w.category, GraphReplayFallback)] == []
+    kept, counts, said, graphs = _train_keeping(
+        device, lambda model, reference, out, expected: (out, expected.detach().clone())
+    )
+    assert said == []
     for step, (out, expected) in enumerate(kept):
         torch.testing.assert_close(out, expected, msg=f"step {step}")
     forward = next(shapes.replayer for graph in graphs if graph.forward for shapes in graph.compiled.values())

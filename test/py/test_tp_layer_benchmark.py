@@ -35,20 +35,17 @@ COMMAND_TIMEOUT_S = 600
 """The smoke run compiles four graphs with hostir on each rank: tens of seconds on a loaded machine."""
 
 
-def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
-    command = [
-        sys.executable,
-        str(BENCHMARKS / "tp_layer.py"),
-        "--smoke",
-        "--breakdown",
-        "--warmup=1",
-        "--reps=3",
-        f"--output={tmp_path}",
-    ]
+def _smoke_run(output: Path, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`tp_layer.py --smoke` with `options`, its report in `output`: the finished process
+    (which must have succeeded) and the report's JSON."""
+    command = [sys.executable, str(BENCHMARKS / "tp_layer.py"), "--smoke", *options, f"--output={output}"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed, json.loads((output / "tp_layer.json").read_text())
 
-    document = json.loads((tmp_path / "tp_layer.json").read_text())
+
+def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
+    completed, document = _smoke_run(tmp_path, "--breakdown", "--warmup=1", "--reps=3")
     assert document["machine"]["ranks"] == 2 and document["machine"]["backend"] == "gloo"
     assert document["config"]["dtype"] == "float32" and document["config"]["reps"] == 3
     results = {(r["step"], r["contender"]): r for r in document["results"]}
@@ -101,19 +98,7 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
 def test_smoke_run_of_layers_compiled_one_by_one_checks_each_layers_gradients(tmp_path):
     """`--layers 2`: a stack of two layers, each compiled on its own, which share hostir's
     graphs; the gradients of both layers' parameters are checked against eager DTensor."""
-    command = [
-        sys.executable,
-        str(BENCHMARKS / "tp_layer.py"),
-        "--smoke",
-        "--layers=2",
-        "--contenders=hostir",
-        "--warmup=1",
-        "--reps=2",
-        f"--output={tmp_path}",
-    ]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    document = json.loads((tmp_path / "tp_layer.json").read_text())
+    _, document = _smoke_run(tmp_path, "--layers=2", "--contenders=hostir", "--warmup=1", "--reps=2")
     hostir = {r["step"]: r for r in document["results"] if r["contender"] == tp_layer.HOSTIR}
     parameters = [f"{layer}.{name}" for layer in (0, 1) for name, _ in DecoderLayer().named_parameters()]
     assert set(hostir["train"]["errors"]) == {"output", "input gradient", *(f"{name} gradient" for name in parameters)}
