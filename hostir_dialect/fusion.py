@@ -884,6 +884,13 @@ class ReductionOp(FusionOp, ABC):
             and any(shape[d] != 1 for d in reduced)
         )
 
+    @property
+    def sums_columns_in_a_kernel(self) -> bool:
+        """Whether a segment's kernel that reduces rows may compute this column sum as it walks
+        them: of f32 or f64 values. The kernel accumulates each column in the values' type
+        over a whole block's rows, which 16-bit floats would round away."""
+        return self.sums_columns and isinstance(tensor_type(self.input).element_type, Float32Type | Float64Type)
+
     def infer_shape(self) -> Shape:
         return reduction_shape(
             tensor_type(self.input).get_shape(),

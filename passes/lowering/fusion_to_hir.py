@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func
-from xdsl.dialects.builtin import AnyFloat, Float32Type, Float64Type, IndexType, ModuleOp
+from xdsl.dialects.builtin import AnyFloat, IndexType, ModuleOp
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -289,15 +289,15 @@ class ColumnSumIntoSegment(RewritePattern):
     input, summed over the tokens: the segment wrote that product whole (in f32) and a
     reduction read it back. The segment's kernel walks the space row by row already; it sums
     each column of the product as it goes (docs/kernels.md, "Column sums"), and the product
-    is never written. Rewritten where the value is of f32 or f64, has no stream axis (a stream
-    loop's launches each walk a slice of the rows, and `stream-parallel` cannot slice a
-    segment that reduces its stream axis), and the sum is over every axis but the last
-    (`fusion.ReductionOp.sums_columns`; torch's decomposition of `_fused_rms_norm_backward`,
-    which GPUs call, drops the summed axes).
+    is never written. Rewritten where the sum is over every axis but the last, of f32 or f64
+    values (`fusion.ReductionOp.sums_columns_in_a_kernel`; torch's decomposition of
+    `_fused_rms_norm_backward`, which GPUs call, drops the summed axes), and the value has no
+    stream axis (a stream loop's launches each walk a slice of the rows, and
+    `stream-parallel` cannot slice a segment that reduces its stream axis).
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter, /) -> None:
-        if not isinstance(op, fusion.SumOp) or not op.sums_columns or not is_local_reduction(op):
+        if not isinstance(op, fusion.SumOp) or not op.sums_columns_in_a_kernel or not is_local_reduction(op):
             return
         call = op.input.owner
         if not isinstance(call, func.CallOp) or not op.input.has_one_use():
@@ -310,7 +310,7 @@ class ColumnSumIntoSegment(RewritePattern):
         value = returned.operands[index]
         if tensor_type(value).stream_axis is not None:
             return  # a stream loop runs the segment slice by slice, each slice a part of the rows
-        if not isinstance(tensor_type(value).element_type, Float32Type | Float64Type) or not any(
+        if not any(
             isinstance(r, fusion.ReductionOp)
             and not r.sums_columns
             and tensor_type(r.input).local_shape() == tensor_type(value).local_shape()

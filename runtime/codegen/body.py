@@ -278,7 +278,7 @@ def _check_column_sum(
     result = op.results[0]
     if (
         not reduces_rows
-        or element_type(op.input).storage not in ("float", "double")
+        or not op.sums_columns_in_a_kernel
         or any(not isinstance(use.operation, func.ReturnOp) for use in result.uses)
         or result not in outputs
     ):
