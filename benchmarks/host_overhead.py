@@ -20,7 +20,7 @@ runtime wrappers, or the autograd engine's and aot_autograd's for the backward) 
 `hostir` = first - hostir (`HostirGraph.__call__`, `CompiledShapes.run`: the inputs'
 views, their checks, `Program.run`'s preamble or `GraphReplayer.run`'s input copies).
 The stamps are made by this script around hostir's objects (a subclass of `HostirGraph`
-set on each graph, a wrapper of the first step); torch is not patched. Each figure is a
+set on each graph, a wrapper of the first step) and around `torch.cuda.CUDAGraph.replay`. Each figure is a
 rank's median over `--reps` steps, in microseconds; the slowest rank's is reported.
 `torch alone` is torch's share again, over as many steps in which hostir's graphs run
 nothing and return at once what they returned before: torch's wrappers with warm caches
@@ -114,27 +114,16 @@ class StampedGraph(HostirGraph):
         return outputs
 
 
-class StampedReplay:
-    """A CUDA graph whose replay stamps its start."""
+def stamp_cuda_graph_replays() -> None:
+    """Stamps the start of every CUDA graph's replay in this process, of captures made later
+    too (hostir replays a graph once its inputs are in the graph's buffers)."""
+    replay = torch.cuda.CUDAGraph.replay
 
-    def __init__(self, graph):
-        self.graph = graph
-
-    def replay(self) -> None:
+    def stamped(graph: torch.cuda.CUDAGraph) -> None:
         STAMPS.first.append(time.perf_counter_ns())
-        self.graph.replay()
+        replay(graph)
 
-
-def stamped_replays(replay: Callable) -> Callable:
-    """A replayer's `_replay`, which stamps the replay of every capture, those made later too."""
-
-    def stamped(captures, key, index, *args):
-        run = replay.__self__.captured[key][index]
-        if not isinstance(run.graph, StampedReplay):
-            run.graph = StampedReplay(run.graph)
-        return replay(captures, key, index, *args)
-
-    return stamped
+    torch.cuda.CUDAGraph.replay = stamped
 
 
 def stamped_step(step: Callable) -> Callable:
@@ -157,8 +146,6 @@ def stamp_graphs() -> None:
                 raise RuntimeError(f"graph {graph.name} runs as torch eager ops: nothing of hostir to time")
             steps = compiled.program.interpreter.steps
             steps[0] = stamped_step(steps[0])
-            if compiled.replayer is not None:
-                compiled.replayer._replay = stamped_replays(compiled.replayer._replay)
 
 
 def synchronize(device: torch.device) -> None:
@@ -202,6 +189,7 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
         train_backward(train_forward())
     synchronize(device)
     stamp_graphs()
+    stamp_cuda_graph_replays()
 
     def medians(warm: bool = False) -> dict[str, tuple[float, float, float]]:
         """Each step's median shares over `reps` steps, and its median time from the call to its
