@@ -20,8 +20,9 @@ runtime wrappers, or the autograd engine's and aot_autograd's for the backward) 
 `hostir` = first - hostir (`HostirGraph.__call__`, `CompiledShapes.run`: the inputs'
 views, their checks, `Program.run`'s preamble or `GraphReplayer.run`'s input copies).
 The stamps are made by this script around hostir's objects (a subclass of `HostirGraph`
-set on each graph, a wrapper of the first step) and around `torch.cuda.CUDAGraph.replay`. Each figure is a
-rank's median over `--reps` steps, in microseconds; the slowest rank's is reported.
+set on each graph, a wrapper of the first step) and around `torch.cuda.CUDAGraph.replay`.
+Each figure is a rank's median over `--reps` steps, in microseconds; the slowest rank's is
+reported.
 `torch alone` is torch's share again, over as many steps in which hostir's graphs run
 nothing and return at once what they returned before: torch's wrappers with warm caches
 and no program's work before or after them, a floor of torch's share; `step alone` is the
