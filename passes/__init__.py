@@ -27,6 +27,12 @@ def _cat_to_rotate_half() -> type[ModulePass]:
     return CatToRotateHalf
 
 
+def _flatten_rows() -> type[ModulePass]:
+    from hostir.passes.fusion.flatten_rows import FlattenRows
+
+    return FlattenRows
+
+
 def _fusion_to_hir() -> type[ModulePass]:
     from hostir.passes.lowering.fusion_to_hir import FusionToHir
 
@@ -121,6 +127,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "auto-stream-parallel": _auto_stream_parallel,
     "insert-reshardings": _insert_reshardings,
     "cat-to-rotate-half": _cat_to_rotate_half,
+    "flatten-rows": _flatten_rows,
     "fusion-to-hir": _fusion_to_hir,
     "stream-parallel": _stream_parallel,
     "attention-ring": _attention_ring,

@@ -24,6 +24,7 @@ from xdsl.transforms.common_subexpression_elimination import (
 
 from hostir.passes.driver import Pipeline
 from hostir.passes.fusion.cat_to_rotate_half import CatToRotateHalf
+from hostir.passes.fusion.flatten_rows import FlattenRows
 from hostir.passes.fusion.insert_reshardings import InsertReshardings
 from hostir.passes.hir.allreduce_in_matmul import AllreduceInMatmul
 from hostir.passes.hir.allreduce_in_place import AllreduceInPlace
@@ -68,6 +69,8 @@ class HirLowering(Pipeline):
     axis outermost in memory and a permute that reads one as a block copies.
     `cat_to_rotate_half=false` leaves out `cat-to-rotate-half`, so that the rotation of a
     rotary embedding stays the ATen calls (`split`, `neg`, `cat`) the graph wrote.
+    `flatten_rows=false` leaves out `flatten-rows`, so that pointwise work on `[batch,
+    sequence, width]` values and on their rows `[tokens, width]` stays in the two forms.
     """
 
     name = "hir-lowering"
@@ -87,6 +90,7 @@ class HirLowering(Pipeline):
     forward_buffers: bool = True
     buffer_layouts: bool = True
     cat_to_rotate_half: bool = True
+    flatten_rows: bool = True
 
     def __post_init__(self) -> None:
         self.passes()  # the passes refuse what they cannot use when they are built
@@ -94,6 +98,7 @@ class HirLowering(Pipeline):
     def passes(self) -> tuple[ModulePass, ...]:
         return (
             *([CatToRotateHalf()] if self.cat_to_rotate_half else []),
+            *([FlattenRows()] if self.flatten_rows else []),
             InsertReshardings(),
             FusionToHir(self.backend, self.nccl_reductions),
             StreamParallelLowering(self.p2p_backend, self.separate_sync_loop, self.p2p_order),

@@ -121,7 +121,7 @@ class CatOfHalvesToRotateHalf(RewritePattern):
             rotated = fusion.RotateHalfOp(x)
             new_ops: list[Operation] = [rotated] if negated_first else [rotated, fusion.NegOp(rotated.result)]
             read = [first.owner, second.owner, hi.owner, lo.owner]
-            rewriter.replace_op(op, new_ops, [new_ops[-1].results[0]])
+            rewriter.replace(op, new_ops, [new_ops[-1].results[0]])
             for owner in dict.fromkeys(read):  # the negation before the halves it reads
                 if owner.parent is not None and not any(result.uses for result in owner.results):
                     rewriter.erase(owner)

@@ -277,7 +277,7 @@ def test_hir_lowering_runs_as_its_passes():
     lowering = HirLowering(per_stream_buffers=False)
     names = [p.name for p in driver.expand([lowering])]
     assert names == [p.name for p in lowering.passes()]
-    assert names[:4] == ["cat-to-rotate-half", "insert-reshardings", "fusion-to-hir", "stream-parallel"]
+    assert names[:5] == ["cat-to-rotate-half", "flatten-rows", "insert-reshardings", "fusion-to-hir", "stream-parallel"]
     assert "per-stream-buffers" not in names and names[-2:] == ["canonicalize", "cse"]
     ran = []
     driver.run_passes(

@@ -17,7 +17,7 @@
 // RUN: hir-opt %s -p 'stream-parallel{p2p-backend=cuda separate_sync_loop=false}' | filecheck %s --check-prefix=OK
 // RUN: hir-opt %s -p 'stream-parallel{p2p_backend=cuda separate-sync-loop=false}' | filecheck %s --check-prefix=OK
 
-// UNKNOWN: {{^}}pass-pipeline:1:1: error: unknown pass 'bogus'; hostir's passes are {{.*}}copy-engine-pipelining, forward-buffers, fusion-to-hir, hir-lowering, {{.*}}; `hir-opt --list-passes` lists them with xDSL's {{[0-9]+}} others{{$}}
+// UNKNOWN: {{^}}pass-pipeline:1:1: error: unknown pass 'bogus'; hostir's passes are {{.*}}copy-engine-pipelining, flatten-rows, forward-buffers, fusion-to-hir, hir-lowering, {{.*}}; `hir-opt --list-passes` lists them with xDSL's {{[0-9]+}} others{{$}}
 // UNKNOWN-NEXT: {{^}}bogus{{$}}
 // UNKNOWN-NEXT: {{^}}^^^^^{{$}}
 // UNKNOWN-NOT: Traceback
