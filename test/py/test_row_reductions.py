@@ -27,7 +27,7 @@ from hostir_dialect import hostir_context
 from hostir_dialect.text import HostirError
 from test_communicator import needs_ranks
 from test_kernels import PLACES, assert_lines_in_order, assert_written_only_within, kernel_arguments, placed, requires_gpu, vectorised
-from test_torch_backend import TOLERANCES, _dumped, _max_error, run_on_hostir
+from test_torch_backend import TOLERANCES, _dumped, _layer_on_rank, _max_error, run_on_hostir
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from rmsnorm_segment import backward_segment  # noqa: E402  (a script's folder, not a package)
@@ -237,6 +237,25 @@ def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
         assert "hir.reduction" not in program, "the norms' weight gradients are summed in their kernels"
     backward = text.split("// hostir: the host program")[2]
     assert len(re.findall(r"fusion.sum %\S+ \[1, 2\] keepdim : \S+ -> !f32_2x1x1x64_didx", backward)) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_on_one_rank_two_sequences_launch_as_many_kernels_as_one(dtype):
+    """The TP decoder layer on one rank, where no collective stands between the norms and the
+    MLP: with two sequences the graphs compute SwiGLU's backward and the norms partly per
+    sequence and partly on rows (the form of the linear layers' products), joined by ATen
+    reshapes that would end a kernel; `flatten-rows` computes them on rows, so the forward
+    and the backward launch as many kernels for two sequences as for one (without it the
+    backward launched 7 in f32 where one sequence takes 3). Output, input gradient and every
+    parameter's gradient against eager DTensor's, both batches."""
+    kernels = {}
+    for batch in (1, 2):
+        (result,) = run_on_hostir(_layer_on_rank, 1, (16,), dtype, batch, timeout_s=300)
+        bad = {what: error for what, error in result["errors"].items() if error > TOLERANCES[dtype]}
+        assert not bad, f"{batch} sequence(s): {bad}"
+        programs = result["dump"].split("// hostir: the host program")[1:]
+        kernels[batch] = [p.split("func.func @", 1)[1].split("// hostir:")[0].count("hir.launch_kernel") for p in programs]
+    assert len(kernels[1]) == 2 and kernels[2] == kernels[1], kernels
 
 
 # --------------------------------------------------------------------------- #
