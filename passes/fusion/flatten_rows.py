@@ -13,8 +13,9 @@ writing and reading float32 intermediates as large as the MLP's hidden activatio
 A reshape that keeps the last axis commutes with pointwise ops and with reductions over the
 rows' last axis or over all the rows, so each cluster of such ops that the graph links (by
 the values they pass each other, directly or through such reshapes) is computed on the
-rows, `[rows, width]` for every value of `rows` rows (a row's values: `[rows, 1]`;
-a value broadcast over the rows: `[1, width]`; values of rank 0 or 1 as they are):
+rows: a value of the cluster as `[rows, width]`, a row's values (a norm's scale) as
+`[rows, 1]`, a value broadcast over the rows as `[1, width]`, a value of rank 0 or 1 as it
+is (a device's piece, where the value is varying: its device axis stays first):
 
     %r = fusion.aten "aten.reshape.default"(%mm, [2, 32, 224]) : (!t64x224) -> !t2x32x224
     %p = fusion.mul %g, %r : (!t2x32x224, !t2x32x224) -> !t2x32x224
@@ -28,7 +29,8 @@ within a cluster no reshape is left, and at its edges a reshape of a GEMM's prod
 an input reads it as it is (a view). A cluster is left as it is where one of its values
 has rows of another number (a value broadcast over one of the leading axes but not all:
 the rotation tables of rotary embeddings), a stream axis, a device axis other than the
-first, or dynamic extents, or where it holds a broadcast, which puts axes of its own. An
+first, or dynamic extents, where it holds a broadcast, which puts axes of its own, or
+where none of its ops reads a reshape of a value on rows (it is in one form already). An
 add of a GEMM's product is left as well: `sum-in-matmul` makes it in the GEMM.
 """
 
@@ -270,8 +272,8 @@ class ReshapeOfReshape(RewritePattern):
 
 @dataclass(frozen=True)
 class FlattenRows(ModulePass):
-    """Computes the pointwise work on a batch of sequences on its rows, where part of it is
-    computed on `[batch, sequence, width]` values (see the module's docstring)."""
+    """Computes on rows, `[tokens, width]`, the pointwise work and row reductions that a graph
+    computes partly per sequence, `[batch, sequence, width]`, so that one kernel holds them."""
 
     name = "flatten-rows"
 
