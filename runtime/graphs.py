@@ -172,12 +172,8 @@ class CapturedRun:
         )
         """(input, where the graph reads it) of each parameter, which a replay reads in place."""
         self.lent_memory: set[int] = set(self.unused)
-        """The memory of the outputs lent now (`unused` keeps that of those lent before, while held)."""
-
-    def storages(self) -> set[int]:
-        """The memory of the outputs that a replay returns as they are, which other graphs
-        read in place."""
-        return self.lent_memory
+        """The memory of the outputs that a replay returns as they are now, which other graphs
+        read in place (`unused` keeps that of those lent before, while held)."""
 
     def blocker(self, inputs: Sequence[torch.Tensor]) -> str | None:
         """Why a replay on `inputs` would be wrong, or None: an output of the previous
@@ -341,7 +337,7 @@ def _captured_runs() -> Iterator[CapturedRun]:
 def _handed_out_memory() -> set[int]:
     """The memory of the outputs that the replays of this process hand over: an input in
     it is read in place by a graph captured on it."""
-    return {memory for run in _captured_runs() for memory in run.storages()}
+    return {memory for run in _captured_runs() for memory in run.lent_memory}
 
 
 def release_captured_graphs() -> None:
@@ -564,13 +560,13 @@ class GraphReplayer:
         """Captures a run on copies of `inputs`, appended to the signature's captures, having
         warmed up for its first; None when a rank could not capture, or when an input is on
         the CPU (every rank alike: they run one graph)."""
-        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu" != self.communicator.device.type), None)
+        program, device = self.program, self.communicator.device
+        on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu" and device.type != "cpu"), None)
         if on_cpu is not None:
             # A kernel reads such a value (an attention kernel's random seed) when it is
             # launched: a replay would reuse the one of the capture.
             self._run_eagerly(f"input #{on_cpu} is on the CPU, and a CUDA graph would keep its value from the capture")
             return None
-        program, device = self.program, self.communicator.device
         handed_over, copied = input_kinds(
             inputs, self.static_inputs, program.symmetric_inputs, _handed_out_memory(), program.unread_inputs
         )

@@ -74,6 +74,13 @@ def reshape_source(value: SSAValue) -> SSAValue | None:
     return None
 
 
+def reshape_root(value: SSAValue) -> SSAValue:
+    """The value that `value` is reshapes of, through every reshape; `value` where it is none."""
+    while (source := reshape_source(value)) is not None:
+        value = source
+    return value
+
+
 def reshape(value: SSAValue, result_type: TensorType) -> fusion.AtenOp:
     """An ATen reshape of `value` into `result_type` (the local piece's shape: a varying
     value's device axis is not passed to the call)."""
@@ -178,14 +185,10 @@ def _flattens(ops: Sequence[Operation]) -> bool:
 
 def _reads_rows(op: Operation) -> bool:
     """Whether `op` reads a reshape of a value on rows (of two axes)."""
-    for operand in op.operands:
-        if reshape_source(operand) is None:
-            continue
-        while (source := reshape_source(operand)) is not None:
-            operand = source
-        if len(_piece(tensor_type(operand)) or ()) == 2:
-            return True
-    return False
+    return any(
+        reshape_source(operand) is not None and len(_piece(tensor_type(reshape_root(operand))) or ()) == 2
+        for operand in op.operands
+    )
 
 
 @dataclass
@@ -229,9 +232,7 @@ class ComputeOnRows(RewritePattern):
     def _rows_of(self, operand: SSAValue, rewriter: PatternRewriter) -> SSAValue:
         """`operand` on rows: itself, the value it is a reshape of, or a reshape of that value."""
         wanted = rows_type(tensor_type(operand))
-        value = operand
-        while (source := reshape_source(value)) is not None:
-            value = source
+        value = reshape_root(operand)
         if value.type == wanted:
             return value
         if operand.type == wanted:

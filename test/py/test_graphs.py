@@ -223,7 +223,7 @@ def test_a_lent_output_blocks_a_replay_while_anything_holds_its_memory():
         views=frozenset({2}),
         lent=frozenset({0}),
     )
-    assert run.storages() == {lent.untyped_storage().data_ptr()}
+    assert run.lent_memory == {lent.untyped_storage().data_ptr()}
     assert run.blocker([weight, handed_in]) is None
     handed_out = lent.detach()
     assert "still in use" in run.blocker([weight, handed_in])
@@ -253,7 +253,7 @@ def test_a_run_replays_a_capture_whose_outputs_and_later_ones_are_free():
         order=captures.next_order(), lent=frozenset({0}),
     )
     runs = [earlier, later]
-    assert earlier.storages() == {gradient.untyped_storage().data_ptr(), saved.untyped_storage().data_ptr()}
+    assert earlier.lent_memory == {gradient.untyped_storage().data_ptr(), saved.untyped_storage().data_ptr()}
     assert captures.free(runs, []) == 0 and captures.free(runs, [], first=1) == 1
     held = saved[1:]
     assert captures.free(runs, []) == 1, "the earlier capture's output is held"
@@ -300,8 +300,8 @@ def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
     del kept_gradient
     assert "still in use" in run.blocker([]), "and so does the saved activation"
     del kept_saved
-    assert run.blocker([]) is None and run.storages() == {saved.untyped_storage().data_ptr()}
-    assert set(run.unused) == run.storages(), "the gradient's memory is forgotten once let go of"
+    assert run.blocker([]) is None and run.lent_memory == {saved.untyped_storage().data_ptr()}
+    assert set(run.unused) == run.lent_memory, "the gradient's memory is forgotten once let go of"
 
 
 def test_a_later_captures_output_blocks_an_earlier_one_and_is_copied_only_if_passed_on():
