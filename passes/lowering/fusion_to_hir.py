@@ -368,7 +368,8 @@ def kernel_run(first: Operation) -> KernelRun:
     Once it has passed over an op that is neither pointwise nor a reduction, it takes no
     op of a stream axis, which would leave the stream loop that `stream-parallel` makes
     of its neighbours, and no broadcast but of a value of the run to pointwise ops
-    (`_stays_put`). Where
+    (`_stays_put`); what it took from there and only writes out for later pointwise ops, at
+    no fewer bytes than it reads, it leaves to their kernel (`_later_work`). Where
     their extents are dynamic, their types say nothing of their values, so it also ends
     before the first op unconnected to the first op's computation (no chain of reads
     within the run joins them, which would make their verifiers hold the extents alike)
@@ -381,6 +382,7 @@ def kernel_run(first: Operation) -> KernelRun:
     that reduces rows: such a kernel writes it once per row.
     """
     run, space, crossed = [first], _iterated_shape(first), False
+    beyond: set[Operation] = set()  # the ops taken after passing over a GEMM (or the like)
     position = {first: 0}
     passed: set[Operation] = set()
     readers: set[Operation] = set()  # the ops passed over that read the run, or read those
@@ -404,12 +406,16 @@ def kernel_run(first: Operation) -> KernelRun:
         ):
             run.append(following)
             space = joined
+            if crossed:
+                beyond.add(following)
             continue
         passed.add(following)
         if owners & readers or owners.intersection(run):
             readers.add(following)
             first_reader = position[following] if first_reader is None else first_reader
         crossed = crossed or not (is_pointwise(following) or is_local_reduction(following))
+    later = _later_work(run, beyond)
+    run = [op for op in run if op not in later]
     while run and (cut := _first_cut(run)) is not None:
         run = run[:cut]
     waited_for = [operand.owner for o in run for operand in o.operands if operand.owner in passed]
@@ -497,21 +503,74 @@ def _first_unrelated_dynamic(run: list[Operation]) -> int | None:
     """The position of the first op of `run` that no chain of reads within it connects to its
     first op and that has a dynamic extent where the run's iteration space has one."""
     space = broadcast_shapes(*map(_iterated_shape, run))
-    component = {op: op for op in run}
+    component = _components(run)
+    for i, op in enumerate(run):
+        if component[op] is not component[run[0]] and _dynamic_extents_meet(space, _iterated_shape(op)):
+            return i
+    return None
+
+
+def _components(run: Sequence[Operation]) -> dict[Operation, Operation]:
+    """Each op of `run` -> one op of those that chains of reads within `run` join it to, the
+    same for all of them."""
+    parent = {op: op for op in run}
 
     def root(op: Operation) -> Operation:
-        while component[op] is not op:
-            op = component[op]
+        while parent[op] is not op:
+            op = parent[op]
         return op
 
     for op in run:
         for operand in op.operands:
-            if operand.owner in component:
-                component[root(op)] = root(operand.owner)
-    for i, op in enumerate(run):
-        if root(op) is not root(run[0]) and _dynamic_extents_meet(space, _iterated_shape(op)):
-            return i
-    return None
+            if operand.owner in parent:
+                parent[root(op)] = root(operand.owner)
+    return {op: root(op) for op in run}
+
+
+def _later_work(run: Sequence[Operation], beyond: Collection[Operation]) -> set[Operation]:
+    """The ops of `run` that the kernel of their readers computes at less cost: each
+    component of `run` (ops joined by reads within it, `_components`) taken from beyond an
+    op that is neither pointwise nor a reduction (`beyond`), whose results only pointwise
+    ops read outside the run (not a rotation, which a kernel reads from memory), and that reads from outside the run no more bytes per point
+    of its iteration space than it writes. Such work would be written out by this kernel
+    and read back by a later one, whose ops it joins where it stands; a norm's backward
+    recomputing its normalized input in f32 from the saved bf16 activation would write two
+    f32 values where its reader can read the one bf16 value."""
+    component = _components(run)
+    members: dict[Operation, list[Operation]] = {}
+    for op in run:
+        members.setdefault(component[op], []).append(op)
+    later: set[Operation] = set()
+    for ops in members.values():
+        inside = set(ops)
+        if not inside <= set(beyond):
+            continue
+        results = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+        readers = [u.operation for r in results for u in r.uses if u.operation not in inside]
+        if not all(is_pointwise(o) and not isinstance(o, fusion.RotateHalfOp) for o in readers):
+            continue
+        reads = {v for op in ops for v in op.operands if v.owner not in inside}
+        space = broadcast_shapes(*map(_iterated_shape, ops))
+        if _bytes_per_point(reads, space) <= _bytes_per_point(results, space):
+            later |= inside
+    return later
+
+
+def _bytes_per_point(values: Collection[SSAValue], space: Sequence[int]) -> int:
+    """The bytes `values` hold per point of the iteration space `space`, counting those that
+    fill it (a broadcast value is read once per many points)."""
+    return sum(
+        tensor_type(v).element_type.size
+        for v in values
+        if _fills(tensor_type(v).local_shape(), space)
+    )
+
+
+def _fills(shape: Sequence[int], space: Sequence[int]) -> bool:
+    """Whether a value of shape `shape` has a value at each point of `space`: a value of lower
+    rank does where the axes it lacks have extent 1."""
+    missing = space[: len(space) - len(shape)]
+    return shapes_compatible(shape, space[len(space) - len(shape) :]) and all(e == 1 for e in missing)
 
 
 def _dynamic_extents_meet(a: Sequence[int], b: Sequence[int]) -> bool:
@@ -533,10 +592,9 @@ def _first_partial_output(run: list[Operation]) -> int | None:
     for i, op in enumerate(run):
         shape = _shape(op)
         used_after = any(use.operation not in in_run for use in op.results[0].uses)
-        # A value of lower rank fills the space where the axes it lacks have extent 1; one
-        # broadcast along them (a weight's cast) would be written at every row.
-        missing = space[: len(space) - len(shape)]
-        fills = shapes_compatible(shape, space[len(space) - len(shape) :]) and all(e == 1 for e in missing)
+        # A value of lower rank broadcast along the axes it lacks (a weight's cast) would be
+        # written at every row.
+        fills = _fills(shape, space)
         fills_rows = rows is not None and len(shape) == len(rows) and shapes_compatible(shape, rows)
         if used_after and not is_recomputed(op) and not fills and not fills_rows:
             return i

@@ -10,6 +10,7 @@ the kernel runs against torch.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -18,12 +19,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from xdsl.dialects import func
+from xdsl.dialects.builtin import bf16, f32
 
 from hostir import parse_module
 from hostir.runtime.codegen import kernels
 from hostir.runtime.interpreter.compute import segment_runner
 from hostir.passes.lowering.fusion_to_hir import FusionToHir
-from hostir_dialect import hostir_context
+from hostir_dialect import hir, hostir_context
+from hostir_dialect.fusion import tensor_type
 from hostir_dialect.text import HostirError
 from test_communicator import needs_ranks
 from test_kernels import PLACES, assert_lines_in_order, assert_written_only_within, kernel_arguments, placed, requires_gpu, vectorised
@@ -256,6 +259,31 @@ def test_on_one_rank_two_sequences_launch_as_many_kernels_as_one(dtype):
         programs = result["dump"].split("// hostir: the host program")[1:]
         kernels[batch] = [p.split("func.func @", 1)[1].split("// hostir:")[0].count("hir.launch_kernel") for p in programs]
     assert len(kernels[1]) == 2 and kernels[2] == kernels[1], kernels
+
+
+def test_a_bf16_layers_kernels_write_float32_only_per_row_or_per_column():
+    """The bf16 layer on one rank, two sequences: its kernels compute in float32 but write
+    float32 only where a value has one element per row (a norm's scale, saved for the
+    backward) or per column (a norm weight's gradient, before its cast), never one of the
+    activation's size. Before a run left the work it took from beyond a GEMM to the kernel
+    that reads it, the kernel of the post-attention norm's backward also recomputed the
+    input norm's normalized input from the saved bf16 activation and wrote it, and its
+    upcast, in float32 for the input norm's kernel to read back (two values of 4 bytes per
+    element, where that kernel now reads the saved one of 2). Values against eager DTensor's."""
+    (result,) = run_on_hostir(_layer_on_rank, 1, (16,), torch.bfloat16, 2, timeout_s=300)
+    bad = {what: error for what, error in result["errors"].items() if error > TOLERANCES[torch.bfloat16]}
+    assert not bad, bad
+    dims, tokens = 64, 2 * 16
+    sections = result["dump"].split("// hostir: the host program")[1:]
+    programs = [parse_module(p.split("\n", 1)[1].split("// hostir:")[0]) for p in sections]
+    assert len(programs) == 2
+    for program in programs:
+        launches = [op for op in program.walk() if isinstance(op, hir.LaunchKernelOp)]
+        assert launches
+        written = [tensor_type(v) for launch in launches for v in launch.outs]
+        assert any(t.element_type == bf16 for t in written)
+        float32 = [t.local_shape() for t in written if t.element_type == f32]
+        assert all(math.prod(shape) in (tokens, dims) for shape in float32), float32
 
 
 # --------------------------------------------------------------------------- #

@@ -291,6 +291,51 @@ func.func @swiglu_past_a_matmul(%x: !h, %w1: !w, %w3: !w) -> !h {
 // CHECK:         hir.launch_kernel @swiglu_past_a_matmul_segment_0 ins(%[[A]], %[[B]] : {{.*}})
 // CHECK-NOT:     hir.launch_kernel
 
+// A run leaves to a later kernel the work it passes over a GEMM to take and would only
+// write out for that kernel to read back: ops that nothing else of the run reads, that only
+// pointwise ops read, and that read no more bytes than they write. A norm's backward on
+// the layer's input recomputes the normalized input in f32 from the saved bf16 one; the
+// kernel of the gradients before the GEMM would write it out in f32, the norm's kernel
+// reads the bf16 value instead. A cast that narrows stays: the later kernel reads what it
+// writes at half the bytes.
+
+!hb = !fusion.tensor<[4, 8], bf16>
+!rows = !fusion.tensor<[4, 1], f32>
+!wb = !fusion.tensor<[8, 8], bf16>
+
+func.func @left_for_its_reader(%g: !hb, %d: !hb, %saved: !hb, %rs: !rows, %u: !h, %w: !wb) -> (!hb, !hb) {
+  %a = fusion.add %g, %d : (!hb, !hb) -> !hb
+  %p = fusion.matmul %a, %w : (!hb, !wb) -> !hb
+  %x = fusion.cast %saved : !hb -> !h
+  %n = fusion.mul %x, %rs : (!h, !rows) -> !h
+  %k = fusion.cast %u : !h -> !hb
+  %q = fusion.cast %p : !hb -> !h
+  %m = fusion.mul %q, %n : (!h, !h) -> !h
+  %y = fusion.cast %m : !h -> !hb
+  %z = fusion.add %y, %k : (!hb, !hb) -> !hb
+  func.return %a, %z : !hb, !hb
+}
+
+// CHECK-LABEL: func.func private @left_for_its_reader_segment_0(
+// CHECK-SAME:      %g: !fusion.tensor<[4, 8], bf16>, %d: !fusion.tensor<[4, 8], bf16>, %u: !fusion.tensor<[4, 8], f32>)
+// CHECK-NEXT:    %a = fusion.add %g, %d
+// CHECK-NEXT:    %k = fusion.cast %u
+// CHECK-NEXT:    func.return %a, %k
+// CHECK-LABEL: func.func private @left_for_its_reader_segment_1(
+// CHECK-SAME:      %saved: !fusion.tensor<[4, 8], bf16>, %rs: !fusion.tensor<[4, 1], f32>, %p: !fusion.tensor<[4, 8], bf16>, %k: !fusion.tensor<[4, 8], bf16>)
+// CHECK-NEXT:    %x = fusion.cast %saved
+// CHECK-NEXT:    %n = fusion.mul %x, %rs
+// CHECK-NEXT:    %q = fusion.cast %p
+// CHECK-NEXT:    %m = fusion.mul %q, %n
+// CHECK-NEXT:    %y = fusion.cast %m
+// CHECK-NEXT:    %z = fusion.add %y, %k
+// CHECK-NEXT:    func.return %z
+// CHECK-LABEL: func.func @left_for_its_reader(
+// CHECK:         hir.launch_kernel @left_for_its_reader_segment_0
+// CHECK:         hir.matmul
+// CHECK:         hir.launch_kernel @left_for_its_reader_segment_1
+// CHECK-NOT:     hir.launch_kernel
+
 // A communication ends a run: the pointwise op after the allgather stays after it, in a
 // segment of its own, though it reads nothing the allgather makes. Once a run has passed
 // over an op, it takes no op of a stream axis, which belongs in the stream loop of its
