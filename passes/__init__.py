@@ -81,6 +81,12 @@ def _sum_in_matmul() -> type[ModulePass]:
     return SumInMatmul
 
 
+def _reduction_in_kernel() -> type[ModulePass]:
+    from hostir.passes.hir.reduction_in_kernel import ReductionInKernel
+
+    return ReductionInKernel
+
+
 def _copy_engine_pipelining() -> type[ModulePass]:
     from hostir.passes.hir.copy_engine_pipelining import CopyEnginePipelining
 
@@ -136,6 +142,7 @@ HOSTIR_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "allreduce-in-matmul": _allreduce_in_matmul,
     "allreduce-in-place": _allreduce_in_place,
     "sum-in-matmul": _sum_in_matmul,
+    "reduction-in-kernel": _reduction_in_kernel,
     "copy-engine-pipelining": _copy_engine_pipelining,
     "per-stream-buffers": _per_stream_buffers,
     "insert-deallocations": _insert_deallocations,

@@ -2,7 +2,7 @@
 
 insert-reshardings, fusion-to-hir, stream-parallel, attention-ring, reduce-scatter-in-matmul,
 reduce-scatter-ring, allreduce-in-matmul, allreduce-in-place, sum-in-matmul, copy-engine-pipelining,
-per-stream-buffers, insert-deallocations, forward-buffers, buffer-layouts, then xDSL's
+per-stream-buffers, reduction-in-kernel, insert-deallocations, forward-buffers, buffer-layouts, then xDSL's
 `canonicalize` and `cse` to fold the index arithmetic and share what the loops compute
 twice. Those two only touch ops whose effects are known: arith, scf, and the hir ops
 marked `Pure` (`hir.dim`, `hir.device_index`, `hir.number_of_streams`, `hir.stream`);
@@ -35,6 +35,7 @@ from hostir.passes.hir.insert_deallocations import InsertDeallocations
 from hostir.passes.hir.per_stream_buffers import PerStreamBuffers
 from hostir.passes.hir.reduce_scatter_in_matmul import ReduceScatterInMatmul
 from hostir.passes.hir.reduce_scatter_ring import ReduceScatterRing
+from hostir.passes.hir.reduction_in_kernel import ReductionInKernel
 from hostir.passes.hir.sum_in_matmul import SumInMatmul
 from hostir.passes.lowering.attention_ring import AttentionRing
 from hostir.passes.lowering.fusion_to_hir import FusionToHir
@@ -62,7 +63,9 @@ class HirLowering(Pipeline):
     copy-engine allreduce of a matmul's product does too. `allreduce_in_place=false` leaves
     out `allreduce-in-place`, so that an NCCL allreduce of a matmul's product copies it
     into its output before summing it there. `sum_in_matmul=false` leaves out
-    `sum-in-matmul`, so that a kernel adds two GEMMs' products. `forward_buffers=false` leaves
+    `sum-in-matmul`, so that a kernel adds two GEMMs' products. `reduction_in_kernel=false`
+    leaves out `reduction-in-kernel`, so that ATen sums a short axis that is not the last
+    (a ring's pieces). `forward_buffers=false` leaves
     out `forward-buffers`, so that every copy of the program moves its bytes and every
     ATen result is copied into its out, as the reference programs print.
     `buffer_layouts=false` leaves out `buffer-layouts`, so that every buffer has its stream
@@ -87,6 +90,7 @@ class HirLowering(Pipeline):
     allreduce_in_matmul: bool = True
     allreduce_in_place: bool = True
     sum_in_matmul: bool = True
+    reduction_in_kernel: bool = True
     forward_buffers: bool = True
     buffer_layouts: bool = True
     cat_to_rotate_half: bool = True
@@ -110,6 +114,7 @@ class HirLowering(Pipeline):
             *([SumInMatmul()] if self.sum_in_matmul else []),
             *([CopyEnginePipelining(self.per_stream_buffers)] if self.copy_engine_pipelining else []),
             *([PerStreamBuffers()] if self.per_stream_buffers else []),
+            *([ReductionInKernel()] if self.reduction_in_kernel else []),
             InsertDeallocations(),
             *([ForwardBuffers()] if self.forward_buffers else []),
             *([BufferLayouts()] if self.buffer_layouts else []),

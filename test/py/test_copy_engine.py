@@ -246,12 +246,13 @@ def test_copy_engine_matches_plain_torch_and_nccl(case: Case):
 def test_a_matmul_reduce_scatter_adds_in_the_gemm_over_two_and_runs_a_ring_over_more(world):
     """Over two devices the reduce-scatter of GEMM+RS is a transfer and an accumulating
     matmul (reduce-scatter-in-matmul), over four a matmul and a transfer per peer and one
-    reduction (reduce-scatter-ring); with both left out it stays; all match torch above."""
+    kernel that sums the four pieces (reduce-scatter-ring, reduction-in-kernel); with both
+    left out it stays; all match torch above."""
     module = BUILDERS["matmul_rs_through_bcast"](num_devices=world, dtype="f32")
     text = str(Program.compile(module, pipeline=COPY_ENGINE).host)
-    assert "hir.reduce_scatter" not in text
+    assert "hir.reduce_scatter" not in text and "hir.reduction" not in text
     assert ("hir.matmul accumulate" in text) == (world == 2)
-    assert ('hir.reduction "sum"' in text) == (world > 2)
+    assert ("_reduction_0 ins(%slice, %slice_1, %slice_2, %slice_3 :" in text) == (world > 2)
     # One send per peer, in the first chunk and in the loop (copy-engine-pipelining peels it).
     assert text.count("hir.send") == 2 * (world - 1)
     separate = str(Program.compile(module, pipeline=SEPARATE_REDUCTION).host)
@@ -384,10 +385,13 @@ def run_summed_matmuls_rs(world: int, runs: list[list[torch.Tensor]]) -> list[to
 def test_a_reduce_scatter_of_summed_products_adds_them_in_the_gemms(world):
     """A sum of two matmuls' products, reduce-scattered (a backward's input gradient): over
     two devices in the GEMMs of the pair's exchange (reduce-scatter-in-matmul), over four
-    in those of the ring of destinations (reduce-scatter-ring), with no add kernel left;
+    in those of the ring of destinations (reduce-scatter-ring), with no add kernel left
+    (over four, the one kernel launched sums the pieces received: reduction-in-kernel);
     both runs give plain torch's result."""
     text = str(Program.compile(summed_matmuls_rs_program(world), pipeline=COPY_ENGINE).host)
-    assert "hir.reduce_scatter" not in text and "hir.launch_kernel" not in text
+    launched = {line.split()[1] for line in text.splitlines() if "hir.launch_kernel" in line}
+    assert "hir.reduce_scatter" not in text
+    assert all("_reduction_" in callee for callee in launched) and len(launched) == (world > 2)
     assert "hir.matmul accumulate" in text and "hir.send" in text
     generator = torch.Generator().manual_seed(23)
     shapes = [(S, world, world, M, K), (world, 1, K, N)] * 2

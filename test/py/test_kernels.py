@@ -947,6 +947,35 @@ requires_gpu = pytest.mark.skipif(
 )
 
 
+SLICE_REDUCTIONS = """
+func.func @pieces(%x: !fusion.tensor<[4, ?, 24], {dt}>) -> (!fusion.tensor<[?, 24], {dt}>, !fusion.tensor<[1, ?, 24], {dt}>) {{
+  %s = fusion.sum %x [0] : !fusion.tensor<[4, ?, 24], {dt}> -> !fusion.tensor<[?, 24], {dt}>
+  %m = fusion.max %x [0] keepdim : !fusion.tensor<[4, ?, 24], {dt}> -> !fusion.tensor<[1, ?, 24], {dt}>
+  func.return %s, %m : !fusion.tensor<[?, 24], {dt}>, !fusion.tensor<[1, ?, 24], {dt}>
+}}
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+def test_a_sum_and_a_max_over_four_slices_are_a_kernel_each(dtype, device):
+    """A reduction over a short axis that is not the last (as a ring's pieces are stacked)
+    is a kernel of that axis's slices (reduction-in-kernel), not an ATen reduction: the sum
+    in f32 and rounded once, the max exact, into poisoned outputs, against torch on the
+    values in f64."""
+    program = Program.compile(SLICE_REDUCTIONS.format(dt={torch.bfloat16: "bf16", torch.float32: "f32"}[dtype]))
+    host = str(program.host)
+    assert "hir.reduction" not in host and host.count("hir.launch_kernel") == 2
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 37, 24, generator=generator).to(device=device, dtype=dtype)
+    before = x.clone()
+    with poisoned_allocations():
+        total, largest = program.run([x], Communicator.single(torch.device(device)))
+    torch.testing.assert_close(total, x.double().sum(0).to(dtype))
+    assert torch.equal(largest, x.amax(0, keepdim=True))
+    assert torch.equal(x, before)
+
+
 def random(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
     """Random values on the GPU in a range where every op and cast is defined for the dtype."""
     if dtype == torch.bool:

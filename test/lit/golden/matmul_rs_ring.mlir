@@ -6,7 +6,8 @@
 // 1, 2 and 3 places ahead computed and sent in turn, the own rows last, into a staging
 // buffer of two slices; chunk i's ring is issued before chunk i - 1's three waits and
 // reduction, and the last chunk's follow the loop (reduce-scatter-ring, then
-// copy-engine-pipelining).
+// copy-engine-pipelining); a kernel of the four pieces makes each reduction, all of them
+// one segment (reduction-in-kernel).
 
 !x = !fusion.tensor<[?, 4, 4, ?, ?], bf16, mesh = [0, 1, 2, 3], axes = [_, didx, _, _, _]>
 !w = !fusion.tensor<[4, 1, ?, ?], bf16, mesh = [0, 1, 2, 3], axes = [didx, _, _, _]>
@@ -19,6 +20,8 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {
   func.return %y : !y
 }
 
+// CHECK-LABEL: func.func private @matmul_rs_reduction_0(
+// CHECK-NOT:     func.func private
 // CHECK-LABEL: func.func @matmul_rs(
 // CHECK-NOT:     hir.reduce_scatter
 // CHECK:         %[[PARTIAL:[^ ]+]] = hir.allocate({{.*}}) symmetric
@@ -34,12 +37,15 @@ func.func @matmul_rs(%x: !x, %w: !w) -> !y {
 // CHECK:             hir.wait %previous_work
 // CHECK-NEXT:        hir.wait %previous_work
 // CHECK-NEXT:        hir.wait %previous_work
-// CHECK-NEXT:        hir.reduction "sum" [1]
+// CHECK-COUNT-4:     hir.alias_select
+// CHECK-NEXT:        hir.launch_kernel @matmul_rs_reduction_0 ins(%slice, %slice_1, %slice_2, %slice_3 :
 // CHECK-NEXT:        scf.yield
 // CHECK:           hir.wait %last_work
 // CHECK-NEXT:      hir.wait %last_work
 // CHECK-NEXT:      hir.wait %last_work
-// CHECK-NEXT:      hir.reduction "sum" [1]
+// CHECK-COUNT-4:   hir.alias_select
+// CHECK-NEXT:      hir.launch_kernel @matmul_rs_reduction_0 ins(%slice_4, %slice_5, %slice_6, %slice_7 :
+// CHECK-NOT:       hir.reduction
 // CHECK:         hir.deallocate %[[STAGING]]
 
 // Without the ring, each chunk's product is reduce-scattered whole, pipelined the same way.
