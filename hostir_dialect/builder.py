@@ -195,6 +195,35 @@ def torch_dtype(element_type: Attribute) -> torch.dtype:
     return DTYPES_BY_NAME[element_type_name(element_type)]
 
 
+COMBINE_SLICES: dict[str, type[FusionOp]] = {"sum": AddOp, "max": MaximumOp}
+"""The pointwise op that combines two slices, per kind of reduction (`reduction_of_slices`)."""
+
+
+def reduction_of_slices(name: str, kind: str, slice_type: TensorType, out_type: TensorType, count: int) -> func.FuncOp:
+    """The segment `name` that reduces `count` values of `slice_type` (the slices of a
+    reduced axis) into one of `out_type`, combining them in order with `fusion.add` (a
+    "sum") or `fusion.maximum` (a "max"): a sum of bf16 or f16 values in f32, rounded once,
+    as `torch.sum` computes it. `reduction-in-kernel` launches it on a reduced axis's
+    slices, the copy engines' reductions on the pieces a team's members sent."""
+    accumulated = kind == "sum" and slice_type.element_type in (bf16, f16)
+    work_type = slice_type.with_(element_type=f32) if accumulated else slice_type
+    body = Block(arg_types=[slice_type] * count)
+    for arg in body.args:
+        arg.name_hint = "slice"
+    ops: list[FusionOp] = [CastOp(arg, work_type) for arg in body.args] if accumulated else []
+    values: list[SSAValue] = [op.results[0] for op in ops] or list(body.args)
+    total = values[0]
+    for i, value in enumerate(values[1:], start=2):
+        last = i == count and not accumulated
+        ops.append(combined := COMBINE_SLICES[kind](total, value, out_type if last else work_type))
+        total = combined.results[0]
+    if accumulated:
+        ops.append(rounded := CastOp(total, out_type))
+        total = rounded.results[0]
+    body.add_ops([*ops, func.ReturnOp(total)])
+    return func.FuncOp(name, ([slice_type] * count, [out_type]), Region(body), "private")
+
+
 def device_mesh(mesh: MeshLike) -> DeviceMeshAttr:
     if isinstance(mesh, DeviceMeshAttr):
         return mesh

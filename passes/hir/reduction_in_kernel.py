@@ -16,7 +16,7 @@ once, as `torch.sum` does. So the reduction becomes
     hir.launch_kernel @f_reduction_0 ins(%s_0, ..., %s_(T-1)) outs(%out)
 
 and `@f_reduction_0` a segment of `fusion.cast`, `fusion.add` (`fusion.maximum` for a
-max) and `fusion.cast`. With `keepdim` the kernel writes slice 0 of the output. It runs
+max) and `fusion.cast` (`reduction_of_slices`). With `keepdim` the kernel writes slice 0 of the output. It runs
 after `copy-engine-pipelining` and `per-stream-buffers`, which find a ring's reduction
 after its waits as `reduce-scatter-ring` left it.
 
@@ -33,22 +33,19 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import builtin, func
-from xdsl.dialects.builtin import AnyFloat, BFloat16Type, Float16Type, Float32Type
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.dialects.builtin import AnyFloat
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import fusion, hir
+from hostir_dialect.builder import reduction_of_slices
 from hostir_dialect.fusion import DYNAMIC, TensorType, tensor_type
 from hostir.passes.analysis.loops import index_constant, named
 
 MOST_SLICES = 8
 """The longest axis reduced by a kernel of its slices: the devices of one host."""
-
-COMBINE = {"sum": fusion.AddOp, "max": fusion.MaximumOp}
-"""The pointwise op that combines two slices, per kind of reduction."""
-
 
 def reduced_slices(op: hir.ReductionOp) -> int | None:
     """How many slices a kernel combines to compute `op`, or None where ATen computes it."""
@@ -62,28 +59,6 @@ def reduced_slices(op: hir.ReductionOp) -> int | None:
     if axis == source.rank - 1 or axis == source.stream_axis:
         return None
     return extent
-
-
-def reduction_segment(name: str, kind: str, slice_type: TensorType, out_type: TensorType, count: int) -> func.FuncOp:
-    """The segment combining `count` slices of `slice_type` into one of `out_type`, in order: a
-    sum of bf16 or f16 values in f32, rounded once (torch's rule)."""
-    accumulated = kind == "sum" and isinstance(slice_type.element_type, BFloat16Type | Float16Type)
-    work_type = slice_type.with_(element_type=Float32Type()) if accumulated else slice_type
-    body = Block(arg_types=[slice_type] * count)
-    for arg in body.args:
-        arg.name_hint = "slice"
-    ops: list[Operation] = [fusion.CastOp(arg, work_type) for arg in body.args] if accumulated else []
-    values: list[SSAValue] = [op.results[0] for op in ops] or list(body.args)
-    total = values[0]
-    for i, value in enumerate(values[1:], start=2):
-        last = i == count and not accumulated
-        ops.append(combined := COMBINE[kind](total, value, out_type if last else work_type))
-        total = combined.results[0]
-    if accumulated:
-        ops.append(rounded := fusion.CastOp(total, out_type))
-        total = rounded.results[0]
-    body.add_ops([*ops, func.ReturnOp(total)])
-    return func.FuncOp(name, ([slice_type] * count, [out_type]), Region(body), "private")
 
 
 def _enclosing_function(op: Operation) -> func.FuncOp | None:
@@ -118,7 +93,7 @@ class ReductionOfSlicesInKernel(RewritePattern):
         key = (function.sym_name.data, op.kind.data, source.without_axis(axis), tensor_type(out), count)
         if (name := self.segments.get(key)) is None:
             name = self.segments[key] = hir.segment_name(function, "reduction")
-            rewriter.insert(reduction_segment(name, *key[1:]), InsertPoint.before(function))
+            rewriter.insert(reduction_of_slices(name, *key[1:]), InsertPoint.before(function))
         launch = hir.LaunchKernelOp(name, [view.results[0] for view in issued[:count]], [out])
         for new_op in (*issued, launch):
             new_op.location = op.location

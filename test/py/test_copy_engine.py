@@ -64,6 +64,7 @@ from hostir.runtime.trace import trace_run
 from test_e2e import DEVICE, DTYPES, TOLERANCE, identity, linear, matmul, needs_world
 from test_e2e import rank_environment  # noqa: F401 (the ranks' environment, an autouse fixture)
 from test_interpreter import poisoned_allocations, tensor
+from test_kernels import requires_gpu
 
 COPY_ENGINE = "hir-lowering{backend=cuda}"
 P2P_COPY_ENGINE = "hir-lowering{p2p_backend=cuda}"
@@ -741,6 +742,27 @@ def test_a_pair_reduces_in_place_to_the_same_bits_as_the_slots(op, dtype):
             reduction(staging.clone(), own, pieces[own], output, op, in_place=in_place)()
             outputs.append(output)
     assert all(torch.equal(output, outputs[0]) for output in outputs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", list(REDUCE_OPS.values()), ids=list(REDUCE_OPS))
+def test_four_members_reduce_their_pieces_in_team_order_into_a_poisoned_output(op, dtype, device):
+    """A team of four reduces the three pieces its peers sent and its own in team order: on
+    a GPU a generated kernel reads the own piece where it lies (its staging slot, left
+    poisoned, is not read), on the CPU (and for an op no kernel computes) the own piece is
+    copied into its slot and ATen reduces the slots; against the op on the four pieces."""
+    generator = torch.Generator().manual_seed(5)
+    pieces = (torch.randn(4, 37, 6, generator=generator) * 50).to(device=device, dtype=dtype)
+    expected = {"sum": lambda p: p.double().sum(0), "max": lambda p: p.amax(0), "min": lambda p: p.amin(0),
+                "product": lambda p: p.double().prod(0)}
+    name = next(n for n, o in REDUCE_OPS.items() if o == op)
+    for own in (0, 2):
+        staging = pieces.clone()
+        staging[own] = 9
+        output = torch.full((37, 6), 7, dtype=dtype, device=device)
+        reduction(staging, own, pieces[own].clone(), output, op)()
+        torch.testing.assert_close(output, expected[name](pieces).to(dtype), msg=lambda m: f"own {own}: {m}")
 
 
 # --------------------------------------------------------------------------- #
