@@ -970,7 +970,7 @@ def test_a_sum_and_a_max_over_four_slices_are_a_kernel_each(dtype, device):
     x = torch.randn(4, 37, 24, generator=generator).to(device=device, dtype=dtype)
     before = x.clone()
     with poisoned_allocations():
-        total, largest = program.run([x], Communicator.single(torch.device(device)))
+        total, largest = program.run([x], Communicator.single(x.device))
     torch.testing.assert_close(total, x.double().sum(0).to(dtype))
     assert torch.equal(largest, x.amax(0, keepdim=True))
     assert torch.equal(x, before)
