@@ -9,8 +9,9 @@ team's devices computed for this one, stacked in a staging buffer along the team
 ATen reduces such an outer axis at about 60% of the GPU's bandwidth (66 us for four
 pieces of 2048 x 8192 in bf16 on an H200, where a copy of as many bytes takes 43); a
 kernel that reads the `T` slices and writes their sum reaches the copy's rate (41 us),
-with the same bits: it converts bf16 and f16 to f32, adds the slices in order, and rounds
-once, as `torch.sum` does. So the reduction becomes
+with the same bits there: it converts bf16 and f16 to f32, adds the slices in order, and
+rounds once, as `torch.sum` does (whose order of the f32 additions may differ for more
+slices, and the rounded sum then by one rounding). So the reduction becomes
 
     %s_k = hir.alias_select %staging[1 = %ck]          (k = 0 .. T - 1)
     hir.launch_kernel @f_reduction_0 ins(%s_0, ..., %s_(T-1)) outs(%out)

@@ -170,7 +170,7 @@ def reduction(
     order (ATen's reduction over the slots' axis reaches about 60% of the bandwidth); on
     the CPU, or for a reduction no kernel computes, the own piece is copied into slot `own`
     and ATen reduces the slots in team order. `in_place` chooses for a team of two
-    (benchmarks/pairwise_reduction.py times both)."""
+    (benchmarks/piece_reductions.py times each way)."""
     if in_place is None:
         in_place = reads_own_piece_in_place(len(staging))
     if in_place:
