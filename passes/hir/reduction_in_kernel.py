@@ -17,9 +17,9 @@ slices, and the rounded sum then by one rounding). So the reduction becomes
     hir.launch_kernel @f_reduction_0 ins(%s_0, ..., %s_(T-1)) outs(%out)
 
 and `@f_reduction_0` a segment of `fusion.cast`, `fusion.add` (`fusion.maximum` for a
-max) and `fusion.cast` (`reduction_of_slices`). With `keepdim` the kernel writes slice 0 of the output. It runs
-after `copy-engine-pipelining` and `per-stream-buffers`, which find a ring's reduction
-after its waits as `reduce-scatter-ring` left it.
+max) and `fusion.cast` (`reduction_of_slices`). With `keepdim` the kernel writes slice 0
+of the output. It runs after `copy-engine-pipelining` and `per-stream-buffers`, which
+find a ring's reduction after its waits as `reduce-scatter-ring` left it.
 
 Rewritten where the reduction has one axis, of a known extent of 2 to `MOST_SLICES` (a
 team of one host), over floating-point values (ATen widens a sum of integers), that is
@@ -47,6 +47,7 @@ from hostir.passes.analysis.loops import index_constant, named
 
 MOST_SLICES = 8
 """The longest axis reduced by a kernel of its slices: the devices of one host."""
+
 
 def reduced_slices(op: hir.ReductionOp) -> int | None:
     """How many slices a kernel combines to compute `op`, or None where ATen computes it."""

@@ -531,8 +531,9 @@ def _later_work(run: Sequence[Operation], beyond: Collection[Operation]) -> set[
     """The ops of `run` that the kernel of their readers computes at less cost: each
     component of `run` (ops joined by reads within it, `_components`) taken from beyond an
     op that is neither pointwise nor a reduction (`beyond`), whose results only pointwise
-    ops read outside the run (not a rotation, which a kernel reads from memory), and that reads from outside the run no more bytes per point
-    of its iteration space than it writes. Such work would be written out by this kernel
+    ops read outside the run (not a rotation, which a kernel reads from memory), and that
+    reads from outside the run no more bytes per point of its iteration space than it
+    writes. Such work would be written out by this kernel
     and read back by a later one, whose ops it joins where it stands; a norm's backward
     recomputing its normalized input in f32 from the saved bf16 activation would write two
     f32 values where its reader can read the one bf16 value."""
