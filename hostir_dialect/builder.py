@@ -195,6 +195,41 @@ def torch_dtype(element_type: Attribute) -> torch.dtype:
     return DTYPES_BY_NAME[element_type_name(element_type)]
 
 
+class SegmentBuilder:
+    """A segment's body built op by op, each result of a type like a given one: for passes
+    that write segments of their own (`attention-ring`'s merges, `reduction_of_slices`)."""
+
+    def __init__(self, types: Sequence[TensorType], names: Sequence[str]):
+        self.block = Block(arg_types=types)
+        for argument, name in zip(self.block.args, names, strict=True):
+            argument.name_hint = name
+
+    def __call__(self, op_class, *operands: SSAValue, type: TensorType | None = None) -> SSAValue:
+        result_type = type or tensor_type(operands[0])
+        op = op_class(*operands, result_type)
+        self.block.add_op(op)
+        return op.results[0]
+
+    def widened(self, value: SSAValue) -> SSAValue:
+        """`value` in f32: cast where it has another element type."""
+        type = tensor_type(value)
+        return value if type.element_type == f32 else self(CastOp, value, type=type.with_(element_type=f32))
+
+    def rounded(self, value: SSAValue, result_type: TensorType) -> SSAValue:
+        """`value` (f32) cast into `result_type` where that is another element type: rounded once."""
+        return value if result_type.element_type == f32 else self(CastOp, value, type=result_type)
+
+    def constant(self, value: float, like: TensorType) -> SSAValue:
+        constant = ConstantOp(FloatAttr(value, f32), TensorType([], f32, like.mesh))
+        self.block.add_op(constant)
+        return constant.result
+
+    def function(self, name: str) -> func.FuncOp:
+        """The private function `name` of the body, which ends with its `func.return`."""
+        results = [value.type for value in self.block.last_op.operands]
+        return func.FuncOp(name, ([a.type for a in self.block.args], results), Region(self.block), "private")
+
+
 COMBINE_SLICES: dict[str, type[FusionOp]] = {"sum": AddOp, "max": MaximumOp}
 """The pointwise op that combines two slices, per kind of reduction (`reduction_of_slices`)."""
 
@@ -205,23 +240,15 @@ def reduction_of_slices(name: str, kind: str, slice_type: TensorType, out_type: 
     "sum") or `fusion.maximum` (a "max"): a sum of bf16 or f16 values in f32, rounded once,
     as `torch.sum` computes it. `reduction-in-kernel` launches it on a reduced axis's
     slices, the copy engines' reductions on the pieces a team's members sent."""
+    build = SegmentBuilder([slice_type] * count, ["slice"] * count)
     accumulated = kind == "sum" and slice_type.element_type in (bf16, f16)
-    work_type = slice_type.with_(element_type=f32) if accumulated else slice_type
-    body = Block(arg_types=[slice_type] * count)
-    for arg in body.args:
-        arg.name_hint = "slice"
-    ops: list[FusionOp] = [CastOp(arg, work_type) for arg in body.args] if accumulated else []
-    values: list[SSAValue] = [op.results[0] for op in ops] or list(body.args)
+    values = [build.widened(arg) if accumulated else arg for arg in build.block.args]
     total = values[0]
     for i, value in enumerate(values[1:], start=2):
         last = i == count and not accumulated
-        ops.append(combined := COMBINE_SLICES[kind](total, value, out_type if last else work_type))
-        total = combined.results[0]
-    if accumulated:
-        ops.append(rounded := CastOp(total, out_type))
-        total = rounded.results[0]
-    body.add_ops([*ops, func.ReturnOp(total)])
-    return func.FuncOp(name, ([slice_type] * count, [out_type]), Region(body), "private")
+        total = build(COMBINE_SLICES[kind], total, value, type=out_type if last else None)
+    build.block.add_op(func.ReturnOp(build.rounded(total, out_type) if accumulated else total))
+    return build.function(name)
 
 
 def device_mesh(mesh: MeshLike) -> DeviceMeshAttr:

@@ -46,6 +46,7 @@ from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import (
     Attribute,
     Dialect,
+    Operation,
     ParametrizedAttribute,
     SpacedOpaqueSyntaxAttribute,
     SSAValue,
@@ -757,6 +758,11 @@ class BinaryOp(FusionOp, ABC):
 @irdl_op_definition
 class AddOp(BinaryOp):
     name = "fusion.add"
+
+    def gemms_added(self) -> list[Operation]:
+        """The GEMMs (`fusion.matmul`, `fusion.linear`) whose products this add reads: a sum
+        that `sum-in-matmul` makes in a GEMM's epilogue, which kernels leave to it."""
+        return [v.owner for v in self.operands if isinstance(v.owner, MatmulOp | LinearOp)]
 
 
 @irdl_op_definition

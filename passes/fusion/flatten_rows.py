@@ -57,6 +57,7 @@ from xdsl.rewriter import InsertPoint
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import encode_call
 from hostir_dialect.fusion import DYNAMIC, ParallelType, TensorType, tensor_type
+from hostir.passes.analysis.components import read_components
 
 RESHAPES = frozenset({"aten.reshape.default", "aten.view.default", "aten._unsafe_view.default"})
 """ATen calls whose result is their operand's values in another shape, row-major."""
@@ -126,7 +127,7 @@ def _reduces_rows(op: fusion.ReductionOp) -> bool:
 def _is_member(op: Operation) -> bool:
     """An op that a cluster may hold: a pointwise op of its operands' rank (`ROW_WISE`) but an
     add of a GEMM's product, or a reduction of rows (`_reduces_rows`)."""
-    if isinstance(op, fusion.AddOp) and any(isinstance(o.owner, fusion.MatmulOp | fusion.LinearOp) for o in op.operands):
+    if isinstance(op, fusion.AddOp) and op.gemms_added():
         return False
     if isinstance(op, fusion.ReductionOp):
         return _reduces_rows(op)
@@ -145,25 +146,8 @@ def _linked(value: SSAValue) -> Operation | None:
 def flattened_ops(function: func.FuncOp) -> set[Operation]:
     """The ops of `function` to compute on rows: those of every cluster that may be (see the
     module's docstring) and is computed on both forms."""
-    parent: dict[Operation, Operation] = {}
-
-    def root(op: Operation) -> Operation:
-        while parent[op] is not op:
-            parent[op] = parent[parent[op]]
-            op = parent[op]
-        return op
-
-    for op in function.body.walk():
-        if _is_member(op) or isinstance(op, fusion.BroadcastOp):
-            parent[op] = op
-            for operand in op.operands:
-                linked = _linked(operand)
-                if linked in parent:
-                    parent[root(linked)] = root(op)
-    clusters: dict[Operation, list[Operation]] = {}
-    for op in parent:
-        clusters.setdefault(root(op), []).append(op)
-    return {op for ops in clusters.values() if _flattens(ops) for op in ops}
+    candidates = (op for op in function.body.walk() if _is_member(op) or isinstance(op, fusion.BroadcastOp))
+    return {op for ops in read_components(candidates, _linked) if _flattens(ops) for op in ops}
 
 
 def _flattens(ops: Sequence[Operation]) -> bool:

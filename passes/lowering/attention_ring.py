@@ -82,8 +82,8 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith, builtin, func, scf
-from xdsl.dialects.builtin import Float32Type, FloatAttr, IndexType
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.dialects.builtin import Float32Type, IndexType
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -95,6 +95,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import fusion, hir
+from hostir_dialect.builder import SegmentBuilder
 from hostir_dialect.fusion import TensorType, key_block_axis, tensor_type
 from hostir.passes.analysis.extents import known_extent
 from hostir.passes.analysis.loops import StreamLoop, index_constant, named, runtime_value
@@ -138,37 +139,8 @@ def _accumulator(buffer: SSAValue, name: str) -> tuple[SSAValue, list[Operation]
 # --------------------------------------------------------------------------- #
 
 
-class _SegmentBuilder:
-    """Fusion ops appended to a segment's body, each result of a type like a given one."""
-
-    def __init__(self, types: Sequence[TensorType], names: Sequence[str]):
-        self.block = Block(arg_types=types)
-        for argument, name in zip(self.block.args, names, strict=True):
-            argument.name_hint = name
-
-    def __call__(self, op_class, *operands: SSAValue, type: TensorType | None = None) -> SSAValue:
-        result_type = type or tensor_type(operands[0])
-        op = op_class(*operands, result_type)
-        self.block.add_op(op)
-        return op.results[0]
-
-    def widened(self, value: SSAValue) -> SSAValue:
-        """`value` in f32: cast where it has another element type."""
-        type = tensor_type(value)
-        return value if type.element_type == F32 else self(fusion.CastOp, value, type=type.with_(element_type=F32))
-
-    def rounded(self, value: SSAValue, result_type: TensorType) -> SSAValue:
-        """`value` (f32) cast into `result_type` where that is another element type: rounded once."""
-        return value if result_type.element_type == F32 else self(fusion.CastOp, value, type=result_type)
-
-    def constant(self, value: float, like: TensorType) -> SSAValue:
-        constant = fusion.ConstantOp(FloatAttr(value, F32), TensorType([], F32, like.mesh))
-        self.block.add_op(constant)
-        return constant.result
-
-
 def _weights(
-    build: _SegmentBuilder, lse: SSAValue, block_lse: SSAValue
+    build: SegmentBuilder, lse: SSAValue, block_lse: SSAValue
 ) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
     """The running result's and the block's weights `exp(lse - m)`, `exp(block_lse - m)`, their
     sum, and `m`, the larger log-sum-exp (no less than the lowest f32, so that two -inf give
@@ -193,7 +165,7 @@ def _merge_output_segment(
     computed in f32 and rounded into `result_type` (default: `out`'s type)."""
     out_type, lse_type = tensor_type(out), tensor_type(lse)
     wide = out_type.with_(element_type=F32)
-    build = _SegmentBuilder(
+    build = SegmentBuilder(
         [out_type, lse_type, tensor_type(block_out), tensor_type(block_lse)], ["out", "lse", "block_out", "block_lse"]
     )
     running, running_lse, arrived, arrived_lse = build.block.args
@@ -213,20 +185,15 @@ def _merge_output_segment(
     )
     merged = build(fusion.DivOp, numerator, divisor, type=wide)
     build.block.add_op(func.ReturnOp(build.rounded(merged, result_type or out_type)))
-    return _segment(host, "merge_output", build.block)
+    return build.function(hir.segment_name(host, "merge_output"))
 
 
 def _merge_lse_segment(host: func.FuncOp, lse: SSAValue, block_lse: SSAValue) -> func.FuncOp:
     """`(lse, block_lse) -> lse`: the log-sum-exp over the keys of both, `m + log(w + w')`."""
-    build = _SegmentBuilder([tensor_type(lse), tensor_type(block_lse)], ["lse", "block_lse"])
+    build = SegmentBuilder([tensor_type(lse), tensor_type(block_lse)], ["lse", "block_lse"])
     _, _, total, m = _weights(build, *build.block.args)
     build.block.add_op(func.ReturnOp(build(fusion.AddOp, m, build(fusion.LogOp, total))))
-    return _segment(host, "merge_lse", build.block)
-
-
-def _segment(host: func.FuncOp, stem: str, body: Block) -> func.FuncOp:
-    results = [value.type for value in body.last_op.operands]
-    return func.FuncOp(hir.segment_name(host, stem), ([a.type for a in body.args], results), Region(body), "private")
+    return build.function(hir.segment_name(host, "merge_lse"))
 
 
 # --------------------------------------------------------------------------- #
@@ -443,10 +410,10 @@ class _RingBackward:
         types = (tensor_type(a), tensor_type(b), tensor_type(out))
         segment = self.sum_segments.get(types)
         if segment is None:
-            build = _SegmentBuilder(types[:2], ["a", "b"])
+            build = SegmentBuilder(types[:2], ["a", "b"])
             total = build(fusion.AddOp, *(build.widened(x) for x in build.block.args))
             build.block.add_op(func.ReturnOp(build.rounded(total, types[2])))
-            segment = self.sum_segments[types] = _segment(self.host, "sum", build.block)
+            segment = self.sum_segments[types] = build.function(hir.segment_name(self.host, "sum"))
             self.rewriter.insert(segment, InsertPoint.before(self.host))
         return hir.LaunchKernelOp(segment.sym_name.data, [a, b], [out])
 

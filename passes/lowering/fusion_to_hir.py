@@ -60,6 +60,7 @@ from hostir_dialect.fusion import (
 )
 from hostir_dialect.text import HostirError
 from hostir.passes.analysis.axis_mapping import operand_axis_maps
+from hostir.passes.analysis.components import read_components
 from hostir.passes.analysis.operands import describe_operand
 from hostir.passes.analysis.sharding import (
     Collective,
@@ -396,7 +397,7 @@ def kernel_run(first: Operation) -> KernelRun:
             not owners & readers
             and not (
                 isinstance(following, fusion.AddOp)
-                and any(isinstance(o, fusion.MatmulOp | fusion.LinearOp) for o in waits_for)
+                and any(gemm in waits_for for gemm in following.gemms_added())
             )
             and (first_reader is None or all(position[o] < first_reader for o in waits_for))
             and (is_pointwise(following) or _reduces_rows(following, space))
@@ -503,33 +504,16 @@ def _first_unrelated_dynamic(run: list[Operation]) -> int | None:
     """The position of the first op of `run` that no chain of reads within it connects to its
     first op and that has a dynamic extent where the run's iteration space has one."""
     space = broadcast_shapes(*map(_iterated_shape, run))
-    component = _components(run)
+    first = next(set(ops) for ops in read_components(run) if run[0] in ops)
     for i, op in enumerate(run):
-        if component[op] is not component[run[0]] and _dynamic_extents_meet(space, _iterated_shape(op)):
+        if op not in first and _dynamic_extents_meet(space, _iterated_shape(op)):
             return i
     return None
 
 
-def _components(run: Sequence[Operation]) -> dict[Operation, Operation]:
-    """Each op of `run` -> one op of those that chains of reads within `run` join it to, the
-    same for all of them."""
-    parent = {op: op for op in run}
-
-    def root(op: Operation) -> Operation:
-        while parent[op] is not op:
-            op = parent[op]
-        return op
-
-    for op in run:
-        for operand in op.operands:
-            if operand.owner in parent:
-                parent[root(op)] = root(operand.owner)
-    return {op: root(op) for op in run}
-
-
 def _later_work(run: Sequence[Operation], beyond: Collection[Operation]) -> set[Operation]:
     """The ops of `run` that the kernel of their readers computes at less cost: each
-    component of `run` (ops joined by reads within it, `_components`) taken from beyond an
+    component of `run` (ops joined by reads within it, `read_components`) taken from beyond an
     op that is neither pointwise nor a reduction (`beyond`), whose results only pointwise
     ops read outside the run (not a rotation, which a kernel reads from memory), and that
     reads from outside the run no more bytes per point of its iteration space than it
@@ -537,12 +521,8 @@ def _later_work(run: Sequence[Operation], beyond: Collection[Operation]) -> set[
     and read back by a later one, whose ops it joins where it stands; a norm's backward
     recomputing its normalized input in f32 from the saved bf16 activation would write two
     f32 values where its reader can read the one bf16 value."""
-    component = _components(run)
-    members: dict[Operation, list[Operation]] = {}
-    for op in run:
-        members.setdefault(component[op], []).append(op)
     later: set[Operation] = set()
-    for ops in members.values():
+    for ops in read_components(run):
         inside = set(ops)
         if not inside <= set(beyond):
             continue
