@@ -5,7 +5,8 @@ Buffers are the runtime's to lay out (docs/design.md, *Runtime*), and two of its
 save copies that the program writes:
 
 * a copy whose source dies at the copy, or whose source and out are only read after it
-  (`hir.copy ... forwards_source`): the out becomes the source buffer itself. That is
+  (`hir.copy ... forwards_source`; returned counts as read, but not both returned: the
+  caller would get one buffer twice): the out becomes the source buffer itself. That is
   the whole copy that a pipelined loop's result gets for the readers after the loop
   (`auto-stream-parallel`): a buffer with a stream axis, copied into one without, the
   same bytes in the same layout, which a kernel fused after the loop may read too.
@@ -39,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import builtin
+from xdsl.dialects import builtin, func
 from xdsl.dialects.builtin import DenseArrayBase, UnitAttr, i64
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -106,20 +107,26 @@ def only_read_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
     """Whether `buffer`, a whole buffer of `op`'s block, is only read after `op`: each later
     use (directly or through a view) is its `hir.deallocate` or an op that has it among its
     ins and not among its outs (a pipelined loop's result that a fused kernel reads after
-    the copy that the readers after the loop get)."""
+    the copy that the readers after the loop get), or a `func.return` (the caller reads
+    what the program returns after the program's own reads)."""
     if whole_buffer(op, buffer) is None:
         return False
     block = op.parent_block()
     position = order.position(op, block)
 
     def reads(user: Operation) -> bool:
-        if isinstance(user, hir.DeallocateOp):
+        if isinstance(user, hir.DeallocateOp | func.ReturnOp):
             return True
         return isinstance(user, hir.ComputeOp) and all(hir.view_root(out) is not buffer for out in user.outs)
 
     return all(
         user is op or order.position(user, block) < position or reads(user) for user in buffer_users(buffer)
     )
+
+
+def returned(buffer: SSAValue) -> bool:
+    """Whether the function returns `buffer` or a view of it."""
+    return any(isinstance(user, func.ReturnOp) for user in buffer_users(buffer))
 
 
 def same_buffer_shape(a: hir.AllocateOp, b: hir.AllocateOp) -> bool:
@@ -138,7 +145,11 @@ def forwards_source(op: hir.CopyOp, order: BlockOrder) -> bool:
     source, out = op.ins[0], op.outs[0]
     if not fills_first(op, out, order):
         return False
-    read_only = only_read_after(op, source, order) and only_read_after(op, out, order)
+    read_only = (
+        only_read_after(op, source, order)
+        and only_read_after(op, out, order)
+        and not (returned(source) and returned(out))
+    )
     if not dies_at(op, source, order) and not read_only:
         return False
     return same_buffer_shape(whole_buffer(op, source), whole_buffer(op, out))

@@ -450,7 +450,7 @@ def test_atens_results_that_do_not_fit_the_op_are_named():
 
 
 HANDED_OVER = f"""
-func.func @main(%x: {tensor([4, 6])}) -> ({tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6])}) {{
+func.func @main(%x: {tensor([4, 6])}) -> ({tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6], axes="stream _")}, {tensor([4, 6])}) {{
   %streamed = hir.allocate() : {tensor([4, 6], axes="stream _")}
   hir.pointwise "neg" ins(%x : {tensor([4, 6])}) outs(%streamed : {tensor([4, 6], axes="stream _")})
   %whole = hir.allocate() : {tensor([4, 6])}
@@ -461,26 +461,36 @@ func.func @main(%x: {tensor([4, 6])}) -> ({tensor([4, 6])}, {tensor([4, 6])}, {t
   %copy = hir.allocate() : {tensor([4, 6])}
   hir.copy ins(%kept : {tensor([4, 6])}) outs(%copy : {tensor([4, 6])})
   hir.pointwise "abs" ins(%x : {tensor([4, 6])}) outs(%kept : {tensor([4, 6])})
-  func.return %whole, %copy, %kept : {tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6])}
+  %saved = hir.allocate() : {tensor([4, 6], axes="stream _")}
+  hir.pointwise "tanh" ins(%x : {tensor([4, 6])}) outs(%saved : {tensor([4, 6], axes="stream _")})
+  %flat = hir.allocate() : {tensor([4, 6])}
+  hir.copy ins(%saved : {tensor([4, 6], axes="stream _")}) outs(%flat : {tensor([4, 6])})
+  %read = hir.allocate() : {tensor([4, 6])}
+  hir.pointwise "sigmoid" ins(%flat : {tensor([4, 6])}) outs(%read : {tensor([4, 6])})
+  hir.deallocate %flat : {tensor([4, 6])}
+  func.return %whole, %copy, %kept, %saved, %read : {tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6])}, {tensor([4, 6], axes="stream _")}, {tensor([4, 6])}
 }}
 """
 
 
 def test_a_copy_of_a_buffer_that_dies_there_is_the_buffer_itself(monkeypatch, rng):
     """A pipelined loop's result copied into a buffer without the stream axis, and freed:
-    forward-buffers marks the copy `forwards_source`, and the out is the source's memory.
-    A source written after the copy is copied."""
+    forward-buffers marks the copy `forwards_source`, and the out is the source's memory;
+    so is one returned (a loop's result saved for a backward) whose out a kernel reads
+    before it is freed. A source written after the copy is copied."""
     module = parse_module(HANDED_OVER)
     ForwardBuffers().apply(hostir_context(), module)
     copies = [op for op in module.walk() if isinstance(op, hir.CopyOp)]
-    assert [op.forwards_source is not None for op in copies] == [True, False]
+    assert [op.forwards_source is not None for op in copies] == [True, False, True]
     marked = print_module(module)
     made: list[torch.Tensor] = []
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: made.append(empty(*args, **kwargs)) or made[-1])
     x = torch.randn(4, 6, generator=rng)
-    whole, copy, kept = run_host(marked, [x])
+    whole, copy, kept, saved, read = run_host(marked, [x])
     torch.testing.assert_close(whole, -x)
+    torch.testing.assert_close(saved, x.tanh())
+    torch.testing.assert_close(read, x.tanh().sigmoid())
     torch.testing.assert_close(copy, x.exp())
     torch.testing.assert_close(kept, x.abs())
     assert copy.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
