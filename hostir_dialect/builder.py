@@ -234,18 +234,23 @@ COMBINE_SLICES: dict[str, type[FusionOp]] = {"sum": AddOp, "max": MaximumOp}
 """The pointwise op that combines two slices, per kind of reduction (`reduction_of_slices`)."""
 
 
-def reduction_of_slices(name: str, kind: str, slice_type: TensorType, out_type: TensorType, count: int) -> func.FuncOp:
-    """The segment `name` that reduces `count` values of `slice_type` (the slices of a
-    reduced axis) into one of `out_type`, combining them in order with `fusion.add` (a
-    "sum") or `fusion.maximum` (a "max"): a sum of bf16 or f16 values in f32, rounded once,
-    as `torch.sum` computes it. `reduction-in-kernel` launches it on a reduced axis's
-    slices, the copy engines' reductions on the pieces a team's members sent."""
-    build = SegmentBuilder([slice_type] * count, ["slice"] * count)
-    accumulated = kind == "sum" and slice_type.element_type in (bf16, f16)
+def reduction_of_slices(
+    name: str, kind: str, slice_types: Sequence[TensorType], out_type: TensorType, names: Sequence[str] = ()
+) -> func.FuncOp:
+    """The segment `name` that reduces values of `slice_types` (the slices of a reduced
+    axis, the pieces a team's members sent, or partial sums) into one of `out_type`,
+    combining them in order with `fusion.add` (a "sum") or `fusion.maximum` (a "max"): a
+    sum that involves bf16 or f16 values is made in f32 and rounded once, as `torch.sum`
+    computes it. `reduction-in-kernel` launches it on a reduced axis's slices, the copy
+    engines' reductions on the pieces a team's members sent, `attention-ring` on its
+    running sums and the shares added into them. `names` names the segment's arguments
+    (`slice` each by default)."""
+    build = SegmentBuilder(slice_types, names or ["slice"] * len(slice_types))
+    accumulated = kind == "sum" and any(t.element_type in (bf16, f16) for t in (*slice_types, out_type))
     values = [build.widened(arg) if accumulated else arg for arg in build.block.args]
     total = values[0]
     for i, value in enumerate(values[1:], start=2):
-        last = i == count and not accumulated
+        last = i == len(values) and not accumulated
         total = build(COMBINE_SLICES[kind], total, value, type=out_type if last else None)
     build.block.add_op(func.ReturnOp(build.rounded(total, out_type) if accumulated else total))
     return build.function(name)

@@ -95,7 +95,8 @@ class ReductionOfSlicesInKernel(RewritePattern):
         key = (function.sym_name.data, op.kind.data, source.without_axis(axis), tensor_type(out), count)
         if (name := self.segments.get(key)) is None:
             name = self.segments[key] = hir.segment_name(function, "reduction")
-            rewriter.insert(reduction_of_slices(name, *key[1:]), InsertPoint.before(function))
+            segment = reduction_of_slices(name, op.kind.data, [key[2]] * count, key[3])
+            rewriter.insert(segment, InsertPoint.before(function))
         launch = hir.LaunchKernelOp(name, [view.results[0] for view in issued[:count]], [out])
         for new_op in (*issued, launch):
             new_op.location = op.location

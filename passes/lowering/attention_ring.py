@@ -95,7 +95,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from hostir_dialect import fusion, hir
-from hostir_dialect.builder import SegmentBuilder
+from hostir_dialect.builder import SegmentBuilder, reduction_of_slices
 from hostir_dialect.fusion import TensorType, key_block_axis, tensor_type
 from hostir.passes.analysis.extents import known_extent
 from hostir.passes.analysis.loops import StreamLoop, index_constant, named, runtime_value
@@ -410,10 +410,8 @@ class _RingBackward:
         types = (tensor_type(a), tensor_type(b), tensor_type(out))
         segment = self.sum_segments.get(types)
         if segment is None:
-            build = SegmentBuilder(types[:2], ["a", "b"])
-            total = build(fusion.AddOp, *(build.widened(x) for x in build.block.args))
-            build.block.add_op(func.ReturnOp(build.rounded(total, types[2])))
-            segment = self.sum_segments[types] = build.function(hir.segment_name(self.host, "sum"))
+            name = hir.segment_name(self.host, "sum")
+            segment = self.sum_segments[types] = reduction_of_slices(name, "sum", types[:2], types[2], ["a", "b"])
             self.rewriter.insert(segment, InsertPoint.before(self.host))
         return hir.LaunchKernelOp(segment.sym_name.data, [a, b], [out])
 

@@ -154,7 +154,7 @@ def pieces_kernel(count: int, op: dist.ReduceOp.RedOpType, dtype: torch.dtype, r
     if op not in KERNEL_REDUCTIONS or not dtype.is_floating_point:
         return None
     piece = TensorType([DYNAMIC] * rank, element_type(dtype))
-    return SegmentKernel(reduction_of_slices("pieces", KERNEL_REDUCTIONS[op], piece, piece, count))
+    return SegmentKernel(reduction_of_slices("pieces", KERNEL_REDUCTIONS[op], [piece] * count, piece))
 
 
 def reduction(
