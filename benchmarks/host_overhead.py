@@ -4,10 +4,15 @@ first op its host program runs, split into torch's share and hostir's.
     python benchmarks/host_overhead.py                    # 1 and 2 local ranks (CPU and gloo without GPUs)
     python benchmarks/host_overhead.py --nproc 2 --size 4096,1,8192 --reps 50    # GPUs: bf16, one per rank
     python benchmarks/host_overhead.py --profile 20       # and the functions of rank 0's hot path (cProfile)
+    python benchmarks/host_overhead.py --layers 4         # a stack of 4 layers compiled whole (--per-layer: one by one)
 
 The layer is examples/tp_decoder_layer.py's, parallelized with torchtitan's plan over the
 ranks and compiled with `torch.compile(layer, backend="hostir", options={"backend": "nccl"})`
-(gloo on CPU ranks), as benchmarks/tp_layer.py's `hostir (nccl)` contender. After warm-up
+(gloo on CPU ranks), as benchmarks/tp_layer.py's `hostir (nccl)` contender; with `--layers N`
+a stack of N such layers (`nn.Sequential`), compiled whole as a user compiles a model, or
+with `--per-layer` layer by layer as torchtitan does (every layer then calls the same
+graphs, and the first graph call of a step is the first layer's forward, or the last
+layer's backward). After warm-up
 steps (which compile), each timed step stamps `time.perf_counter_ns()` at three points:
 
   call     the step calls the compiled module (`model(x)`), or `out.backward(grad)`
@@ -154,7 +159,25 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str, profile: int) -> dict:
+def compiled_model(layer_of: Callable[[], torch.nn.Module], layers: int, per_layer: bool, mesh) -> tuple:
+    """(the module whose parameters a step updates, the module a step calls): one layer of
+    `layer_of()`, or a stack of `layers`, parallelized over `mesh` and compiled whole or
+    (`per_layer`) layer by layer."""
+    options = {"backend": "hostir", "options": {"backend": "nccl"}}
+    if layers == 1:
+        layer = parallelize(layer_of(), mesh)
+        return layer, torch.compile(layer, **options)
+    stack = torch.nn.Sequential(*[parallelize(layer_of(), mesh) for _ in range(layers)])
+    if not per_layer:
+        return stack, torch.compile(stack, **options)
+    for layer in stack:
+        layer.compile(**options)
+    return stack, stack
+
+
+def run_rank(
+    size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str, profile: int, layers: int = 1, per_layer: bool = False
+) -> dict:
     """This rank's median shares of each step, in microseconds, and rank 0's profile if asked."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -164,11 +187,14 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
     dtype = getattr(torch, dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     torch.manual_seed(0)
     with torch.device(device):
-        layer = DecoderLayer(dim, dim // head_dim, int(dim * 3.5)).to(dtype)
         x = torch.randn(batch, sequence // world, dim, dtype=dtype)
         grad = torch.randn(batch, sequence // world, dim, dtype=dtype)
-    layer = parallelize(layer, init_device_mesh(device.type, (world,)))
-    model = torch.compile(layer, backend="hostir", options={"backend": "nccl"})
+        layer, model = compiled_model(
+            lambda: DecoderLayer(dim, dim // head_dim, int(dim * 3.5)).to(dtype),
+            layers,
+            per_layer,
+            init_device_mesh(device.type, (world,)),
+        )
 
     def forward() -> None:
         with torch.no_grad():
@@ -254,13 +280,20 @@ def run_rank(size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str
 
 
 def measure(
-    nproc: int, size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str | None = None, profile: int = 0
+    nproc: int,
+    size: tuple[int, int, int, int],
+    warmup: int,
+    reps: int,
+    dtype: str | None = None,
+    profile: int = 0,
+    layers: int = 1,
+    per_layer: bool = False,
 ) -> list[dict]:
     """`run_rank` on `nproc` local ranks, or on torchrun's ranks (`nproc` is then theirs); every
     rank's result, in rank order."""
     if not TORCHRUN:
-        return run_on_local_ranks(run_rank, nproc, size, warmup, reps, dtype, profile)
-    result = run_rank(size, warmup, reps, dtype, profile)
+        return run_on_local_ranks(run_rank, nproc, size, warmup, reps, dtype, profile, layers, per_layer)
+    result = run_rank(size, warmup, reps, dtype, profile, layers, per_layer)
     results = [None] * dist.get_world_size()
     dist.all_gather_object(results, result)
     release_captured_graphs()
@@ -268,13 +301,14 @@ def measure(
     return results
 
 
-def report(nproc: int, size: tuple[int, int, int, int], per_rank: list[dict]) -> str:
+def report(nproc: int, size: tuple[int, int, int, int], per_rank: list[dict], layers: int = 1, per_layer: bool = False) -> str:
     """The table of one world: per step, the slowest rank's median of each share."""
     dim, batch, sequence, _ = size
     first = per_rank[0]
+    stack = "" if layers == 1 else f", {layers} layers {'compiled one by one' if per_layer else 'compiled whole'}"
     lines = [
-        f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens "
-        "(us, median per step, slowest rank)",
+        f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens"
+        f"{stack} (us, median per step, slowest rank)",
         f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}{'step alone':>12}"
         f"{'torch warm':>12}{'hostir warm':>13}{'total warm':>12}",
     ]
@@ -303,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="also profile STEPS steps of each kind with cProfile, and list rank 0's costliest "
                         "functions of torch's wrappers and of hostir's calls")
+    parser.add_argument("--layers", type=int, default=1, help="a stack of N layers, compiled whole (default: one layer)")
+    parser.add_argument("--per-layer", action="store_true", help="with --layers: compile the layers one by one")
     args = parser.parse_args(argv)
+    if args.per_layer and args.layers < 2:
+        parser.error("--per-layer needs --layers 2 or more")
     if args.size is None:
         size = SMOKE_SIZE
     else:
@@ -311,10 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         size = (dim, batch, sequence, args.head_dim or 128)
     worlds = [int(os.environ["WORLD_SIZE"])] if TORCHRUN else args.nproc or [1, 2]
     for nproc in worlds:
-        per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile)
+        per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile, args.layers, args.per_layer)
         if TORCHRUN and int(os.environ["RANK"]) != 0:
             continue
-        print(report(nproc, size, per_rank))
+        print(report(nproc, size, per_rank, args.layers, args.per_layer))
         if args.profile:
             print(per_rank[0]["profile"])
     return 0

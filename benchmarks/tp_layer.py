@@ -12,7 +12,8 @@ the norms. Head dim 128 and MLP hidden 3.5 x dim (14336 at dim 4096, 28672 at 81
 A size is DIM,BATCH,SEQUENCE; every rank holds SEQUENCE / D of each sequence. With
 `--layers N` the model is a stack of N such layers, each compiled on its own as torchtitan
 compiles its models: torch compiles the layer's code once, and every layer calls the same
-graphs with its own parameters.
+graphs with its own parameters; with `--whole` too, the stack is compiled whole, as
+`torch.compile(model)` compiles a model: one forward graph and one backward graph.
 
 For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
 training step, forward then backward of the output with a fixed random gradient (no
@@ -125,6 +126,8 @@ class LayerSize:
     head_dim: int = 128
     layers: int = 1
     """Layers of the model, each compiled on its own (`--layers`)."""
+    whole: bool = False
+    """Whether a stack of layers is compiled whole rather than layer by layer (`--whole`)."""
 
     @property
     def heads(self) -> int:
@@ -136,7 +139,8 @@ class LayerSize:
 
     @property
     def label(self) -> str:
-        layers = f", {self.layers} layers compiled one by one" if self.layers > 1 else ""
+        compiled = "whole" if self.whole else "one by one"
+        layers = f", {self.layers} layers compiled {compiled}" if self.layers > 1 else ""
         return f"dim {self.dim}, {self.batch} x {self.sequence} tokens{layers}"
 
     def check(self, world: int) -> None:
@@ -248,14 +252,14 @@ def compile_options(contender: str, mesh) -> dict[str, Any]:
     raise ValueError(contender)
 
 
-def wrap(contender: str, layer: nn.Module, mesh) -> nn.Module:
+def wrap(contender: str, layer: nn.Module, mesh, whole: bool = False) -> nn.Module:
     """The contender's callable of `layer` (its own copy): a stack of layers is compiled layer by
-    layer, as torchtitan compiles its models. The caller resets dynamo after each contender:
-    none reuses another's graphs or counts against another's recompile limit."""
+    layer, as torchtitan compiles its models, or `whole`. The caller resets dynamo after each
+    contender: none reuses another's graphs or counts against another's recompile limit."""
     if contender == EAGER:
         return layer
     options = compile_options(contender, mesh)
-    if isinstance(layer, nn.Sequential):
+    if isinstance(layer, nn.Sequential) and not whole:
         for block in layer:
             block.compile(**options)
         return layer
@@ -497,7 +501,9 @@ def measure_size(
             measure = functools.partial(measure_limit, limit, device, warmup, reps)
         else:
             traces = Path(config["output"]) if config["breakdown"] else None
-            measure = functools.partial(measure_layer, contender, base, mesh, inputs, expected, warmup, reps, traces)
+            measure = functools.partial(
+                measure_layer, contender, base, mesh, inputs, expected, warmup, reps, traces, size.whole
+            )
         results += contender_results(size, contender, status, measure, tolerance, device)
         measured()
 
@@ -579,6 +585,7 @@ def measure_layer(
     warmup: int,
     reps: int,
     traces: Path | None = None,
+    whole: bool = False,
 ) -> Measured:
     """A copy of `base` parallelized and run by `contender`: every rank's median of each step, the
     slowest rank's error of each checked tensor, the slowest rank's time of the first (checked)
@@ -586,7 +593,7 @@ def measure_layer(
     and, on GPUs, its median with the host ahead (`median_ms`)."""
     layer = parallelized(copy.deepcopy(base), mesh)
     earlier_graphs = set(compiled_graphs())
-    model = wrap(contender, layer, mesh)
+    model = wrap(contender, layer, mesh, whole)
     began = time.perf_counter()
     errors = check(model, layer, inputs, expected, reference=contender == EAGER)
     first_s = max(gathered(time.perf_counter() - began))
@@ -598,7 +605,7 @@ def measure_layer(
     times = step_times(steps, device, warmup, reps)
     breakdowns = {}
     if traces is not None:
-        layers = f"-l{len(layer)}" if isinstance(layer, nn.Sequential) else ""
+        layers = f"-l{len(layer)}{'-whole' if whole else ''}" if isinstance(layer, nn.Sequential) else ""
         size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}{layers}"
         breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-{size}-{key_of(KEYS, contender)}")
     return times, errors, first_s, breakdowns
@@ -1014,10 +1021,15 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--layers", type=int, default=1, help="a stack of this many layers, each compiled on its own (as torchtitan does)"
     )
+    parser.add_argument(
+        "--whole", action="store_true", help="with --layers: compile the stack whole, as torch.compile(model) does"
+    )
     args, chosen = parsed(parser, argv, DEFAULT_SIZES, SMOKE_SIZES, KEYS)
     if args.layers < 1:
         parser.error(f"--layers {args.layers}: at least one layer")
-    args.sizes = [replace(size, layers=args.layers) for size in args.sizes]
+    if args.whole and args.layers < 2:
+        parser.error("--whole needs --layers 2 or more")
+    args.sizes = [replace(size, layers=args.layers, whole=args.whole) for size in args.sizes]
     args.contenders_given = bool(args.contenders)
     # Eager DTensor runs first whatever is chosen: every check compares with it.
     args.contenders = [c for c in CONTENDERS if c in chosen or c == EAGER]

@@ -23,31 +23,48 @@ COMMAND_TIMEOUT_S = 600
 """Two launches that each compile the layer's three graphs: tens of seconds on a loaded machine."""
 
 
-@needs_ranks(2)
-def test_smoke_run_splits_every_step_on_1_and_2_ranks():
-    command = [sys.executable, str(BENCHMARKS / "host_overhead.py"), "--warmup=2", "--reps=3"]
+def run_tables(*options: str) -> tuple[list[int], list[str], str]:
+    """The benchmark's smoke run with `options`: the worlds it reports, their tables, its output."""
+    command = [sys.executable, str(BENCHMARKS / "host_overhead.py"), "--warmup=2", "--reps=3", *options]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     tables = re.split(r"^(\d+) rank\(s\), ", completed.stdout, flags=re.M)[1:]
-    worlds, tables = [int(world) for world in tables[0::2]], tables[1::2]
-    assert worlds == [1, 2], completed.stdout
+    return [int(world) for world in tables[0::2]], tables[1::2], completed.stdout
+
+
+def check_table(table: str, model: str = "") -> None:
+    """Every step's row of `table`, whose model is `model` (a stack's words after the tokens),
+    holds shares that are spans between stamps the step passed, in order."""
     where = "cuda, bfloat16" if torch.cuda.is_available() else "cpu, float32"
+    assert table.startswith(f"{where}, dim 64, 2 x 16 tokens{model} (us"), table
+    rows = {
+        match[1]: tuple(map(float, match.groups()[1:]))
+        for match in re.finditer(r"^(forward|train forward|train backward)" + r" +([\d.]+)" * 8 + "$", table, re.M)
+    }
+    assert set(rows) == set(host_overhead.STEPS), table
+    for step, row in rows.items():
+        torch_us, hostir_us, total_us, torch_alone_us, step_alone_us, *warm = row
+        for shares in ((torch_us, hostir_us, total_us), warm):
+            assert shares[0] > 0 and shares[1] > 0, f"{step}: {table}"
+            assert shares[2] >= max(shares[:2]), f"{step}: {table}"
+        assert torch_alone_us > 0 and step_alone_us >= torch_alone_us, f"{step}: {table}"
+
+
+@needs_ranks(2)
+def test_smoke_run_splits_every_step_on_1_and_2_ranks():
+    worlds, tables, output = run_tables()
+    assert worlds == [1, 2], output
     for table in tables:
-        assert table.startswith(f"{where}, dim 64, 2 x 16 tokens"), table
-        rows = {
-            match[1]: tuple(map(float, match.groups()[1:]))
-            for match in re.finditer(
-                r"^(forward|train forward|train backward)" + r" +([\d.]+)" * 8 + "$", table, re.M
-            )
-        }
-        assert set(rows) == set(host_overhead.STEPS), table
-        for step, row in rows.items():
-            torch_us, hostir_us, total_us, torch_alone_us, step_alone_us, *warm = row
-            # Each share is a span between two stamps that the step passed, in order.
-            for shares in ((torch_us, hostir_us, total_us), warm):
-                assert shares[0] > 0 and shares[1] > 0, f"{step}: {table}"
-                assert shares[2] >= max(shares[:2]), f"{step}: {table}"
-            assert torch_alone_us > 0 and step_alone_us >= torch_alone_us, f"{step}: {table}"
+        check_table(table)
+
+
+@pytest.mark.parametrize("per_layer", [False, True], ids=["whole", "per_layer"])
+def test_a_stack_of_layers_compiled_whole_or_one_by_one_is_split_alike(per_layer):
+    """Two layers in an `nn.Sequential`, compiled whole or layer by layer: the first graph call
+    of each step is stamped and split as a layer's."""
+    worlds, tables, output = run_tables("--nproc=1", "--layers=2", *(["--per-layer"] if per_layer else []))
+    assert worlds == [1], output
+    check_table(tables[0], f", 2 layers compiled {'one by one' if per_layer else 'whole'}")
 
 
 def test_a_step_that_runs_no_hostir_program_is_an_error():

@@ -95,15 +95,19 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_smoke_run_of_layers_compiled_one_by_one_checks_each_layers_gradients(tmp_path):
+@pytest.mark.parametrize("whole", [False, True], ids=["one_by_one", "whole"])
+def test_smoke_run_of_a_stack_of_layers_checks_each_layers_gradients(tmp_path, whole):
     """`--layers 2`: a stack of two layers, each compiled on its own, which share hostir's
-    graphs; the gradients of both layers' parameters are checked against eager DTensor."""
-    _, document = _smoke_run(tmp_path, "--layers=2", "--contenders=hostir", "--warmup=1", "--reps=2")
+    graphs, or (`--whole`) compiled whole, one graph each way; the gradients of both
+    layers' parameters are checked against eager DTensor."""
+    options = ["--layers=2", *(["--whole"] if whole else []), "--contenders=hostir", "--warmup=1", "--reps=2"]
+    _, document = _smoke_run(tmp_path, *options)
     hostir = {r["step"]: r for r in document["results"] if r["contender"] == tp_layer.HOSTIR}
     parameters = [f"{layer}.{name}" for layer in (0, 1) for name, _ in DecoderLayer().named_parameters()]
     assert set(hostir["train"]["errors"]) == {"output", "input gradient", *(f"{name} gradient" for name in parameters)}
     assert all(r["status"] == "ok" and r["check_ok"] for r in hostir.values())
-    assert "| dim 64, 2 x 16 tokens, 2 layers compiled one by one |" in (tmp_path / "tp_layer.md").read_text()
+    compiled = "whole" if whole else "one by one"
+    assert f"| dim 64, 2 x 16 tokens, 2 layers compiled {compiled} |" in (tmp_path / "tp_layer.md").read_text()
 
 
 def test_hostir_auto_runs_where_it_differs_from_the_other_hostir_contenders():
@@ -269,3 +273,13 @@ def test_bad_arguments_exit_with_a_message_before_any_rank_starts(argv, message,
         tp_layer.main(argv)
     assert exited.value.code != 0
     assert message in capsys.readouterr().err + str(exited.value.code)
+
+
+def test_a_stack_is_compiled_layer_by_layer_or_whole():
+    """`wrap` compiles each layer of a stack on its own, as torchtitan does, or (`--whole`)
+    the stack itself, as `torch.compile(model)` does."""
+    stack = torch.nn.Sequential(DecoderLayer(), DecoderLayer())
+    assert tp_layer.wrap(tp_layer.HOSTIR, stack, None) is stack
+    assert all(layer._compiled_call_impl is not None for layer in stack)
+    whole = tp_layer.wrap(tp_layer.HOSTIR, torch.nn.Sequential(DecoderLayer(), DecoderLayer()), None, whole=True)
+    assert isinstance(whole, torch._dynamo.eval_frame.OptimizedModule)
