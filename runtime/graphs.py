@@ -110,8 +110,9 @@ class GraphReplayFallback(UserWarning):
 
 
 def signature(inputs: Sequence[torch.Tensor]) -> Signature:
-    """What a capture depends on: each input's shape, strides, dtype and device."""
-    return tuple((tuple(x.shape), x.stride(), x.dtype, x.device) for x in inputs)
+    """What a capture depends on: each input's shape, strides, dtype and device. Made at every
+    run (a torch.Size hashes and compares as the tuple it is)."""
+    return tuple((x.shape, x.stride(), x.dtype, x.device) for x in inputs)
 
 
 def _use_count(storage: torch.UntypedStorage) -> int:
@@ -314,6 +315,14 @@ class DeviceCaptures:
         return None
 
 
+class SignatureCaptures(list[CapturedRun]):
+    """A signature's captures, in the order they were made (`GraphReplayer.captured`)."""
+
+    last: int = -1
+    """The index of the capture that served the signature's last run: the next run tries the one
+    after it first (a model's blocks take the captures in turn)."""
+
+
 _DEVICE_CAPTURES: dict[torch.device, DeviceCaptures] = {}
 
 
@@ -440,11 +449,9 @@ class GraphReplayer:
         self.copied_outputs: frozenset[int] = frozenset()
         """The outputs on loan that a caller kept where they blocked a replay, which every
         capture copies from then on (see the module's docstring)."""
-        self.captured: dict[Signature, list[CapturedRun]] = {}
-        """Per signature, its captures, in the order they were made."""
-        self.last: dict[Signature, int] = {}
-        """Per signature, the index of the capture that served its last run: the next run tries
-        the one after it first (a model's blocks take the captures in turn)."""
+        self.captured: dict[Signature, SignatureCaptures] = {}
+        """Per signature, its captures; a run looks its signature up once (a signature of many
+        inputs takes microseconds to hash and compare)."""
         self.said: set[str] = set()
         """Why runs of this program ran outside their graph, each said once."""
         self.eager_reason: str | None = None
@@ -480,29 +487,31 @@ class GraphReplayer:
         """
         if self.replays:
             key = signature(inputs)
-            runs = self.captured.setdefault(key, [])
+            runs = self.captured.get(key)
+            if runs is None:
+                runs = self.captured[key] = SignatureCaptures()
             captures = device_captures(self.communicator.device)
-            index = captures.free(runs, inputs, self.last.get(key, -1) + 1)
+            index = captures.free(runs, inputs, runs.last + 1)
             if index is not None:
-                return self._replay(captures, key, index, inputs, checked)
+                return self._replay(captures, runs, index, inputs, checked)
             self._copy_kept_loans(runs, inputs, captures)
         checked()
         if self.replays and len(runs) >= self.most_captures:
             return self._run_outside(runs[0], inputs, self._why_none_free(runs, inputs))
-        if self.replays and self._capture(key, inputs) is not None:
-            return self._replay(device_captures(self.communicator.device), key, len(runs) - 1, inputs)
+        if self.replays and self._capture(runs, inputs) is not None:
+            return self._replay(device_captures(self.communicator.device), runs, len(runs) - 1, inputs)
         return self.program.run(inputs, self.communicator, self.num_streams, views_of=self.static_inputs)
 
     def _replay(
         self,
         captures: DeviceCaptures,
-        key: Signature,
+        runs: SignatureCaptures,
         index: int,
         inputs: Sequence[torch.Tensor],
         checked: Callable[[], object] = lambda: None,
     ) -> list[torch.Tensor]:
-        run = self.captured[key][index]
-        self.last[key] = index
+        run = runs[index]
+        runs.last = index
         outputs = run.replay(inputs, checked)
         if run.lent:
             captures.lending[run.order] = (run, self)
@@ -556,10 +565,10 @@ class GraphReplayer:
             f"@{self.program.host.sym_name.data} runs eagerly: {reason}", GraphReplayFallback, stacklevel=3
         )
 
-    def _capture(self, key: Signature, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
-        """Captures a run on copies of `inputs`, appended to the signature's captures, having
-        warmed up for its first; None when a rank could not capture, or when an input is on
-        the CPU (every rank alike: they run one graph)."""
+    def _capture(self, earlier: SignatureCaptures, inputs: Sequence[torch.Tensor]) -> CapturedRun | None:
+        """Captures a run on copies of `inputs`, appended to `earlier` (the signature's
+        captures), having warmed up for its first; None when a rank could not capture, or when
+        an input is on the CPU (every rank alike: they run one graph)."""
         program, device = self.program, self.communicator.device
         on_cpu = next((i for i, x in enumerate(inputs) if x.device.type == "cpu" and device.type != "cpu"), None)
         if on_cpu is not None:
@@ -574,7 +583,6 @@ class GraphReplayer:
             [x.clone() if i in copied else x for i, x in enumerate(inputs)], self.communicator
         )
         captures = device_captures(device)
-        earlier = self.captured[key]
         # Another capture of a signature runs what the first warmed up, on the extents it checked.
         extents = earlier[0].extents if earlier else self._warm_up(captures.stream, static_inputs)
         graph, static_outputs, failure = self._record(captures, static_inputs, extents)

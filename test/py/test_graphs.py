@@ -30,6 +30,7 @@ from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.graphs import (
     BATCHED_COPY_BYTES,
     CapturedRun,
+    SignatureCaptures,
     DeviceCaptures,
     GraphReplayer,
     MOST_CAPTURES,
@@ -290,7 +291,7 @@ def test_a_kept_output_on_loan_is_copied_from_then_on_by_every_capture():
         graph=None, inputs=[], addresses=[], outputs=[other_gradient, torch.zeros(5)], extents={},
         order=captures.next_order(), lent=frozenset({0, 1}), on_loan=frozenset({0}),
     )
-    replayer.captured[()] = [run, other]
+    replayer.captured[()] = SignatureCaptures([run, other])
     kept_gradient, kept_saved = gradient.detach(), saved.detach()
     assert run.kept_loans(run.on_loan) == {0}
     replayer._copy_kept_loans([run], [], captures)
@@ -313,13 +314,13 @@ def test_a_later_captures_output_blocks_an_earlier_one_and_is_copied_only_if_pas
     captures = DeviceCaptures(pool=(0, 0), stream=None)
     inference, backward = _cpu_replayer(), _cpu_replayer()
     early = CapturedRun(graph=None, inputs=[], addresses=[], outputs=[torch.zeros(3)], extents={}, order=captures.next_order())
-    inference.captured[()] = [early]
+    inference.captured[()] = SignatureCaptures([early])
     weight_gradient, input_gradient = torch.zeros(4), torch.zeros(6)
     late = CapturedRun(
         graph=None, inputs=[], addresses=[], outputs=[weight_gradient, input_gradient], extents={},
         order=captures.next_order(), lent=frozenset({0, 1}), on_loan=frozenset({0, 1}), passed_on=frozenset({1}),
     )
-    backward.captured[()] = [late]
+    backward.captured[()] = SignatureCaptures([late])
     captures.lending[late.order] = (late, backward)
     grad = weight_gradient.detach()
     assert captures.free([early], []) is None
@@ -564,7 +565,7 @@ def test_replay_reads_static_inputs_in_place(replay_device):
     assert first is captured and second.addresses[1:] == [w2.data_ptr(), b.data_ptr()]
     x3 = torch.randn_like(x)
     torch.testing.assert_close(replayer.run([x3, w, b])[0], _linear(x3, w, b))
-    assert replayer.last[signature([x3, w, b])] == 0
+    assert replayer.captured[signature([x3, w, b])].last == 0
     release_captured_graphs()
 
 
@@ -630,7 +631,7 @@ def test_replay_lends_an_output_until_a_caller_keeps_it(replay_device):
         with warnings.catch_warnings():
             warnings.simplefilter("error", GraphReplayFallback)
             (again,) = replayer.run(a_b := inputs(4))
-        assert replayer.last[signature(a_b)] == 0, "the first capture serves again"
+        assert replayer.captured[signature(a_b)].last == 0, "the first capture serves again"
         assert again.data_ptr() != captured.outputs[0].data_ptr(), "and returns a copy"
         torch.testing.assert_close(again, sum(a_b))
         del again
