@@ -238,8 +238,12 @@ def test_the_decoder_layers_norms_are_one_kernel_each(dtype, kernels, batch):
     for program in programs:
         assert not COMPUTING_ATEN.findall(program)
         assert "hir.reduction" not in program, "the norms' weight gradients are summed in their kernels"
+    # Each norm's weight gradient, a sum over the tokens in f32, in a kernel's segment: on
+    # the CPU torch writes it with the token axes kept (`[1, 1, 64]`), on GPUs through
+    # `_fused_rms_norm_backward`'s decomposition, which drops them (`[64]`).
     backward = text.split("// hostir: the host program")[2]
-    assert len(re.findall(r"fusion.sum %\S+ \[1, 2\] keepdim : \S+ -> !f32_2x1x1x64_didx", backward)) == 2
+    column_sum = r"fusion.sum %\S+ \[1(?:, 2)?\](?: keepdim)? : \S+ -> !f32_2x(?:1x)*64_didx"
+    assert len(re.findall(column_sum, backward)) == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

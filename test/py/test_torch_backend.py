@@ -1080,20 +1080,21 @@ def test_the_cost_model_weighs_a_gemm_rs_in_the_form_its_lowering_gives_it(monke
 
 def _layer_on_the_copy_engines() -> dict:
     """The decoder layer's forward and backward with `backend="cuda"` on this rank (gloo's
-    messages stand for the copy engines on CPU ranks), against eager DTensor; what the host
-    programs' reduce-scatters became."""
+    messages stand for the copy engines on CPU ranks; on GPUs they are the copy engines),
+    against eager DTensor; what the host programs' reduce-scatters became."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from hostir.frontend import backend
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (world,))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
-    layers = [parallelize(DecoderLayer(), mesh) for _ in range(2)]
+    layers = [parallelize(DecoderLayer().to(device), mesh) for _ in range(2)]
     layers[1].load_state_dict(layers[0].state_dict())
     compiled = torch.compile(layers[0], backend="hostir", options={"backend": "cuda"})
-    x = torch.randn(2, 16, 64).chunk(world, dim=1)[rank]
+    x = torch.randn(2, 16, 64).chunk(world, dim=1)[rank].to(device)
     inputs = [x.clone().requires_grad_() for _ in layers]
     outputs = [compiled(inputs[0]), layers[1](inputs[1])]
     for out in outputs:
