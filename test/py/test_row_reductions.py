@@ -114,10 +114,11 @@ def _fused_rms_norm_with_residual(x, r, w):
 def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
     """torch.compile of a residual add and RMSNorm (as the CPU calls it, and `_fused_rms_norm`,
     which GPUs call; this CPU torch decomposes the latter without the backend's table, so the
-    table's entry for it is exercised on GPUs alone): the forward is one segment (the add, the mean's row sum and the
-    scaled output), the backward one segment for the input's gradient and the weight's (its
-    column sum over the tokens in the segment, which returns it, not the product it sums);
-    both against eager."""
+    table's entry for it is exercised on GPUs, and for its backward by
+    `test_the_fused_norms_backward_as_gpus_trace_it_is_one_segment`): the forward is one
+    segment (the add, the mean's row sum and the scaled output), the backward one segment
+    for the input's gradient and the weight's (its column sum over the tokens in the
+    segment, which returns it, not the product it sums); both against eager."""
     generator = torch.Generator().manual_seed(0)
     x, r, w = (torch.randn(*shape, generator=generator).to(dtype) for shape in ((4, 8, 64), (4, 8, 64), (64,)))
     leaves = [[t.clone().requires_grad_() for t in (x, r, w)] for _ in range(2)]
@@ -142,6 +143,37 @@ def test_rms_norm_and_its_backward_are_one_segment_each(dtype, norm):
     # The backward: the norm's kernel (its cast to bf16 a kernel of its own), no reduction.
     assert "hir.reduction" not in backward
     assert backward.count("hir.launch_kernel") == (1 if dtype == torch.float32 else 2)
+
+
+def _fused_rms_norm_backward(grad, h, rstd, w):
+    return torch.ops.aten._fused_rms_norm_backward(grad, h, [h.shape[-1]], rstd, w, [True, True])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_norms_backward_as_gpus_trace_it_is_one_segment(dtype):
+    """What a GPU's training graph holds for RMSNorm's backward, `_fused_rms_norm_backward`
+    (this CPU torch traces `F.rms_norm` into its parts, and has no kernel of the fused op but
+    its meta one): the backend's decomposition of it is one segment that sums the weight's
+    gradient over the tokens with the summed axes dropped (`[64]`, where the CPU's trace
+    keeps them), against the gradients autograd gives `F.rms_norm` on the same values."""
+    generator = torch.Generator().manual_seed(0)
+    h, grad = (torch.randn(4, 8, 64, generator=generator).to(dtype) for _ in range(2))
+    w = torch.randn(64, generator=generator).to(dtype)
+    rstd = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + EPS)
+    torch._dynamo.reset()
+    with _dumped("host_ir") as dump:
+        d_input, d_weight = torch.compile(_fused_rms_norm_backward, backend="hostir", options={"fallback": False})(
+            grad, h, rstd, w
+        )
+    leaves = [t.clone().requires_grad_() for t in (h, w)]
+    F.rms_norm(leaves[0], (64,), leaves[1], EPS).backward(grad)
+    tolerance = TOLERANCES[dtype]
+    assert _max_error(d_input.float(), leaves[0].grad.float()) < tolerance
+    assert _max_error(d_weight.float(), leaves[1].grad.float()) < tolerance
+    (program,) = (p.split("func.func @", 1)[1] for p in dump.getvalue().split("// hostir: the host program")[1:])
+    assert re.findall(r"fusion.sum %\S+ \[0, 1\] : \S+ -> (\S+)", dump.getvalue()) == ["!f32_64"]
+    assert "hir.reduction" not in program and not COMPUTING_ATEN.findall(program)
+    assert program.count("hir.launch_kernel") == (1 if dtype == torch.float32 else 2)
 
 
 def _layer_programs_on_rank(dtype: torch.dtype, batch: int = 2) -> str:
