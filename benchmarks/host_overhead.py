@@ -58,19 +58,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tp_layer import HOSTIR, LayerSize, model_of, parallelized, wrap  # the layer, as its contender builds it
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.append(str(REPOSITORY))  # examples/ is no installed package; hostir as installed comes first
-
-from examples.tp_decoder_layer import DecoderLayer, parallelize  # noqa: E402
-from hostir.frontend.backend import HostirGraph, compiled_graphs  # noqa: E402
-from hostir.runtime.distributed.communicator import Communicator  # noqa: E402
-from hostir.runtime.graphs import release_captured_graphs  # noqa: E402
-from hostir.runtime.launch import run_on_local_ranks  # noqa: E402
+from hostir.frontend.backend import HostirGraph, compiled_graphs
+from hostir.runtime.distributed.communicator import Communicator
+from hostir.runtime.graphs import release_captured_graphs
+from hostir.runtime.launch import run_on_local_ranks
 
 TORCHRUN = "RANK" in os.environ and "WORLD_SIZE" in os.environ
 """Started by torchrun: this process is one rank of its world."""
@@ -159,22 +155,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def compiled_model(layer_of: Callable[[], torch.nn.Module], layers: int, per_layer: bool, mesh) -> tuple:
-    """(the module whose parameters a step updates, the module a step calls): one layer of
-    `layer_of()`, or a stack of `layers`, parallelized over `mesh` and compiled whole or
-    (`per_layer`) layer by layer."""
-    options = {"backend": "hostir", "options": {"backend": "nccl"}}
-    if layers == 1:
-        layer = parallelize(layer_of(), mesh)
-        return layer, torch.compile(layer, **options)
-    stack = torch.nn.Sequential(*[parallelize(layer_of(), mesh) for _ in range(layers)])
-    if not per_layer:
-        return stack, torch.compile(stack, **options)
-    for layer in stack:
-        layer.compile(**options)
-    return stack, stack
-
-
 def run_rank(
     size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str, profile: int, layers: int = 1, per_layer: bool = False
 ) -> dict:
@@ -186,15 +166,12 @@ def run_rank(
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     torch.manual_seed(0)
+    mesh = init_device_mesh(device.type, (world,))
     with torch.device(device):
+        layer = parallelized(model_of(LayerSize(dim, batch, sequence, head_dim, layers), dtype), mesh)
         x = torch.randn(batch, sequence // world, dim, dtype=dtype)
         grad = torch.randn(batch, sequence // world, dim, dtype=dtype)
-        layer, model = compiled_model(
-            lambda: DecoderLayer(dim, dim // head_dim, int(dim * 3.5)).to(dtype),
-            layers,
-            per_layer,
-            init_device_mesh(device.type, (world,)),
-        )
+    model = wrap(HOSTIR, layer, mesh, whole=not per_layer)
 
     def forward() -> None:
         with torch.no_grad():

@@ -8,7 +8,7 @@ A reduce-scatter or allreduce on the copy engines ends, at its `hir.wait`, with 
 memory-bound pass on the SMs between two GEMMs (docs/copy-engine.md); a ring's
 reduce-scatter ends with the same sum of the pieces (`reduction-in-kernel`). Before the
 generated kernel, a team of more than two copied the own piece into its staging slot and
-ran `REDUCTIONS` (ATen's `torch.sum` over the slots' axis); now
+ran ATen's `torch.sum` over the slots' axis (`reduction_in_slots`); now
 `runtime.distributed.copy_engine.reduction` launches a kernel that reads the peers'
 slots and the own piece in place; a team of two may instead run `PAIRWISE` (one
 elementwise op). This times each, on bf16 pieces of `rows x cols` for each team size, GPU
@@ -20,13 +20,14 @@ GEMM+AR).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import torch
 import torch.distributed as dist
 
 from gpu_timing import gpu_median_ms
-from hostir.runtime.distributed.copy_engine import REDUCTIONS, reduction
+from hostir.runtime.distributed.copy_engine import reduction, reduction_in_slots
 
 HOLD_MS = 1.0
 """GPU time queued before each timed run: longer than Python takes to launch one."""
@@ -52,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             piece = torch.randn(*shape, device="cuda", generator=generator).bfloat16()
             outputs = {way: torch.full_like(piece, float("nan")) for way in ("aten", "kernel", "pairwise")}
 
-            def aten() -> None:
-                staging[0].copy_(piece)
-                REDUCTIONS[dist.ReduceOp.SUM](staging, outputs["aten"])
-
-            runs = {"aten": aten, "kernel": reduction(staging, 0, piece, outputs["kernel"], dist.ReduceOp.SUM, in_place=False)}
+            runs = {
+                "aten": functools.partial(reduction_in_slots, staging, 0, piece, outputs["aten"], dist.ReduceOp.SUM),
+                "kernel": reduction(staging, 0, piece, outputs["kernel"], dist.ReduceOp.SUM, in_place=False),
+            }
             if members == 2:
                 runs["pairwise"] = reduction(staging, 0, piece, outputs["pairwise"], dist.ReduceOp.SUM, in_place=True)
             times = {way: gpu_median_ms(run, arguments.repeats, HOLD_MS) * 1e3 for way, run in runs.items()}

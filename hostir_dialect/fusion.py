@@ -294,6 +294,11 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
         varying tensor's device axis, its first, is not passed."""
         return self.rank - (self.didx_axis == 0)
 
+    @property
+    def piece_shape(self) -> Shape:
+        """The shape of that piece: the type's shape but a varying tensor's device axis."""
+        return self.get_shape()[self.rank - self.piece_rank :]
+
     def local_shape(self) -> Shape:
         """The shape one device holds: every `didx` axis has extent 1."""
         return tuple(

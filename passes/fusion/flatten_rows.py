@@ -85,7 +85,7 @@ def reshape_root(value: SSAValue) -> SSAValue:
 def reshape(value: SSAValue, result_type: TensorType) -> fusion.AtenOp:
     """An ATen reshape of `value` into `result_type` (the local piece's shape: a varying
     value's device axis is not passed to the call)."""
-    shape = list(result_type.get_shape()[_device_axes(result_type) :])
+    shape = list(result_type.piece_shape)
     call = encode_call([value, shape], {}, lambda v: 0 if v is value else None)
     return fusion.AtenOp("aten.reshape.default", call, [value], [result_type])
 
@@ -101,13 +101,13 @@ def _piece(value_type: TensorType) -> tuple[int, ...] | None:
     types = value_type.parallel_types()
     if ParallelType.STREAM in types or value_type.axes_of(ParallelType.DIDX) not in ((), (0,)):
         return None
-    piece = value_type.get_shape()[_device_axes(value_type) :]
+    piece = value_type.piece_shape
     return None if DYNAMIC in piece else piece
 
 
 def rows_type(value_type: TensorType) -> TensorType:
     """The type computed on rows (see the module's docstring): the piece's leading axes as one."""
-    piece = value_type.get_shape()[_device_axes(value_type) :]
+    piece = value_type.piece_shape
     if len(piece) <= 2:
         return value_type
     flat = (math.prod(piece[:-1]), piece[-1])

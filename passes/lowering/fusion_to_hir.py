@@ -524,7 +524,7 @@ def _later_work(run: Sequence[Operation], beyond: Collection[Operation]) -> set[
     later: set[Operation] = set()
     for ops in read_components(run):
         inside = set(ops)
-        if not inside <= set(beyond):
+        if not inside.issubset(beyond):
             continue
         results = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
         readers = [u.operation for r in results for u in r.uses if u.operation not in inside]

@@ -182,12 +182,17 @@ def reduction(
     pieces = [own_piece if k == own else staging[k].view(output.shape) for k in range(len(staging))]
 
     def reduce() -> None:
-        if kernel is not None and kernel.launch(pieces, [output]):
-            return
-        staging[own].copy_(piece)
-        REDUCTIONS[op](staging.view(len(staging), *output.shape), output)
+        if kernel is None or not kernel.launch(pieces, [output]):
+            reduction_in_slots(staging, own, piece, output, op)
 
     return reduce
+
+
+def reduction_in_slots(staging: torch.Tensor, own: int, piece: torch.Tensor, output: torch.Tensor, op) -> None:
+    """`reduction`'s way where no kernel reduces the pieces: the own piece copied into slot
+    `own`, then ATen's reduction over the slots, in team order."""
+    staging[own].copy_(piece)
+    REDUCTIONS[op](staging.view(len(staging), *output.shape), output)
 
 
 @dataclass(eq=False)

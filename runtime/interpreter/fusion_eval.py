@@ -87,8 +87,7 @@ def _defined(result: torch.Tensor | None, out: SSAValue, device: torch.device) -
     if result is not None:
         return result
     out_type = fusion.tensor_type(out)
-    shape = out_type.get_shape()[1:] if out_type.didx_axis == 0 else out_type.get_shape()
-    return torch.zeros(shape, dtype=torch_dtype(out_type.element_type), device=device)
+    return torch.zeros(out_type.piece_shape, dtype=torch_dtype(out_type.element_type), device=device)
 
 
 def matmul(lhs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
