@@ -5,6 +5,7 @@ first op its host program runs, split into torch's share and hostir's.
     python benchmarks/host_overhead.py --nproc 2 --size 4096,1,8192 --reps 50    # GPUs: bf16, one per rank
     python benchmarks/host_overhead.py --profile 20       # and the functions of rank 0's hot path (cProfile)
     python benchmarks/host_overhead.py --layers 4         # a stack of 4 layers compiled whole (--per-layer: one by one)
+    python benchmarks/host_overhead.py --skip-module-guards   # compiled without dynamo's guards on the modules
 
 The layer is examples/tp_decoder_layer.py's, parallelized with torchtitan's plan over the
 ranks and compiled with `torch.compile(layer, backend="hostir", options={"backend": "nccl"})`
@@ -12,7 +13,9 @@ ranks and compiled with `torch.compile(layer, backend="hostir", options={"backen
 a stack of N such layers (`nn.Sequential`), compiled whole as a user compiles a model, or
 with `--per-layer` layer by layer as torchtitan does (every layer then calls the same
 graphs, and the first graph call of a step is the first layer's forward, or the last
-layer's backward). After warm-up
+layer's backward); with `--skip-module-guards`, compiled with
+`options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}` too, so
+that dynamo checks no module's attributes at each call. After warm-up
 steps (which compile), each timed step stamps `time.perf_counter_ns()` at three points:
 
   call     the step calls the compiled module (`model(x)`), or `out.backward(grad)`
@@ -156,7 +159,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def run_rank(
-    size: tuple[int, int, int, int], warmup: int, reps: int, dtype: str, profile: int, layers: int = 1, per_layer: bool = False
+    size: tuple[int, int, int, int],
+    warmup: int,
+    reps: int,
+    dtype: str,
+    profile: int,
+    layers: int = 1,
+    per_layer: bool = False,
+    module_guards: bool = True,
 ) -> dict:
     """This rank's median shares of each step, in microseconds, and rank 0's profile if asked."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -171,7 +181,7 @@ def run_rank(
         layer = parallelized(model_of(LayerSize(dim, batch, sequence, head_dim, layers), dtype), mesh)
         x = torch.randn(batch, sequence // world, dim, dtype=dtype)
         grad = torch.randn(batch, sequence // world, dim, dtype=dtype)
-    model = wrap(HOSTIR, layer, mesh, whole=not per_layer)
+    model = wrap(HOSTIR, layer, mesh, whole=not per_layer, module_guards=module_guards)
 
     def forward() -> None:
         with torch.no_grad():
@@ -265,12 +275,13 @@ def measure(
     profile: int = 0,
     layers: int = 1,
     per_layer: bool = False,
+    module_guards: bool = True,
 ) -> list[dict]:
     """`run_rank` on `nproc` local ranks, or on torchrun's ranks (`nproc` is then theirs); every
     rank's result, in rank order."""
     if not TORCHRUN:
-        return run_on_local_ranks(run_rank, nproc, size, warmup, reps, dtype, profile, layers, per_layer)
-    result = run_rank(size, warmup, reps, dtype, profile, layers, per_layer)
+        return run_on_local_ranks(run_rank, nproc, size, warmup, reps, dtype, profile, layers, per_layer, module_guards)
+    result = run_rank(size, warmup, reps, dtype, profile, layers, per_layer, module_guards)
     results = [None] * dist.get_world_size()
     dist.all_gather_object(results, result)
     release_captured_graphs()
@@ -278,11 +289,19 @@ def measure(
     return results
 
 
-def report(nproc: int, size: tuple[int, int, int, int], per_rank: list[dict], layers: int = 1, per_layer: bool = False) -> str:
+def report(
+    nproc: int,
+    size: tuple[int, int, int, int],
+    per_rank: list[dict],
+    layers: int = 1,
+    per_layer: bool = False,
+    module_guards: bool = True,
+) -> str:
     """The table of one world: per step, the slowest rank's median of each share."""
     dim, batch, sequence, _ = size
     first = per_rank[0]
     stack = "" if layers == 1 else f", {layers} layers {'compiled one by one' if per_layer else 'compiled whole'}"
+    stack += "" if module_guards else ", no module guards"
     lines = [
         f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens"
         f"{stack} (us, median per step, slowest rank)",
@@ -316,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                         "functions of torch's wrappers and of hostir's calls")
     parser.add_argument("--layers", type=int, default=1, help="a stack of N layers, compiled whole (default: one layer)")
     parser.add_argument("--per-layer", action="store_true", help="with --layers: compile the layers one by one")
+    parser.add_argument("--skip-module-guards", action="store_true",
+                        help="compile with torch.compiler.skip_guard_on_all_nn_modules_unsafe as the guard filter")
     args = parser.parse_args(argv)
     if args.per_layer and args.layers < 2:
         parser.error("--per-layer needs --layers 2 or more")
@@ -326,10 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         size = (dim, batch, sequence, args.head_dim or 128)
     worlds = [int(os.environ["WORLD_SIZE"])] if TORCHRUN else args.nproc or [1, 2]
     for nproc in worlds:
-        per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile, args.layers, args.per_layer)
+        guards = not args.skip_module_guards
+        per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile, args.layers, args.per_layer, guards)
         if TORCHRUN and int(os.environ["RANK"]) != 0:
             continue
-        print(report(nproc, size, per_rank, args.layers, args.per_layer))
+        print(report(nproc, size, per_rank, args.layers, args.per_layer, guards))
         if args.profile:
             print(per_rank[0]["profile"])
     return 0

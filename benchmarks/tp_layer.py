@@ -14,6 +14,10 @@ A size is DIM,BATCH,SEQUENCE; every rank holds SEQUENCE / D of each sequence. Wi
 compiles its models: torch compiles the layer's code once, and every layer calls the same
 graphs with its own parameters; with `--whole` too, the stack is compiled whole, as
 `torch.compile(model)` compiles a model: one forward graph and one backward graph.
+With `--skip-module-guards` every compiled contender is compiled with
+`options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}`: dynamo
+no longer checks the modules' attributes at each call, the most of torch's host time
+before a compiled forward's first kernel (docs/frontend.md, *Host time*).
 
 For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
 training step, forward then backward of the output with a fixed random gradient (no
@@ -128,6 +132,8 @@ class LayerSize:
     """Layers of the model, each compiled on its own (`--layers`)."""
     whole: bool = False
     """Whether a stack of layers is compiled whole rather than layer by layer (`--whole`)."""
+    module_guards: bool = True
+    """Whether dynamo guards the modules' attributes at each call (`--skip-module-guards`: not)."""
 
     @property
     def heads(self) -> int:
@@ -141,7 +147,8 @@ class LayerSize:
     def label(self) -> str:
         compiled = "whole" if self.whole else "one by one"
         layers = f", {self.layers} layers compiled {compiled}" if self.layers > 1 else ""
-        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens{layers}"
+        guards = "" if self.module_guards else ", no module guards"
+        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens{layers}{guards}"
 
     def check(self, world: int) -> None:
         """Exits with a message where `world` ranks cannot split this size."""
@@ -232,8 +239,18 @@ def parallelized(model: nn.Module, mesh) -> nn.Module:
     return parallelize(model, mesh)
 
 
-def compile_options(contender: str, mesh) -> dict[str, Any]:
-    """The arguments of `torch.compile` for `contender`, which is not eager."""
+def compile_options(contender: str, mesh, module_guards: bool = True) -> dict[str, Any]:
+    """The arguments of `torch.compile` for `contender`, which is not eager; without
+    `module_guards`, with the guard filter that skips dynamo's guards on the modules."""
+    options = backend_options(contender, mesh)
+    if module_guards:
+        return options
+    guard_filter = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    return {**options, "options": {**options.get("options", {}), **guard_filter}}
+
+
+def backend_options(contender: str, mesh) -> dict[str, Any]:
+    """The backend of `contender`, which is not eager, and its options."""
     if contender == INDUCTOR:
         return {"backend": "inductor"}
     if contender == ASYNC_TP:
@@ -252,13 +269,14 @@ def compile_options(contender: str, mesh) -> dict[str, Any]:
     raise ValueError(contender)
 
 
-def wrap(contender: str, layer: nn.Module, mesh, whole: bool = False) -> nn.Module:
+def wrap(contender: str, layer: nn.Module, mesh, whole: bool = False, module_guards: bool = True) -> nn.Module:
     """The contender's callable of `layer` (its own copy): a stack of layers is compiled layer by
-    layer, as torchtitan compiles its models, or `whole`. The caller resets dynamo after each
+    layer, as torchtitan compiles its models, or `whole`; without `module_guards`, dynamo
+    does not guard the modules (`compile_options`). The caller resets dynamo after each
     contender: none reuses another's graphs or counts against another's recompile limit."""
     if contender == EAGER:
         return layer
-    options = compile_options(contender, mesh)
+    options = compile_options(contender, mesh, module_guards)
     if isinstance(layer, nn.Sequential) and not whole:
         for block in layer:
             block.compile(**options)
@@ -502,7 +520,7 @@ def measure_size(
         else:
             traces = Path(config["output"]) if config["breakdown"] else None
             measure = functools.partial(
-                measure_layer, contender, base, mesh, inputs, expected, warmup, reps, traces, size.whole
+                measure_layer, contender, base, mesh, inputs, expected, warmup, reps, traces, size.whole, size.module_guards
             )
         results += contender_results(size, contender, status, measure, tolerance, device)
         measured()
@@ -586,6 +604,7 @@ def measure_layer(
     reps: int,
     traces: Path | None = None,
     whole: bool = False,
+    module_guards: bool = True,
 ) -> Measured:
     """A copy of `base` parallelized and run by `contender`: every rank's median of each step, the
     slowest rank's error of each checked tensor, the slowest rank's time of the first (checked)
@@ -593,7 +612,7 @@ def measure_layer(
     and, on GPUs, its median with the host ahead (`median_ms`)."""
     layer = parallelized(copy.deepcopy(base), mesh)
     earlier_graphs = set(compiled_graphs())
-    model = wrap(contender, layer, mesh, whole)
+    model = wrap(contender, layer, mesh, whole, module_guards)
     began = time.perf_counter()
     errors = check(model, layer, inputs, expected, reference=contender == EAGER)
     first_s = max(gathered(time.perf_counter() - began))
@@ -606,7 +625,8 @@ def measure_layer(
     breakdowns = {}
     if traces is not None:
         layers = f"-l{len(layer)}{'-whole' if whole else ''}" if isinstance(layer, nn.Sequential) else ""
-        size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}{layers}"
+        guards = "" if module_guards else "-no-module-guards"
+        size = f"d{layer_dim(layer)}-b{inputs.x.shape[0]}-s{inputs.x.shape[1] * dist.get_world_size()}{layers}{guards}"
         breakdowns = step_breakdowns(steps, device, reps, traces / f"trace-{size}-{key_of(KEYS, contender)}")
     return times, errors, first_s, breakdowns
 
@@ -1024,12 +1044,19 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--whole", action="store_true", help="with --layers: compile the stack whole, as torch.compile(model) does"
     )
+    parser.add_argument(
+        "--skip-module-guards",
+        action="store_true",
+        help="compile with torch.compiler.skip_guard_on_all_nn_modules_unsafe as the guard filter",
+    )
     args, chosen = parsed(parser, argv, DEFAULT_SIZES, SMOKE_SIZES, KEYS)
     if args.layers < 1:
         parser.error(f"--layers {args.layers}: at least one layer")
     if args.whole and args.layers < 2:
         parser.error("--whole needs --layers 2 or more")
-    args.sizes = [replace(size, layers=args.layers, whole=args.whole) for size in args.sizes]
+    args.sizes = [
+        replace(size, layers=args.layers, whole=args.whole, module_guards=not args.skip_module_guards) for size in args.sizes
+    ]
     args.contenders_given = bool(args.contenders)
     # Eager DTensor runs first whatever is chosen: every check compares with it.
     args.contenders = [c for c in CONTENDERS if c in chosen or c == EAGER]

@@ -67,6 +67,14 @@ def test_a_stack_of_layers_compiled_whole_or_one_by_one_is_split_alike(per_layer
     check_table(tables[0], f", 2 layers compiled {'one by one' if per_layer else 'whole'}")
 
 
+def test_a_layer_compiled_without_module_guards_is_split_alike():
+    """`--skip-module-guards`: the layer compiled with dynamo's guard filter that skips the
+    modules' guards, its steps stamped and split as before, and the table says so."""
+    worlds, tables, output = run_tables("--nproc=1", "--skip-module-guards")
+    assert worlds == [1], output
+    check_table(tables[0], ", no module guards")
+
+
 def test_a_step_that_runs_no_hostir_program_is_an_error():
     stamps = host_overhead.Stamps(call=1, hostir=[5])
     with pytest.raises(RuntimeError, match="ran no op"):

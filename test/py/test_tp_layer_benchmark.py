@@ -95,19 +95,63 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
     assert (tmp_path / "tp_layer.png").read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.parametrize("whole", [False, True], ids=["one_by_one", "whole"])
-def test_smoke_run_of_a_stack_of_layers_checks_each_layers_gradients(tmp_path, whole):
+@pytest.mark.parametrize(
+    "whole, module_guards", [(False, True), (True, True), (True, False)], ids=["one_by_one", "whole", "whole_unguarded"]
+)
+def test_smoke_run_of_a_stack_of_layers_checks_each_layers_gradients(tmp_path, whole, module_guards):
     """`--layers 2`: a stack of two layers, each compiled on its own, which share hostir's
-    graphs, or (`--whole`) compiled whole, one graph each way; the gradients of both
-    layers' parameters are checked against eager DTensor."""
-    options = ["--layers=2", *(["--whole"] if whole else []), "--contenders=hostir", "--warmup=1", "--reps=2"]
+    graphs, or (`--whole`) compiled whole, one graph each way, and so without dynamo's
+    guards on the modules (`--skip-module-guards`); the gradients of both layers'
+    parameters are checked against eager DTensor."""
+    options = [
+        "--layers=2",
+        *(["--whole"] if whole else []),
+        *([] if module_guards else ["--skip-module-guards"]),
+        "--contenders=hostir",
+        "--warmup=1",
+        "--reps=2",
+    ]
     _, document = _smoke_run(tmp_path, *options)
     hostir = {r["step"]: r for r in document["results"] if r["contender"] == tp_layer.HOSTIR}
     parameters = [f"{layer}.{name}" for layer in (0, 1) for name, _ in DecoderLayer().named_parameters()]
     assert set(hostir["train"]["errors"]) == {"output", "input gradient", *(f"{name} gradient" for name in parameters)}
     assert all(r["status"] == "ok" and r["check_ok"] for r in hostir.values())
     compiled = "whole" if whole else "one by one"
-    assert f"| dim 64, 2 x 16 tokens, 2 layers compiled {compiled} |" in (tmp_path / "tp_layer.md").read_text()
+    guards = "" if module_guards else ", no module guards"
+    assert f"| dim 64, 2 x 16 tokens, 2 layers compiled {compiled}{guards} |" in (tmp_path / "tp_layer.md").read_text()
+
+
+class Scaled(torch.nn.Module):
+    """A linear layer whose output is scaled by a plain attribute, which dynamo guards as the
+    module's: a graph is compiled for one value of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+@pytest.mark.parametrize("module_guards", [True, False], ids=["guarded", "skipped"])
+def test_without_module_guards_a_changed_module_attribute_is_not_seen(module_guards):
+    """What `--skip-module-guards` trades for host time: with the modules' guards, a changed
+    attribute recompiles the graph; without them, the graph compiled before keeps running
+    with the old value."""
+    torch._dynamo.reset()
+    module = Scaled()
+    compiled = tp_layer.wrap(tp_layer.HOSTIR, module, None, module_guards=module_guards)
+    x = torch.randn(2, 4)
+    before = compiled(x)
+    torch.testing.assert_close(before, module.linear(x) * 2.0)
+    module.scale = 3.0
+    expected = module.linear(x) * (3.0 if module_guards else 2.0)
+    torch.testing.assert_close(compiled(x), expected)
+    torch._dynamo.reset()
+    assert tp_layer.LayerSize(64, 2, 16, 16, module_guards=module_guards).label.endswith(
+        "tokens" if module_guards else "tokens, no module guards"
+    )
 
 
 def test_hostir_auto_runs_where_it_differs_from_the_other_hostir_contenders():
