@@ -65,7 +65,7 @@ from hostir.passes.analysis.loops import PairPositions, RingPositions
 from hostir.runtime.distributed.calibration import MeasuredChunks
 from hostir.runtime.distributed.communicator import Communicator
 from hostir.runtime.distributed.copy_engine import why_not_copy_engines
-from hostir.runtime.graphs import GraphReplayer, release_captured_graphs
+from hostir.runtime.graphs import GraphReplayer, Signature, release_captured_graphs, signature
 from hostir.runtime.interpreter import RunContext
 from hostir.runtime.interpreter.attention import layout_mask, positions, whole_sequence
 from hostir.runtime.program import Program
@@ -234,9 +234,14 @@ class CompiledShapes:
     and each result a graph output, depends on the shapes and dtypes alone and is decided once,
     from the first call's arguments (`input_views`, `output_views`); the constants' inputs are
     made once. The program's check of its inputs across ranks (`Program.check`, which exchanges
-    a row with every peer) runs at the first call; later calls, whose arguments have the shapes,
-    dtypes and devices of the first (the graph's key, or dynamo's guards for a graph of static
-    shapes), run the checked program directly (`Program.run_checked`). Where the program
+    a row with every peer) runs at the first call; later calls, whose inputs have the shapes,
+    strides, dtypes and devices of those it accepted (`checked`), run the checked program
+    directly (`Program.run_checked`). The graph's key, or dynamo's guards for a graph of static
+    shapes, keep them so, but for what torch's guard filters let through (a parameter replaced
+    by one of another shape where `skip_guard_on_all_nn_modules_unsafe` skips the modules'
+    guards): a call whose inputs differ is checked again, on every rank alike as the ranks
+    change their modules alike, and raises what contradicts the program. A replayed CUDA
+    graph does the same: a new signature is checked before its capture. Where the program
     checks the values of an input (`Program.value_checked_inputs`), which any call may break
     on one rank alone, every call checks those inputs with the peers before the program
     communicates (`Program.check_values`; a replay copies its inputs while the verdicts travel).
@@ -253,7 +258,9 @@ class CompiledShapes:
     arity: InitVar[int]
     """How many arguments a call passes (the constants are the graph's own)."""
     extents: dict[tuple[int, int], int] | None = field(default=None, init=False)
-    """The inputs' dynamic extents that the first call's check agreed on; None before it."""
+    """The inputs' dynamic extents that the last check agreed on; None before the first."""
+    checked: Signature | None = field(default=None, init=False)
+    """The signature of the inputs that the last check accepted; None before the first."""
 
     def __post_init__(self, args: Sequence[Any], arity: int) -> None:
         imported = self.imported
@@ -311,9 +318,9 @@ class CompiledShapes:
                 results = self.replayer.run(inputs, program.start_check_values(inputs, self.communicator))
             else:
                 results = self.replayer.run(inputs)
-        elif self.extents is None:
+        elif self.checked is None or signature(inputs) != self.checked:
             context = program.checked_context(inputs, self.communicator)
-            self.extents = context.input_extents
+            self.extents, self.checked = context.input_extents, signature(inputs)
             results = program.run_checked(inputs, context, views_of=range(len(inputs)))
         else:
             if self.checks_values:
@@ -336,9 +343,16 @@ def _input_view(
 
 
 def _viewed(value: torch.Tensor, carrier: torch.dtype | None, shape: tuple[int, ...] | None) -> torch.Tensor:
+    """`value` read with `carrier` as `shape`; as it is where it has another number of elements
+    than the graph was compiled for, so that the program's check says so, on every rank."""
     if carrier is not None:
         value = value.view(carrier)
-    return value if shape is None else value.reshape(shape)
+    if shape is None:
+        return value
+    try:
+        return value.reshape(shape)
+    except RuntimeError:
+        return value
 
 
 def _output_view(program: Program, kind: str, what: Any, args: Sequence[Any], arity: int) -> tuple[str, Any]:

@@ -459,6 +459,63 @@ def test_a_graph_checks_its_inputs_across_ranks_at_its_first_call_only():
             assert result["runs"] == dict.fromkeys(first, steps), f"rank {rank}: {result}"
 
 
+def _replaced_parameters_on_rank() -> dict:
+    """The tensor-parallel MLP compiled where dynamo skips the modules' guards, run on random
+    inputs beside eager DTensor; then with its first layer's weight replaced by another of its
+    shape, then with the hidden width of both layers changed: the errors of the first two
+    runs, and what the third raised."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(rank_device().type, (world,))
+    modules = [parallelize_module(module, mesh, mlp_plan(False)) for module in copies(MLP)]
+    options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "backend": "nccl"}
+    compiled = torch.compile(modules[0], backend="hostir", options=options)
+
+    def replace(name: str, full: torch.Tensor, placement) -> None:
+        for module in modules:
+            owner, attribute = name.rsplit(".", 1)
+            value = distribute_tensor(full.to(rank_device()), mesh, [placement])
+            setattr(module.get_submodule(owner), attribute, nn.Parameter(value))
+
+    def error() -> float:
+        torch.manual_seed(1)
+        x = torch.randn(8, 16).to(rank_device())
+        with torch.no_grad():
+            return _max_error(compiled(x), modules[1](x))
+
+    errors = [error()]
+    torch.manual_seed(2)
+    replace("up.weight", torch.randn(32, 16), Shard(0))
+    errors.append(error())
+    replace("up.weight", torch.randn(40, 16), Shard(0))
+    replace("up.bias", torch.randn(40), Shard(0))
+    replace("down.weight", torch.randn(16, 40), Shard(1))
+    try:
+        error()
+    except HostirError as raised:
+        return {"errors": errors, "raised": str(raised)}
+    return {"errors": errors, "raised": None}
+
+
+@needs_ranks(2)
+def test_a_parameter_replaced_where_dynamo_skips_the_modules_guards_is_read_or_refused():
+    """Under torch's guard filter that skips the modules' guards no guard sees a parameter
+    replaced: one of the same shape is read where it is, and one of another shape, which the
+    graph was not compiled for, is refused with the input and both shapes, on every rank,
+    before anything is exchanged but the check."""
+    world = 2
+    for rank, result in enumerate(run_on_hostir(_replaced_parameters_on_rank, world, timeout_s=300)):
+        assert max(result["errors"]) < F32_TOLERANCE, f"rank {rank}: {result}"
+        raised = result["raised"]
+        assert raised is not None, f"rank {rank}: the MLP of another width ran"
+        expected = rf"input #\d+ of @\w+ on rank {rank}: expected local shape \[1, {32 // world}, 16\] .*, got \[{40 // world}, 16\]"
+        assert re.search(expected, raised), f"rank {rank}: {raised}"
+
+
 @needs_ranks(2)
 def test_all_gather_and_reduce_scatter_are_pipelined_with_their_matmuls():
     """ColwiseParallel after a Shard(0) input, RowwiseParallel to a Shard(0) output: in the
