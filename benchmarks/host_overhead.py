@@ -346,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         dim, batch, sequence = (int(part) for part in args.size.split(","))
         size = (dim, batch, sequence, args.head_dim or 128)
     worlds = [int(os.environ["WORLD_SIZE"])] if TORCHRUN else args.nproc or [1, 2]
+    guards = not args.skip_module_guards
     for nproc in worlds:
-        guards = not args.skip_module_guards
         per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile, args.layers, args.per_layer, guards)
         if TORCHRUN and int(os.environ["RANK"]) != 0:
             continue

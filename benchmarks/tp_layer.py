@@ -16,7 +16,7 @@ graphs with its own parameters; with `--whole` too, the stack is compiled whole,
 `torch.compile(model)` compiles a model: one forward graph and one backward graph.
 With `--skip-module-guards` every compiled contender is compiled with
 `options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}`: dynamo
-no longer checks the modules' attributes at each call, the most of torch's host time
+no longer checks the modules' attributes at each call, most of torch's host time
 before a compiled forward's first kernel (docs/frontend.md, *Host time*).
 
 For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
