@@ -84,7 +84,7 @@ def test_explain_says_what_falls_back_and_why_and_changes_no_gradient():
     assert backward.place.line == COMPLEX_LINE and backward.place.module is None  # a backward node knows the line only
     text = str(explanation)
     assert text.startswith("2 graph(s): 0 run by hostir, 2 as torch eager ops\n")
-    assert f"    return (x.to(torch.complex64) * 2).real  # COMPLEX LINE\n" in text
+    assert "    return (x.to(torch.complex64) * 2).real  # COMPLEX LINE\n" in text
     assert "runs as torch eager ops" in text and "node: %_to_copy" in text
 
 
