@@ -60,11 +60,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
-from tp_layer import HOSTIR, LayerSize, model_of, parallelized, wrap  # the layer, as its contender builds it
+from tp_layer import HOSTIR, SMOKE_SIZES, LayerSize, model_of, parallelized, wrap  # the layer, as its contender builds it
 
 from hostir.frontend.backend import HostirGraph, compiled_graphs
 from hostir.runtime.distributed.communicator import Communicator
@@ -79,8 +79,6 @@ PROFILED = {
 }
 """What `--profile` lists: the functions of each side whose file matches the pattern."""
 STEPS = ("forward", "train forward", "train backward")
-SMOKE_SIZE = (64, 2, 16, 16)
-"""dim, batch, sequence, head dim: benchmarks/tp_layer.py's `--smoke` layer."""
 
 
 @dataclass
@@ -158,30 +156,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_rank(
-    size: tuple[int, int, int, int],
-    warmup: int,
-    reps: int,
-    dtype: str,
-    profile: int,
-    layers: int = 1,
-    per_layer: bool = False,
-    module_guards: bool = True,
-) -> dict:
+def run_rank(size: LayerSize, warmup: int, reps: int, dtype: str, profile: int) -> dict:
     """This rank's median shares of each step, in microseconds, and rank 0's profile if asked."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    dim, batch, sequence, head_dim = size
     device = Communicator.from_env().device
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     torch.manual_seed(0)
     mesh = init_device_mesh(device.type, (world,))
     with torch.device(device):
-        layer = parallelized(model_of(LayerSize(dim, batch, sequence, head_dim, layers), dtype), mesh)
-        x = torch.randn(batch, sequence // world, dim, dtype=dtype)
-        grad = torch.randn(batch, sequence // world, dim, dtype=dtype)
-    model = wrap(HOSTIR, layer, mesh, whole=not per_layer, module_guards=module_guards)
+        layer = parallelized(model_of(size, dtype), mesh)
+        x = torch.randn(size.batch, size.sequence // world, size.dim, dtype=dtype)
+        grad = torch.randn(size.batch, size.sequence // world, size.dim, dtype=dtype)
+    model = wrap(HOSTIR, layer, mesh, size.whole, size.module_guards)
 
     def forward() -> None:
         with torch.no_grad():
@@ -267,21 +255,13 @@ def run_rank(
 
 
 def measure(
-    nproc: int,
-    size: tuple[int, int, int, int],
-    warmup: int,
-    reps: int,
-    dtype: str | None = None,
-    profile: int = 0,
-    layers: int = 1,
-    per_layer: bool = False,
-    module_guards: bool = True,
+    nproc: int, size: LayerSize, warmup: int, reps: int, dtype: str | None = None, profile: int = 0
 ) -> list[dict]:
     """`run_rank` on `nproc` local ranks, or on torchrun's ranks (`nproc` is then theirs); every
     rank's result, in rank order."""
     if not TORCHRUN:
-        return run_on_local_ranks(run_rank, nproc, size, warmup, reps, dtype, profile, layers, per_layer, module_guards)
-    result = run_rank(size, warmup, reps, dtype, profile, layers, per_layer, module_guards)
+        return run_on_local_ranks(run_rank, nproc, size, warmup, reps, dtype, profile)
+    result = run_rank(size, warmup, reps, dtype, profile)
     results = [None] * dist.get_world_size()
     dist.all_gather_object(results, result)
     release_captured_graphs()
@@ -289,22 +269,11 @@ def measure(
     return results
 
 
-def report(
-    nproc: int,
-    size: tuple[int, int, int, int],
-    per_rank: list[dict],
-    layers: int = 1,
-    per_layer: bool = False,
-    module_guards: bool = True,
-) -> str:
+def report(nproc: int, size: LayerSize, per_rank: list[dict]) -> str:
     """The table of one world: per step, the slowest rank's median of each share."""
-    dim, batch, sequence, _ = size
     first = per_rank[0]
-    stack = "" if layers == 1 else f", {layers} layers {'compiled one by one' if per_layer else 'compiled whole'}"
-    stack += "" if module_guards else ", no module guards"
     lines = [
-        f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, dim {dim}, {batch} x {sequence} tokens"
-        f"{stack} (us, median per step, slowest rank)",
+        f"{nproc} rank(s), {first['device'].split(':')[0]}, {first['dtype']}, {size.label} (us, median per step, slowest rank)",
         f"{'step':<16}{'torch':>10}{'hostir':>10}{'total':>10}{'torch alone':>13}{'step alone':>12}"
         f"{'torch warm':>12}{'hostir warm':>13}{'total warm':>12}",
     ]
@@ -341,17 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_layer and args.layers < 2:
         parser.error("--per-layer needs --layers 2 or more")
     if args.size is None:
-        size = SMOKE_SIZE
+        size = replace(SMOKE_SIZES[0], head_dim=args.head_dim or SMOKE_SIZES[0].head_dim)
     else:
         dim, batch, sequence = (int(part) for part in args.size.split(","))
-        size = (dim, batch, sequence, args.head_dim or 128)
+        size = LayerSize(dim, batch, sequence, args.head_dim or 128)
+    # A stack is compiled whole unless --per-layer says otherwise (tp_layer.py's default is the reverse).
+    size = replace(size, layers=args.layers, whole=not args.per_layer, module_guards=not args.skip_module_guards)
     worlds = [int(os.environ["WORLD_SIZE"])] if TORCHRUN else args.nproc or [1, 2]
-    guards = not args.skip_module_guards
     for nproc in worlds:
-        per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile, args.layers, args.per_layer, guards)
+        per_rank = measure(nproc, size, args.warmup, args.reps, args.dtype, args.profile)
         if TORCHRUN and int(os.environ["RANK"]) != 0:
             continue
-        print(report(nproc, size, per_rank, args.layers, args.per_layer, guards))
+        print(report(nproc, size, per_rank))
         if args.profile:
             print(per_rank[0]["profile"])
     return 0
