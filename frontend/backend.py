@@ -318,14 +318,14 @@ class CompiledShapes:
                 results = self.replayer.run(inputs, program.start_check_values(inputs, self.communicator))
             else:
                 results = self.replayer.run(inputs)
-        elif self.checked is None or signature(inputs) != self.checked:
-            context = program.checked_context(inputs, self.communicator)
-            self.extents, self.checked = context.input_extents, signature(inputs)
-            results = program.run_checked(inputs, context, views_of=range(len(inputs)))
         else:
-            if self.checks_values:
-                program.check_values(inputs, self.communicator)
-            context = RunContext.of(self.communicator, None, self.extents)
+            if (key := signature(inputs)) != self.checked:
+                context = program.checked_context(inputs, self.communicator)
+                self.extents, self.checked = context.input_extents, key
+            else:
+                if self.checks_values:
+                    program.check_values(inputs, self.communicator)
+                context = RunContext.of(self.communicator, None, self.extents)
             results = program.run_checked(inputs, context, views_of=range(len(inputs)))
         return self.outputs_of(args, results)
 
