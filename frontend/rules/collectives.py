@@ -60,7 +60,7 @@ def regrouped_reader(node: torch.fx.Node) -> tuple[tuple[int, ...], int, int] | 
     current = node
     while len(current.users) == 1:
         (reader,) = current.users
-        if reader.target in RESHAPES or (reader.target is aten.add.Tensor and no_alpha(reader) and _same_shapes(reader)):
+        if _keeps_the_rows(reader):
             current = reader
             continue
         if reader.target is not aten.split.Tensor:
@@ -83,8 +83,13 @@ def regrouped_reader(node: torch.fx.Node) -> tuple[tuple[int, ...], int, int] | 
     return None
 
 
-def _same_shapes(node: torch.fx.Node) -> bool:
-    """Whether every argument of `node` is a tensor of its result's shape."""
+def _keeps_the_rows(node: torch.fx.Node) -> bool:
+    """Whether `node` passes its input's rows on to a reduction as they are: a reshape, or a sum
+    of tensors of its shape (a gradient's GEMMs added up)."""
+    if node.target in RESHAPES:
+        return True
+    if node.target is not aten.add.Tensor or not no_alpha(node):
+        return False
     shape = result_of(node).shape
     return all(isinstance(a, torch.fx.Node) and a.meta["val"].shape == shape for a in node.args)
 
@@ -98,7 +103,7 @@ def collective_reader(node: torch.fx.Node) -> torch.fx.Node | None:
             reader.target is c10d.all_reduce.default and reader.args[1] == "sum"
         ):
             return reader
-        if reader.target in RESHAPES or (reader.target is aten.add.Tensor and no_alpha(reader) and _same_shapes(reader)):
+        if _keeps_the_rows(reader):
             node = reader
         elif reader.target is aten.split.Tensor and all(p.target is operator.getitem for p in reader.users):
             cats = {user for piece in reader.users for user in piece.users}
