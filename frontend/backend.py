@@ -55,7 +55,7 @@ from hostir_dialect.fusion import DYNAMIC, Causal
 from hostir_dialect.text import HostirError, print_module
 from hostir import config, logs
 from hostir.frontend.explanation import ChunkedCollective, GraphExplanation, tensor_summary
-from hostir.frontend.fx_rewrites import constants_as_arguments, masked_writes_as_where
+from hostir.frontend.fx_rewrites import complex_as_real_pairs, constants_as_arguments, masked_writes_as_where
 from hostir.frontend.importer import GraphLayouts, ImportedGraph, Layout, LayoutValue, UnsupportedGraph, import_graph
 from hostir.frontend.partitioning import partition
 from hostir.frontend.rules.attention import hides_keys
@@ -299,7 +299,9 @@ class CompiledShapes:
             if kind == "result":
                 index, shape, dtype = what
                 result = results[index] if shape is None else results[index].reshape(shape)
-                outputs.append(result if dtype is None else result.view(dtype))
+                if dtype is not None:
+                    result = torch.view_as_complex(result) if dtype.is_complex else result.view(dtype)
+                outputs.append(result)
             elif kind == "argument":
                 outputs.append(args[what])
             else:
@@ -334,19 +336,23 @@ def _input_view(
     value: torch.Tensor, piece: tuple[int, ...] | None, varying: bool
 ) -> tuple[torch.dtype | None, tuple[int, ...] | None]:
     """How a graph argument like `value` is read as a program input: the dtype that carries its
-    bits in the IR (`CARRIERS`) or None, and the shape to read it as, None where it is read as
-    it is: the `piece` of a layout, and a device axis of extent 1 in front where it `varying`."""
+    bits in the IR (`CARRIERS`, the real dtype of a complex tensor's pairs) or None, and the
+    shape to read it as, None where it is read as it is: the `piece` of a layout, and a device
+    axis of extent 1 in front where it `varying`."""
     shape = tuple(value.shape) if piece is None else tuple(piece)
     if varying:
         shape = (1, *shape)
+    if value.dtype.is_complex:
+        return value.dtype.to_real(), None if shape == tuple(value.shape) else (*shape, 2)
     return CARRIERS.get(value.dtype), None if shape == tuple(value.shape) else shape
 
 
 def _viewed(value: torch.Tensor, carrier: torch.dtype | None, shape: tuple[int, ...] | None) -> torch.Tensor:
-    """`value` read with `carrier` as `shape`; as it is where it has another number of elements
-    than the graph was compiled for, so that the program's check says so, on every rank."""
+    """`value` read with `carrier` as `shape` (a complex tensor as its real pairs); as it is
+    where it has another number of elements than the graph was compiled for, so that the
+    program's check says so, on every rank."""
     if carrier is not None:
-        value = value.view(carrier)
+        value = torch.view_as_real(value) if value.is_complex() else value.view(carrier)
     if shape is None:
         return value
     try:
@@ -361,10 +367,12 @@ def _output_view(program: Program, kind: str, what: Any, args: Sequence[Any], ar
         index, shape, dtype = what
         declared = program.output_types[index]
         local = declared.local_shape()
-        same_shape = DYNAMIC not in local and tuple(local) == tuple(shape)
-        # Only a dtype the IR carries in another (`CARRIERS`) needs a view.
+        # A complex tensor is the result's real pairs, viewed as complex.
+        held = (*shape, 2) if dtype.is_complex else tuple(shape)
+        same_shape = DYNAMIC not in local and tuple(local) == held
+        # Only a dtype the IR carries in another (`CARRIERS`, complex pairs) needs a view.
         same_dtype = torch_dtype(declared.element_type) == dtype
-        return "result", (index, None if same_shape else tuple(shape), None if same_dtype else dtype)
+        return "result", (index, None if same_shape else held, None if same_dtype else dtype)
     if kind == "input":
         return ("argument", what) if what < arity else ("constant", args[what])
     return kind, what
@@ -520,7 +528,7 @@ class HostirGraph:
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         with mode:
             FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
-            if masked_writes_as_where(self.gm):
+            if masked_writes_as_where(self.gm) | complex_as_real_pairs(self.gm):
                 FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
         layouts = self._layouts(args)
         explanation = GraphExplanation(self.name, [s for s in map(tensor_summary, args) if s is not None])

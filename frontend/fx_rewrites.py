@@ -1,18 +1,23 @@
 """Rewrites of an FX graph that make it importable, made before the import.
 
-The importer translates ops one for one and reads tensors from placeholders only. Two things
+The importer translates ops one for one and reads tensors from placeholders only. Three things
 of the graphs torch.compile hands over would not fit that: tensors held as attributes of the
 graph (`constants_as_arguments` makes them arguments, which a replay then reads in place),
-and a masked write of one value, which counts its mask on the host where no CUDA graph
-captures it (`masked_writes_as_where` makes it a `where`: the one rewrite that changes ops).
+a masked write of one value, which counts its mask on the host where no CUDA graph
+captures it (`masked_writes_as_where` makes it a `where`), and complex arithmetic, for which
+the fusion dialect has no type (`complex_as_real_pairs` computes it on real pairs).
 """
 
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx
+from torch.fx.node import map_arg
+
+aten = torch.ops.aten
 
 
 def constants_as_arguments(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
@@ -72,3 +77,161 @@ def masked_writes_as_where(gm: torch.fx.GraphModule) -> bool:
     if rewritten:
         gm.recompile()
     return rewritten
+
+
+_ON_THE_SHAPE = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
+"""Views whose second argument is the result's shape: on pairs, that shape and the pairs' axis."""
+
+_ON_AXES = {
+    aten.slice.Tensor: (1,),
+    aten.select.int: (1,),
+    aten.squeeze.dim: (1,),
+    aten.transpose.int: (1, 2),
+}
+"""Ops on the axes of their operand at these argument positions: on pairs, the same axes
+counted from the front (a negative axis would count the pairs' axis)."""
+
+_ELEMENTWISE = (aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default, aten.detach.default, aten.alias.default)
+"""Ops of complex operands alone whose real and imaginary parts are the same op of the parts."""
+
+_UNCHANGED = (aten.resolve_conj.default, aten.resolve_neg.default)
+"""Ops whose result is their operand's value: no lazy conjugation or negation is left on pairs."""
+
+_CONJUGATES = (aten._conj.default, aten.conj_physical.default)
+
+
+class _NoPairForm(Exception):
+    """An op on complex tensors that `complex_as_real_pairs` has no real-pair form of."""
+
+
+def complex_dtype(value: Any) -> torch.dtype | None:
+    """The complex dtype of the tensor that FX node `value` makes; None for any other value."""
+    val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) and val.is_complex() else None
+
+
+def _is_complex(value: Any) -> bool:
+    return complex_dtype(value) is not None
+
+
+def _rank(node: torch.fx.Node) -> int:
+    return node.meta["val"].dim()
+
+
+def complex_as_real_pairs(gm: torch.fx.GraphModule) -> bool:
+    """Rewrites the complex arithmetic of `gm` on real tensors, and says whether there was any.
+
+    Each complex tensor becomes the real tensor that `torch.view_as_real` views it as, its
+    last axis the real and imaginary parts (*pairs*): a complex input is read through
+    `view_as_real`, a complex output returned through `view_as_complex` (views, no copy), and
+    each op in between is the op of the pairs: a view on the same axes, a sum on the pairs,
+    a product as four real products, a difference and a sum, a conjugate with the imaginary
+    parts negated. `view_as_complex` of a real tensor is then that tensor, and `view_as_real`
+    of a complex one its pairs: rotary embeddings written in complex numbers (Llama's,
+    torchtitan's) become real ops that the importer maps, where the fusion dialect has no
+    complex type. A graph with a complex op that has no pair form here is left as it was,
+    and the importer names that op.
+    """
+    if not any(_is_complex(node) for node in gm.graph.nodes):
+        return False
+    graph = torch.fx.Graph()
+    real: dict[torch.fx.Node, torch.fx.Node] = {}
+    """The new graph's node of each real node of `gm`."""
+    pairs: dict[torch.fx.Node, torch.fx.Node] = {}
+    """The new graph's pairs of each complex node of `gm`."""
+
+    def call(target: Any, *args: Any) -> torch.fx.Node:
+        return graph.call_function(target, args)
+
+    def pair(value: Any) -> torch.fx.Node:
+        if not _is_complex(value):
+            raise _NoPairForm
+        if value not in pairs:  # a complex input, read once the inputs are all placeholders
+            pairs[value] = call(aten.view_as_real.default, real[value])
+        return pairs[value]
+
+    parts: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
+
+    def part(value: torch.fx.Node, index: int) -> torch.fx.Node:
+        """The real (0) or imaginary (1) parts of complex `value`, the pairs' axis kept."""
+        if (value, index) not in parts:
+            parts[value, index] = call(aten.slice.Tensor, pair(value), _rank(value), index, index + 1)
+        return parts[value, index]
+
+    def product(x: torch.fx.Node, y: torch.fx.Node) -> torch.fx.Node:
+        (xr, xi), (yr, yi) = (part(x, 0), part(x, 1)), (part(y, 0), part(y, 1))
+        re = call(aten.sub.Tensor, call(aten.mul.Tensor, xr, yr), call(aten.mul.Tensor, xi, yi))
+        im = call(aten.add.Tensor, call(aten.mul.Tensor, xr, yi), call(aten.mul.Tensor, xi, yr))
+        return call(aten.cat.default, [re, im], max(_rank(x), _rank(y)))
+
+    def scaled(target: Any, x: torch.fx.Node, factor: Any) -> torch.fx.Node:
+        """Complex `x` times or over a real `factor` (a tensor or a number), on the pairs."""
+        if isinstance(factor, torch.fx.Node):
+            if _is_complex(factor):
+                raise _NoPairForm
+            factor = call(aten.unsqueeze.default, real[factor], _rank(factor))
+        elif isinstance(factor, complex):
+            raise _NoPairForm
+        return call(target, pair(x), factor)
+
+    def pair_form(node: torch.fx.Node) -> None:
+        target, args = node.target, node.args
+        if target is aten.view_as_complex.default:
+            pairs[node] = real[args[0]]
+        elif target is aten.view_as_real.default:
+            real[node] = pair(args[0])
+        elif not _is_complex(node):
+            raise _NoPairForm  # a complex tensor's real part, a comparison: not here
+        elif target in _ON_THE_SHAPE:
+            pairs[node] = graph.call_function(target, (pair(args[0]), [*args[1], 2], *args[2:]), dict(node.kwargs))
+        elif target in _ON_AXES:
+            rank = _rank(args[0])
+            moved = [a % rank if i in _ON_AXES[target] else a for i, a in enumerate(args[1:], 1)]
+            pairs[node] = graph.call_function(target, (pair(args[0]), *moved), dict(node.kwargs))
+        elif target is aten.unsqueeze.default:
+            pairs[node] = call(target, pair(args[0]), args[1] % (_rank(args[0]) + 1))
+        elif target is aten.permute.default:
+            rank = _rank(args[0])
+            pairs[node] = call(target, pair(args[0]), [a % rank for a in args[1]] + [rank])
+        elif target in _UNCHANGED:
+            pairs[node] = pair(args[0])
+        elif target in _ELEMENTWISE:
+            if not all(_is_complex(a) for a in args):
+                raise _NoPairForm  # a complex plus a real adds to the real parts alone
+            pairs[node] = graph.call_function(target, tuple(map(pair, args)), dict(node.kwargs))
+        elif target in _CONJUGATES:
+            last = _rank(args[0])
+            pairs[node] = call(aten.cat.default, [part(args[0], 0), call(aten.neg.default, part(args[0], 1))], last)
+        elif target in (aten.mul.Tensor, aten.mul.Scalar) and all(map(_is_complex, args)):
+            pairs[node] = product(*args)
+        elif target in (aten.mul.Tensor, aten.mul.Scalar):
+            x, factor = args if _is_complex(args[0]) else reversed(args)
+            pairs[node] = scaled(aten.mul.Tensor, x, factor)
+        elif target in (aten.div.Tensor, aten.div.Scalar) and _is_complex(args[0]):
+            pairs[node] = scaled(aten.div.Tensor, args[0], args[1])
+        elif target is aten._to_copy.default and _is_complex(args[0]):
+            kwargs = dict(node.kwargs)
+            kwargs["dtype"] = node.meta["val"].dtype.to_real()
+            pairs[node] = graph.call_function(target, (pair(args[0]),), kwargs)
+        else:
+            raise _NoPairForm
+
+    try:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                real[node] = graph.node_copy(node)
+            elif node.op == "output":
+                outputs = map_arg(
+                    node.args[0],
+                    lambda n: call(aten.view_as_complex.default, pair(n)) if _is_complex(n) else real[n],
+                )
+                graph.output(outputs)
+            elif _is_complex(node) or any(map(_is_complex, node.all_input_nodes)):
+                pair_form(node)
+            else:
+                real[node] = graph.node_copy(node, lambda n: real[n])
+    except _NoPairForm:
+        return False
+    gm.graph = graph
+    gm.recompile()
+    return True

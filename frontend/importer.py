@@ -51,6 +51,7 @@ from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
 from hostir_dialect.fusion import DIDX, SERIAL, Causal, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
+from hostir.frontend.fx_rewrites import complex_dtype
 from hostir.passes.analysis.cost_model import ChunksOf, OverlapProblem, one_chunk
 
 aten = torch.ops.aten
@@ -289,6 +290,8 @@ class Importer:
     # -- types ------------------------------------------------------------------ #
 
     def tensor_type(self, local_shape: Sequence[int], dtype: torch.dtype, varying: bool) -> TensorType:
+        if dtype.is_complex:  # held as its real pairs (`complex_as_real_pairs`)
+            local_shape, dtype = (*local_shape, 2), dtype.to_real()
         dtype = CARRIERS.get(dtype, dtype)
         if not dtype_supported(dtype):
             raise UnsupportedGraph(f"tensors of dtype {dtype} are not supported")
@@ -409,6 +412,12 @@ class Importer:
             # Shape arithmetic of a graph traced with dynamic shapes: this compilation's
             # shapes are known, so its value is too.
             return concrete(result)
+        complex_dtypes = {complex_dtype(n) for n in (node, *node.all_input_nodes)} - {None}
+        if complex_dtypes and node.target not in PAIR_VIEWS:
+            raise UnsupportedGraph(
+                f"tensors of dtype {complex_dtypes.pop()} are not supported by this op: hostir computes with "
+                "complex tensors on their real and imaginary parts, and has no such form of it"
+            )
         rule = RULES.get(node.target)
         if rule is not None:
             result = rule(self, node)
@@ -613,6 +622,10 @@ def _resolve_group(name: str, node: torch.fx.Node) -> tuple[dist.ProcessGroup, t
             f"{node.format_node()}: the process group {name!r} is not one this process belongs to ({error})", node
         ) from None
 
+
+PAIR_VIEWS = (aten.view_as_real.default, aten.view_as_complex.default)
+"""The ops that read or make complex tensors in a graph that the importer maps: a complex tensor
+is held as its real pairs (`complex_as_real_pairs`), so these are the same piece, no op."""
 
 STORAGE_LAYOUT_OPS = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}
 """Ops whose values depend on the strides and offset of their operand's storage."""

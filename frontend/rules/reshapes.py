@@ -10,7 +10,7 @@ import operator
 import torch
 import torch.fx
 
-from hostir.frontend.importer import Importer, Value, aten, concrete, cut, result_of, rule
+from hostir.frontend.importer import PAIR_VIEWS, Importer, Value, aten, concrete, cut, result_of, rule
 
 
 RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -22,6 +22,15 @@ def _reshape(importer: Importer, node: torch.fx.Node) -> Value:
     """The same piece read in another shape: no op. (`view` could not always be applied to
     hostir's buffers, laid out anew where eager's tensors keep their strides.)"""
     return importer.arg(node.args[0]).reshaped(tuple(result_of(node).shape))
+
+
+@rule(*PAIR_VIEWS)
+def _pair_view(importer: Importer, node: torch.fx.Node) -> Value:
+    """A complex tensor read as its real pairs (`view_as_real`), or real pairs read as a complex
+    tensor (`view_as_complex`): the same piece, which holds the pairs either way, no op."""
+    source = importer.flat(importer.arg(node.args[0]))
+    result = result_of(node)
+    return Value(source.ssa, tuple(result.shape), result.dtype, source.varying)
 
 
 @rule(aten.t.default)

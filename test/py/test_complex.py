@@ -1,0 +1,190 @@
+"""Complex tensors: computed on their real pairs (`complex_as_real_pairs`), so that rotary
+embeddings written in complex numbers, as Llama's and torchtitan's are, run on hostir."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from hostir.frontend.backend import HostirFallbackWarning
+from hostir.frontend.fx_rewrites import complex_as_real_pairs
+from hostir.frontend.importer import PAIR_VIEWS, UnsupportedGraph, import_graph
+from test_communicator import needs_ranks
+from test_torch_backend import TOLERANCES, _max_error, run_on_hostir
+
+aten = torch.ops.aten
+
+
+def rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """torchtitan's `apply_rotary_emb` of one tensor: x's pairs of channels as complex numbers,
+    turned by `freqs` (complex, [sequence, head_dim / 2]), in f32, back in x's dtype."""
+    turned = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(turned * freqs.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
+
+
+def frequencies(sequence: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """torchtitan's `precompute_freqs_cis`: unit complex numbers, [sequence, head_dim / 2]."""
+    rates = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(sequence).float(), rates)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+# Each: a function of complex a [2, 3, 4], complex b [3, 4], real r [2, 3, 4] and real x
+# [2, 3, 8], and the ops its trace must hold.
+COMPLEX_FUNCTIONS = {
+    "rotary": (lambda a, b, r, x: torch.view_as_real(torch.view_as_complex(x.reshape(2, 3, 4, 2)) * b).flatten(2), aten.mul.Tensor),
+    "conjugate product": (lambda a, b, r, x: a * b.conj(), aten._conj.default),
+    "by a real tensor": (lambda a, b, r, x: (a * r, r * a, a / r), aten.div.Tensor),
+    "by a number": (lambda a, b, r, x: (a * 3, a / 4, 2.5 * a), aten.mul.Tensor),
+    "sums": (lambda a, b, r, x: (a + b, a - b, -a, a.add(b, alpha=2)), aten.sub.Tensor),
+    "views": (
+        lambda a, b, r, x: (a[:, 1:], a.select(-1, 2), a.unsqueeze(-1), a.transpose(-1, -2), a.permute(2, 0, 1),
+                            b.expand(2, 3, 4), a.reshape(6, 4), a.clone()),
+        aten.permute.default,
+    ),
+    "another precision": (lambda a, b, r, x: a.to(torch.complex128) * b.to(torch.complex128), aten._to_copy.default),
+    "real parts": (lambda a, b, r, x: (a * b).real + torch.view_as_real(b)[..., 1], aten.view_as_real.default),
+}
+
+
+def _complex_inputs() -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    return (
+        torch.randn(2, 3, 4, dtype=torch.complex64),
+        torch.randn(3, 4, dtype=torch.complex64),
+        torch.randn(2, 3, 4),
+        torch.randn(2, 3, 8),
+    )
+
+
+@pytest.mark.parametrize("name", list(COMPLEX_FUNCTIONS))
+def test_complex_ops_are_computed_on_real_pairs(name):
+    """The rewritten graph holds complex tensors only where it reads its inputs and returns its
+    outputs, and computes what the complex ops do."""
+    function, traced_op = COMPLEX_FUNCTIONS[name]
+    inputs = _complex_inputs()
+    gm = make_fx(function)(*inputs)
+    assert traced_op in {node.target for node in gm.graph.nodes}
+    assert complex_as_real_pairs(gm)
+    gm.graph.lint()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target not in PAIR_VIEWS:
+            assert not any(
+                isinstance(arg.meta.get("val"), torch.Tensor) and arg.meta["val"].is_complex() for arg in node.all_input_nodes
+            ), node.format_node()
+    expected, got = function(*inputs), gm(*inputs)
+    for e, g in zip(expected if isinstance(expected, tuple) else (expected,), got if isinstance(got, tuple) else (got,)):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "function, op",
+    [
+        (lambda a: a.abs(), "aten.abs.default"),  # complex to real, not a view of the pairs
+        (lambda a: a + 1.0, "aten.add.Tensor"),  # a number added to the real parts alone
+        (lambda a: (a.real.to(torch.complex64) * a), "aten._to_copy.default"),  # real to complex
+    ],
+)
+def test_a_complex_op_without_a_pair_form_leaves_the_graph_as_it_was_and_is_named(function, op):
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    a = torch.randn(3, 4, dtype=torch.complex64)
+    gm = make_fx(function)(a)
+    code = gm.code
+    assert not complex_as_real_pairs(gm)
+    assert gm.code == code
+    FakeTensorProp(gm).propagate(a)
+    with pytest.raises(UnsupportedGraph, match=rf"{op}.*dtype torch.complex64 are not supported by this op"):
+        import_graph(gm)
+
+
+def test_complex_inputs_and_outputs_of_a_compiled_function_are_hostirs(replay_device):
+    """Complex in, complex out, replayed (a CUDA graph on a GPU, emulated on the CPU): no
+    fallback, and eager's values, the caller's inputs untouched."""
+
+    def turn(x, freqs, scale):
+        turned = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * freqs
+        return turned * scale, torch.view_as_real(turned.conj().resolve_conj()).flatten(-2)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16, device=replay_device)
+    freqs = frequencies(8, 16).to(replay_device)
+    scale = torch.randn(4, 8, 8, device=replay_device)
+    kept = [t.clone() for t in (x, freqs, scale)]
+    compiled = torch.compile(turn, backend="hostir", options={"fallback": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostirFallbackWarning)
+        for _ in range(3):  # compile, capture, replay
+            got = compiled(x, freqs, scale)
+    for g, e in zip(got, turn(x, freqs, scale)):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+    for t, k in zip((x, freqs, scale), kept):
+        assert torch.equal(t, k)
+
+
+class RotaryAttention(nn.Module):
+    """Attention with torchtitan's rotary embeddings in complex numbers, grouped keys and values."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, kv_heads: int = 2, sequence: int = 16):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("freqs_cis", frequencies(sequence, self.head_dim), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, sequence, _ = x.shape
+        q, k, v = (w(x).view(batch, sequence, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        freqs = self.freqs_cis[:sequence]
+        q, k = rotary(q, freqs), rotary(k, freqs)
+        repeats = q.shape[2] // k.shape[2]
+        k, v = (t.repeat_interleave(repeats, dim=2) for t in (k, v))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, sequence, -1))
+
+
+def _rotary_attention_on_rank(dtype: torch.dtype) -> dict:
+    """The attention, tensor parallel over the ranks (heads split, the output projection's
+    sums reduced), compiled with hostir, one forward and backward against plain torch's on
+    the whole weights and input."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from examples.tp_decoder_layer import rank_device
+
+    device = rank_device()
+    torch.manual_seed(0)
+    reference = RotaryAttention().to(device, dtype)
+    model = RotaryAttention().to(device, dtype)
+    model.load_state_dict(reference.state_dict())
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    plan = {name: ColwiseParallel() for name in ("wq", "wk", "wv")} | {"wo": RowwiseParallel()}
+    compiled = torch.compile(parallelize_module(model, mesh, plan), backend="hostir")
+    x = torch.randn(2, 16, 64, device=device, dtype=dtype)
+    gradient = torch.randn(2, 16, 64, device=device, dtype=dtype)
+    inputs = [x.clone().requires_grad_() for _ in range(2)]
+    out = compiled(inputs[0])
+    out.backward(gradient)
+    expected = reference(inputs[1])
+    expected.backward(gradient)
+    errors = {"output": _max_error(out.float(), expected.float()), "input gradient": _max_error(inputs[0].grad.float(), inputs[1].grad.float())}
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        errors[f"{name} gradient"] = _max_error(p.grad.full_tensor().float(), q.grad.float())
+    return errors
+
+
+@pytest.mark.parametrize("world", [pytest.param(1), pytest.param(2, marks=needs_ranks(2))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_tensor_parallel_attention_with_complex_rotary_embeddings_matches_plain_torch(world, dtype):
+    for rank, errors in enumerate(run_on_hostir(_rotary_attention_on_rank, world, dtype, timeout_s=600)):
+        assert max(errors.values()) < TOLERANCES[dtype], f"rank {rank}: {errors}"
