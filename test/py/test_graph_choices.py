@@ -298,3 +298,26 @@ def test_tp_layers_compiled_one_by_one_on_two_ranks_replay_alike():
         # gradient, the second's does), each with at most two captures: the output kept
         # in a variable past the next step takes a second one, then is copied.
         assert len(result["counts"]) == 4 and max(result["counts"]) <= 2, f"rank {rank}: {result['counts']}"
+
+
+def test_a_dropout_draws_a_new_mask_at_every_replay_and_its_backward_reads_that_mask(device):
+    """A random op in a replayed graph draws new numbers at each replay (a capture registers
+    the device's generator, whose offset every replay advances), not the capture's again:
+    each call drops other elements, about half of them at p = 0.5, and the backward scales
+    the gradient of exactly the elements kept."""
+    torch.manual_seed(0)
+    compiled = torch.compile(torch.nn.Dropout(0.5), backend="hostir")
+    x = torch.randn(64, 256, device=device)
+    masks = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphReplayFallback)
+        for _ in range(5):  # compile, capture, then replays
+            leaf = x.clone().requires_grad_()
+            out = compiled(leaf)
+            out.backward(torch.ones_like(out))
+            kept = out != 0
+            torch.testing.assert_close(out, torch.where(kept, x * 2, 0.0))
+            torch.testing.assert_close(leaf.grad, kept.float() * 2)
+            assert 0.45 < kept.float().mean().item() < 0.55
+            masks.append(kept)
+    assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:]))
