@@ -15,7 +15,7 @@ from hostir.frontend.backend import HostirFallbackWarning
 from hostir.frontend.fx_rewrites import complex_as_real_pairs
 from hostir.frontend.importer import PAIR_VIEWS, UnsupportedGraph, import_graph
 from test_communicator import needs_ranks
-from test_torch_backend import TOLERANCES, _max_error, run_on_hostir
+from test_torch_backend import TOLERANCES, Llama, _max_error, assert_the_whole_model_runs_on_hostir, run_on_hostir
 
 aten = torch.ops.aten
 
@@ -188,3 +188,17 @@ def _rotary_attention_on_rank(dtype: torch.dtype) -> dict:
 def test_tensor_parallel_attention_with_complex_rotary_embeddings_matches_plain_torch(world, dtype):
     for rank, errors in enumerate(run_on_hostir(_rotary_attention_on_rank, world, dtype, timeout_s=600)):
         assert max(errors.values()) < TOLERANCES[dtype], f"rank {rank}: {errors}"
+
+
+class RotaryLlama(Llama):
+    """test_torch_backend's model, each layer's attention with rotary embeddings in complex numbers."""
+
+    def __init__(self):
+        super().__init__()
+        for layer in self.layers:
+            layer.attention = RotaryAttention()
+
+
+@needs_ranks(2)
+def test_a_whole_model_with_complex_rotary_embeddings_and_torchtitans_plan_runs_on_hostir():
+    assert_the_whole_model_runs_on_hostir(RotaryLlama)

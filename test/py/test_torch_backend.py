@@ -629,7 +629,7 @@ def copies(module: type[nn.Module], count: int = 2) -> list[nn.Module]:
     return made
 
 
-def _llama_on_rank() -> dict:
+def _llama_on_rank(model: type[Llama]) -> dict:
     """The model with torchtitan's plan (the vocabulary sharded in the embeddings and the
     output, the loss computed on the sharded logits), one training step against eager DTensor."""
     import torch.distributed as dist
@@ -637,7 +637,7 @@ def _llama_on_rank() -> dict:
     from torch.distributed.tensor.parallel import loss_parallel
 
     mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
-    models = [parallelize_llama(model, mesh) for model in copies(Llama)]
+    models = [parallelize_llama(copy, mesh) for copy in copies(model)]
     tokens, targets = (torch.randint(0, 128, (2, 16)).to(rank_device()) for _ in range(2))
     losses = []
     with warnings.catch_warnings(record=True) as caught:
@@ -656,16 +656,21 @@ def _llama_on_rank() -> dict:
     return {"losses": losses, "errors": errors, "fallbacks": fallbacks}
 
 
-@needs_ranks(2)
-def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_hostir():
-    """Every graph of the model is hostir's (the embeddings' masked lookup holds tensor
-    constants), replayed as a CUDA graph on GPUs (its masked writes are `where`s), and the
-    loss and every gradient match eager DTensor's."""
-    for rank, result in enumerate(run_on_hostir(_llama_on_rank, 2, timeout_s=600)):
+def assert_the_whole_model_runs_on_hostir(model: type[Llama]) -> None:
+    """Every graph of `model` with torchtitan's plan is hostir's, replayed as a CUDA graph on
+    GPUs, and the loss and every gradient of a training step match eager DTensor's, on 2 ranks."""
+    for rank, result in enumerate(run_on_hostir(_llama_on_rank, 2, model, timeout_s=600)):
         assert not result["fallbacks"], f"rank {rank}: {result['fallbacks']}"
         hostir_loss, eager_loss = result["losses"]
         assert hostir_loss == pytest.approx(eager_loss, rel=F32_TOLERANCE), f"rank {rank}"
         assert max(result["errors"].values()) < F32_TOLERANCE, f"rank {rank}: {result['errors']}"
+
+
+@needs_ranks(2)
+def test_a_whole_model_with_vocabulary_parallel_embeddings_and_loss_runs_on_hostir():
+    """The embeddings' masked lookup holds tensor constants, and its masked writes are
+    `where`s, which a CUDA graph captures."""
+    assert_the_whole_model_runs_on_hostir(Llama)
 
 
 def _layer_on_a_tensor_parallel_axis(fsdp: bool) -> dict:
