@@ -125,8 +125,8 @@ def complex_as_real_pairs(gm: torch.fx.GraphModule) -> bool:
     last axis the real and imaginary parts (*pairs*): a complex input is read through
     `view_as_real`, a complex output returned through `view_as_complex` (views, no copy), and
     each op in between is the op of the pairs: a view on the same axes, a sum on the pairs,
-    a product as four real products, a difference and a sum, a conjugate with the imaginary
-    parts negated. `view_as_complex` of a real tensor is then that tensor, and `view_as_real`
+    a product as the pairs times the real parts plus the pairs turned times the imaginary
+    parts, a conjugate with the imaginary parts negated. `view_as_complex` of a real tensor is then that tensor, and `view_as_real`
     of a complex one its pairs: rotary embeddings written in complex numbers (Llama's,
     torchtitan's) become real ops that the importer maps, where the fusion dialect has no
     complex type. A graph with a complex op that has no pair form here is left as it was,
@@ -159,10 +159,15 @@ def complex_as_real_pairs(gm: torch.fx.GraphModule) -> bool:
         return parts[value, index]
 
     def product(x: torch.fx.Node, y: torch.fx.Node) -> torch.fx.Node:
-        (xr, xi), (yr, yi) = (part(x, 0), part(x, 1)), (part(y, 0), part(y, 1))
-        re = call(aten.sub.Tensor, call(aten.mul.Tensor, xr, yr), call(aten.mul.Tensor, xi, yi))
-        im = call(aten.add.Tensor, call(aten.mul.Tensor, xr, yi), call(aten.mul.Tensor, xi, yr))
-        return call(aten.cat.default, [re, im], max(_rank(x), _rank(y)))
+        """x * y as x's pairs times y's real parts plus x's pairs turned, (re, im) to (-im, re),
+        times y's imaginary parts: (xr yr - xi yi, xi yr + xr yi). The turn is the `cat` of the
+        negated second half and the first half of the pairs' axis, which `cat-to-rotate-half`
+        makes a `fusion.rotate_half` in the kernel of the products and their sum, where a
+        `cat` of the two parts' results would be a copy of its own."""
+        # y's parts first: the ops between the turn and the products would cut their kernel.
+        yr, yi = part(y, 0), part(y, 1)
+        turned = call(aten.cat.default, [call(aten.neg.default, part(x, 1)), part(x, 0)], _rank(x))
+        return call(aten.add.Tensor, call(aten.mul.Tensor, pair(x), yr), call(aten.mul.Tensor, turned, yi))
 
     def scaled(target: Any, x: torch.fx.Node, factor: Any) -> torch.fx.Node:
         """Complex `x` times or over a real `factor` (a tensor or a number), on the pairs."""
