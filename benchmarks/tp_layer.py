@@ -17,7 +17,9 @@ graphs with its own parameters; with `--whole` too, the stack is compiled whole,
 With `--skip-module-guards` every compiled contender is compiled with
 `options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}`: dynamo
 no longer checks the modules' attributes at each call, most of torch's host time
-before a compiled forward's first kernel (docs/frontend.md, *Host time*).
+before a compiled forward's first kernel (docs/frontend.md, *Host time*). With `--rotary`
+the attention turns its queries and keys by torchtitan's rotary embeddings, written in
+complex numbers (`examples/tp_decoder_layer.py`'s `rotary`).
 
 For each size, two steps are timed: the forward alone (under `torch.no_grad()`) and the
 training step, forward then backward of the output with a fixed random gradient (no
@@ -134,6 +136,8 @@ class LayerSize:
     """Whether a stack of layers is compiled whole rather than layer by layer (`--whole`)."""
     module_guards: bool = True
     """Whether dynamo guards the modules' attributes at each call (`--skip-module-guards`: not)."""
+    rotary: bool = False
+    """Whether the attention has torchtitan's rotary embeddings, in complex numbers (`--rotary`)."""
 
     @property
     def heads(self) -> int:
@@ -148,7 +152,8 @@ class LayerSize:
         compiled = "whole" if self.whole else "one by one"
         layers = f", {self.layers} layers compiled {compiled}" if self.layers > 1 else ""
         guards = "" if self.module_guards else ", no module guards"
-        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens{layers}{guards}"
+        rotary = ", rotary" if self.rotary else ""
+        return f"dim {self.dim}, {self.batch} x {self.sequence} tokens{rotary}{layers}{guards}"
 
     def check(self, world: int) -> None:
         """Exits with a message where `world` ranks cannot split this size."""
@@ -226,7 +231,8 @@ def unavailable_reason(contender: str, device: torch.device, world: int) -> str 
 
 def model_of(size: LayerSize, dtype: torch.dtype) -> nn.Module:
     """The layer at `size`, or a stack of `size.layers` of them, on the current device."""
-    layers = [DecoderLayer(size.dim, size.heads, size.hidden).to(dtype) for _ in range(size.layers)]
+    positions = size.sequence if size.rotary else 0
+    layers = [DecoderLayer(size.dim, size.heads, size.hidden, positions).to(dtype) for _ in range(size.layers)]
     return layers[0] if size.layers == 1 else nn.Sequential(*layers)
 
 
@@ -1049,13 +1055,17 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="compile with torch.compiler.skip_guard_on_all_nn_modules_unsafe as the guard filter",
     )
+    parser.add_argument(
+        "--rotary", action="store_true", help="rotary embeddings on the queries and keys, in complex numbers as torchtitan's"
+    )
     args, chosen = parsed(parser, argv, DEFAULT_SIZES, SMOKE_SIZES, KEYS)
     if args.layers < 1:
         parser.error(f"--layers {args.layers}: at least one layer")
     if args.whole and args.layers < 2:
         parser.error("--whole needs --layers 2 or more")
     args.sizes = [
-        replace(size, layers=args.layers, whole=args.whole, module_guards=not args.skip_module_guards) for size in args.sizes
+        replace(size, layers=args.layers, whole=args.whole, module_guards=not args.skip_module_guards, rotary=args.rotary)
+        for size in args.sizes
     ]
     args.contenders_given = bool(args.contenders)
     # Eager DTensor runs first whatever is chosen: every check compares with it.

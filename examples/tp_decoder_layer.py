@@ -2,8 +2,9 @@
 
     torchrun --nproc-per-node 2 examples/tp_decoder_layer.py      # or: python examples/tp_decoder_layer.py
 
-RMSNorm, then attention (QKV colwise, the output projection rowwise, causal SDPA),
-then RMSNorm and a SwiGLU MLP (colwise, rowwise), with sequence parallelism on the
+RMSNorm, then attention (QKV colwise, the output projection rowwise, causal SDPA; with
+`rotary_positions`, torchtitan's rotary embeddings in complex numbers on the queries and
+keys), then RMSNorm and a SwiGLU MLP (colwise, rowwise), with sequence parallelism on the
 norms: between the blocks every rank holds a slice of the sequence. The same plan as
 torchtitan's Llama; `parallelize_module` applies it, `torch.compile(backend="hostir")`
 runs it. Run as a script, it trains the layer for a few steps on 2 local CPU ranks
@@ -29,19 +30,42 @@ from torch.distributed.tensor.parallel import (
 )
 
 
+def rotary_frequencies(positions: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """torchtitan's `precompute_freqs_cis`: the turn of each pair of channels at each position,
+    unit complex numbers, [positions, head_dim / 2]."""
+    rates = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(positions).float(), rates)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def rotary(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """torchtitan's `apply_rotary_emb` of one tensor [batch, sequence, heads, head_dim]: its
+    pairs of channels as complex numbers, turned by `freqs_cis` [sequence, head_dim / 2], in
+    f32, back in x's dtype."""
+    turned = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(turned * freqs_cis.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
+
+
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, rotary_positions: int = 0):
+        """`rotary_positions`: the positions of the rotary embeddings' table, as torchtitan's
+        Llama makes it (`rotary_frequencies`, a complex buffer); 0: no rotary embeddings."""
         super().__init__()
         self.head_dim = dim // heads
         self.wq = nn.Linear(dim, dim, bias=False)
         self.wk = nn.Linear(dim, dim, bias=False)
         self.wv = nn.Linear(dim, dim, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
+        table = rotary_frequencies(rotary_positions, self.head_dim) if rotary_positions else None
+        self.register_buffer("freqs_cis", table, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, sequence, _ = x.shape
         # -1: the heads of this rank, whatever the plan made of the projections.
-        q, k, v = (w(x).view(batch, sequence, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (w(x).view(batch, sequence, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        if self.freqs_cis is not None:
+            q, k = (rotary(t, self.freqs_cis[:sequence]) for t in (q, k))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, sequence, -1))
 
@@ -58,10 +82,10 @@ class FeedForward(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, dim: int = 64, heads: int = 4, hidden: int = 224):
+    def __init__(self, dim: int = 64, heads: int = 4, hidden: int = 224, rotary_positions: int = 0):
         super().__init__()
         self.attention_norm = nn.RMSNorm(dim, eps=1e-5)
-        self.attention = Attention(dim, heads)
+        self.attention = Attention(dim, heads, rotary_positions)
         self.ffn_norm = nn.RMSNorm(dim, eps=1e-5)
         self.feed_forward = FeedForward(dim, hidden)
 

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from examples.tp_decoder_layer import rank_device, rotary, rotary_frequencies
 from hostir.frontend.backend import HostirFallbackWarning
 from hostir.frontend.fx_rewrites import complex_as_real_pairs
 from hostir.frontend.importer import PAIR_VIEWS, UnsupportedGraph, import_graph
@@ -18,20 +19,6 @@ from test_communicator import needs_ranks
 from test_torch_backend import TOLERANCES, Llama, _max_error, assert_the_whole_model_runs_on_hostir, run_on_hostir
 
 aten = torch.ops.aten
-
-
-def rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """torchtitan's `apply_rotary_emb` of one tensor: x's pairs of channels as complex numbers,
-    turned by `freqs` (complex, [sequence, head_dim / 2]), in f32, back in x's dtype."""
-    turned = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(turned * freqs.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
-
-
-def frequencies(sequence: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
-    """torchtitan's `precompute_freqs_cis`: unit complex numbers, [sequence, head_dim / 2]."""
-    rates = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-    angles = torch.outer(torch.arange(sequence).float(), rates)
-    return torch.polar(torch.ones_like(angles), angles)
 
 
 # Each: a function of complex a [2, 3, 4], complex b [3, 4], real r [2, 3, 4] and real x
@@ -114,7 +101,7 @@ def test_complex_inputs_and_outputs_of_a_compiled_function_are_hostirs(replay_de
 
     torch.manual_seed(0)
     x = torch.randn(4, 8, 16, device=replay_device)
-    freqs = frequencies(8, 16).to(replay_device)
+    freqs = rotary_frequencies(8, 16).to(replay_device)
     scale = torch.randn(4, 8, 8, device=replay_device)
     kept = [t.clone() for t in (x, freqs, scale)]
     compiled = torch.compile(turn, backend="hostir", options={"fallback": False})
@@ -139,7 +126,7 @@ class RotaryAttention(nn.Module):
         self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
-        self.register_buffer("freqs_cis", frequencies(sequence, self.head_dim), persistent=False)
+        self.register_buffer("freqs_cis", rotary_frequencies(sequence, self.head_dim), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, sequence, _ = x.shape
@@ -159,8 +146,6 @@ def _rotary_attention_on_rank(dtype: torch.dtype) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    from examples.tp_decoder_layer import rank_device
 
     device = rank_device()
     torch.manual_seed(0)

@@ -96,17 +96,21 @@ def test_smoke_run_checks_every_contender_and_writes_its_report(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "whole, module_guards", [(False, True), (True, True), (True, False)], ids=["one_by_one", "whole", "whole_unguarded"]
+    "whole, module_guards, rotary",
+    [(False, True, False), (True, True, False), (True, False, False), (False, True, True)],
+    ids=["one_by_one", "whole", "whole_unguarded", "one_by_one_rotary"],
 )
-def test_smoke_run_of_a_stack_of_layers_checks_each_layers_gradients(tmp_path, whole, module_guards):
+def test_smoke_run_of_a_stack_of_layers_checks_each_layers_gradients(tmp_path, whole, module_guards, rotary):
     """`--layers 2`: a stack of two layers, each compiled on its own, which share hostir's
     graphs, or (`--whole`) compiled whole, one graph each way, and so without dynamo's
-    guards on the modules (`--skip-module-guards`); the gradients of both layers'
-    parameters are checked against eager DTensor."""
+    guards on the modules (`--skip-module-guards`), or with rotary embeddings in complex
+    numbers (`--rotary`); the gradients of both layers' parameters are checked against
+    eager DTensor."""
     options = [
         "--layers=2",
         *(["--whole"] if whole else []),
         *([] if module_guards else ["--skip-module-guards"]),
+        *(["--rotary"] if rotary else []),
         "--contenders=hostir",
         "--warmup=1",
         "--reps=2",
@@ -118,7 +122,8 @@ def test_smoke_run_of_a_stack_of_layers_checks_each_layers_gradients(tmp_path, w
     assert all(r["status"] == "ok" and r["check_ok"] for r in hostir.values())
     compiled = "whole" if whole else "one by one"
     guards = "" if module_guards else ", no module guards"
-    assert f"| dim 64, 2 x 16 tokens, 2 layers compiled {compiled}{guards} |" in (tmp_path / "tp_layer.md").read_text()
+    label = f"dim 64, 2 x 16 tokens{', rotary' if rotary else ''}, 2 layers compiled {compiled}{guards}"
+    assert f"| {label} |" in (tmp_path / "tp_layer.md").read_text()
 
 
 class Scaled(torch.nn.Module):
