@@ -255,10 +255,15 @@ def _position_vectors(node: Any) -> list[torch.fx.Node]:
 
 def _supported(node: torch.fx.Node, arguments: dict[str, Any]) -> bool:
     """Attention the fusion op computes: no dropout (the random state is never read), no debug
-    mask; the math kernel's weights and the efficient backward's bias gradient unread."""
+    mask, as many heads of keys as of queries (grouped-query attention, SDPA's `enable_gqa`,
+    which the CPU's flash kernel takes from the shapes alone, stays ATen's); the math kernel's
+    weights and the efficient backward's bias gradient unread."""
     if arguments.get("dropout_p", 0.0) != 0.0 or arguments.get("return_debug_mask", False):
         return False
     if arguments.get("dropout_mask") is not None or arguments.get("enable_gqa", False):
+        return False
+    query, key = (arguments.get(name) for name in ("query", "key"))
+    if result_of(query).shape[:-2] != result_of(key).shape[:-2]:
         return False
     if node.target is aten._scaled_dot_product_attention_math.default:
         return _unused(node, 1)

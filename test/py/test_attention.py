@@ -451,3 +451,29 @@ def test_the_math_fallback_imports_where_its_weights_go_unread():
     q, k, v = (torch.randn(B, H, L, E, generator=generator) for _ in range(3))
     (out,) = Program.compile(import_graph(_fake_graph(_math, shapes)).module).run([q, k, v], CPU)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_grouped_query_attention_runs_as_atens_kernel():
+    """Fewer heads of keys and values than of queries (SDPA's `enable_gqa`, which the CPU's
+    flash kernel and its backward take from the shapes alone): the fusion op has no such
+    form, so the kernels stay ATen's calls, and the values and gradients are eager's."""
+    generator = torch.Generator().manual_seed(6)
+    q = torch.randn(B, 4, L, E, generator=generator, requires_grad=True)
+    k, v = (torch.randn(B, 2, L, E, generator=generator, requires_grad=True) for _ in range(2))
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    torch._dynamo.reset()
+    with _dumped("fusion") as dump:
+        out = torch.compile(f, backend="hostir", options={"fallback": False})(q, k, v)
+        out.square().sum().backward()
+    grads = [t.grad for t in (q, k, v)]
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    expected = f(*inputs)
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    for grad, t in zip(grads, inputs):
+        torch.testing.assert_close(grad, t.grad)
+    text = dump.getvalue()
+    assert _ops_of(text, "fusion.attention") == 0 and "aten._scaled_dot_product_flash_attention_for_cpu" in text
