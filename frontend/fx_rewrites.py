@@ -126,11 +126,12 @@ def complex_as_real_pairs(gm: torch.fx.GraphModule) -> bool:
     `view_as_real`, a complex output returned through `view_as_complex` (views, no copy), and
     each op in between is the op of the pairs: a view on the same axes, a sum on the pairs,
     a product as the pairs times the real parts plus the pairs turned times the imaginary
-    parts, a conjugate with the imaginary parts negated. `view_as_complex` of a real tensor is then that tensor, and `view_as_real`
-    of a complex one its pairs: rotary embeddings written in complex numbers (Llama's,
-    torchtitan's) become real ops that the importer maps, where the fusion dialect has no
-    complex type. A graph with a complex op that has no pair form here is left as it was,
-    and the importer names that op.
+    parts, a conjugate with the imaginary parts negated. `view_as_complex` of a real tensor
+    is then that tensor, and `view_as_real` of a complex one its pairs: rotary embeddings
+    written in complex numbers (Llama's, torchtitan's) become real ops that the importer
+    maps, where the fusion dialect has no complex type. A graph with a complex op that has
+    no pair form here (or a complex number among an op's arguments) is left as it was, and
+    the importer names that op.
     """
     if not any(_is_complex(node) for node in gm.graph.nodes):
         return False
@@ -146,7 +147,7 @@ def complex_as_real_pairs(gm: torch.fx.GraphModule) -> bool:
     def pair(value: Any) -> torch.fx.Node:
         if not _is_complex(value):
             raise _NoPairForm
-        if value not in pairs:  # a complex input, read once the inputs are all placeholders
+        if value not in pairs:  # a complex input: its pairs made where it is first read
             pairs[value] = call(aten.view_as_real.default, real[value])
         return pairs[value]
 
@@ -175,12 +176,12 @@ def complex_as_real_pairs(gm: torch.fx.GraphModule) -> bool:
             if _is_complex(factor):
                 raise _NoPairForm
             factor = call(aten.unsqueeze.default, real[factor], _rank(factor))
-        elif isinstance(factor, complex):
-            raise _NoPairForm
         return call(target, pair(x), factor)
 
     def pair_form(node: torch.fx.Node) -> None:
         target, args = node.target, node.args
+        if any(isinstance(a, complex) for a in (*args, *node.kwargs.values())):
+            raise _NoPairForm  # a complex scale (`alpha`, a factor) would turn the pairs
         if target is aten.view_as_complex.default:
             pairs[node] = real[args[0]]
         elif target is aten.view_as_real.default:

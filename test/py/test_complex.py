@@ -75,6 +75,7 @@ def test_complex_ops_are_computed_on_real_pairs(name):
     [
         (lambda a: a.abs(), "aten.abs.default"),  # complex to real, not a view of the pairs
         (lambda a: a + 1.0, "aten.add.Tensor"),  # a number added to the real parts alone
+        (lambda a: a * 2j, "aten.mul.Tensor"),  # a complex factor turns the pairs
         (lambda a: (a.real.to(torch.complex64) * a), "aten._to_copy.default"),  # real to complex
     ],
 )
