@@ -48,7 +48,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from hostir_dialect import fusion
 from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
-from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr
+from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr, torch_dtype
 from hostir_dialect.fusion import DIDX, SERIAL, Causal, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
 from hostir.frontend.fx_rewrites import complex_dtype
@@ -432,12 +432,22 @@ class Importer:
 
     def flat(self, value: Value) -> Value:
         """`value` in the FX shape: a piece of another shape is reshaped (each device its own),
-        once per value and shape."""
+        once per value and shape. The piece of a widening cast is the cast of its operand's
+        piece reshaped: the reshape of a value a kernel computes is a copy of it in memory,
+        where the reshape of the operand is a view of it if it is in memory (a GEMM's product,
+        an input) or a copy of fewer bytes, and the cast joins the kernel that reads it (a bf16
+        product read in f32 in the FX shape, as rotary embeddings read the queries and keys)."""
         if value.is_flat:
             return value
         key = (value.ssa, value.shape, value.order)
         if key not in self.flattened:
-            self.flattened[key] = self.with_piece(value, value.shape)
+            cast = value.ssa.owner
+            dtype = torch_dtype(fusion.tensor_type(cast.input).element_type) if isinstance(cast, fusion.CastOp) else None
+            if dtype is not None and value.order is None and dtype.itemsize < value.dtype.itemsize:
+                source = Value(cast.input, value.shape, dtype, value.varying, value.local)
+                self.flattened[key] = self.cast(self.flat(source), value.dtype)
+            else:
+                self.flattened[key] = self.with_piece(value, value.shape)
         return self.flattened[key]
 
     def in_layout(self, value: Value, layout: Layout | None) -> Value:

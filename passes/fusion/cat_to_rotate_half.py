@@ -15,7 +15,11 @@ becomes
     %r = fusion.rotate_half %x : ...
 
 and `cat([%hi, fusion.neg %lo])` becomes `fusion.neg (fusion.rotate_half %x)`. The halves and
-the negation go where nothing else reads them.
+the negation go where nothing else reads them. A rotation of a cast is the cast of the
+rotation (`fusion.rotate_half (fusion.cast %x)` becomes `fusion.cast (fusion.rotate_half %x)`,
+the same values): a kernel's rotation reads its operand from memory, and so reads %x there
+(a bf16 product that rotary embeddings read in f32, as torchtitan's and the complex pairs'
+do), where a rotation of the cast would have the cast's own kernel write it.
 """
 
 from __future__ import annotations
@@ -128,12 +132,28 @@ class CatOfHalvesToRotateHalf(RewritePattern):
             return
 
 
+class RotationOfACastToCastOfTheRotation(RewritePattern):
+    """`rotate_half (cast x)` -> `cast (rotate_half x)`; the cast stays where something else
+    reads it."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: fusion.RotateHalfOp, rewriter: PatternRewriter, /) -> None:
+        cast = op.input.owner
+        if not isinstance(cast, fusion.CastOp):
+            return
+        rotated = fusion.RotateHalfOp(cast.input)
+        rewriter.replace(op, [rotated, fusion.CastOp(rotated.result, fusion.tensor_type(op.result))])
+        if not cast.result.uses:
+            rewriter.erase(cast)
+
+
 @dataclass(frozen=True)
 class CatToRotateHalf(ModulePass):
     """Rewrites the rotations of rotary embeddings, written as a `cat` of negated halves, as
-    `fusion.rotate_half`."""
+    `fusion.rotate_half`, each rotating the values a cast reads rather than the cast."""
 
     name = "cat-to-rotate-half"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(CatOfHalvesToRotateHalf(), apply_recursively=False).rewrite_module(op)
+        PatternRewriteWalker(RotationOfACastToCastOfTheRotation(), apply_recursively=False).rewrite_module(op)

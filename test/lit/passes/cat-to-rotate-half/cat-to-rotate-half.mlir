@@ -56,3 +56,31 @@ func.func @not_rotations(%x: !s, %y: !s) -> (!s, !s, !fusion.tensor<[16, 4], f32
   %rows = fusion.aten "aten.cat.default"([%k, %top]) : (!u, !u) -> !s
   func.return %same_order, %two_tensors, %other_axis, %rows : !s, !s, !fusion.tensor<[16, 4], f32>, !s
 }
+
+// A rotation of a cast: the cast of the rotation, which reads the bf16 values from memory
+// (the complex pairs of rotary embeddings, read in f32). The cast stays for its other reader.
+// CHECK-LABEL: func.func @rotation_of_a_cast(
+// CHECK-NEXT:    %wide = fusion.cast %x : !fusion.tensor<[2, 4, 8], bf16, {{.*}}> -> !fusion.tensor<[2, 4, 8], f32, {{.*}}>
+// CHECK-NEXT:    %r = fusion.rotate_half %x : !fusion.tensor<[2, 4, 8], bf16, {{.*}}> -> !fusion.tensor<[2, 4, 8], bf16, {{.*}}>
+// CHECK-NEXT:    %r_1 = fusion.cast %r : !fusion.tensor<[2, 4, 8], bf16, {{.*}}> -> !fusion.tensor<[2, 4, 8], f32, {{.*}}>
+// CHECK-NEXT:    func.return %r_1, %wide
+// CHECK-LABEL: func.func @rotation_of_a_cast_read_once(
+// CHECK-NEXT:    %r = fusion.rotate_half %x
+// CHECK-NEXT:    %r_1 = fusion.cast %r
+// CHECK-NEXT:    func.return %r_1
+!w = !fusion.tensor<[2, 4, 8], f32, mesh = [0, 1], axes = [didx, _, _]>
+!wh = !fusion.tensor<[2, 4, 4], f32, mesh = [0, 1], axes = [didx, _, _]>
+func.func @rotation_of_a_cast(%x: !x) -> (!w, !w) {
+  %wide = fusion.cast %x : !x -> !w
+  %lo, %hi = fusion.aten "aten.split.Tensor"(%wide, 4, -1) : (!w) -> (!wh, !wh)
+  %n = fusion.neg %hi : !wh -> !wh
+  %r = fusion.aten "aten.cat.default"([%n, %lo], -1) : (!wh, !wh) -> !w
+  func.return %r, %wide : !w, !w
+}
+func.func @rotation_of_a_cast_read_once(%x: !x) -> !w {
+  %wide = fusion.cast %x : !x -> !w
+  %lo, %hi = fusion.aten "aten.split.Tensor"(%wide, 4, -1) : (!w) -> (!wh, !wh)
+  %n = fusion.neg %hi : !wh -> !wh
+  %r = fusion.aten "aten.cat.default"([%n, %lo], -1) : (!wh, !wh) -> !w
+  func.return %r : !w
+}
