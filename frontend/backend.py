@@ -49,7 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from xdsl.dialects.builtin import ModuleOp
 
-from hostir_dialect.aten_call import CARRIERS
+from hostir_dialect.aten_call import carried
 from hostir_dialect.builder import torch_dtype
 from hostir_dialect.fusion import DYNAMIC, Causal
 from hostir_dialect.text import HostirError, print_module
@@ -336,15 +336,15 @@ def _input_view(
     value: torch.Tensor, piece: tuple[int, ...] | None, varying: bool
 ) -> tuple[torch.dtype | None, tuple[int, ...] | None]:
     """How a graph argument like `value` is read as a program input: the dtype that carries its
-    bits in the IR (`CARRIERS`, the real dtype of a complex tensor's pairs) or None, and the
+    bits in the IR (`carried`: the real dtype of a complex tensor's pairs) or None, and the
     shape to read it as, None where it is read as it is: the `piece` of a layout, and a device
     axis of extent 1 in front where it `varying`."""
     shape = tuple(value.shape) if piece is None else tuple(piece)
     if varying:
         shape = (1, *shape)
-    if value.dtype.is_complex:
-        return value.dtype.to_real(), None if shape == tuple(value.shape) else (*shape, 2)
-    return CARRIERS.get(value.dtype), None if shape == tuple(value.shape) else shape
+    held, carrier = carried(shape, value.dtype)
+    viewed, _ = carried(value.shape, value.dtype)  # what the carrier's view alone gives
+    return None if carrier == value.dtype else carrier, None if held == viewed else held
 
 
 def _viewed(value: torch.Tensor, carrier: torch.dtype | None, shape: tuple[int, ...] | None) -> torch.Tensor:
@@ -367,10 +367,9 @@ def _output_view(program: Program, kind: str, what: Any, args: Sequence[Any], ar
         index, shape, dtype = what
         declared = program.output_types[index]
         local = declared.local_shape()
-        # A complex tensor is the result's real pairs, viewed as complex.
-        held = (*shape, 2) if dtype.is_complex else tuple(shape)
+        held, _ = carried(shape, dtype)
         same_shape = DYNAMIC not in local and tuple(local) == held
-        # Only a dtype the IR carries in another (`CARRIERS`, complex pairs) needs a view.
+        # Only a dtype the IR carries in another (`carried`) needs a view.
         same_dtype = torch_dtype(declared.element_type) == dtype
         return "result", (index, None if same_shape else held, None if same_dtype else dtype)
     if kind == "input":

@@ -47,7 +47,7 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from hostir_dialect import fusion
-from hostir_dialect.aten_call import CARRIERS, NotEncodable, encode_call
+from hostir_dialect.aten_call import CARRIERS, NotEncodable, carried, encode_call
 from hostir_dialect.builder import TORCH_DTYPES, element_type, scalar_attr, torch_dtype
 from hostir_dialect.fusion import DIDX, SERIAL, Causal, DeviceMeshAttr, TensorType
 from hostir_dialect.text import HostirError
@@ -290,9 +290,7 @@ class Importer:
     # -- types ------------------------------------------------------------------ #
 
     def tensor_type(self, local_shape: Sequence[int], dtype: torch.dtype, varying: bool) -> TensorType:
-        if dtype.is_complex:  # held as its real pairs (`complex_as_real_pairs`)
-            local_shape, dtype = (*local_shape, 2), dtype.to_real()
-        dtype = CARRIERS.get(dtype, dtype)
+        local_shape, dtype = carried(local_shape, dtype)  # complex: its real pairs (`complex_as_real_pairs`)
         if not dtype_supported(dtype):
             raise UnsupportedGraph(f"tensors of dtype {dtype} are not supported")
         shape = [self.devices, *local_shape] if varying else list(local_shape)

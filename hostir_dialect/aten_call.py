@@ -49,6 +49,16 @@ CARRIERS: dict[torch.dtype, torch.dtype] = {
 whose buffers carry their bits (flash attention's random state is a uint64 tensor)."""
 
 
+def carried(shape: Sequence[int], dtype: torch.dtype) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype of the buffer that holds a tensor of `shape` and `dtype` in the IR:
+    a complex tensor's real and imaginary parts (`torch.view_as_real`: an axis of 2 last, the
+    real dtype of its size), an unsigned tensor's bits in the type `CARRIERS` names, any
+    other tensor as it is."""
+    if dtype.is_complex:
+        return (*shape, 2), dtype.to_real()
+    return tuple(shape), CARRIERS.get(dtype, dtype)
+
+
 def encode_call(
     args: Sequence[Any],
     kwargs: dict[str, Any],

@@ -423,12 +423,6 @@ def _results(importer: Importer, node: torch.fx.Node, modelled: list[Value | Non
     return results
 
 
-def _piece(type: fusion.TensorType) -> tuple[int, ...]:
-    """A device's piece of a value of `type`: its shape without a leading device axis."""
-    shape = type.get_shape()
-    return shape[1:] if type.didx_axis == 0 else shape
-
-
 @rule(*(target for target, kernel in KERNELS.items() if kernel.grad is None))
 def _attention(importer: Importer, node: torch.fx.Node) -> list[Any] | None:
     refuse_unrolled_ring(node)
@@ -471,7 +465,7 @@ def _attention_backward(importer: Importer, node: torch.fx.Node) -> list[Any] | 
     varying = operands.varying(importer)
     dtype = operands.values[1].dtype
     # Each gradient is its operand's piece, varying where the output's gradient is.
-    grad_types = [importer.tensor_type(_piece(fusion.tensor_type(x)), dtype, varying) for x in ssa[1:4]]
+    grad_types = [importer.tensor_type(fusion.tensor_type(x).piece_shape, dtype, varying) for x in ssa[1:4]]
     op = importer.emit(
         fusion.AttentionBackwardOp(ssa, grad_types, mask, operands.causal, operands.blocks, operands.scale)
     )
@@ -479,7 +473,7 @@ def _attention_backward(importer: Importer, node: torch.fx.Node) -> list[Any] | 
     for result, fake, type, operand in zip(op.results, result_of(node)[:3], grad_types, operands.values[1:4]):
         result.name_hint = name_of(node)
         # A gradient in blocks is read as its keys are.
-        grads.append(Value(result, tuple(fake.shape), fake.dtype, varying, _piece(type), operand.order))
+        grads.append(Value(result, tuple(fake.shape), fake.dtype, varying, type.piece_shape, operand.order))
     if node.target is aten._scaled_dot_product_efficient_attention_backward.default:
         return [*grads, None]  # the bias's gradient, which nothing reads
     return _results(importer, node, grads)
