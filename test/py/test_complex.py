@@ -16,7 +16,7 @@ from hostir.frontend.backend import HostirFallbackWarning
 from hostir.frontend.fx_rewrites import complex_as_real_pairs
 from hostir.frontend.importer import PAIR_VIEWS, UnsupportedGraph, import_graph
 from test_communicator import needs_ranks
-from test_torch_backend import TOLERANCES, Llama, _max_error, assert_the_whole_model_runs_on_hostir, run_on_hostir
+from test_torch_backend import TOLERANCES, Llama, _dumped, _max_error, assert_the_whole_model_runs_on_hostir, run_on_hostir
 
 aten = torch.ops.aten
 
@@ -115,6 +115,21 @@ def test_complex_inputs_and_outputs_of_a_compiled_function_are_hostirs(replay_de
         torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
     for t, k in zip((x, freqs, scale), kept):
         assert torch.equal(t, k)
+
+
+def test_the_rotation_of_bf16_values_read_in_f32_is_one_kernel():
+    """torchtitan's rotation of bf16 queries (`x.float()` read as complex pairs, turned, cast
+    back): one kernel reads x where it is and writes the turned bf16 values, rather than a
+    kernel that writes x in f32 for a second, or an ATen `cat`; eager's values."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 16, 4, 16, generator=generator).bfloat16()
+    freqs = rotary_frequencies(16, 16)
+    torch._dynamo.reset()
+    with _dumped("host_ir") as dump:
+        out = torch.compile(rotary, backend="hostir", options={"fallback": False})(x, freqs)
+    torch.testing.assert_close(out, rotary(x, freqs))
+    program = dump.getvalue().split("// hostir: the host program", 1)[1]
+    assert program.count("hir.launch_kernel") == 1 and "aten.cat" not in program, program
 
 
 class RotaryAttention(nn.Module):
