@@ -229,7 +229,7 @@ class ComputeOnRows(RewritePattern):
                 where = InsertPoint.after(value.op)
             else:
                 where = InsertPoint.at_start(value.block)
-            rewriter.insert_op(made, where)
+            rewriter.insert(made, where)
             self.on_rows[key] = made.results[0]
         return self.on_rows[key]
 

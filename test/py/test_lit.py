@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,42 @@ PRELOADED_RUNS = {
     "help": (["hir-opt", "--help"], None),
     "filecheck mismatch": (["filecheck", "{checks}"], "%y = fusion.neg %x\n"),
 }
+
+
+def _hir_opt_run_lines() -> list[tuple[str, list[str], bool]]:
+    """Each RUN line of the lit suite that starts with `hir-opt` (or `not hir-opt`) on a file:
+    (the line, hir-opt's arguments with lit's substitutions made, whether it must fail). The
+    output's redirection and whatever reads it are lit's, not hir-opt's."""
+    lines = []
+    for path in sorted((REPOSITORY / "test" / "lit").rglob("*.mlir")):
+        if "Output" in path.parts:
+            continue
+        for line in path.read_text().splitlines():
+            match = re.match(r"// RUN: (not )?hir-opt ([^|]*?)\s*(\d?>.*)?(\|.*)?$", line)
+            if match is None:
+                continue
+            words = shlex.split(match[2].replace("%s", str(path)).replace("%S", str(path.parent)))
+            lines.append((f"{path.relative_to(REPOSITORY)}: {line}", words, bool(match[1])))
+    return lines
+
+
+def test_the_lit_suites_hir_opt_runs_reach_no_deprecated_api_and_end_as_lit_expects(capsys):
+    """Every `hir-opt` of a lit RUN line, run in this process, where a deprecated xDSL or torch
+    API that hostir's code reaches is an error (pyproject.toml's filterwarnings): lit runs
+    hir-opt as a process, in which such a warning is silent. Each ends with status 0, or 1
+    where the line expects a failure, and none raises."""
+    lines = _hir_opt_run_lines()
+    assert len(lines) > 150, "the RUN lines were not found"
+    wrong = []
+    for line, args, fails in lines:
+        try:
+            status, _, err = _run(args, capsys)
+        except Exception as error:
+            wrong.append(f"{line}\n  raised {type(error).__name__}: {error}")
+            continue
+        if status != (1 if fails else 0) or (fails and "Traceback" in err):
+            wrong.append(f"{line}\n  exit status {status}: {err[-500:]}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_a_preloaded_tool_behaves_as_a_fresh_process(tmp_path: Path, fusion_file: Path):
