@@ -97,7 +97,7 @@ _ELEMENTWISE = (aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.d
 _UNCHANGED = (aten.resolve_conj.default, aten.resolve_neg.default)
 """Ops whose result is their operand's value: no lazy conjugation or negation is left on pairs."""
 
-_CONJUGATES = (aten._conj.default, aten.conj_physical.default)
+_CONJUGATES = (aten._conj.default, aten.conj_physical.default, aten._conj_physical.default)
 
 
 class _NoPairForm(Exception):

@@ -7,9 +7,12 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from examples.tp_decoder_layer import rank_device, rotary, rotary_frequencies
 from hostir.frontend.backend import HostirFallbackWarning
@@ -61,9 +64,7 @@ def test_complex_ops_are_computed_on_real_pairs(name):
     gm.graph.lint()
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target not in PAIR_VIEWS:
-            assert not any(
-                isinstance(arg.meta.get("val"), torch.Tensor) and arg.meta["val"].is_complex() for arg in node.all_input_nodes
-            ), node.format_node()
+            assert not any(map(_complex_value, node.all_input_nodes)), node.format_node()
     expected, got = function(*inputs), gm(*inputs)
     for e, g in zip(expected if isinstance(expected, tuple) else (expected,), got if isinstance(got, tuple) else (got,)):
         assert g.dtype == e.dtype and g.shape == e.shape
@@ -80,8 +81,6 @@ def test_complex_ops_are_computed_on_real_pairs(name):
     ],
 )
 def test_a_complex_op_without_a_pair_form_leaves_the_graph_as_it_was_and_is_named(function, op):
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     a = torch.randn(3, 4, dtype=torch.complex64)
     gm = make_fx(function)(a)
     code = gm.code
@@ -203,3 +202,91 @@ class RotaryLlama(Llama):
 @needs_ranks(2)
 def test_a_whole_model_with_complex_rotary_embeddings_and_torchtitans_plan_runs_on_hostir():
     assert_the_whole_model_runs_on_hostir(RotaryLlama)
+
+
+# Expressions of complex tensors of shape [2, 3, 4] for the property below: a leaf ("a" or
+# "b", b expanded from [3, 4]), or (op, operands...). Each view ends in the shape it began
+# with, so that any expression may be an operand of any other.
+_VIEWS = {
+    "transpose": lambda x: x.transpose(-1, 0).transpose(0, 2),
+    "permute": lambda x: x.permute(1, -1, 0).permute(2, 0, 1),
+    "reshape": lambda x: x.reshape(6, 4).view(2, 3, 4),
+    "unsqueeze": lambda x: x.unsqueeze(-2).squeeze(2),
+    "halves expanded": lambda x: x[:1].expand(2, 3, 4) - x[1:].expand(2, 3, 4),
+    "selected": lambda x: x.select(1, 2).unsqueeze(1).expand(2, 3, 4),
+}
+_UNARY = {
+    "neg": lambda x: -x,
+    "conj": lambda x: x.conj(),
+    "conj_physical": torch.conj_physical,
+    "resolved conj": lambda x: x.conj().resolve_conj(),
+    "clone": torch.clone,
+    "by 2.5": lambda x: x * 2.5,
+    "by 2.5, left": lambda x: 2.5 * x,
+    "over 4": lambda x: x / 4,
+}
+
+
+_BINARY = {"mul": torch.mul, "add": torch.add, "sub": torch.sub}
+_BY_REALS = {"by r": lambda x, r: x * r, "r by": lambda x, r: r * x, "over r": lambda x, r: x / r}
+
+
+def _complex_expressions() -> st.SearchStrategy:
+    return st.recursive(
+        st.sampled_from(["a", "b"]),
+        lambda inner: st.one_of(
+            st.tuples(st.sampled_from(list(_BINARY)), inner, inner),
+            st.tuples(st.sampled_from([*_BY_REALS, *_UNARY, *_VIEWS]), inner),
+        ),
+        max_leaves=6,
+    )
+
+
+def _evaluate(expression, a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    if isinstance(expression, str):
+        return {"a": a, "b": b.expand(2, 3, 4)}[expression]
+    op, *operands = expression
+    values = [_evaluate(operand, a, b, r) for operand in operands]
+    if op in _BINARY:
+        return _BINARY[op](*values)
+    if op in _BY_REALS:
+        return _BY_REALS[op](values[0], r)
+    return {**_UNARY, **_VIEWS}[op](values[0])
+
+
+@settings(deadline=None)
+@given(expression=_complex_expressions(), ending=st.sampled_from(["complex", "pairs", "real parts", "complex128"]))
+def test_any_composition_of_complex_ops_with_a_pair_form_is_computed_on_pairs(expression, ending):
+    """Compositions of the ops with a pair form (products, sums, conjugates, real scaling,
+    views), drawn at random: the rewritten graph reads and returns complex values only at its
+    edges, computes eager's values, and holds only ops that the importer maps."""
+    note(repr(expression))
+
+    def function(a, b, r):  # one output in a tuple, as the graphs of torch.compile return theirs
+        value = _evaluate(expression, a, b, r)
+        if ending == "pairs":
+            return (torch.view_as_real(value.resolve_conj()).flatten(-2),)
+        if ending == "real parts":
+            return (value.real,)
+        return (value.to(torch.complex128) if ending == "complex128" else value,)
+
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 3, 4, dtype=torch.complex64, generator=generator)
+    b = torch.randn(3, 4, dtype=torch.complex64, generator=generator)
+    r = torch.rand(2, 3, 4, generator=generator) + 0.5  # away from zero: it divides
+    gm = make_fx(function)(a, b, r)
+    assert complex_as_real_pairs(gm), gm.code
+    gm.graph.lint()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target not in PAIR_VIEWS:
+            assert not any(_complex_value(arg) for arg in node.all_input_nodes), node.format_node()
+    (expected,), (got,) = function(a, b, r), gm(a, b, r)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected.resolve_conj(), rtol=1e-5, atol=1e-5)
+    FakeTensorProp(gm).propagate(a, b, r)
+    import_graph(gm)  # raises UnsupportedGraph, naming the op, for one the importer does not map
+
+
+def _complex_value(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.is_complex()
