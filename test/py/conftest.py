@@ -10,14 +10,17 @@ from xdsl.ir import Operation
 
 from hostir_dialect.text import parse_module, print_module
 
-# Hypothesis (test_fuzz.py): CI's short search, and a long one for a night or the GPU
-# machine, `pytest test/py/test_fuzz.py --hypothesis-profile=long`. No example database
-# and no explain phase (which reruns a failure a hundred times): a failure prints the
-# shrunk example that reproduces it. CI's examples are derandomized, the same on every
-# run: a failure there is the change's, not the draw's; the long search draws new ones.
+# Hypothesis (test_fuzz.py, test_compiled_functions.py, ...): CI's short search, a long one
+# for a night, `pytest test/py/test_fuzz.py --hypothesis-profile=long`, and one between
+# them that fits a few minutes on a GPU machine (`--hypothesis-profile=search`). No
+# example database and no explain phase (which reruns a failure a hundred times): a
+# failure prints the shrunk example that reproduces it. CI's examples are derandomized,
+# the same on every run: a failure there is the change's, not the draw's; the other
+# profiles draw new ones.
 _PHASES = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
 settings.register_profile("ci", max_examples=30, deadline=None, database=None, phases=_PHASES, derandomize=True)
 settings.register_profile("long", max_examples=3000, deadline=None, database=None, phases=_PHASES)
+settings.register_profile("search", max_examples=300, deadline=None, database=None, phases=_PHASES)
 settings.load_profile("ci")
 
 # The suite runs in `-n auto` worker processes that share the cores, and many tests spawn

@@ -1,0 +1,175 @@
+"""Property tests (Hypothesis) of the torch.compile backend on functions drawn at random.
+
+A function is a composition of the ops a model's layers are made of, on activations `x` and
+`y` of shape [2, 6, 8], a weight `w` [8, 8] and a vector `v` [8]: pointwise ops,
+activations, products with the weight, normalizations and other reductions read back
+against their rows, and views taken and undone (transposes, flattened rows, halves
+concatenated again), each keeping the activations' shape. It is compiled with
+`backend="hostir"` and `fallback=False` (no graph may run as torch eager ops), run forward
+and backward, and compared with eager torch on the same inputs, its gradients too. On a
+GPU (where one is visible) the programs run the generated CUDA kernels and replay as CUDA
+graphs; on the CPU, the interpreter's.
+
+CI runs a few examples of the `ci` profile (each compiles two graphs); the long search:
+`pytest test/py/test_compiled_functions.py --hypothesis-profile=long`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+SHAPE = (2, 6, 8)
+
+UNARY = {
+    "neg": torch.neg,
+    "exp of tanh": lambda a: torch.exp(torch.tanh(a)),
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu tanh": lambda a: F.gelu(a, approximate="tanh"),
+    "relu": F.relu,
+    "abs": torch.abs,
+    "square": lambda a: a * a,
+    "pow 2": lambda a: a.pow(2),
+    "sqrt": lambda a: torch.sqrt(a.abs() + 1),
+    "rsqrt": lambda a: torch.rsqrt(a * a + 1),
+    "reciprocal": lambda a: torch.reciprocal(a * a + 1),
+    "log": lambda a: torch.log(a * a + 1),
+    "erf": torch.erf,
+    "scaled": lambda a: a * 0.5,
+    "one minus": lambda a: 1 - a,
+    "minus the row mean": lambda a: a - a.mean(-1, keepdim=True),
+    "times the column max": lambda a: a * a.amax(1, keepdim=True),
+    "plus the sequence sum": lambda a: a + a.sum(1, keepdim=True),
+    "softmax": lambda a: F.softmax(a, -1),
+    "log softmax": lambda a: F.log_softmax(a, -1),
+    "layer norm": lambda a: F.layer_norm(a, (SHAPE[-1],)),
+    "transposed": lambda a: (a.transpose(1, 2) * 2).transpose(1, 2),
+    "on rows": lambda a: torch.tanh(a.reshape(-1, SHAPE[-1])).reshape(SHAPE),
+    "halves": lambda a: torch.cat([a[:, : SHAPE[1] // 2] * 2, a[:, SHAPE[1] // 2 :]], 1),
+    "rotated halves": lambda a: torch.cat([-a[..., SHAPE[-1] // 2 :], a[..., : SHAPE[-1] // 2]], -1),
+}
+"""Ops of one activation."""
+
+WITH_PARAMETER = {
+    "plus v": (lambda a, v: a + v, "v"),
+    "times v": (lambda a, v: a * v, "v"),
+    "linear": (F.linear, "w"),
+    "matmul": (torch.matmul, "w"),
+    "rms norm": (lambda a, v: F.rms_norm(a, (SHAPE[-1],), v), "v"),
+}
+"""Ops of one activation and the weight `w` or the vector `v`."""
+
+BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": lambda a, b: a / (b * b + 1),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "where": lambda a, b: torch.where(a > b, a, b * 2),
+    "swiglu": lambda a, b: F.silu(a) * b,
+}
+
+
+def expressions() -> st.SearchStrategy:
+    """An expression: "x" or "y", or (op, operands...)."""
+    return st.recursive(
+        st.sampled_from(["x", "y"]),
+        lambda inner: st.one_of(
+            st.tuples(st.sampled_from([*UNARY, *WITH_PARAMETER]), inner),
+            st.tuples(st.sampled_from(list(BINARY)), inner, inner),
+        ),
+        max_leaves=5,
+    )
+
+
+def evaluate(expression, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if isinstance(expression, str):
+        return inputs[expression]
+    op, *operands = expression
+    values = [evaluate(operand, inputs) for operand in operands]
+    if op in BINARY:
+        return BINARY[op](*values)
+    if op in WITH_PARAMETER:
+        function, parameter = WITH_PARAMETER[op]
+        return function(*values, inputs[parameter])
+    return UNARY[op](*values)
+
+
+def _inputs(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {"x": SHAPE, "y": SHAPE, "w": (SHAPE[-1], SHAPE[-1]), "v": (SHAPE[-1],)}
+    return {name: torch.randn(shape, generator=generator).to(DEVICE) for name, shape in shapes.items()}
+
+
+@settings(
+    max_examples=max(4, settings().max_examples // 3),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(expression=expressions(), seed=st.integers(0, 2**16))
+def test_a_compiled_function_trains_as_eager_does(expression, seed):
+    """Forward and gradients of every input match eager's (f32), and no graph falls back."""
+    note(repr(expression))
+
+    def function(x, y, w, v):
+        return evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
+
+    inputs = _inputs(seed)
+    grad_output = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
+    results = {}
+    torch._dynamo.reset()  # a new function of one code object: no cached graph, no recompile limit
+    for name, run in (("eager", function), ("hostir", torch.compile(function, backend="hostir", options={"fallback": False}))):
+        leaves = {key: value.clone().requires_grad_() for key, value in inputs.items()}
+        out = run(**leaves)
+        out.backward(grad_output)
+        results[name] = (out.detach(), {key: leaf.grad for key, leaf in leaves.items()})
+    (expected, expected_grads), (got, grads) = results["eager"], results["hostir"]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    for name, grad in grads.items():
+        if expected_grads[name] is None:
+            assert grad is None or not grad.any(), name
+        else:
+            torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).abs().max() / (expected.double().abs().max() + 1e-6)).item()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the yardstick is inductor on a GPU (on the CPU it compiles C++ for minutes)")
+@settings(
+    max_examples=max(4, settings().max_examples // 10),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(expression=expressions(), seed=st.integers(0, 2**16))
+def test_a_compiled_function_in_bf16_is_as_close_to_eager_as_inductor(expression, seed):
+    """In bf16, hostir's forward and gradients are as close to eager's as inductor's are, on
+    the same function and inputs (or within one bf16 rounding, 2^-8, of them): both compute
+    between the casts in f32, where eager rounds every op's result."""
+    note(repr(expression))
+
+    def function(x, y, w, v):
+        return evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
+
+    inputs = {name: value.bfloat16() for name, value in _inputs(seed).items()}
+    grad_output = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE).bfloat16()
+    results = {}
+    torch._dynamo.reset()
+    for name, options in (("eager", None), ("inductor", {"backend": "inductor"}), ("hostir", {"backend": "hostir", "options": {"fallback": False}})):
+        leaves = {key: value.clone().requires_grad_() for key, value in inputs.items()}
+        out = (function if options is None else torch.compile(function, **options))(**leaves)
+        out.backward(grad_output)
+        results[name] = [out.detach()] + [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves.values()]
+    for what, eager, inductor, hostir in zip(["output", *inputs], *(results[name] for name in ("eager", "inductor", "hostir"))):
+        hostir_error, inductor_error = _relative_error(hostir, eager), _relative_error(inductor, eager)
+        assert hostir_error <= 2 * inductor_error + 2**-8, f"{what}: hostir {hostir_error:.2e}, inductor {inductor_error:.2e}"
