@@ -24,13 +24,16 @@ from hostir.frontend.importer import Importer, Rule, Value, aten, dtype_supporte
 
 
 def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, operands: list[Any]) -> Value | None:
-    """An elementwise fusion op in the result's dtype, ATen's promotion done by casts first."""
+    """An elementwise fusion op in the result's dtype, ATen's promotion done by casts first;
+    computed in f32 and cast back where a number would round in the result's dtype
+    (`computed_with`)."""
     result = result_of(node)
     if not result.dtype.is_floating_point:
         return None
+    numbers = [o for o in operands if isinstance(o, (int, float)) and not isinstance(o, bool)]
+    dtype = computed_with(numbers, result.dtype)
     values: list[Value] = [
-        importer.scalar(o, result.dtype) if isinstance(o, (int, float)) and not isinstance(o, bool) else o
-        for o in operands
+        importer.scalar(o, dtype) if isinstance(o, (int, float)) and not isinstance(o, bool) else o for o in operands
     ]
     if not all(isinstance(v, Value) for v in values) or any(v.dtype in CARRIERS for v in values):
         return None
@@ -39,9 +42,20 @@ def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, 
     if model is None:
         values = [importer.flat(v) for v in values]
     layout = () if model is None else (model.local, model.order)
-    out = Pointwise(importer, shape, result.dtype, *layout)(op_class, *values)
+    out = importer.cast(Pointwise(importer, shape, dtype, *layout)(op_class, *values), result.dtype)
     out.ssa.name_hint = name_of(node)
     return out
+
+
+def computed_with(numbers: list[int | float], dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which an elementwise op of tensors of `dtype` and of `numbers` computes:
+    ATen takes a number beside a bf16 or f16 tensor in f32 (its opmath type), unrounded (the
+    gradient of `erf` multiplies by 2/sqrt(pi), 1.1284, which bf16 holds as 1.125), so such an
+    op computes in f32 where a number would round in `dtype`, and in `dtype` otherwise."""
+    opmath = get_computation_dtype(dtype)
+    if opmath != dtype and any(torch.tensor(number, dtype=dtype).item() != number for number in numbers):
+        return opmath
+    return dtype
 
 
 def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:

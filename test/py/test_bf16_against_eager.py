@@ -221,3 +221,25 @@ def test_bf16_gradients_on_gpus_are_as_close_to_eager_as_inductors(world):
     order of rounding of their own (docs/design.md)."""
     results = run_on_local_ranks(_bf16_errors_on_rank, world, list(MODELS), {}, "inductor", timeout_s=600)
     _check(results, "inductor")
+
+
+@pytest.mark.parametrize(
+    "name, function",
+    [
+        ("product", lambda x: x * 1.1283791670955126),
+        ("sum", lambda x: x + 0.1),
+        ("difference", lambda x: 0.3 - x),
+        ("quotient", lambda x: x / 0.3),
+        ("integer", lambda x: x * 257),
+    ],
+)
+def test_a_number_beside_bf16_values_is_taken_unrounded(name, function):
+    """A number in an elementwise op of bf16 values is taken in f32 (the opmath type), not
+    rounded to bf16 first: the result is the op computed in f32 and rounded once, to the
+    bit, as inductor computes it, and ATen's product and quotient on the CPU. bf16 holds
+    1.1284 (2/sqrt(pi), in the gradient of erf) as 1.125, 0.3% off."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 64).bfloat16()
+    got = torch.compile(function, backend="hostir", options={"fallback": False})(x)
+    assert torch.equal(got, function(x.float()).bfloat16()), name
+
