@@ -49,9 +49,10 @@ def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, 
 
 def computed_with(numbers: list[int | float], dtype: torch.dtype) -> torch.dtype:
     """The dtype in which an elementwise op of tensors of `dtype` and of `numbers` computes:
-    ATen takes a number beside a bf16 or f16 tensor in f32 (its opmath type), unrounded (the
-    gradient of `erf` multiplies by 2/sqrt(pi), 1.1284, which bf16 holds as 1.125), so such an
-    op computes in f32 where a number would round in `dtype`, and in `dtype` otherwise."""
+    ATen's CUDA kernels and inductor take a number beside a bf16 or f16 tensor in f32 (its
+    opmath type), unrounded (the gradient of `erf` multiplies by 2/sqrt(pi), 1.1284, which
+    bf16 holds as 1.125), so such an op computes in f32 where a number would round in
+    `dtype`, and in `dtype` otherwise."""
     opmath = get_computation_dtype(dtype)
     if opmath != dtype and any(torch.tensor(number, dtype=dtype).item() != number for number in numbers):
         return opmath
