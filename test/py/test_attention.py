@@ -477,3 +477,26 @@ def test_grouped_query_attention_runs_as_atens_kernel():
         torch.testing.assert_close(grad, t.grad)
     text = dump.getvalue()
     assert _ops_of(text, "fusion.attention") == 0 and "aten._scaled_dot_product_flash_attention_for_cpu" in text
+
+
+def test_a_gemm_added_to_rows_of_attentions_output_leaves_the_output_the_backward_reads():
+    """`attention(x, x, x)[:, 0] + x @ w`: the GEMM adds its product into the selected rows
+    (`sum-in-matmul`), which must not be the attention's output itself (the select's view,
+    `forward-buffers`): the backward reads that output, and the gradients are eager's."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(B, L, E, generator=generator)
+    w = torch.randn(E, E, generator=generator)
+    grad = torch.randn(B, L, E, generator=generator)
+
+    def f(x, w):
+        return F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None], is_causal=True)[:, 0] + x @ w
+
+    torch._dynamo.reset()
+    results = []
+    for run in (f, torch.compile(f, backend="hostir", options={"fallback": False})):
+        leaves = [t.clone().requires_grad_() for t in (x, w)]
+        out = run(*leaves)
+        out.backward(grad)
+        results.append((out, *(t.grad for t in leaves)))
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected)

@@ -184,6 +184,32 @@ func.func @aten_results(%x: !t) -> (!w, !fusion.tensor<[2, ?], f32>, !fusion.ten
   func.return %t, %both, %mean, %viewed, %column : !w, !fusion.tensor<[2, ?], f32>, !fusion.tensor<[?], f32>, !w, !fusion.tensor<[4], f32>
 }
 
+// ATen's result may be a view of its operands: it becomes the result where a later write
+// changes nothing else. A GEMM that adds into rows selected from a buffer that is returned
+// afterwards (an attention's output, which the backward reads) would change that buffer,
+// and the rows are copied in; where the selected buffer dies at the select (a residual sum
+// viewed as sequences), the view is its memory's only name, and the GEMM adds into it.
+// CHECK-LABEL: func.func @views_written_after(
+// CHECK:         hir.aten "aten.select.int"{{.*}} outs(%rows : {{[^)]*}}){{$}}
+// CHECK:         hir.aten "aten.select.int"{{.*}} outs(%dead_rows : {{[^)]*}}) adopted [0]{{$}}
+!b = !fusion.tensor<[2, 1, 4, 4], f32>
+!r = !fusion.tensor<[2, 4, 4], f32>
+!sq = !fusion.tensor<[4, 4], f32>
+func.func @views_written_after(%x: !b, %a: !r, %w: !sq) -> (!r, !b, !r) {
+  %kept = hir.allocate() : !b
+  hir.pointwise "neg" ins(%x : !b) outs(%kept : !b)
+  %rows = hir.allocate() : !r
+  hir.aten "aten.select.int" call "[[{'operand': 0}, 1, 0], {}]" ins(%kept : !b) outs(%rows : !r)
+  hir.matmul accumulate ins(%a, %w : !r, !sq) outs(%rows : !r)
+  %dead = hir.allocate() : !b
+  hir.pointwise "neg" ins(%x : !b) outs(%dead : !b)
+  %dead_rows = hir.allocate() : !r
+  hir.aten "aten.select.int" call "[[{'operand': 0}, 1, 0], {}]" ins(%dead : !b) outs(%dead_rows : !r)
+  hir.deallocate %dead : !b
+  hir.matmul accumulate ins(%a, %w : !r, !sq) outs(%dead_rows : !r)
+  func.return %rows, %kept, %dead_rows : !r, !b, !r
+}
+
 func.func private @spread(%w: !v) -> !fusion.tensor<[1, 4], f32> {
   %s = fusion.broadcast %w [0] : !v -> !fusion.tensor<[1, 4], f32>
   func.return %s : !fusion.tensor<[1, 4], f32>
