@@ -16,6 +16,8 @@ CI runs a few examples of the `ci` profile (each compiles two graphs); the long 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,9 +54,22 @@ UNARY = {
     "log softmax": lambda a: F.log_softmax(a, -1),
     "layer norm": lambda a: F.layer_norm(a, (SHAPE[-1],)),
     "transposed": lambda a: (a.transpose(1, 2) * 2).transpose(1, 2),
-    "on rows": lambda a: torch.tanh(a.reshape(-1, SHAPE[-1])).reshape(SHAPE),
+    "on rows": lambda a: torch.tanh(a.reshape(-1, a.shape[-1])).reshape(a.shape),
     "halves": lambda a: torch.cat([a[:, : SHAPE[1] // 2] * 2, a[:, SHAPE[1] // 2 :]], 1),
     "rotated halves": lambda a: torch.cat([-a[..., SHAPE[-1] // 2 :], a[..., : SHAPE[-1] // 2]], -1),
+    "clamp": lambda a: torch.clamp(a, -0.5, 0.7),
+    "leaky relu": lambda a: F.leaky_relu(a, 0.1),
+    "softplus": F.softplus,
+    "cube": lambda a: a**3,
+    "root": lambda a: (a * a + 1) ** 0.5,
+    "masked fill": lambda a: a.masked_fill(a > 0.5, 0.25),
+    "cumulative sum": lambda a: torch.cumsum(a, 1),
+    "minus the row variance": lambda a: a - a.var(-1, keepdim=True),
+    "over the row norm": lambda a: a / (a.norm(dim=-1, keepdim=True) + 1),
+    "softmax over the sequence": lambda a: F.softmax(a, 1),
+    "minus the log sum exp": lambda a: a - torch.logsumexp(a, -1, keepdim=True),
+    "plus the batch mean": lambda a: a + a.mean(0, keepdim=True),
+    "in f32": lambda a: F.silu(a.float()).to(a.dtype),
 }
 """Ops of one activation."""
 
@@ -76,6 +91,8 @@ BINARY = {
     "minimum": torch.minimum,
     "where": lambda a, b: torch.where(a > b, a, b * 2),
     "swiglu": lambda a, b: F.silu(a) * b,
+    "attention": lambda a, b: F.scaled_dot_product_attention(a[:, None], b[:, None], b[:, None], is_causal=True)[:, 0],
+    "scores": lambda a, b: F.softmax(a @ b.transpose(1, 2) * SHAPE[-1] ** -0.5, -1) @ b,
 }
 
 
@@ -104,10 +121,27 @@ def evaluate(expression, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return UNARY[op](*values)
 
 
-def _inputs(seed: int) -> dict[str, torch.Tensor]:
+def function_of(expression) -> Callable[..., torch.Tensor]:
+    def function(x, y, w, v):
+        return evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
+
+    return function
+
+
+def _inputs(seed: int, sequence: int = SHAPE[1]) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    shapes = {"x": SHAPE, "y": SHAPE, "w": (SHAPE[-1], SHAPE[-1]), "v": (SHAPE[-1],)}
+    activation = (SHAPE[0], sequence, SHAPE[2])
+    shapes = {"x": activation, "y": activation, "w": (SHAPE[-1], SHAPE[-1]), "v": (SHAPE[-1],), "grad": activation}
     return {name: torch.randn(shape, generator=generator).to(DEVICE) for name, shape in shapes.items()}
+
+
+def _trained(function, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+    """`function`'s output on `inputs` and the gradient of every input, from the output's
+    gradient `inputs["grad"]`."""
+    leaves = {key: value.clone().requires_grad_() for key, value in inputs.items() if key != "grad"}
+    out = function(**leaves)
+    out.backward(inputs["grad"])
+    return out.detach(), {key: leaf.grad for key, leaf in leaves.items()}
 
 
 @settings(
@@ -115,30 +149,24 @@ def _inputs(seed: int) -> dict[str, torch.Tensor]:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(expression=expressions(), seed=st.integers(0, 2**16))
-def test_a_compiled_function_trains_as_eager_does(expression, seed):
-    """Forward and gradients of every input match eager's (f32), and no graph falls back."""
+@given(expression=expressions(), seed=st.integers(0, 2**16), dynamic=st.booleans())
+def test_a_compiled_function_trains_as_eager_does(expression, seed, dynamic):
+    """Forward and gradients of every input match eager's (f32), and no graph falls back;
+    compiled with `dynamic=True`, at two sequence lengths."""
     note(repr(expression))
+    function = function_of(expression)
 
-    def function(x, y, w, v):
-        return evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
-
-    inputs = _inputs(seed)
-    grad_output = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
-    results = {}
     torch._dynamo.reset()  # a new function of one code object: no cached graph, no recompile limit
-    for name, run in (("eager", function), ("hostir", torch.compile(function, backend="hostir", options={"fallback": False}))):
-        leaves = {key: value.clone().requires_grad_() for key, value in inputs.items()}
-        out = run(**leaves)
-        out.backward(grad_output)
-        results[name] = (out.detach(), {key: leaf.grad for key, leaf in leaves.items()})
-    (expected, expected_grads), (got, grads) = results["eager"], results["hostir"]
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-    for name, grad in grads.items():
-        if expected_grads[name] is None:
-            assert grad is None or not grad.any(), name
-        else:
-            torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    compiled = torch.compile(function, backend="hostir", dynamic=dynamic, options={"fallback": False})
+    for sequence in (SHAPE[1], 10) if dynamic else (SHAPE[1],):
+        inputs = _inputs(seed, sequence)
+        (expected, expected_grads), (got, grads) = _trained(function, inputs), _trained(compiled, inputs)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        for name, grad in grads.items():
+            if expected_grads[name] is None:
+                assert grad is None or not grad.any(), name
+            else:
+                torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -157,19 +185,14 @@ def test_a_compiled_function_in_bf16_is_as_close_to_eager_as_inductor(expression
     the same function and inputs (or within one bf16 rounding, 2^-8, of them): both compute
     between the casts in f32, where eager rounds every op's result."""
     note(repr(expression))
-
-    def function(x, y, w, v):
-        return evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
+    function = function_of(expression)
 
     inputs = {name: value.bfloat16() for name, value in _inputs(seed).items()}
-    grad_output = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE).bfloat16()
     results = {}
     torch._dynamo.reset()
     for name, options in (("eager", None), ("inductor", {"backend": "inductor"}), ("hostir", {"backend": "hostir", "options": {"fallback": False}})):
-        leaves = {key: value.clone().requires_grad_() for key, value in inputs.items()}
-        out = (function if options is None else torch.compile(function, **options))(**leaves)
-        out.backward(grad_output)
-        results[name] = [out.detach()] + [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves.values()]
-    for what, eager, inductor, hostir in zip(["output", *inputs], *(results[name] for name in ("eager", "inductor", "hostir"))):
+        out, grads = _trained(function if options is None else torch.compile(function, **options), inputs)
+        results[name] = [out] + [torch.zeros_like(inputs[key]) if grad is None else grad for key, grad in grads.items()]
+    for what, eager, inductor, hostir in zip(["output", "x", "y", "w", "v"], *(results[name] for name in ("eager", "inductor", "hostir"))):
         hostir_error, inductor_error = _relative_error(hostir, eager), _relative_error(inductor, eager)
         assert hostir_error <= 2 * inductor_error + 2**-8, f"{what}: hostir {hostir_error:.2e}, inductor {inductor_error:.2e}"
