@@ -104,18 +104,13 @@ def dies_at(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
 
 
 def only_read_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
-    """Whether `buffer`, a whole buffer of `op`'s block, is only read after `op`
-    (`written_after`)."""
-    return whole_buffer(op, buffer) is not None and not written_after(op, buffer, order)
-
-
-def written_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
-    """Whether an op after `op` may write `buffer` (directly or through a view): each later
-    use that is not its `hir.deallocate`, a `func.return` (the caller reads what the program
-    returns after the program's own reads) or an op that has it among its ins and not among
-    its outs (a pipelined loop's result that a fused kernel reads after the copy that the
-    readers after the loop get). A use outside `op`'s block (of a buffer from outside it)
-    counts where it may write, before `op` or not."""
+    """Whether `buffer`, a whole buffer of `op`'s block, is only read after `op`: each later
+    use (directly or through a view) is its `hir.deallocate` or an op that has it among its
+    ins and not among its outs (a pipelined loop's result that a fused kernel reads after
+    the copy that the readers after the loop get), or a `func.return` (the caller reads
+    what the program returns after the program's own reads)."""
+    if whole_buffer(op, buffer) is None:
+        return False
     block = op.parent_block()
     position = order.position(op, block)
 
@@ -124,10 +119,9 @@ def written_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
             return True
         return isinstance(user, hir.ComputeOp) and all(hir.view_root(out) is not buffer for out in user.outs)
 
-    def after(user: Operation) -> bool:
-        return block.find_ancestor_op_in_block(user) is None or order.position(user, block) > position
-
-    return any(user is not op and after(user) and not reads(user) for user in buffer_users(buffer))
+    return all(
+        user is op or order.position(user, block) < position or reads(user) for user in buffer_users(buffer)
+    )
 
 
 def returned(buffer: SSAValue) -> bool:
@@ -180,25 +174,41 @@ def adoptable(op: hir.AdoptingOp, index: int, order: BlockOrder) -> bool:
     first; of an attention kernel, one with the element type the kernel makes, of an op
     without a block (a ring's step writes its rows into the outs it is given); of an ATen op
     or a data-movement segment, whose tensor may be a view of its operands (`select`, `t`,
-    `reshape`), one that shares no memory that is written later with a name that is still
-    used (`unshared_writes`)."""
+    `reshape`), one that no later op adds into while an operand lives on, nor adds into a
+    living operand (`added_into_after`): a GEMM that adds into rows selected from an
+    attention's output (`sum-in-matmul`'s) would change the output that the backward reads.
+    Where an operand dies at the op (a residual sum viewed as sequences) the view is its
+    memory's only name; a later op that writes the out whole (the GEMM that
+    `allreduce-in-place` has write through an `aten.alias`) makes the op's values dead, and
+    is the view's purpose."""
     out = op.outs[index]
     if isinstance(op, hir.AttentionComputeOp):
         if op.block is not None or tensor_type(out).element_type != op.kernel_element_type(index):
             return False
-    elif not unshared_writes(op, out, order):
-        return False
+    else:
+        living = [value for value in op.ins if not dies_at(op, value, order)]
+        if living and any(added_into_after(op, value, order) for value in (out, *living)):
+            return False
     return fills_first(op, out, order)
 
 
-def unshared_writes(op: Operation, out: SSAValue, order: BlockOrder) -> bool:
-    """Whether `out`, were it a view of `op`'s operands, would change nothing: each operand
-    dies at `op` (the view is then its memory's only name: a GEMM may add into the rows
-    that a reshape of a residual sum views, `sum-in-matmul`'s), or no later op writes it or
-    `out` (a GEMM that added into the selected rows of an attention's output would change
-    the output that the backward reads)."""
-    living = [value for value in op.ins if not dies_at(op, value, order)]
-    return not living or not any(written_after(op, value, order) for value in (out, *living))
+def added_into_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
+    """Whether an op after `op` in its block adds into `buffer` or a view of it: reads what it
+    writes there (`hir.matmul accumulate`, or an op with the buffer among its ins and outs).
+    A use outside `op`'s block (of a buffer from outside it) counts, before `op` or not."""
+    block = op.parent_block()
+    position = order.position(op, block)
+
+    def adds_into(user: Operation) -> bool:
+        if not isinstance(user, hir.ComputeOp) or all(hir.view_root(out) is not buffer for out in user.outs):
+            return False
+        accumulates = isinstance(user, hir.MatmulOp) and user.accumulate is not None
+        return accumulates or any(hir.view_root(value) is buffer for value in user.ins)
+
+    def after(user: Operation) -> bool:
+        return block.find_ancestor_op_in_block(user) is None or order.position(user, block) > position
+
+    return any(user is not op and after(user) and adds_into(user) for user in buffer_users(buffer))
 
 
 @dataclass
