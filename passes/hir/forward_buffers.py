@@ -27,7 +27,11 @@ uses it before). A forwarded source must also die at the copy (nothing uses it o
 of it afterwards but its `hir.deallocate`, a communication's wait counting as a use:
 `buffer_users`), or it and the out must only be read after it (no op writes either, so
 one buffer holds what both would), and it must hold what the out holds (one local shape,
-element type and extents). The runtime reads the marks and decides nothing; a program
+element type and extents). An ATen op's tensor may be a view of its operands, so an out
+becomes it only where no later op adds into it, or into an operand, while another of
+those names lives on (`added_into_after`): a GEMM that `sum-in-matmul` has add into rows
+selected from an attention's output would otherwise change the output that the backward
+reads. The runtime reads the marks and decides nothing; a program
 without them (written by hand, or lowered with `hir-lowering{forward_buffers=false}`)
 runs with plain copies.
 
@@ -193,22 +197,35 @@ def adoptable(op: hir.AdoptingOp, index: int, order: BlockOrder) -> bool:
 
 
 def added_into_after(op: Operation, buffer: SSAValue, order: BlockOrder) -> bool:
-    """Whether an op after `op` in its block adds into `buffer` or a view of it: reads what it
-    writes there (`hir.matmul accumulate`, or an op with the buffer among its ins and outs).
-    A use outside `op`'s block (of a buffer from outside it) counts, before `op` or not."""
+    """Whether an op after `op` in its block adds into `buffer`, a view of it, or the out of an
+    ATen op or data-movement segment that reads it (which may become a view of it too):
+    reads what it writes there (`hir.matmul accumulate`, or an op with the buffer among its
+    ins and outs). A use outside `op`'s block (of a buffer from outside it) counts, before
+    `op` or not."""
     block = op.parent_block()
     position = order.position(op, block)
-
-    def adds_into(user: Operation) -> bool:
-        if not isinstance(user, hir.ComputeOp) or all(hir.view_root(out) is not buffer for out in user.outs):
-            return False
-        accumulates = isinstance(user, hir.MatmulOp) and user.accumulate is not None
-        return accumulates or any(hir.view_root(value) is buffer for value in user.ins)
 
     def after(user: Operation) -> bool:
         return block.find_ancestor_op_in_block(user) is None or order.position(user, block) > position
 
-    return any(user is not op and after(user) and adds_into(user) for user in buffer_users(buffer))
+    names, unseen = {buffer}, [buffer]
+    while unseen:
+        for user in buffer_users(unseen.pop()):
+            if user is not op and isinstance(user, hir.AtenOp | hir.PostOnStreamOp):
+                made = set(user.outs) - names
+                names |= made
+                unseen += made
+
+    def adds_into(user: Operation) -> bool:
+        written = {hir.view_root(out) for out in user.outs} & names if isinstance(user, hir.ComputeOp) else set()
+        if not written or isinstance(user, hir.AdoptingOp):  # those make their outs anew
+            return False
+        accumulates = isinstance(user, hir.MatmulOp) and user.accumulate is not None
+        return accumulates or any(hir.view_root(value) in written for value in user.ins)
+
+    return any(
+        user is not op and after(user) and adds_into(user) for name in names for user in buffer_users(name)
+    )
 
 
 @dataclass

@@ -189,13 +189,16 @@ func.func @aten_results(%x: !t) -> (!w, !fusion.tensor<[2, ?], f32>, !fusion.ten
 // afterwards (an attention's output, which the backward reads) would change that buffer,
 // and the rows are copied in; where the selected buffer dies at the select (a residual sum
 // viewed as sequences), the view is its memory's only name, and the GEMM adds into it.
+// A view of a view counts: the weight's transpose, reshaped and added into, is a copy.
 // CHECK-LABEL: func.func @views_written_after(
 // CHECK:         hir.aten "aten.select.int"{{.*}} outs(%rows : {{[^)]*}}){{$}}
 // CHECK:         hir.aten "aten.select.int"{{.*}} outs(%dead_rows : {{[^)]*}}) adopted [0]{{$}}
+// CHECK:         hir.aten "aten.t.default"{{.*}} outs(%tw : {{[^)]*}}){{$}}
+// CHECK:         hir.aten "aten.reshape.default"{{.*}} outs(%rw : {{[^)]*}}) adopted [0]{{$}}
 !b = !fusion.tensor<[2, 1, 4, 4], f32>
 !r = !fusion.tensor<[2, 4, 4], f32>
 !sq = !fusion.tensor<[4, 4], f32>
-func.func @views_written_after(%x: !b, %a: !r, %w: !sq) -> (!r, !b, !r) {
+func.func @views_written_after(%x: !b, %a: !r, %w: !sq, %a2: !fusion.tensor<[2, 3], f32>, %b2: !fusion.tensor<[3, 8], f32>) -> (!r, !b, !r, !fusion.tensor<[2, 8], f32>, !sq) {
   %kept = hir.allocate() : !b
   hir.pointwise "neg" ins(%x : !b) outs(%kept : !b)
   %rows = hir.allocate() : !r
@@ -207,7 +210,13 @@ func.func @views_written_after(%x: !b, %a: !r, %w: !sq) -> (!r, !b, !r) {
   hir.aten "aten.select.int" call "[[{'operand': 0}, 1, 0], {}]" ins(%dead : !b) outs(%dead_rows : !r)
   hir.deallocate %dead : !b
   hir.matmul accumulate ins(%a, %w : !r, !sq) outs(%dead_rows : !r)
-  func.return %rows, %kept, %dead_rows : !r, !b, !r
+  %tw = hir.allocate() : !sq
+  hir.aten "aten.t.default" call "[[{'operand': 0}], {}]" ins(%w : !sq) outs(%tw : !sq)
+  %rw = hir.allocate() : !fusion.tensor<[2, 8], f32>
+  hir.aten "aten.reshape.default" call "[[{'operand': 0}, [2, 8]], {}]" ins(%tw : !sq) outs(%rw : !fusion.tensor<[2, 8], f32>)
+  hir.deallocate %tw : !sq
+  hir.matmul accumulate ins(%a2, %b2 : !fusion.tensor<[2, 3], f32>, !fusion.tensor<[3, 8], f32>) outs(%rw : !fusion.tensor<[2, 8], f32>)
+  func.return %rows, %kept, %dead_rows, %rw, %w : !r, !b, !r, !fusion.tensor<[2, 8], f32>, !sq
 }
 
 func.func private @spread(%w: !v) -> !fusion.tensor<[1, 4], f32> {
