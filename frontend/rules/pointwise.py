@@ -30,11 +30,8 @@ def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, 
     result = result_of(node)
     if not result.dtype.is_floating_point:
         return None
-    numbers = [o for o in operands if isinstance(o, (int, float)) and not isinstance(o, bool)]
-    dtype = computed_with(numbers, result.dtype)
-    values: list[Value] = [
-        importer.scalar(o, dtype) if isinstance(o, (int, float)) and not isinstance(o, bool) else o for o in operands
-    ]
+    dtype = computed_with([o for o in operands if _is_number(o)], result.dtype)
+    values: list[Value] = [importer.scalar(o, dtype) if _is_number(o) else o for o in operands]
     if not all(isinstance(v, Value) for v in values) or any(v.dtype in CARRIERS for v in values):
         return None
     shape = tuple(result.shape)
@@ -45,6 +42,10 @@ def elementwise_result(importer: Importer, node: torch.fx.Node, op_class: type, 
     out = importer.cast(Pointwise(importer, shape, dtype, *layout)(op_class, *values), result.dtype)
     out.ssa.name_hint = name_of(node)
     return out
+
+
+def _is_number(operand: Any) -> bool:
+    return isinstance(operand, (int, float)) and not isinstance(operand, bool)
 
 
 def computed_with(numbers: list[int | float], dtype: torch.dtype) -> torch.dtype:
