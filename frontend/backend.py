@@ -433,6 +433,20 @@ def _keyed_alike(value: object) -> bool:
     return value is not None and not isinstance(value, (int, torch.SymInt))
 
 
+class ValuesProp(FakeTensorProp):
+    """FakeTensorProp that records every node's value for this compilation's arguments, the
+    ints of shape arithmetic too (a graph traced with dynamic shapes: the size of a sequence's
+    rows, which a forward saves for its backward). torch 2.11's FakeTensorProp records
+    tensors and symbols alone, and leaves such a node the trace's symbol, whose value is the
+    first trace's: a compilation for another sequence length returned the first one's size."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, (int, float, bool)):
+            n.meta["val"] = result
+        return result
+
+
 _NOT_YET = object()
 """`HostirGraph.compiled`'s answer for a key not compiled yet (None is a graph run eagerly)."""
 
@@ -526,9 +540,9 @@ class HostirGraph:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         with mode:
-            FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+            ValuesProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
             if masked_writes_as_where(self.gm) | complex_as_real_pairs(self.gm):
-                FakeTensorProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
+                ValuesProp(self.gm, mode).propagate_dont_convert_inputs(*fake)
         layouts = self._layouts(args)
         explanation = GraphExplanation(self.name, [s for s in map(tensor_summary, args) if s is not None])
         self.explanations.append(explanation)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -196,3 +197,28 @@ def test_a_compiled_function_in_bf16_is_as_close_to_eager_as_inductor(expression
     for what, eager, inductor, hostir in zip(["output", "x", "y", "w", "v"], *(results[name] for name in ("eager", "inductor", "hostir"))):
         hostir_error, inductor_error = _relative_error(hostir, eager), _relative_error(inductor, eager)
         assert hostir_error <= 2 * inductor_error + 2**-8, f"{what}: hostir {hostir_error:.2e}, inductor {inductor_error:.2e}"
+
+
+def test_a_size_that_the_forward_saves_is_this_compilations_where_fake_propagation_keeps_the_traces(monkeypatch):
+    """`dynamic=True`, a second sequence length: the backward views its gradient on rows by
+    a size that the forward computes and saves (2 x the sequence), which must be the second
+    compilation's, also where torch's FakeTensorProp leaves an int result the trace's symbol
+    (torch 2.11's, emulated here), whose value is the first trace's."""
+    original = FakeTensorProp.run_node
+
+    def keeping_the_traces_symbol(self, n):
+        traced = n.meta.get("val")
+        result = original(self, n)
+        if isinstance(result, int) and isinstance(traced, torch.SymInt):
+            n.meta["val"] = traced
+        return result
+
+    monkeypatch.setattr(FakeTensorProp, "run_node", keeping_the_traces_symbol)
+    function = function_of(("on rows", "x"))
+    torch._dynamo.reset()
+    compiled = torch.compile(function, backend="hostir", dynamic=True, options={"fallback": False})
+    for sequence in (SHAPE[1], 10):
+        inputs = _inputs(0, sequence)
+        (expected, expected_grads), (got, grads) = _trained(function, inputs), _trained(compiled, inputs)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(grads["x"], expected_grads["x"])
