@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, note, settings
-from hypothesis import strategies as st
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -50,6 +50,11 @@ def _complex_inputs() -> tuple[torch.Tensor, ...]:
         torch.randn(2, 3, 4),
         torch.randn(2, 3, 8),
     )
+
+
+def _complex_value(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.is_complex()
 
 
 @pytest.mark.parametrize("name", list(COMPLEX_FUNCTIONS))
@@ -225,8 +230,6 @@ _UNARY = {
     "by 2.5, left": lambda x: 2.5 * x,
     "over 4": lambda x: x / 4,
 }
-
-
 _BINARY = {"mul": torch.mul, "add": torch.add, "sub": torch.sub}
 _BY_REALS = {"by r": lambda x, r: x * r, "r by": lambda x, r: r * x, "over r": lambda x, r: x / r}
 
@@ -285,8 +288,3 @@ def test_any_composition_of_complex_ops_with_a_pair_form_is_computed_on_pairs(ex
     torch.testing.assert_close(got, expected.resolve_conj(), rtol=1e-5, atol=1e-5)
     FakeTensorProp(gm).propagate(a, b, r)
     import_graph(gm)  # raises UnsupportedGraph, naming the op, for one the importer does not map
-
-
-def _complex_value(node: torch.fx.Node) -> bool:
-    value = node.meta.get("val")
-    return isinstance(value, torch.Tensor) and value.is_complex()
