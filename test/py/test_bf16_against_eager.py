@@ -243,4 +243,3 @@ def test_a_number_beside_bf16_values_is_taken_unrounded(name, function):
     x = torch.randn(4, 64).bfloat16()
     got = torch.compile(function, backend="hostir", options={"fallback": False})(x)
     assert torch.equal(got, function(x.float()).bfloat16()), name
-
