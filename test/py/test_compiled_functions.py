@@ -169,14 +169,17 @@ def test_a_compiled_function_trains_as_eager_does(expression, seed, dynamic):
             if expected_grads[name] is None:
                 assert grad is None or not grad.any(), name
             else:
-                torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+                message = lambda m, n=name: f"{n}: {m}"  # noqa: E731
+                torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-4, msg=message)
 
 
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.double() - expected.double()).abs().max() / (expected.double().abs().max() + 1e-6)).item()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the yardstick is inductor on a GPU (on the CPU it compiles C++ for minutes)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the yardstick is inductor on a GPU (on the CPU it compiles C++ for minutes)"
+)
 @settings(
     max_examples=max(4, settings().max_examples // 10),
     deadline=None,
@@ -189,14 +192,14 @@ def test_a_compiled_function_in_bf16_is_as_close_to_eager_as_inductor(expression
     between the casts in f32, where eager rounds every op's result."""
     note(repr(expression))
     function = function_of(expression)
-
     inputs = {name: value.bfloat16() for name, value in _inputs(seed).items()}
-    results = {}
+    compilers = {"inductor": {"backend": "inductor"}, "hostir": {"backend": "hostir", "options": {"fallback": False}}}
     torch._dynamo.reset()
-    for name, options in (("eager", None), ("inductor", {"backend": "inductor"}), ("hostir", {"backend": "hostir", "options": {"fallback": False}})):
-        out, grads = _trained(function if options is None else torch.compile(function, **options), inputs)
+    results = {}
+    for name, run in (("eager", function), *((name, torch.compile(function, **o)) for name, o in compilers.items())):
+        out, grads = _trained(run, inputs)
         results[name] = [out] + [torch.zeros_like(inputs[key]) if grad is None else grad for key, grad in grads.items()]
-    for what, eager, inductor, hostir in zip(["output", "x", "y", "w", "v"], *(results[name] for name in ("eager", "inductor", "hostir"))):
+    for what, eager, inductor, hostir in zip(["output", *"xywv"], results["eager"], results["inductor"], results["hostir"]):
         hostir_error, inductor_error = _relative_error(hostir, eager), _relative_error(inductor, eager)
         assert hostir_error <= 2 * inductor_error + 2**-8, f"{what}: hostir {hostir_error:.2e}, inductor {inductor_error:.2e}"
 
