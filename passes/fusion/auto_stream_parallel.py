@@ -336,6 +336,8 @@ class PipelineMatmulIntoReduction(RewritePattern):
         pending = [(op.input, input_map.index(axis))]
         while pending:
             value, value_axis = pending.pop()
+            if _streams_another_axis(value, value_axis):
+                return _declined(op, f"{_owner_name(value)}'s result is pipelined along another axis")
             chain.append((value, value_axis))
             producer = value.owner
             if not value.has_one_use():
@@ -347,6 +349,10 @@ class PipelineMatmulIntoReduction(RewritePattern):
                     # Its M axis would be the rows of each destination, not chunks of them,
                     # and a batched matmul of slices of M is no slice of the product.
                     return _declined(op, "the chunk axis is not a batch axis of the matmul's left operand")
+                if _streams_another_axis(lhs, lhs_axis):
+                    # An all-gather's chunks (a sequence-parallel pair of projections with
+                    # several sequences: the gathered chunks, then each sequence's rows).
+                    return _declined(op, f"the left operand of {_owner_name(value)} is pipelined along another axis")
                 matmuls += 1
                 continue
             if not isinstance(producer, POINTWISE):
@@ -374,6 +380,13 @@ class PipelineMatmulIntoReduction(RewritePattern):
         block = op.parent_block()
         ops = sorted((value.owner for value, _ in chain), key=block.get_operation_index)
         self.pipelines.add([*ops, op], copies)
+
+
+def _streams_another_axis(value: SSAValue, axis: int) -> bool:
+    """Whether `value` has a stream axis already (another pipeline's), other than `axis`: one
+    loop cannot run over two axes of one value."""
+    stream = tensor_type(value).stream_axis
+    return stream is not None and stream != axis
 
 
 def _owner_name(value: SSAValue) -> str:
