@@ -312,7 +312,9 @@ class PipelineMatmulIntoReduction(RewritePattern):
     input is computed from matmuls' products by pointwise ops (a bias; the sum of the
     GEMMs of a gradient), each value read by that computation alone, the chunk axis
     becomes `stream` in all of them: chunk `i`'s reduction runs while the GEMMs of chunk
-    `i + 1` do.
+    `i + 1` do. Where one of those values, or a matmul's left operand, is pipelined along
+    another axis already (an all-gather's chunks, where the reduce-scatter's are the
+    sequences of a batch), the reduction is not pipelined: one loop runs over one axis.
     """
 
     pipelines: Pipelines
