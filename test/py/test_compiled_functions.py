@@ -18,7 +18,8 @@ minute, and `--hypothesis-profile=long` searches ten times longer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -99,34 +100,50 @@ BINARY = {
 }
 
 
+@dataclass(frozen=True)
+class Ops:
+    """The ops an expression is drawn from: of one tensor, of two, and of one tensor and a
+    named input (`with_parameter`: name -> (function, the input's name)). An expression is
+    a leaf (an input's name) or (op, operands...)."""
+
+    unary: dict[str, Callable[..., torch.Tensor]]
+    binary: dict[str, Callable[..., torch.Tensor]]
+    with_parameter: dict[str, tuple[Callable[..., torch.Tensor], str]]
+
+    def expressions(self, leaves: Sequence[str], max_leaves: int) -> st.SearchStrategy:
+        return st.recursive(
+            st.sampled_from(list(leaves)),
+            lambda inner: st.one_of(
+                st.tuples(st.sampled_from([*self.unary, *self.with_parameter]), inner),
+                st.tuples(st.sampled_from(list(self.binary)), inner, inner),
+            ),
+            max_leaves=max_leaves,
+        )
+
+    def evaluate(self, expression, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if isinstance(expression, str):
+            return inputs[expression]
+        op, *operands = expression
+        values = [self.evaluate(operand, inputs) for operand in operands]
+        if op in self.binary:
+            return self.binary[op](*values)
+        if op in self.with_parameter:
+            function, parameter = self.with_parameter[op]
+            return function(*values, inputs[parameter])
+        return self.unary[op](*values)
+
+
+LAYER_OPS = Ops(UNARY, BINARY, WITH_PARAMETER)
+
+
 def expressions() -> st.SearchStrategy:
-    """An expression: "x" or "y", or (op, operands...)."""
-    return st.recursive(
-        st.sampled_from(["x", "y"]),
-        lambda inner: st.one_of(
-            st.tuples(st.sampled_from([*UNARY, *WITH_PARAMETER]), inner),
-            st.tuples(st.sampled_from(list(BINARY)), inner, inner),
-        ),
-        max_leaves=5,
-    )
-
-
-def evaluate(expression, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    if isinstance(expression, str):
-        return inputs[expression]
-    op, *operands = expression
-    values = [evaluate(operand, inputs) for operand in operands]
-    if op in BINARY:
-        return BINARY[op](*values)
-    if op in WITH_PARAMETER:
-        function, parameter = WITH_PARAMETER[op]
-        return function(*values, inputs[parameter])
-    return UNARY[op](*values)
+    """An expression of the layer's ops on the activations "x" and "y"."""
+    return LAYER_OPS.expressions(["x", "y"], max_leaves=5)
 
 
 def function_of(expression) -> Callable[..., torch.Tensor]:
     def function(x, y, w, v):
-        return evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
+        return LAYER_OPS.evaluate(expression, {"x": x, "y": y, "w": w, "v": v})
 
     return function
 

@@ -19,6 +19,7 @@ from hostir.frontend.backend import HostirFallbackWarning
 from hostir.frontend.fx_rewrites import complex_as_real_pairs
 from hostir.frontend.importer import PAIR_VIEWS, UnsupportedGraph, import_graph
 from test_communicator import needs_ranks
+from test_compiled_functions import Ops
 from test_torch_backend import TOLERANCES, Llama, _dumped, _max_error, assert_the_whole_model_runs_on_hostir, run_on_hostir
 
 aten = torch.ops.aten
@@ -209,9 +210,9 @@ def test_a_whole_model_with_complex_rotary_embeddings_and_torchtitans_plan_runs_
     assert_the_whole_model_runs_on_hostir(RotaryLlama)
 
 
-# Expressions of complex tensors of shape [2, 3, 4] for the property below: a leaf ("a" or
-# "b", b expanded from [3, 4]), or (op, operands...). Each view ends in the shape it began
-# with, so that any expression may be an operand of any other.
+# The ops of the property below, on complex tensors of shape [2, 3, 4] (the leaves "a" and
+# "b", b expanded from [3, 4]) and the real "r". Each view ends in the shape it began with,
+# so that any expression may be an operand of any other.
 _VIEWS = {
     "transpose": lambda x: x.transpose(-1, 0).transpose(0, 2),
     "permute": lambda x: x.permute(1, -1, 0).permute(2, 0, 1),
@@ -230,35 +231,19 @@ _UNARY = {
     "by 2.5, left": lambda x: 2.5 * x,
     "over 4": lambda x: x / 4,
 }
-_BINARY = {"mul": torch.mul, "add": torch.add, "sub": torch.sub}
-_BY_REALS = {"by r": lambda x, r: x * r, "r by": lambda x, r: r * x, "over r": lambda x, r: x / r}
-
-
-def _complex_expressions() -> st.SearchStrategy:
-    return st.recursive(
-        st.sampled_from(["a", "b"]),
-        lambda inner: st.one_of(
-            st.tuples(st.sampled_from(list(_BINARY)), inner, inner),
-            st.tuples(st.sampled_from([*_BY_REALS, *_UNARY, *_VIEWS]), inner),
-        ),
-        max_leaves=6,
-    )
-
-
-def _evaluate(expression, a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    if isinstance(expression, str):
-        return {"a": a, "b": b.expand(2, 3, 4)}[expression]
-    op, *operands = expression
-    values = [_evaluate(operand, a, b, r) for operand in operands]
-    if op in _BINARY:
-        return _BINARY[op](*values)
-    if op in _BY_REALS:
-        return _BY_REALS[op](values[0], r)
-    return {**_UNARY, **_VIEWS}[op](values[0])
+COMPLEX_OPS = Ops(
+    unary={**_UNARY, **_VIEWS},
+    binary={"mul": torch.mul, "add": torch.add, "sub": torch.sub},
+    with_parameter={
+        "by r": (lambda x, r: x * r, "r"),
+        "r by": (lambda x, r: r * x, "r"),
+        "over r": (lambda x, r: x / r, "r"),
+    },
+)
 
 
 @settings(deadline=None)
-@given(expression=_complex_expressions(), ending=st.sampled_from(["complex", "pairs", "real parts", "complex128"]))
+@given(expression=COMPLEX_OPS.expressions(["a", "b"], max_leaves=6), ending=st.sampled_from(["complex", "pairs", "real parts", "complex128"]))
 def test_any_composition_of_complex_ops_with_a_pair_form_is_computed_on_pairs(expression, ending):
     """Compositions of the ops with a pair form (products, sums, conjugates, real scaling,
     views), drawn at random: the rewritten graph reads and returns complex values only at its
@@ -266,7 +251,7 @@ def test_any_composition_of_complex_ops_with_a_pair_form_is_computed_on_pairs(ex
     note(repr(expression))
 
     def function(a, b, r):  # one output in a tuple, as the graphs of torch.compile return theirs
-        value = _evaluate(expression, a, b, r)
+        value = COMPLEX_OPS.evaluate(expression, {"a": a, "b": b.expand(2, 3, 4), "r": r})
         if ending == "pairs":
             return (torch.view_as_real(value.resolve_conj()).flatten(-2),)
         if ending == "real parts":

@@ -58,6 +58,17 @@ def _grads(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.full_tensor() for name, p in module.named_parameters()}
 
 
+def _errors_against_eager(
+    out: torch.Tensor, expected: torch.Tensor, x: torch.Tensor, x_eager: torch.Tensor, module: nn.Module, eager: nn.Module
+) -> dict[str, float]:
+    """The largest errors of a compiled module's output, its input's gradient and its
+    parameters' gradients (whole) against eager's."""
+    errors = {"output": _max_error(out, expected), "input": _max_error(x.grad, x_eager.grad)}
+    for name, grad in _grads(module).items():
+        errors[name] = _max_error(grad, _grads(eager)[name])
+    return errors
+
+
 @contextlib.contextmanager
 def _dumped(kinds: str):
     """HOSTIR_DUMP set to `kinds`; yields the text the backend printed."""
@@ -342,9 +353,7 @@ def _mlp_on_rank(sequence_parallel: bool, checkpointed: bool = False) -> dict:
         out.sum().backward()
     expected = modules[1](x_eager)
     expected.sum().backward()
-    errors = {"output": _max_error(out, expected), "input": _max_error(x_hostir.grad, x_eager.grad)}
-    for name, grad in _grads(modules[0]).items():
-        errors[name] = _max_error(grad, _grads(modules[1])[name])
+    errors = _errors_against_eager(out, expected, x_hostir, x_eager, *modules)
     return {"errors": errors, "dump": dump.getvalue()}
 
 
@@ -372,10 +381,7 @@ def _sequence_parallel_pair_on_rank() -> dict[str, float]:
     out.square().sum().backward()
     expected = modules[1](x_eager)
     expected.square().sum().backward()
-    errors = {"output": _max_error(out, expected), "input": _max_error(x_hostir.grad, x_eager.grad)}
-    for name, grad in _grads(modules[0]).items():
-        errors[name] = _max_error(grad, _grads(modules[1])[name])
-    return errors
+    return _errors_against_eager(out, expected, x_hostir, x_eager, *modules)
 
 
 @needs_ranks(2)
@@ -468,10 +474,7 @@ def _steps_on_rank(steps: int) -> dict:
         out, expected = compiled(x_hostir), modules[1](x_eager)
         (out * expected.detach()).sum().backward()
         (expected * expected.detach()).sum().backward()
-        step_errors = {"output": _max_error(out, expected), "input": _max_error(x_hostir.grad, x_eager.grad)}
-        for name, grad in _grads(modules[0]).items():
-            step_errors[name] = _max_error(grad, _grads(modules[1])[name])
-        errors.append(step_errors)
+        errors.append(_errors_against_eager(out, expected, x_hostir, x_eager, *modules))
         checked.append(dict(checks))
     graphs = [graph for graph in compiled_graphs() if graph.compiled]
     return {"errors": errors, "checked": checked, "runs": dict(runs), "static": [g.static for g in graphs]}
@@ -1200,9 +1203,7 @@ def _layer_on_the_copy_engines() -> dict:
     outputs = [compiled(inputs[0]), layers[1](inputs[1])]
     for out in outputs:
         (out * outputs[1].detach()).sum().backward()
-    errors = {"output": _max_error(outputs[0], outputs[1]), "input gradient": _max_error(inputs[0].grad, inputs[1].grad)}
-    for name, grad in _grads(layers[0]).items():
-        errors[name] = _max_error(grad, _grads(layers[1])[name])
+    errors = _errors_against_eager(*outputs, *inputs, *layers)
     graphs = backend.compiled_graphs()
     programs = [str(shapes.program.host) for graph in graphs for shapes in graph.compiled.values() if shapes]
     pipelining = [line for graph in graphs for explanation in graph.explanations for line in explanation.pipelining]
